@@ -1,0 +1,78 @@
+"""The reference attention backend: plain PyTorch over the paged KV pool. Runs on CPU and GPU; the fast
+backends are checked against it. It gathers K/V through the block tables explicitly, so it is slow but
+easy to read."""
+from __future__ import annotations
+
+import torch
+
+from ..context import Context
+
+
+def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor) -> None:
+    """k, v: [tokens, kv_heads, head_dim]; slot -1 marks a row that must not be written (graph padding)."""
+    flat_k = k_cache.view(-1, *k_cache.shape[2:])
+    flat_v = v_cache.view(-1, *v_cache.shape[2:])
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]
+    flat_k[slots] = k[valid].to(flat_k.dtype)
+    flat_v[slots] = v[valid].to(flat_v.dtype)
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    block_size = cache.shape[1]
+    pos = torch.arange(length, device=cache.device)
+    slots = block_table[pos // block_size].long() * block_size + pos % block_size
+    return cache.view(-1, *cache.shape[2:])[slots]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of the last len(q) positions of a sequence over all len(k) of its keys."""
+    lq, num_heads, _ = q.shape
+    lk, num_kv_heads, _ = k.shape
+    group = num_heads // num_kv_heads
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale
+    # Query i sits at position lk - lq + i and may see keys 0 .. lk - lq + i.
+    allowed = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(diagonal=lk - lq)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
+
+
+def prefill(q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+    out = torch.empty_like(q)
+    cu_q, cu_k = ctx.cu_seqlens_q_host, ctx.cu_seqlens_k_host
+    for i in range(len(cu_q) - 1):
+        qs, qe = cu_q[i], cu_q[i + 1]
+        lk = cu_k[i + 1] - cu_k[i]
+        if ctx.block_tables is None:  # no cached prefix anywhere in the batch: keys are this step's own
+            ki, vi = k[qs:qe], v[qs:qe]
+        else:
+            ki = _gather(k_cache, ctx.block_tables[i], lk)
+            vi = _gather(v_cache, ctx.block_tables[i], lk)
+        out[qs:qe] = _attend(q[qs:qe], ki, vi, scale)
+    return out
+
+
+def decode(q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+    """One query per sequence over its whole context, batched by padding to the longest context."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    block_size = k_cache.shape[1]
+    max_len = max(ctx.context_lens_host) if ctx.context_lens_host else int(ctx.context_lens.max())
+    max_len = max(max_len, 1)
+    pos = torch.arange(max_len, device=q.device)
+    block_idx = (pos // block_size).clamp(max=ctx.block_tables.shape[1] - 1)
+    slots = ctx.block_tables[:, block_idx].long() * block_size + pos % block_size
+    valid = (pos.unsqueeze(0) < ctx.context_lens.unsqueeze(1)) & (slots >= 0)
+    slots = torch.where(valid, slots, 0)
+    k = k_cache.view(-1, num_kv_heads, head_dim)[slots].float()  # [B, L, KV, D]
+    v = v_cache.view(-1, num_kv_heads, head_dim)[slots].float()
+    qg = q.float().view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = torch.einsum("bkgd,blkd->bkgl", qg, k) * scale
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = scores.softmax(dim=-1).nan_to_num(0.0)  # a padded row (context 0) attends to nothing
+    out = torch.einsum("bkgl,blkd->bkgd", probs, v)
+    return out.reshape(batch, num_heads, head_dim).to(q.dtype)

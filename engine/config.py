@@ -1,0 +1,79 @@
+"""Engine configuration: nano-vLLM's fields and defaults, plus labkit's additions."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEDULING_POLICIES = ("prefill_first", "balanced")
+ATTENTION_BACKENDS = ("auto", "flash_attn", "triton", "torch")
+DEVICES = ("auto", "cuda", "cpu")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class Config:
+    model: str
+    max_num_batched_tokens: int = 16384
+    max_num_seqs: int = 512
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+    kvcache_block_size: int = 256
+    num_kvcache_blocks: int = -1
+    # labkit additions
+    device: str = "auto"
+    attention_backend: str = "auto"
+    scheduling_policy: str = "prefill_first"
+    dtype: str = "auto"
+    # KV pool budget when the pool is not sized from free GPU memory (CPU, or set explicitly).
+    kvcache_memory_bytes: int = -1
+    seed: int = 0
+    # Instance isolation: None picks a free port / a unique shared-memory name.
+    dist_init_addr: str | None = None
+    shm_name: str | None = None
+    tracer: Any = None
+    hf_config: Any = field(default=None, repr=False)
+    eos: int = -1
+
+    def __post_init__(self):
+        if not isinstance(self.model, (str, os.PathLike)) or not os.path.isdir(self.model):
+            raise ValueError(f"model: {self.model!r} is not a model folder")
+        self.model = os.fspath(self.model)
+        _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive_int("max_num_seqs", self.max_num_seqs)
+        _positive_int("max_model_len", self.max_model_len)
+        _positive_int("kvcache_block_size", self.kvcache_block_size)
+        _positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        if not 1 <= self.tensor_parallel_size <= 8:
+            raise ValueError(f"tensor_parallel_size: must be between 1 and 8, got {self.tensor_parallel_size}")
+        if not isinstance(self.num_kvcache_blocks, int) or (self.num_kvcache_blocks < 1 and self.num_kvcache_blocks != -1):
+            raise ValueError(f"num_kvcache_blocks: must be -1 (size automatically) or >= 1, got {self.num_kvcache_blocks!r}")
+        if not 0.0 < float(self.gpu_memory_utilization) <= 1.0:
+            raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
+        _choice("device", self.device, DEVICES)
+        _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        _choice("dtype", self.dtype, DTYPES)
+        if self.hf_config is None:
+            from transformers import AutoConfig
+
+            try:
+                self.hf_config = AutoConfig.from_pretrained(self.model)
+            except Exception as e:  # a broken config.json is the user's input, not our bug
+                raise ValueError(f"model: cannot read config.json in {self.model}: {e}") from None
+        model_type = getattr(self.hf_config, "model_type", None)
+        if model_type != "qwen3":
+            raise ValueError(f"model: model_type {model_type!r} is not supported (only qwen3)")
+        self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+
+
+def _choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}: must be one of {', '.join(choices)}, got {value!r}")

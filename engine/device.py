@@ -1,0 +1,50 @@
+"""Every device choice in one place: compute device, dtype, attention backend, collective backend."""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: 'cuda' was asked for but no CUDA GPU is available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, hf_config) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or torch.float32
+    if isinstance(dtype, str):
+        dtype = _DTYPES.get(dtype, torch.float32)
+    return dtype
+
+
+def resolve_attention_backend(name: str, device: torch.device) -> str:
+    if name == "auto":
+        if device.type == "cuda":
+            if importlib.util.find_spec("flash_attn") is not None:
+                return "flash_attn"
+            if importlib.util.find_spec("triton") is not None and _has_triton_backend():
+                return "triton"
+        return "torch"
+    if name in ("flash_attn", "triton") and device.type != "cuda":
+        raise ValueError(f"attention_backend: {name!r} needs a CUDA device; use 'torch' on {device.type}")
+    if name == "flash_attn" and importlib.util.find_spec("flash_attn") is None:
+        raise ValueError("attention_backend: 'flash_attn' is not installed (pip install flash-attn, or use 'triton'/'torch')")
+    if name == "triton" and not _has_triton_backend():
+        raise ValueError("attention_backend: the 'triton' backend is not available in this build")
+    return name
+
+
+def _has_triton_backend() -> bool:
+    return importlib.util.find_spec("engine.backends.triton_attn") is not None
+
+
+def collective_backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"

@@ -1,0 +1,27 @@
+"""The attention layer: write this step's K/V into the paged pool, then attend with the chosen backend."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..context import get_context
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads
+        # Views into the runner's KV pool, [num_blocks, block_size, num_kv_heads, head_dim]; empty during warm-up.
+        self.k_cache = self.v_cache = torch.tensor([])
+        self.backend = None  # set by the runner (engine.backends)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ctx = get_context()
+        if self.k_cache.numel():
+            self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        if ctx.is_prefill:
+            return self.backend.prefill(q, k, v, self.k_cache, self.v_cache, ctx, self.scale)
+        return self.backend.decode(q, self.k_cache, self.v_cache, ctx, self.scale)

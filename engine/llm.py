@@ -1,0 +1,245 @@
+"""The engine loop: requests in, Sequences through Scheduler/BlockManager, Runner, sampler, postprocess."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import platform
+import time
+from itertools import count
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer
+
+from .config import Config
+from .runner import ModelRunner
+from .sampling import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence
+
+_CONFIG_FIELDS = {f.name for f in dataclasses.fields(Config)} - {"model", "hf_config", "eos"}
+
+
+class LLMEngine:
+    def __init__(self, model: str | os.PathLike, **kwargs):
+        unknown = sorted(set(kwargs) - _CONFIG_FIELDS)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: not an engine argument (known: {', '.join(sorted(_CONFIG_FIELDS))})")
+        self.config = config = Config(os.fspath(model) if isinstance(model, os.PathLike) else model, **kwargs)
+        if config.tensor_parallel_size > 1:
+            raise ValueError("tensor_parallel_size: only 1 is supported in this build")
+        self.tracer = config.tracer
+        t0 = time.perf_counter()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(config.model, use_fast=True)
+        except Exception as e:
+            raise ValueError(f"model: cannot load the tokenizer in {config.model}: {e}") from None
+        if config.eos == -1 and self.tokenizer.eos_token_id is not None:
+            config.eos = self.tokenizer.eos_token_id
+        self.model_runner = ModelRunner(config)
+        if self.model_runner.attention_backend == "flash_attn" and config.kvcache_block_size % 256:
+            raise ValueError(f"kvcache_block_size: flash_attn needs a multiple of 256, got {config.kvcache_block_size}")
+        self.scheduler = Scheduler(config)
+        self.init_seconds = time.perf_counter() - t0
+        self._seq_ids = count()
+        self._seqs: dict[int, Sequence] = {}
+        self.step_count = 0
+        self._t_start = time.perf_counter()
+        self._closed = False
+        if self.tracer is not None:
+            self.tracer.emit("run_start", **self._run_start_fields())
+
+    # --- requests -------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.model_runner.device
+
+    def _encode(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt: empty string")
+            return self.tokenizer.encode(prompt)
+        if not isinstance(prompt, (list, tuple)) or not prompt:
+            raise ValueError(f"prompt: expected a non-empty string or list of token ids, got {type(prompt).__name__}"
+                             + (" (empty)" if isinstance(prompt, (list, tuple)) else ""))
+        vocab = self.config.hf_config.vocab_size
+        for t in prompt:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise ValueError(f"prompt: token id {t!r} is not an integer in [0, {vocab})")
+        return list(prompt)
+
+    def _check_fits(self, token_ids: list[int], sp: SamplingParams) -> None:
+        cfg = self.config
+        if len(token_ids) > cfg.max_model_len:
+            raise ValueError(f"prompt: {len(token_ids)} tokens is longer than max_model_len={cfg.max_model_len}")
+        # The last sampled token never needs KV.
+        longest = min(len(token_ids) + sp.max_tokens - 1, cfg.max_model_len)
+        need = -(-longest // cfg.kvcache_block_size)
+        if need > cfg.num_kvcache_blocks:
+            raise ValueError(f"prompt: the request needs up to {need} KV blocks (prompt {len(token_ids)} + "
+                             f"max_tokens {sp.max_tokens}) but the pool has {cfg.num_kvcache_blocks}")
+
+    def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
+                    request_id: str | None = None) -> int:
+        sp = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(sp, SamplingParams):
+            raise ValueError(f"sampling_params: expected SamplingParams, got {type(sp).__name__}")
+        token_ids = self._encode(prompt)
+        self._check_fits(token_ids, sp)
+        cfg = self.config
+        seq = Sequence(token_ids, sp, next(self._seq_ids), cfg.kvcache_block_size, request_id)
+        self._seqs[seq.seq_id] = seq
+        self.scheduler.add(seq)
+        if self.tracer is not None:
+            self.tracer.step = None
+            self.tracer.emit("request_added", seq_id=seq.seq_id, request_id=seq.request_id,
+                             prompt_len=len(token_ids), max_tokens=sp.max_tokens, ignore_eos=sp.ignore_eos,
+                             temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
+                             prompt_token_ids=token_ids)
+        return seq.seq_id
+
+    def is_finished(self) -> bool:
+        return self.scheduler.is_finished()
+
+    def get_sequence(self, seq_id: int) -> Sequence:
+        return self._seqs[seq_id]
+
+    # --- the step -------------------------------------------------------------------------------
+    def step(self, choose_tokens=None):
+        """One engine step. Returns ([(seq_id, completion_token_ids) for sequences that finished],
+        num_tokens), num_tokens > 0 for a prefill step (tokens computed), < 0 for decode (-batch).
+
+        `choose_tokens(seqs, logits) -> list[int]` replaces the sampler (teacher forcing, logits capture);
+        `logits` holds each scheduled sequence's last-position row, chunk candidates included."""
+        self.step_count += 1
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.step = self.step_count
+            tracer.emit("before_schedule", waiting=[s.seq_id for s in self.scheduler.waiting],
+                        running=[s.seq_id for s in self.scheduler.running],
+                        free_blocks=self.scheduler.block_manager.num_free_blocks)
+        seqs, is_prefill = self.scheduler.schedule()
+        inputs = self.model_runner.prepare(seqs, is_prefill)
+        if tracer is not None:
+            self._trace_schedule(seqs, is_prefill, inputs)
+        if choose_tokens is None:
+            token_ids = self.model_runner.run(seqs, is_prefill, inputs)
+        else:
+            token_ids = list(choose_tokens(seqs, self.model_runner.forward_logits(inputs, is_prefill)))
+        if tracer is not None:
+            tracer.emit("sampled", tokens=[{"seq_id": s.seq_id, "token_id": t} for s, t in zip(seqs, token_ids)])
+        accepted = self.scheduler.postprocess(seqs, token_ids)
+        if tracer is not None:
+            self._trace_postprocess(seqs, token_ids, accepted)
+        outputs = [(seq.seq_id, seq.completion_token_ids) for seq in seqs if seq.is_finished]
+        num_tokens = len(inputs.input_ids) if is_prefill else -len(seqs)
+        return outputs, num_tokens
+
+    def generate(self, prompts: list[str] | list[list[int]], sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[dict]:
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError("prompts: expected a non-empty list of strings or of token-id lists")
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, (list, tuple)):
+            if len(sampling_params) != len(prompts):
+                raise ValueError(f"sampling_params: {len(sampling_params)} given for {len(prompts)} prompts")
+            params = list(sampling_params)
+        else:
+            params = [sampling_params] * len(prompts)
+        # Validate everything before queueing anything, so a bad prompt leaves the engine untouched.
+        encoded = [self._encode(p) for p in prompts]
+        for p in params:
+            if not isinstance(p, SamplingParams):
+                raise ValueError(f"sampling_params: expected SamplingParams, got {type(p).__name__}")
+        for ids, sp in zip(encoded, params):
+            self._check_fits(ids, sp)
+        seq_ids = [self.add_request(ids, sp) for ids, sp in zip(encoded, params)]
+        pbar = tqdm(total=len(prompts), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
+        results: dict[int, list[int]] = {}
+        prefill_tps = decode_tps = 0.0
+        while not self.is_finished():
+            t = time.perf_counter()
+            outputs, num_tokens = self.step()
+            dt = max(time.perf_counter() - t, 1e-9)
+            if num_tokens > 0:
+                prefill_tps = num_tokens / dt
+            else:
+                decode_tps = -num_tokens / dt
+            if use_tqdm:
+                pbar.set_postfix({"Prefill": f"{int(prefill_tps)}tok/s", "Decode": f"{int(decode_tps)}tok/s"})
+            for seq_id, token_ids in outputs:
+                results[seq_id] = token_ids
+                pbar.update(1)
+        pbar.close()
+        outs = []
+        for seq_id in seq_ids:
+            token_ids = results[seq_id]
+            seq = self._seqs.pop(seq_id)
+            outs.append({"text": self.tokenizer.decode(token_ids), "token_ids": token_ids,
+                         "finish_reason": seq.finish_reason})
+        return outs
+
+    def exit(self):
+        if self._closed:
+            return
+        self._closed = True
+        if self.tracer is not None:
+            self.tracer.step = None
+            self.tracer.emit("run_end", steps=self.step_count, wall_s=time.perf_counter() - self._t_start)
+            self.tracer.close()
+        self.model_runner.exit()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.exit()
+
+    # --- tracing (only reached when a tracer is set) --------------------------------------------
+    def _run_start_fields(self) -> dict:
+        cfg = self.config
+        config = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("tracer", "hf_config")}
+        with open(os.path.join(cfg.model, "config.json"), "rb") as f:
+            config_sha = hashlib.sha256(f.read()).hexdigest()
+        import transformers
+
+        return {
+            "config": config,
+            "model": {"path": os.path.abspath(cfg.model), "config_sha256": config_sha},
+            "device": str(self.device),
+            "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                         "transformers": transformers.__version__},
+            "block_size": cfg.kvcache_block_size,
+            "num_kvcache_blocks": cfg.num_kvcache_blocks,
+            "attention_backend": self.model_runner.attention_backend,
+            "dtype": str(self.model_runner.dtype).replace("torch.", ""),
+        }
+
+    def _trace_schedule(self, seqs, is_prefill, inputs):
+        tracer = self.tracer
+        for seq in self.scheduler.preempted:
+            tracer.emit("preempted", seq_id=seq.seq_id, request_id=seq.request_id)
+        tracer.emit("scheduled", phase="prefill" if is_prefill else "decode", seqs=[
+            {"seq_id": s.seq_id, "request_id": s.request_id, "num_tokens": s.num_tokens,
+             "num_cached_tokens": s.num_cached_tokens, "num_scheduled_tokens": s.num_scheduled_tokens,
+             "block_table": list(s.block_table)} for s in seqs])
+        tracer.emit("gpu_inputs", num_input_ids=len(inputs.input_ids), positions=inputs.positions,
+                    slot_mapping=inputs.slot_mapping, cu_seqlens_q=inputs.cu_seqlens_q,
+                    cu_seqlens_k=inputs.cu_seqlens_k, max_seqlen_q=inputs.max_seqlen_q,
+                    max_seqlen_k=inputs.max_seqlen_k, context_lens=inputs.context_lens,
+                    block_tables=inputs.block_tables, execution=self.model_runner.execution, graph_batch=None)
+
+    def _trace_postprocess(self, seqs, token_ids, accepted):
+        bm = self.scheduler.block_manager
+        self.tracer.emit("after_postprocess", seqs=[
+            {"seq_id": s.seq_id, "request_id": s.request_id, "num_tokens": s.num_tokens,
+             "num_cached_tokens": s.num_cached_tokens, "num_completion_tokens": s.num_completion_tokens,
+             "status": s.status.name, "block_table": list(s.block_table), "accepted": acc, "token_id": t,
+             "ref_counts": bm.ref_counts(s), "finish_reason": s.finish_reason}
+            for s, t, acc in zip(seqs, token_ids, accepted)], free_blocks=bm.num_free_blocks)
+
+
+class LLM(LLMEngine):
+    pass

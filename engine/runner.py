@@ -1,0 +1,225 @@
+"""ModelRunner: owns the model and the paged KV pool, turns a scheduled batch into tensors, runs the
+forward pass and samples. The only host sync per step is fetching the sampled ids."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from .backends import load_backend
+from .config import Config
+from .context import Context, reset_context, set_context
+from .device import resolve_attention_backend, resolve_device, resolve_dtype
+from .layers.attention import Attention
+from .loader import load_model
+from .models.qwen3 import Qwen3ForCausalLM
+from .sampling import Sampler
+from .sequence import Sequence
+
+# A CPU KV pool takes at most this much memory unless num_kvcache_blocks / kvcache_memory_bytes say otherwise.
+DEFAULT_CPU_KV_BYTES = 512 << 20
+
+
+@dataclass
+class StepInputs:
+    """Host-side view of one step's model inputs (what the tracer records as gpu_inputs)."""
+    input_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    cu_seqlens_q: list[int] | None = None
+    cu_seqlens_k: list[int] | None = None
+    max_seqlen_q: int | None = None
+    max_seqlen_k: int | None = None
+    context_lens: list[int] | None = None
+    block_tables: list[list[int]] | None = None
+
+
+@contextlib.contextmanager
+def _default_dtype_device(dtype: torch.dtype, device: torch.device):
+    old_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with device:
+            yield
+    finally:
+        torch.set_default_dtype(old_dtype)
+
+
+class ModelRunner:
+    def __init__(self, config: Config, rank: int = 0):
+        self.config = config
+        self.rank = rank
+        hf = config.hf_config
+        self.block_size = config.kvcache_block_size
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, hf)
+        self.attention_backend = resolve_attention_backend(config.attention_backend, self.device)
+        backend = load_backend(self.attention_backend)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        with _default_dtype_device(self.dtype, self.device):
+            self.model = Qwen3ForCausalLM(hf)
+        load_model(self.model, config.model)
+        self.model.eval()
+        self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        for layer in self.attn_layers:
+            layer.backend = backend
+        self.sampler = Sampler(config.seed, self.device)
+        self.num_kv_heads = self.attn_layers[0].num_kv_heads
+        self.head_dim = self.attn_layers[0].head_dim
+        if self.device.type == "cuda":
+            self.warmup_model()
+        self.allocate_kv_cache()
+        self.execution = "eager"
+
+    # --- memory ---------------------------------------------------------------------------------
+    @property
+    def kv_block_bytes(self) -> int:
+        hf = self.config.hf_config
+        itemsize = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * hf.num_hidden_layers * self.block_size * self.num_kv_heads * self.head_dim * itemsize
+
+    @torch.inference_mode()
+    def warmup_model(self):
+        """Run the largest prefill once so the peak activation memory is known before sizing the pool."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        cfg = self.config
+        seq_len = min(cfg.max_num_batched_tokens, cfg.max_model_len)
+        num_seqs = max(1, min(cfg.max_num_batched_tokens // seq_len, cfg.max_num_seqs))
+        from .sampling import SamplingParams
+
+        seqs = [Sequence([0] * seq_len, SamplingParams(), -1 - i, self.block_size) for i in range(num_seqs)]
+        for seq in seqs:
+            seq.num_scheduled_tokens = seq_len
+        self.run(seqs, True)
+        torch.cuda.empty_cache()
+
+    def allocate_kv_cache(self):
+        cfg = self.config
+        hf = cfg.hf_config
+        block_bytes = self.kv_block_bytes
+        if cfg.num_kvcache_blocks == -1:
+            if cfg.kvcache_memory_bytes > 0:
+                cfg.num_kvcache_blocks = cfg.kvcache_memory_bytes // block_bytes
+            elif self.device.type == "cuda":
+                free, total = torch.cuda.mem_get_info(self.device)
+                used = total - free
+                stats = torch.cuda.memory_stats(self.device)
+                peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
+                cfg.num_kvcache_blocks = int(total * cfg.gpu_memory_utilization - used - peak + current) // block_bytes
+            else:
+                # Enough for every sequence at full length, within a modest memory budget.
+                want = cfg.max_num_seqs * -(-cfg.max_model_len // self.block_size)
+                cfg.num_kvcache_blocks = max(1, min(want, DEFAULT_CPU_KV_BYTES // block_bytes))
+        if cfg.num_kvcache_blocks < 1:
+            raise ValueError(
+                f"gpu_memory_utilization: no memory is left for the KV cache ({block_bytes} bytes a block); "
+                "raise gpu_memory_utilization or lower max_num_batched_tokens")
+        self.kv_cache = torch.zeros(2, hf.num_hidden_layers, cfg.num_kvcache_blocks, self.block_size,
+                                    self.num_kv_heads, self.head_dim, dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(self.attn_layers):
+            layer.k_cache = self.kv_cache[0, i]
+            layer.v_cache = self.kv_cache[1, i]
+
+    # --- inputs ---------------------------------------------------------------------------------
+    def _slots(self, seq: Sequence, start: int, end: int) -> list[int]:
+        bs = self.block_size
+        table = seq.block_table
+        return [table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def prepare_prefill(self, seqs: list[Sequence]) -> StepInputs:
+        input_ids, positions, slot_mapping = [], [], []
+        cu_q, cu_k = [0], [0]
+        max_q = max_k = 0
+        for seq in seqs:
+            start = min(seq.num_cached_tokens, len(seq) - 1)
+            end = start + seq.num_scheduled_tokens
+            seqlen_k = end  # keys: everything up to the last position computed this step
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            cu_q.append(cu_q[-1] + end - start)
+            cu_k.append(cu_k[-1] + seqlen_k)
+            max_q, max_k = max(max_q, end - start), max(max_k, seqlen_k)
+            if seq.block_table:  # warm-up sequences have none
+                slot_mapping.extend(self._slots(seq, start, end))
+        block_tables = None
+        if cu_k[-1] > cu_q[-1]:  # some sequence attends to a cached prefix
+            block_tables = self._block_tables(seqs)
+        return StepInputs(input_ids, positions, slot_mapping, cu_q, cu_k, max_q, max_k, None, block_tables)
+
+    def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
+        input_ids = [seq.last_token for seq in seqs]
+        positions = [len(seq) - 1 for seq in seqs]
+        context_lens = [len(seq) for seq in seqs]
+        bs = self.block_size
+        slot_mapping = [seq.block_table[-1] * bs + seq.last_block_num_tokens - 1 for seq in seqs]
+        return StepInputs(input_ids, positions, slot_mapping, context_lens=context_lens,
+                          block_tables=self._block_tables(seqs))
+
+    @staticmethod
+    def _block_tables(seqs: list[Sequence]) -> list[list[int]]:
+        width = max(len(seq.block_table) for seq in seqs)
+        return [seq.block_table + [-1] * (width - len(seq.block_table)) for seq in seqs]
+
+    def _to_device(self, values, dtype=torch.int64) -> torch.Tensor:
+        t = torch.tensor(values, dtype=dtype, pin_memory=self.device.type == "cuda")
+        return t.to(self.device, non_blocking=True)
+
+    def _set_context(self, inputs: StepInputs, is_prefill: bool):
+        i32 = torch.int32
+        ctx = Context(
+            is_prefill=is_prefill,
+            cu_seqlens_q=self._to_device(inputs.cu_seqlens_q, i32) if inputs.cu_seqlens_q else None,
+            cu_seqlens_k=self._to_device(inputs.cu_seqlens_k, i32) if inputs.cu_seqlens_k else None,
+            max_seqlen_q=inputs.max_seqlen_q or 0,
+            max_seqlen_k=inputs.max_seqlen_k or 0,
+            slot_mapping=self._to_device(inputs.slot_mapping, i32),
+            context_lens=self._to_device(inputs.context_lens, i32) if inputs.context_lens else None,
+            block_tables=self._to_device(inputs.block_tables, i32) if inputs.block_tables else None,
+            cu_seqlens_q_host=inputs.cu_seqlens_q,
+            cu_seqlens_k_host=inputs.cu_seqlens_k,
+            context_lens_host=inputs.context_lens,
+        )
+        set_context(ctx)
+
+    # --- execution ------------------------------------------------------------------------------
+    def prepare(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
+        return self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
+
+    @torch.inference_mode()
+    def forward_logits(self, inputs: StepInputs, is_prefill: bool) -> torch.Tensor:
+        """Logits of each sequence's last position for this step: [num_seqs, vocab]."""
+        self._set_context(inputs, is_prefill)
+        try:
+            input_ids = self._to_device(inputs.input_ids)
+            positions = self._to_device(inputs.positions)
+            hidden = self.model(input_ids, positions)
+            return self.model.compute_logits(hidden)
+        finally:
+            reset_context()
+
+    @torch.inference_mode()
+    def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+        temperatures = self._to_device([s.temperature for s in seqs], torch.float32)
+        top_ks = top_ps = None
+        if any(s.top_k > 0 for s in seqs):
+            top_ks = self._to_device([s.top_k for s in seqs])
+        if any(s.top_p < 1.0 for s in seqs):
+            top_ps = self._to_device([s.top_p for s in seqs], torch.float32)
+        return self.sampler(logits, temperatures, top_ks, top_ps).tolist()
+
+    def run(self, seqs: list[Sequence], is_prefill: bool, inputs: StepInputs | None = None) -> list[int]:
+        if inputs is None:
+            inputs = self.prepare(seqs, is_prefill)
+        logits = self.forward_logits(inputs, is_prefill)
+        return self.sample(seqs, logits)
+
+    def exit(self):
+        for layer in self.attn_layers:
+            layer.k_cache = layer.v_cache = torch.tensor([])
+        self.kv_cache = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()

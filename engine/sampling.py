@@ -1,0 +1,77 @@
+"""Sampling parameters and the on-device sampler."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0  # 0 means greedy
+    max_tokens: int = 64
+    ignore_eos: bool = False
+    top_k: int = -1  # -1 or 0: off
+    top_p: float = 1.0  # 1.0: off
+
+    def __post_init__(self):
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ValueError(f"temperature: must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            raise ValueError(f"top_k: must be an integer >= 1, or -1/0 for off, got {self.top_k!r}")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p!r}")
+
+
+class Sampler:
+    """Greedy, or Gumbel-max over temperature-scaled (and optionally top-k/top-p filtered) logits.
+
+    Everything stays on the device: no host sync until the caller fetches the ids.
+    """
+
+    def __init__(self, seed: int = 0, device: torch.device | str = "cpu"):
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    @torch.inference_mode()
+    def __call__(self, logits: torch.Tensor, temperatures: torch.Tensor, top_ks: torch.Tensor | None = None,
+                 top_ps: torch.Tensor | None = None) -> torch.Tensor:
+        logits = logits.float()
+        greedy = logits.argmax(dim=-1)
+        is_greedy = temperatures <= 0
+        if bool(is_greedy.all()):
+            return greedy
+        scaled = logits / torch.where(is_greedy, 1.0, temperatures).unsqueeze(1)
+        if top_ks is not None:
+            scaled = _apply_top_k(scaled, top_ks)
+        if top_ps is not None:
+            scaled = _apply_top_p(scaled, top_ps)
+        probs = torch.softmax(scaled, dim=-1)
+        # Gumbel-max: argmax(p / E) with E ~ Exp(1) samples from p.
+        noise = torch.empty_like(probs).exponential_(1, generator=self.generator)
+        sampled = probs.div_(noise.clamp_min_(1e-10)).argmax(dim=-1)
+        return torch.where(is_greedy, greedy, sampled)
+
+
+def _apply_top_k(logits: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    k = torch.where(top_ks <= 0, vocab, top_ks.clamp(max=vocab))
+    if bool((k >= vocab).all()):
+        return logits
+    sorted_logits = logits.sort(dim=-1, descending=True).values
+    kth = sorted_logits.gather(1, (k - 1).long().unsqueeze(1))
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def _apply_top_p(logits: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+    if bool((top_ps >= 1.0).all()):
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it already does.
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop_sorted = mass_before >= top_ps.unsqueeze(1)
+    drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))

@@ -1,0 +1,129 @@
+"""Which sequences run in the next step, and in which phase.
+
+`prefill_first` is nano-vLLM bb823b3: any prefill work wins, and a step never mixes phases; only the
+first sequence of a prefill batch may be chunked; decode preempts from the tail of `running`.
+`balanced` alternates the phases when both can run, rotates served decode sequences to the tail of
+`running` so every sequence gets its turn, and takes the other phase when the chosen one cannot run.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from .block_manager import BlockManager
+from .config import Config
+from .sequence import Sequence, SequenceStatus
+
+
+class Scheduler:
+    def __init__(self, config: Config):
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_model_len = config.max_model_len
+        self.policy = config.scheduling_policy
+        self.eos = config.eos
+        self.block_manager = BlockManager(config.num_kvcache_blocks, config.kvcache_block_size)
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+        self.last_phase_prefill: bool | None = None
+        # Sequences preempted by the last schedule() call, for the tracer.
+        self.preempted: list[Sequence] = []
+
+    def is_finished(self) -> bool:
+        return not self.waiting and not self.running
+
+    def add(self, seq: Sequence):
+        self.waiting.append(seq)
+
+    def schedule(self) -> tuple[list[Sequence], bool]:
+        self.preempted = []
+        if self.policy == "balanced" and self.last_phase_prefill and self.running:
+            order = (False, True)
+        else:
+            order = (True, False)
+        for is_prefill in order:
+            seqs = self._schedule_prefill() if is_prefill else self._schedule_decode()
+            if seqs:
+                self.last_phase_prefill = is_prefill
+                return seqs, is_prefill
+        raise RuntimeError("scheduler: nothing can run (the KV pool cannot hold the first waiting request)")
+
+    def _schedule_prefill(self) -> list[Sequence]:
+        scheduled: list[Sequence] = []
+        num_batched_tokens = 0
+        while self.waiting and len(scheduled) < self.max_num_seqs:
+            seq = self.waiting[0]
+            remaining = self.max_num_batched_tokens - num_batched_tokens
+            if remaining == 0:
+                break
+            if not seq.block_table:
+                num_cached_blocks = self.block_manager.can_allocate(seq)
+                if num_cached_blocks == -1:
+                    break
+                num_tokens = seq.num_tokens - num_cached_blocks * self.block_manager.block_size
+            else:  # the rest of a chunked prompt
+                num_tokens = seq.num_tokens - seq.num_cached_tokens
+            if remaining < num_tokens and scheduled:
+                break  # only the first sequence of a batch may be chunked
+            if not seq.block_table:
+                self.block_manager.allocate(seq, num_cached_blocks)
+            seq.num_scheduled_tokens = min(num_tokens, remaining)
+            num_batched_tokens += seq.num_scheduled_tokens
+            scheduled.append(seq)
+            if seq.num_scheduled_tokens < num_tokens:
+                break  # a chunk: it stays first in `waiting` and continues next step
+            seq.status = SequenceStatus.RUNNING
+            self.waiting.popleft()
+            self.running.append(seq)
+        return scheduled
+
+    def _schedule_decode(self) -> list[Sequence]:
+        scheduled: list[Sequence] = []
+        while self.running and len(scheduled) < self.max_num_seqs:
+            seq = self.running.popleft()
+            while not self.block_manager.can_append(seq):
+                if self.running:
+                    self.preempt(self.running.pop())
+                else:
+                    self.preempt(seq)
+                    break
+            else:
+                seq.num_scheduled_tokens = 1
+                self.block_manager.may_append(seq)
+                scheduled.append(seq)
+        if self.policy == "balanced":
+            self.running.extend(scheduled)
+        else:
+            self.running.extendleft(reversed(scheduled))
+        return scheduled
+
+    def preempt(self, seq: Sequence):
+        seq.status = SequenceStatus.WAITING
+        self.block_manager.deallocate(seq)
+        self.waiting.appendleft(seq)
+        self.preempted.append(seq)
+
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[bool]:
+        """Fold the step's computed tokens into each sequence; accept its sampled token only when the
+        whole known sequence is now computed (a chunk's candidate is discarded). Returns accepted flags."""
+        accepted = []
+        for seq, token_id in zip(seqs, token_ids):
+            self.block_manager.hash_blocks(seq)
+            seq.num_cached_tokens += seq.num_scheduled_tokens
+            seq.num_scheduled_tokens = 0
+            if seq.num_cached_tokens < seq.num_tokens:
+                accepted.append(False)
+                continue
+            seq.append_token(token_id)
+            accepted.append(True)
+            if not seq.ignore_eos and token_id == self.eos:
+                seq.finish_reason = "stop"
+            elif seq.num_completion_tokens == seq.max_tokens:
+                seq.finish_reason = "length"
+            elif seq.num_tokens >= self.max_model_len:
+                # Not in nano (it would run past its RoPE table); vLLM stops at the context limit too.
+                seq.finish_reason = "length"
+            if seq.finish_reason is not None:
+                seq.status = SequenceStatus.FINISHED
+                self.block_manager.deallocate(seq)
+                self.running.remove(seq)
+        return accepted
