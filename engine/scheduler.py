@@ -99,7 +99,12 @@ class Scheduler:
     def preempt(self, seq: Sequence):
         seq.status = SequenceStatus.WAITING
         self.block_manager.deallocate(seq)
-        self.waiting.appendleft(seq)
+        if self.waiting and self.waiting[0].block_table:
+            # A prompt is mid-chunk (possible only under `balanced`): it keeps its place, or the
+            # preempted sequence could wait forever for the blocks that chunk holds.
+            self.waiting.insert(1, seq)
+        else:
+            self.waiting.appendleft(seq)
         self.preempted.append(seq)
 
     def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[bool]:

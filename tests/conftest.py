@@ -1,0 +1,41 @@
+"""Shared fixtures: one tiny fake Qwen3 checkpoint per test session, and a Transformers reference."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    from labkit.fake_model import make_fake_model
+
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    make_fake_model("tiny", out, seed=0)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def hf_model(tiny_model):
+    from transformers import Qwen3ForCausalLM
+
+    model = Qwen3ForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation="eager")
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_logits(hf_model):
+    """Last-position logits of a token list, recomputed from scratch (no cache)."""
+    cache: dict[tuple, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def logits(token_ids: list[int]) -> torch.Tensor:
+        key = tuple(token_ids)
+        if key not in cache:
+            cache[key] = hf_model(torch.tensor([token_ids]), use_cache=False).logits[0, -1].float()
+        return cache[key]
+
+    return logits

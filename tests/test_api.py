@@ -1,0 +1,105 @@
+"""The Python API: nano-vLLM compatible calls, and a ValueError naming the argument for every bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model):
+    return LLM(tiny_model, enforce_eager=True, max_model_len=256, max_num_seqs=8, max_num_batched_tokens=512,
+               kvcache_block_size=16, num_kvcache_blocks=32)
+
+
+def test_generate_text_and_ids_in_prompt_order(llm):
+    outs = llm.generate(["hello there", [100, 200, 300]], SamplingParams(temperature=0.6, max_tokens=2, ignore_eos=True),
+                        use_tqdm=False)
+    assert len(outs) == 2
+    for out in outs:
+        assert len(out["token_ids"]) == 2 and isinstance(out["text"], str)
+    again = llm.generate([[100, 200, 300]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert len(again[0]["token_ids"]) == 3
+
+
+def test_step_api(llm):
+    seq_id = llm.add_request([101, 102, 103], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    finished = []
+    steps = 0
+    while not llm.is_finished():
+        outputs, num_tokens = llm.step()
+        assert (num_tokens == 3) if steps == 0 else (num_tokens == -1)
+        finished += outputs
+        steps += 1
+    assert steps == 3 and finished[0][0] == seq_id and len(finished[0][1]) == 3
+
+
+def test_per_prompt_sampling_params(llm):
+    outs = llm.generate([[100, 101], [102, 103]], [SamplingParams(max_tokens=1, ignore_eos=True),
+                                                   SamplingParams(max_tokens=4, ignore_eos=True)], use_tqdm=False)
+    assert [len(o["token_ids"]) for o in outs] == [1, 4]
+
+
+def test_eos_stops_unless_ignored(tiny_model):
+    # Force the EOS id to be whatever greedy decoding produces second, then check both behaviours.
+    probe = LLM(tiny_model, enforce_eager=True, max_model_len=256, num_kvcache_blocks=8)
+    toks = probe.generate([[100, 200, 300]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+                          use_tqdm=False)[0]["token_ids"]
+    probe.config.eos = probe.scheduler.eos = toks[1]
+    stop = probe.generate([[100, 200, 300]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
+    assert stop["token_ids"] == toks[: toks.index(toks[1]) + 1] and stop["finish_reason"] == "stop"
+    keep = probe.generate([[100, 200, 300]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+                          use_tqdm=False)[0]
+    assert keep["token_ids"] == toks and keep["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("prompts, params, name", [
+    ([""], None, "prompt"),
+    ([[]], None, "prompt"),
+    ([[100, 10**7]], None, "prompt"),
+    ([[100] * 300], None, "max_model_len"),
+    ([[100], [101]], [SamplingParams()], "sampling_params"),
+    ([], None, "prompts"),
+    ([[100]], "fast", "sampling_params"),
+])
+def test_bad_requests_raise_value_error(llm, prompts, params, name):
+    with pytest.raises(ValueError, match=name):
+        llm.generate(prompts, params, use_tqdm=False)
+    assert llm.is_finished()  # nothing half-queued
+
+
+def test_request_larger_than_the_pool(tiny_model):
+    small = LLM(tiny_model, enforce_eager=True, max_model_len=256, kvcache_block_size=16, num_kvcache_blocks=4)
+    with pytest.raises(ValueError, match="KV blocks"):
+        small.generate([[100] * 60], SamplingParams(max_tokens=10), use_tqdm=False)
+    assert small.generate([[100] * 60], SamplingParams(max_tokens=5), use_tqdm=False)[0]["token_ids"]
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"kvcache_block_size": 0}, "kvcache_block_size"),
+    ({"max_num_seqs": 0}, "max_num_seqs"),
+    ({"max_num_batched_tokens": -5}, "max_num_batched_tokens"),
+    ({"num_kvcache_blocks": 0}, "num_kvcache_blocks"),
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ({"device": "tpu"}, "device"),
+    ({"attention_backend": "magic"}, "attention_backend"),
+    ({"scheduling_policy": "fifo"}, "scheduling_policy"),
+    ({"tensor_parallel_size": 3}, "tensor_parallel_size"),
+    ({"not_a_field": 1}, "not_a_field"),
+    ({"attention_backend": "triton", "device": "cpu"}, "attention_backend"),
+])
+def test_bad_engine_arguments_raise_value_error(tiny_model, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        LLM(tiny_model, **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_without_gpu_is_a_clear_error(tiny_model):
+    with pytest.raises(ValueError, match="device"):
+        LLM(tiny_model, device="cuda")
+
+
+def test_missing_model_folder(tmp_path):
+    with pytest.raises(ValueError, match="model"):
+        LLM(str(tmp_path / "nowhere"))

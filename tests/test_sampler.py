@@ -1,0 +1,67 @@
+import pytest
+import torch
+
+from engine.sampling import Sampler, SamplingParams
+
+
+def _logits(batch=4, vocab=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, vocab, generator=g) * 3
+
+
+def test_greedy_is_argmax():
+    logits = _logits()
+    out = Sampler()(logits, torch.zeros(4))
+    assert out.tolist() == logits.argmax(-1).tolist()
+
+
+def test_top_k_only_draws_from_the_k_best():
+    logits = _logits(batch=2)
+    sampler = Sampler(seed=1)
+    top3 = logits.topk(3, dim=-1).indices
+    seen = [set(), set()]
+    for _ in range(300):
+        out = sampler(logits, torch.full((2,), 5.0), top_ks=torch.tensor([3, 3]))
+        for i, t in enumerate(out.tolist()):
+            assert t in top3[i].tolist()
+            seen[i].add(t)
+    assert all(len(s) == 3 for s in seen)  # high temperature: all three show up
+
+
+def test_top_p_keeps_the_smallest_covering_prefix():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    sampler = Sampler(seed=2)
+    drawn = {sampler(logits, torch.ones(1), top_ps=torch.tensor([0.75])).item() for _ in range(300)}
+    assert drawn == {0, 1}  # 0.5 < 0.75 needs the second token; 0.8 >= 0.75 stops there
+    drawn = {sampler(logits, torch.ones(1), top_ps=torch.tensor([0.4])).item() for _ in range(100)}
+    assert drawn == {0}
+
+
+def test_mixed_batch_greedy_and_sampled_rows():
+    logits = _logits(batch=2, vocab=1000)
+    sampler = Sampler(seed=3)
+    outs = [sampler(logits, torch.tensor([0.0, 1.0])).tolist() for _ in range(50)]
+    assert all(o[0] == logits[0].argmax().item() for o in outs)
+    assert len({o[1] for o in outs}) > 1
+
+
+def test_sampling_follows_the_distribution():
+    probs = torch.tensor([0.7, 0.2, 0.1])
+    sampler = Sampler(seed=4)
+    n = 4000
+    out = sampler(probs.log().expand(n, 3).contiguous(), torch.ones(n))
+    freq = torch.bincount(out, minlength=3).float() / n
+    assert torch.allclose(freq, probs, atol=0.03)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"temperature": -0.1}, "temperature"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 1.5}, "max_tokens"),
+    ({"top_k": -2}, "top_k"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+])
+def test_bad_sampling_params_name_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        SamplingParams(**kwargs)
