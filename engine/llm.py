@@ -47,8 +47,13 @@ class LLMEngine:
         self.step_count = 0
         self._t_start = time.perf_counter()
         self._closed = False
+        self._shape_hooks = []
         if self.tracer is not None:
             self.tracer.emit("run_start", **self._run_start_fields())
+            if getattr(self.tracer, "shapes", False):
+                from .shapes import register_shape_hooks
+
+                self._shape_hooks = register_shape_hooks(self.model_runner.model, self.tracer)
 
     # --- requests -------------------------------------------------------------------------------
     @property

@@ -1,0 +1,151 @@
+"""`labkit trace`: run a case through the engine with tracing on, show each step, judge it.
+
+    labkit trace --case chunk                 # run, table, validate; exit 1 on a mismatch
+    labkit trace check runs/trace-chunk/events.jsonl --case chunk   # re-validate a saved log
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from labkit.errors import LabkitError
+from labkit.output import (EXIT_FAIL, EXIT_PASS, Device, envelope, evidence_for, finish, resolve_device, runs_dir,
+                           write_json)
+from labkit.trace.cases import list_cases, load_case
+from labkit.trace.validate import Report, read_jsonl, steps_table, validate, write_tsv
+
+app = typer.Typer(help="Run a traced case, show every step, and check it against expected states.",
+                  invoke_without_command=True, no_args_is_help=False)
+
+
+def _print_steps(events: list[dict], console: Console, title: str) -> None:
+    table = Table(title=title, show_lines=False, header_style="bold")
+    for col in ("step", "phase", "scheduled (id total/cached/sched/blocks)", "model inputs", "preempted",
+                "after postprocess (id total/cached/outputs status blocks)", "free"):
+        table.add_column(col, overflow="fold")
+    for row in steps_table(events):
+        table.add_row(str(row["step"]), str(row["phase"]), row["scheduled"], row["inputs"], row["preempted"],
+                      row["after"], str(row["free"]))
+    console.print(table)
+
+
+def _print_report(report: Report, console: Console) -> None:
+    failures = report.failures
+    for check in failures[:20]:
+        console.print(f"[red]FAIL[/red] {check.message}")
+    if len(failures) > 20:
+        console.print(f"... and {len(failures) - 20} more failures")
+    style = "green" if report.ok else "red"
+    console.print(f"[{style}]{report.summary()}[/{style}]")
+
+
+def _outputs(out_dir: Path, events: list[dict], report: Report, env: dict, extra: dict) -> dict:
+    tsv = write_tsv(events, out_dir / "steps.tsv")
+    result = finish(env, passed=report.ok, judged=report.judged, report=report.to_dict(),
+                    files={"events": str(out_dir / "events.jsonl"), "tsv": str(tsv)}, **extra)
+    write_json(out_dir / "check.json", result)
+    return result
+
+
+@app.callback()
+def trace(
+    ctx: typer.Context,
+    case: Optional[str] = typer.Option(None, "--case", help="Case name in workloads/cases/ or a YAML path."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model folder (default: $MODEL_DIR or the tiny model)."),
+    device: Device = typer.Option(Device.auto, "--device", help="auto, cpu or cuda."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default: runs/trace-CASE)."),
+    shapes: bool = typer.Option(False, "--shapes", help="Also record model_shape events for layer 0."),
+    perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="Write a Chrome trace-event JSON for ui.perfetto.dev."),
+    budget: Optional[int] = typer.Option(None, "--budget", help="Override max_num_batched_tokens."),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="Override max_num_seqs."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="Override kvcache_block_size."),
+    num_blocks: Optional[int] = typer.Option(None, "--num-blocks", help="Override num_kvcache_blocks."),
+    policy: Optional[str] = typer.Option(None, "--policy", help="Override scheduling_policy (prefill_first|balanced)."),
+    eager: Optional[bool] = typer.Option(None, "--eager/--graph", help="Override enforce_eager."),
+    list_: bool = typer.Option(False, "--list", help="List the shipped cases and exit."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step table."),
+) -> None:
+    if ctx.invoked_subcommand is not None:
+        return
+    console = Console()
+    if list_:
+        for name in list_cases():
+            c = load_case(name)
+            console.print(f"[bold]{name}[/bold]: {c.about}{'' if c.judged else ' (recorded, not judged)'}")
+        raise typer.Exit(EXIT_PASS)
+    if case is None:
+        raise LabkitError("trace: give --case NAME|PATH (see labkit trace --list)")
+    from labkit.model import resolve_model
+    from labkit.trace.perfetto import write_perfetto
+    from labkit.trace.run import run_case
+
+    the_case = load_case(case)
+    model_dir = resolve_model(model)
+    dev = resolve_device(device)
+    out_dir = out or runs_dir() / f"trace-{the_case.name}"
+    overrides = {"max_num_batched_tokens": budget, "max_num_seqs": max_num_seqs, "kvcache_block_size": block_size,
+                 "num_kvcache_blocks": num_blocks, "scheduling_policy": policy,
+                 "enforce_eager": eager}
+    env = envelope("trace", device=dev, model_dir=model_dir, evidence=evidence_for(dev))
+    run = run_case(the_case, model_dir, out_dir / "events.jsonl", overrides=overrides, device=dev, shapes=shapes)
+    report = validate(run.events, the_case)
+    if not quiet:
+        _print_steps(run.events, console, f"case {the_case.name}: {the_case.about}")
+    if shapes:
+        _print_shapes(run.events, console)
+    extra = {"case": the_case.name, "engine": run.engine_kwargs, "num_kvcache_blocks": run.num_kvcache_blocks,
+             "wall_s": run.wall_s, "steps": report.steps}
+    if perfetto is not None:
+        extra["files_perfetto"] = str(write_perfetto(run.events, perfetto))
+    _outputs(out_dir, run.events, report, env, extra)
+    _print_report(report, console)
+    console.print(f"log: {out_dir / 'events.jsonl'}   table: {out_dir / 'steps.tsv'}   check: {out_dir / 'check.json'}"
+                  + (f"   perfetto: {perfetto}" if perfetto else ""))
+    raise typer.Exit(EXIT_PASS if report.ok else EXIT_FAIL)
+
+
+def _print_shapes(events: list[dict], console: Console) -> None:
+    table = Table(title="model shapes (layer 0), first step of each phase", header_style="bold")
+    for col in ("step", "module", "shape"):
+        table.add_column(col)
+    phases_seen = set()
+    phase_of = {e["step"]: e["phase"] for e in events if e["event"] == "scheduled"}
+    for e in events:
+        if e["event"] != "model_shape":
+            continue
+        phase = phase_of.get(e["step"])
+        if phase in phases_seen and e["module"] == "embed_tokens":
+            continue
+        if e["module"] == "logits":
+            phases_seen.add(phase)
+        if phase in phases_seen and e["module"] != "logits":
+            continue
+        table.add_row(str(e["step"]), e["module"], str(e["shape"]))
+    console.print(table)
+
+
+@app.command("check")
+def check(
+    log: Path = typer.Argument(..., help="A saved events.jsonl."),
+    case: Optional[str] = typer.Option(None, "--case", help="Judge against this case's expectations too."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where to write check.json (default: beside the log)."),
+) -> None:
+    """Re-validate a saved log without running a model."""
+    console = Console()
+    if not log.is_file():
+        raise LabkitError(f"trace check: no such log {log}")
+    events = read_jsonl(log)
+    the_case = load_case(case) if case else None
+    report = validate(events, the_case)
+    start = next((e for e in events if e.get("event") == "run_start"), {})
+    model_dir = (start.get("model") or {}).get("path")
+    env = envelope("trace check", device=start.get("device", "cpu"), model_dir=model_dir, evidence="simulated")
+    result = finish(env, passed=report.ok, judged=report.judged, report=report.to_dict(), log=str(log),
+                    case=the_case.name if the_case else None)
+    write_json(out or log.with_name("check-replay.json"), result)
+    _print_report(report, console)
+    raise typer.Exit(EXIT_PASS if report.ok else EXIT_FAIL)
