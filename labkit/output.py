@@ -1,0 +1,249 @@
+"""What every command's JSON carries (SPEC section 7), the exit codes, and the device option.
+
+Every command that measures or checks builds `envelope(...)` before it starts, `finish(...)`
+when it ends, and `write_json(runs_dir() / "NAME.json", ...)`. Nothing here may fail because
+an optional package or git is missing: provenance is best effort, the measurement is not.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from labkit import __version__
+from labkit.errors import LabkitError
+
+EXIT_PASS = 0
+EXIT_FAIL = 1
+EXIT_CANNOT_RUN = 2
+
+EVIDENCE_KINDS = ("gpu-measured", "cpu-executed", "static-estimate", "simulated")
+
+
+class Device(str, enum.Enum):
+    """The --device choice shared by every command that runs the engine."""
+
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def resolve_device(device: str | Device) -> str:
+    """auto -> cuda when a GPU is visible, else cpu. Asking for cuda without one cannot run."""
+    name = device.value if isinstance(device, Device) else str(device)
+    if name not in ("auto", "cpu", "cuda"):
+        raise LabkitError(f"--device must be auto, cpu or cuda, not {name!r}")
+    if name == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    if name == "cuda" and not cuda_available():
+        raise LabkitError("--device cuda was asked for but no CUDA GPU is visible to torch")
+    return name
+
+
+def evidence_for(device: str) -> str:
+    """Runs on a GPU measure; runs on the CPU only show that the code path executes."""
+    return "gpu-measured" if str(device).startswith("cuda") else "cpu-executed"
+
+
+def _optional_version(module: str) -> str | None:
+    # find_spec first: importing a missing optional GPU package must stay cheap and silent.
+    try:
+        if importlib.util.find_spec(module) is None:
+            return None
+        mod = importlib.import_module(module)
+    except Exception:
+        return None
+    return str(getattr(mod, "__version__", "unknown"))
+
+
+def _dist_version(dist: str) -> str | None:
+    # Reading package metadata avoids importing transformers (seconds) just to name its version.
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _cached_versions() -> tuple[tuple[str, Any], ...]:
+    try:
+        import torch
+
+        torch_version, cuda = str(torch.__version__), torch.version.cuda
+    except Exception:
+        torch_version, cuda = None, None
+    found = {
+        "python": platform.python_version(),
+        "torch": torch_version,
+        "cuda": cuda,
+        "triton": _optional_version("triton"),
+        "flash_attn": _optional_version("flash_attn"),
+        "transformers": _dist_version("transformers"),
+        "labkit": __version__,
+    }
+    return tuple(found.items())
+
+
+def versions() -> dict:
+    """Software versions for provenance; a package that cannot be imported is None."""
+    return dict(_cached_versions())
+
+
+def project_root() -> Path:
+    """LAB_ROOT when env.sh set it, else the folder holding the labkit package."""
+    root = os.environ.get("LAB_ROOT")
+    return Path(root) if root else Path(__file__).resolve().parent.parent
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(project_root()), *args],
+            capture_output=True, text=True, timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_head() -> str | None:
+    """The project's commit, or None outside git / before the first commit. Never raises."""
+    return _git("rev-parse", "HEAD") or None
+
+
+def git_dirty() -> bool | None:
+    """Whether tracked or new files differ from HEAD, so a result can be tied to exact code."""
+    status = _git("status", "--porcelain", "--untracked-files=normal")
+    return None if status is None else bool(status)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_info(device: Any) -> dict:
+    """type, name and count of the device a command ran on ('auto' is resolved first)."""
+    text = str(getattr(device, "value", device) or "cpu")
+    if text == "auto":
+        text = "cuda" if cuda_available() else "cpu"
+    kind = text.split(":", 1)[0]
+    if kind == "cuda" and cuda_available():
+        import torch
+
+        index = int(text.split(":", 1)[1]) if ":" in text else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        return {
+            "type": "cuda",
+            "name": props.name,
+            "count": torch.cuda.device_count(),
+            "index": index,
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "capability": f"{props.major}.{props.minor}",
+        }
+    if kind == "cuda":
+        return {"type": "cuda", "name": None, "count": 0}
+    return {"type": "cpu", "name": _cpu_model(), "count": os.cpu_count() or 1}
+
+
+def config_sha256(model_dir: str | Path | None) -> str | None:
+    """sha256 of the model's config.json bytes: which model a result belongs to, cheaply."""
+    if model_dir is None:
+        return None
+    try:
+        return hashlib.sha256((Path(model_dir) / "config.json").read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def envelope(command: str, *, device: Any, model_dir: str | Path | None, evidence: str,
+             argv: list[str] | None = None) -> dict:
+    """The provenance every JSON output starts with (SPEC section 7)."""
+    if evidence not in EVIDENCE_KINDS:
+        raise ValueError(f"evidence must be one of {', '.join(EVIDENCE_KINDS)}, not {evidence!r}")
+    return {
+        "command": command,
+        "argv": list(sys.argv if argv is None else argv),
+        "versions": versions(),
+        "device": device_info(device),
+        "model": {
+            "path": str(Path(model_dir).resolve()) if model_dir is not None else None,
+            "config_sha256": config_sha256(model_dir),
+        },
+        "git_head": git_head(),
+        "git_dirty": git_dirty(),
+        "started_at": now_iso(),
+        "evidence": evidence,
+    }
+
+
+def finish(env: dict, **results: Any) -> dict:
+    """A new dict: the envelope, the results, and ended_at."""
+    done = dict(env)
+    done.update(results)
+    done["ended_at"] = now_iso()
+    return done
+
+
+def _jsonable(obj: Any) -> Any:
+    # Paths, torch.device and enums end up in results; their text is what a reader wants.
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return str(obj)
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """Write atomically, so a crash or a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, default=_jsonable)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def runs_dir() -> Path:
+    """Where outputs go: $RUNS_DIR (env.sh sets it) or ./runs."""
+    return Path(os.environ.get("RUNS_DIR") or "runs")

@@ -1,0 +1,356 @@
+"""labkit's CLI plumbing: error -> exit code mapping, the JSON envelope, and `labkit doctor`."""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+
+from labkit import __version__, cli, doctor, output
+from labkit.errors import LabkitError
+
+EVIDENCE = {"gpu-measured", "cpu-executed", "static-estimate", "simulated"}
+ENVELOPE_KEYS = {"command", "argv", "versions", "device", "model", "git_head", "started_at",
+                 "ended_at", "evidence"}
+VERSION_KEYS = {"python", "torch", "cuda", "triton", "flash_attn", "transformers", "labkit"}
+NO_GPU = not output.cuda_available()
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(args, capsys):
+    """Run the real entry point in-process; return (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(list(args))
+    captured = capsys.readouterr()
+    code = exited.value.code
+    return (0 if code is None else code), captured.out, captured.err
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory):
+    """One labkit cache for the session, so the default tiny model is made once."""
+    return tmp_path_factory.mktemp("labkit-cache")
+
+
+@pytest.fixture
+def lab_env(tmp_path, monkeypatch, tiny_cache):
+    """Outputs into a tmp RUNS_DIR; no MODEL_DIR so the default model comes from LABKIT_CACHE."""
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("RUNS_DIR", str(runs))
+    monkeypatch.setenv("LABKIT_CACHE", str(tiny_cache))
+    monkeypatch.delenv("MODEL_DIR", raising=False)
+    return runs
+
+
+@pytest.fixture
+def tiny_model(lab_env):
+    from labkit.model import resolve_model
+
+    path = Path(resolve_model(None))
+    assert (path / "config.json").is_file()
+    return path
+
+
+@pytest.fixture
+def probe_command():
+    """Register a throwaway `probe` command that runs whatever the test hands it."""
+    action = {}
+
+    def probe() -> None:
+        action["fn"]()
+
+    cli.app.command("probe")(probe)
+    yield action
+    cli.app.registered_commands[:] = [c for c in cli.app.registered_commands if c.name != "probe"]
+
+
+# ---- main(): exit codes and one-line errors -------------------------------------------------
+
+
+def _raise(exc):
+    def fn():
+        raise exc
+    return fn
+
+
+@pytest.mark.parametrize(
+    "exc, code, message",
+    [
+        (LabkitError("model folder /nope does not exist"), 2, "labkit: model folder /nope does not exist"),
+        (LabkitError("custom code", code=3), 3, "labkit: custom code"),
+        (LabkitError("two\nlines  here"), 2, "labkit: two lines here"),
+        (ValueError("max_tokens must be >= 1"), 2, "labkit: max_tokens must be >= 1"),
+    ],
+)
+def test_user_errors_are_one_line_with_their_code(probe_command, capsys, exc, code, message):
+    probe_command["fn"] = _raise(exc)
+    got, out, err = run_cli(["probe"], capsys)
+    assert got == code
+    assert err == message + "\n"
+    assert "Traceback" not in out + err
+
+
+def test_unexpected_error_is_one_line_exit_2_without_traceback(probe_command, capsys, monkeypatch):
+    monkeypatch.delenv("LABKIT_DEBUG", raising=False)
+    probe_command["fn"] = _raise(RuntimeError("kaboom"))
+    code, out, err = run_cli(["probe"], capsys)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("labkit: RuntimeError: kaboom")
+    assert "LABKIT_DEBUG" in err
+    assert "Traceback" not in out + err
+
+
+def test_debug_env_shows_the_traceback(probe_command, capsys, monkeypatch):
+    monkeypatch.setenv("LABKIT_DEBUG", "1")
+    probe_command["fn"] = _raise(RuntimeError("kaboom"))
+    code, _, err = run_cli(["probe"], capsys)
+    assert code == 2
+    assert "Traceback" in err
+    assert err.rstrip().endswith("labkit: RuntimeError: kaboom")
+
+
+def test_keyboard_interrupt_exits_130(probe_command, capsys):
+    probe_command["fn"] = _raise(KeyboardInterrupt())
+    code, out, err = run_cli(["probe"], capsys)
+    assert code == 130
+    assert "Traceback" not in out + err
+
+
+@pytest.mark.parametrize("code", [0, 1, 2])
+def test_typer_exit_code_passes_through(probe_command, capsys, code):
+    probe_command["fn"] = _raise(typer.Exit(code))
+    assert run_cli(["probe"], capsys)[0] == code
+
+
+@pytest.mark.parametrize("args", [["no-such-command"], ["doctor", "--device", "tpu"],
+                                  ["doctor", "--no-such-flag"], ["smoke", "--max-tokens", "0"],
+                                  ["smoke", "--max-tokens", "two"]])
+def test_usage_errors_exit_2(capsys, args):
+    code, out, err = run_cli(args, capsys)
+    assert code == 2
+    assert "Traceback" not in out + err
+
+
+def test_no_arguments_shows_help_listing_commands(capsys):
+    code, out, err = run_cli([], capsys)
+    assert code in (0, 2)  # click >= 8.2 treats "no args" as a usage error that prints help
+    text = out + err
+    for name in ("doctor", "smoke", "model"):
+        assert name in text
+
+
+def test_version_flag(capsys):
+    code, out, _ = run_cli(["--version"], capsys)
+    assert code == 0
+    assert out.strip() == f"labkit {__version__}"
+
+
+def test_python_dash_m_runs_the_same_entry_point():
+    done = subprocess.run([sys.executable, "-m", "labkit", "--version"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"labkit {__version__}"
+
+
+# ---- output: the JSON envelope ----------------------------------------------------------------
+
+
+def test_envelope_carries_provenance(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen3"}')
+    env = output.envelope("unit", device="cpu", model_dir=model, evidence="cpu-executed",
+                          argv=["labkit", "unit"])
+    assert env["command"] == "unit"
+    assert env["argv"] == ["labkit", "unit"]
+    assert set(env["versions"]) >= VERSION_KEYS
+    assert env["versions"]["labkit"] == __version__
+    assert env["versions"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert env["device"]["type"] == "cpu" and env["device"]["count"] >= 1 and env["device"]["name"]
+    assert env["model"]["path"] == str(model.resolve())
+    assert env["model"]["config_sha256"] == hashlib.sha256(b'{"model_type": "qwen3"}').hexdigest()
+    assert env["evidence"] == "cpu-executed"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", env["started_at"])
+
+
+def test_envelope_defaults_argv_and_tolerates_no_model(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["labkit", "x", "--flag"])
+    env = output.envelope("x", device="cpu", model_dir=None, evidence="simulated")
+    assert env["argv"] == ["labkit", "x", "--flag"]
+    assert env["model"] == {"path": None, "config_sha256": None}
+
+
+def test_envelope_rejects_unknown_evidence():
+    with pytest.raises(ValueError, match="evidence"):
+        output.envelope("x", device="cpu", model_dir=None, evidence="vibes")
+
+
+def test_finish_adds_end_time_and_results_without_touching_the_envelope():
+    env = output.envelope("x", device="cpu", model_dir=None, evidence="static-estimate")
+    done = output.finish(env, status="PASS", rows=[1, 2])
+    assert done["status"] == "PASS" and done["rows"] == [1, 2]
+    assert done["ended_at"] >= done["started_at"]
+    assert "ended_at" not in env and "status" not in env
+
+
+def test_write_json_makes_folders_and_leaves_no_temp_files(tmp_path):
+    target = tmp_path / "a" / "b" / "out.json"
+    output.write_json(target, {"path": Path("/x"), "n": 1})
+    output.write_json(target, {"path": Path("/y"), "n": 2})  # overwrite in place
+    assert json.loads(target.read_text()) == {"path": "/y", "n": 2}
+    assert target.read_text().startswith('{\n  "path"')  # indent 2
+    assert os.listdir(target.parent) == ["out.json"]
+
+
+def test_runs_dir_follows_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("RUNS_DIR", str(tmp_path / "r"))
+    assert output.runs_dir() == tmp_path / "r"
+    monkeypatch.delenv("RUNS_DIR")
+    assert output.runs_dir() == Path("runs")
+
+
+def test_git_head_none_outside_a_repo_and_sha_inside(monkeypatch, tmp_path):
+    monkeypatch.setenv("LAB_ROOT", str(tmp_path))
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert output.git_head() is None
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    (tmp_path / "f").write_text("x")
+    subprocess.run(git + ["add", "f"], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "x"], check=True)
+    head = output.git_head()
+    assert head and re.fullmatch(r"[0-9a-f]{40}", head)
+    assert output.git_dirty() is False
+    (tmp_path / "g").write_text("y")
+    assert output.git_dirty() is True
+
+
+def test_resolve_device():
+    assert output.resolve_device("cpu") == "cpu"
+    assert output.resolve_device(output.Device.auto) == ("cpu" if NO_GPU else "cuda")
+    with pytest.raises(LabkitError):
+        output.resolve_device("tpu")
+
+
+@pytest.mark.skipif(not NO_GPU, reason="needs a machine without a GPU")
+def test_asking_for_cuda_without_a_gpu_cannot_run():
+    with pytest.raises(LabkitError) as err:
+        output.resolve_device("cuda")
+    assert err.value.code == output.EXIT_CANNOT_RUN
+    assert output.device_info("cuda")["count"] == 0
+
+
+# ---- doctor ----------------------------------------------------------------------------------
+
+
+def _rows(report):
+    return {r["check"]: r for r in report["rows"]}
+
+
+def test_doctor_on_cpu_passes_and_writes_json(tiny_model, lab_env, capsys):
+    code, out, err = run_cli(["doctor", "--device", "cpu"], capsys)
+    report = json.loads((lab_env / "doctor.json").read_text())
+    rows = _rows(report)
+    assert set(report) >= ENVELOPE_KEYS
+    assert report["command"] == "doctor"
+    assert report["evidence"] in EVIDENCE
+    assert report["model"]["path"] == str(tiny_model.resolve())
+    for name in ("python", "torch", "cuda", "triton", "flash_attn", "transformers", "engine",
+                 "model files", "model config", "tensor op (cpu)", "disk"):
+        assert name in rows, name
+        assert rows[name]["status"] in {"PASS", "WARN", "FAIL"}
+    failed = [r for r in report["rows"] if r["status"] == "FAIL"]
+    assert failed == [], failed
+    assert code == 0
+    assert rows["model config"]["status"] == "PASS" and "qwen3" in rows["model config"]["detail"]
+    assert rows["tensor op (cpu)"]["status"] == "PASS"
+    if NO_GPU:
+        assert rows["cuda"]["status"] == "WARN"
+        assert rows["triton"]["status"] in {"PASS", "WARN"}
+    assert "doctor" in out and "PASS" in out and "Traceback" not in err
+
+
+@pytest.mark.skipif(not NO_GPU, reason="needs a machine without a GPU")
+def test_doctor_device_cuda_without_gpu_fails(tiny_model, lab_env, capsys):
+    code, out, _ = run_cli(["doctor", "--device", "cuda"], capsys)
+    rows = _rows(json.loads((lab_env / "doctor.json").read_text()))
+    assert code == 1
+    assert rows["cuda"]["status"] == "FAIL"
+    assert "FAIL" in out
+
+
+def test_doctor_missing_model_is_a_failed_check(lab_env, tmp_path, capsys):
+    missing = tmp_path / "no-such-model"
+    code, out, err = run_cli(["doctor", "--device", "cpu", "--model", str(missing)], capsys)
+    rows = _rows(json.loads((lab_env / "doctor.json").read_text()))
+    assert code == 1
+    assert rows["model files"]["status"] == "FAIL"
+    assert "no-such-model" in rows["model files"]["detail"]
+    assert "Traceback" not in out + err
+
+
+def test_doctor_rejects_a_non_qwen3_model(tiny_model, lab_env, tmp_path, capsys):
+    other = tmp_path / "llama"
+    shutil.copytree(tiny_model, other)
+    config = json.loads((other / "config.json").read_text())
+    config["model_type"] = "llama"
+    (other / "config.json").write_text(json.dumps(config))
+    code, _, _ = run_cli(["doctor", "--device", "cpu", "--model", str(other)], capsys)
+    rows = _rows(json.loads((lab_env / "doctor.json").read_text()))
+    assert code == 1
+    assert rows["model config"]["status"] == "FAIL"
+    assert "llama" in rows["model config"]["detail"]
+
+
+def test_doctor_notices_missing_weights(tiny_model, lab_env, tmp_path, capsys):
+    other = tmp_path / "noweights"
+    shutil.copytree(tiny_model, other)
+    for f in other.glob("*.safetensors"):
+        f.unlink()
+    code, _, _ = run_cli(["doctor", "--device", "cpu", "--model", str(other)], capsys)
+    rows = _rows(json.loads((lab_env / "doctor.json").read_text()))
+    assert code == 1
+    assert rows["model files"]["status"] == "FAIL"
+    assert "safetensors" in rows["model files"]["detail"]
+
+
+def test_doctor_json_flag_prints_the_report(tiny_model, lab_env, capsys):
+    code, out, _ = run_cli(["doctor", "--device", "cpu", "--json"], capsys)
+    printed = json.loads(out)
+    assert printed["command"] == "doctor"
+    assert printed["rows"] == json.loads((lab_env / "doctor.json").read_text())["rows"]
+    assert code == (1 if any(r["status"] == "FAIL" for r in printed["rows"]) else 0)
+
+
+def test_disk_check_warns_when_space_is_low(tmp_path, monkeypatch):
+    monkeypatch.setattr(doctor, "MIN_FREE_DISK_GB", 0.0)
+    assert doctor.check_disk(tmp_path / "not" / "yet")["status"] == "PASS"
+    monkeypatch.setattr(doctor, "MIN_FREE_DISK_GB", 1e12)
+    low = doctor.check_disk(tmp_path / "not" / "yet")
+    assert low["status"] == "WARN" and "GB free" in low["detail"]
+
+
+def test_tensor_check_catches_a_wrong_result(monkeypatch):
+    assert doctor.check_tensor_op("cpu")["status"] == "PASS"
+    import torch
+
+    real = torch.Tensor.cpu
+    # A device whose results come back wrong (here: doubled) must FAIL the check.
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda self: real(self) * 2)
+    assert doctor.check_tensor_op("cpu")["status"] == "FAIL"
+
+
+def test_old_transformers_fails(monkeypatch):
+    monkeypatch.setattr(doctor, "versions", lambda: {"transformers": "4.40.2"})
+    assert doctor.check_transformers()["status"] == "FAIL"
+    monkeypatch.setattr(doctor, "versions", lambda: {"transformers": "5.2.0"})
+    assert doctor.check_transformers()["status"] == "PASS"

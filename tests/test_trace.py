@@ -1,0 +1,133 @@
+"""`labkit trace` end to end on the tiny model: every shipped case passes, wrong expectations and
+tampered logs fail with named steps, the Perfetto file is valid, `trace check` agrees."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from labkit.trace.cases import list_cases, load_case
+from labkit.trace.run import run_case
+from labkit.trace.validate import read_jsonl, validate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _labkit(*args, env_extra=None, cwd=REPO):
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "labkit", *args], capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("name", list_cases())
+def test_every_case_passes_through_the_engine(name, tiny_model, tmp_path):
+    case = load_case(name)
+    run = run_case(case, Path(tiny_model), tmp_path / "events.jsonl", device="cpu")
+    report = validate(run.events, case)
+    assert report.ok, report.first_failure.message if report.first_failure else report.summary()
+    # What went to disk is what was validated.
+    assert validate(read_jsonl(tmp_path / "events.jsonl"), case).ok
+
+
+def test_cli_case_with_a_wrong_expectation_fails_naming_it(tiny_model, tmp_path):
+    data = yaml.safe_load((REPO / "workloads/cases/chunk.yaml").read_text())
+    for entry in data["expect"]:
+        if entry.get("step") == 2:
+            entry["after"]["A"]["cached"] = 699  # the truth is 700
+    bad = tmp_path / "chunk-wrong.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    res = _labkit("trace", "--case", str(bad), "--model", tiny_model, "--device", "cpu", "--out", str(tmp_path / "o"),
+                  "-q")
+    assert res.returncode == 1, res.stdout + res.stderr
+    text = " ".join(res.stdout.split())
+    assert "step 2" in text and "A" in text and "cached" in text and "699" in text and "700" in text
+    check = json.loads((tmp_path / "o" / "check.json").read_text())
+    assert check["passed"] is False and check["command"] == "trace"
+
+
+def test_cli_writes_log_tsv_check_and_perfetto(tiny_model, tmp_path):
+    perfetto = tmp_path / "trace.perfetto.json"
+    res = _labkit("trace", "--case", "preempt", "--model", tiny_model, "--device", "cpu", "--out", str(tmp_path / "o"),
+                  "--perfetto", str(perfetto))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "preempt" in res.stdout
+    out = tmp_path / "o"
+    check = json.loads((out / "check.json").read_text())
+    for key in ("command", "argv", "versions", "device", "model", "git_head", "started_at", "ended_at", "evidence"):
+        assert key in check
+    assert check["evidence"] == "cpu-executed" and check["passed"] is True
+    tsv = (out / "steps.tsv").read_text().splitlines()
+    assert tsv[0].split("\t")[:3] == ["step", "phase", "request_id"] and len(tsv) > 5
+    trace = json.loads(perfetto.read_text())
+    events = trace["traceEvents"]
+    assert {e["ph"] for e in events} >= {"M", "X", "C", "i"}
+    for e in events:
+        assert "ph" in e and "pid" in e and "name" in e
+        if e["ph"] in ("X", "C", "i"):
+            assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0
+        if e["ph"] == "X":
+            assert e["dur"] > 0
+    lanes = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert any(name.startswith("C ") for name in lanes)
+    assert any(e["name"] == "preempted" for e in events)
+    # trace check agrees with the live run
+    res = _labkit("trace", "check", str(out / "events.jsonl"), "--case", "preempt")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def _tamper(src: Path, dst: Path, mutate):
+    events = read_jsonl(src)
+    mutate(events)
+    dst.write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+def test_tampered_logs_fail_trace_check(tiny_model, tmp_path):
+    case = load_case("chunk")
+    run_case(case, Path(tiny_model), tmp_path / "events.jsonl", device="cpu")
+
+    def wrong_slot(events):
+        gi = next(e for e in events if e["event"] == "gpu_inputs" and e["step"] == 3)
+        gi["slot_mapping"][0] += 1
+
+    def lost_output(events):
+        ap = next(e for e in events if e["event"] == "after_postprocess" and e["step"] == 3)
+        ap["seqs"][0]["num_completion_tokens"] -= 1
+
+    for name, mutate in (("slot", wrong_slot), ("output", lost_output)):
+        bad = tmp_path / f"bad-{name}.jsonl"
+        _tamper(tmp_path / "events.jsonl", bad, mutate)
+        report = validate(read_jsonl(bad), None)
+        assert not report.ok and report.first_failure.step == 3, name
+        res = _labkit("trace", "check", str(bad))
+        assert res.returncode == 1 and "step 3" in " ".join(res.stdout.split())
+
+
+def test_shapes_are_recorded_for_layer_zero(tiny_model, tmp_path):
+    from labkit.fake_model import PRESETS
+
+    case = load_case("lifecycle")
+    run = run_case(case, Path(tiny_model), tmp_path / "events.jsonl", device="cpu", shapes=True)
+    cfg = PRESETS["tiny"]
+    step1 = {e["module"]: e["shape"] for e in run.events if e["event"] == "model_shape" and e["step"] == 1}
+    qkv = (cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * cfg["head_dim"]
+    assert step1["qkv_proj"] == [160, qkv]
+    assert step1["q"] == [160, cfg["num_attention_heads"], cfg["head_dim"]]
+    assert step1["k"] == [160, cfg["num_key_value_heads"], cfg["head_dim"]]
+    assert step1["embed_tokens"] == [160, cfg["hidden_size"]]
+    assert step1["gate_up_proj"] == [160, 2 * cfg["intermediate_size"]]
+    assert step1["logits"] == [2, cfg["vocab_size"]]  # one row per sequence in prefill
+    step2 = {e["module"]: e["shape"] for e in run.events if e["event"] == "model_shape" and e["step"] == 2}
+    assert step2["qkv_proj"] == [2, qkv]
+
+
+def test_bad_case_input_exits_2(tmp_path):
+    res = _labkit("trace", "--case", "no-such-case")
+    assert res.returncode == 2 and res.stderr.startswith("labkit:") and "Traceback" not in res.stderr
+    res = _labkit("trace", "check", str(tmp_path / "missing.jsonl"))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
