@@ -1,0 +1,1 @@
+"""Traced cases: case files (cases.py) and event-log checking (validate.py)."""

@@ -1,0 +1,752 @@
+"""Traced cases: `workloads/cases/NAME.yaml` (SPEC section 5).
+
+A case names engine settings, a list of requests and, optionally, the states the engine must
+go through. `load_case` reads and checks one strictly (every error names the file and the key,
+raised as LabkitError, exit code 2); `build_prompt_ids` turns the prompt specs into token ids.
+
+Case file
+---------
+    name: chunk                        # optional, defaults to the file's stem
+    about: one line                    # optional
+    engine: {max_num_batched_tokens: 512, kvcache_block_size: 256, ...}   # ENGINE_KEYS only
+    requests:
+      - id: A                          # label; the engine's events carry it as request_id
+        prompt: {random: 700, seed: 1} # exactly one of:
+                                       #   {random: N, seed: S}  N ids from [100, min(vocab, 10000))
+                                       #   {tokens: [ids...]}    verbatim
+                                       #   {range: [a, b]}       list(range(a, b))
+                                       #   {text: "..."}         needs a tokenizer
+                                       # random/range may add share_prefix: {with: ID, tokens: K}:
+                                       # the first K ids are replaced by the first K ids of an
+                                       # earlier request's prompt (the length stays as stated)
+        max_tokens: 3                  # default 64
+        ignore_eos: true               # default true
+        temperature: 0.6               # default 0.0 (greedy); top_k, top_p optional
+        after: B                       # optional: submit once an earlier request has finished
+    expect: [...]                      # optional; without it a case is recorded, not judged
+
+Expectation entries (`expect` list)
+-----------------------------------
+Each entry is either a step entry or the final entry. Steps count engine steps from 1.
+
+    - step: 2                          # required in a step entry
+      phase: prefill                   # prefill | decode
+      scheduled: {A: 188, B: 32}       # ID -> num_scheduled_tokens, or the full form
+                                       # ID -> {total, cached, scheduled, blocks}: the state after
+                                       # scheduling/allocation, before the model runs. The IDs
+                                       # must be exactly the scheduled requests, in this order.
+      preempted: [C]                   # the requests preempted in this step ([] = none)
+      before: {waiting: [C], running: [A, B], free: 0}   # before_schedule (any subset)
+      inputs:                          # gpu_inputs (any subset)
+        num_input_ids: 220
+        positions: "512..699 + 0..31"  # a list, or a compact string: "a..b" is inclusive,
+                                       # parts joined by "+" (single numbers allowed)
+        cu_seqlens_q: [0, 188, 220]
+        cu_seqlens_k: [0, 700, 732]
+        context_lens: [701, 33]        # also max_seqlen_q, max_seqlen_k, execution, graph_batch
+      after:                           # after_postprocess, per listed request (any subset):
+        A: {total: 701, cached: 700, outputs: 1, status: RUNNING, blocks: 3, accepted: true}
+                                       # blocks = len(block_table); status WAITING|RUNNING|FINISHED
+                                       # a listed ID missing from after_postprocess fails
+      free: 60                         # free_blocks after postprocess
+      refs: {B: [1, 1, 1]}             # ref counts of the request's block_table entries, in
+                                       # order, after postprocess (after_postprocess ref_counts)
+      note: free text, ignored
+    - final: {A: {outputs: 3, status: FINISHED}}   # the request's last state (also total)
+
+After loading, `Case.expect` holds normalised entries: positions expanded to lists and
+`scheduled: {ID: N}` turned into `{ID: {scheduled: N}}`.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from labkit.errors import LabkitError
+
+# Engine Config fields a case may set.
+ENGINE_KEYS = (
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "max_model_len",
+    "gpu_memory_utilization",
+    "tensor_parallel_size",
+    "enforce_eager",
+    "kvcache_block_size",
+    "num_kvcache_blocks",
+    "device",
+    "attention_backend",
+    "scheduling_policy",
+    "dtype",
+    "seed",
+    "kvcache_memory_bytes",   # engine addition: KV pool budget when not sized from GPU memory
+)
+_ENGINE_POSITIVE_INTS = {"max_num_batched_tokens", "max_num_seqs", "max_model_len",
+                         "tensor_parallel_size", "kvcache_block_size"}
+_ENGINE_STRS = {"device", "attention_backend", "scheduling_policy", "dtype"}
+
+TOP_KEYS = ("name", "about", "engine", "requests", "expect")
+REQUEST_KEYS = ("id", "prompt", "max_tokens", "ignore_eos", "temperature", "top_k", "top_p", "after")
+PROMPT_KINDS = ("random", "tokens", "range", "text")
+_PROMPT_EXTRA = {"random": ("seed", "share_prefix"), "range": ("share_prefix",),
+                 "tokens": (), "text": ()}
+SHARE_KEYS = ("with", "tokens")
+
+STEP_KEYS = ("step", "phase", "scheduled", "preempted", "before", "inputs", "after", "free",
+             "refs", "note")
+SCHEDULED_FIELDS = ("total", "cached", "scheduled", "blocks")
+AFTER_FIELDS = ("total", "cached", "outputs", "status", "blocks", "accepted")
+FINAL_FIELDS = ("total", "outputs", "status")
+BEFORE_FIELDS = ("waiting", "running", "free")
+INPUT_FIELDS = ("num_input_ids", "positions", "cu_seqlens_q", "cu_seqlens_k", "context_lens",
+                "max_seqlen_q", "max_seqlen_k", "execution", "graph_batch")
+PHASES = ("prefill", "decode")
+STATUSES = ("WAITING", "RUNNING", "FINISHED")
+
+RANDOM_LOW = 100      # random prompt ids are drawn from [RANDOM_LOW, min(vocab_size, RANDOM_HIGH))
+RANDOM_HIGH = 10000
+
+DEFAULT_MAX_TOKENS = 64
+DEFAULT_TEMPERATURE = 0.0
+
+
+@dataclass
+class RequestSpec:
+    id: str
+    prompt: dict
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    ignore_eos: bool = True
+    temperature: float = DEFAULT_TEMPERATURE
+    top_k: int | None = None
+    top_p: float | None = None
+    after: str | None = None
+
+    @property
+    def prompt_kind(self) -> str:
+        return _prompt_kind(self.prompt)
+
+    @property
+    def prompt_len(self) -> int | None:
+        """The prompt's length where it is known without a tokenizer (None for text)."""
+        return _static_len(self.prompt)
+
+    def sampling_kwargs(self) -> dict:
+        """Keyword arguments for engine.SamplingParams (unset top_k/top_p left out)."""
+        kw: dict[str, Any] = {"temperature": self.temperature, "max_tokens": self.max_tokens,
+                              "ignore_eos": self.ignore_eos}
+        if self.top_k is not None:
+            kw["top_k"] = self.top_k
+        if self.top_p is not None:
+            kw["top_p"] = self.top_p
+        return kw
+
+
+@dataclass
+class Case:
+    name: str
+    about: str
+    engine: dict
+    requests: list[RequestSpec]
+    expect: list[dict] | None = None
+    path: Path | None = None
+
+    def request(self, rid: str) -> RequestSpec:
+        for r in self.requests:
+            if r.id == rid:
+                return r
+        raise KeyError(rid)
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [r.id for r in self.requests]
+
+    @property
+    def judged(self) -> bool:
+        return bool(self.expect)
+
+
+# ----------------------------------------------------------------------------- locating
+
+def repo_root() -> Path:
+    env = os.environ.get("LAB_ROOT")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2]
+
+
+def cases_dir() -> Path:
+    return repo_root() / "workloads" / "cases"
+
+
+def list_cases() -> list[str]:
+    """Names of the shipped cases (file stems under workloads/cases), sorted."""
+    d = cases_dir()
+    if not d.is_dir():
+        return []
+    return sorted(p.stem for p in d.glob("*.yaml"))
+
+
+def resolve_case_path(name_or_path: str | os.PathLike) -> Path:
+    s = str(name_or_path)
+    p = Path(s).expanduser()
+    looks_like_path = (os.sep in s or "/" in s or s.endswith((".yaml", ".yml")))
+    if looks_like_path or p.is_file():
+        if not p.is_file():
+            raise LabkitError(f"case file not found: {s}")
+        return p
+    cand = cases_dir() / f"{s}.yaml"
+    if cand.is_file():
+        return cand
+    known = ", ".join(list_cases()) or "none"
+    raise LabkitError(f"unknown case {s!r} (no {cand}); known cases: {known}")
+
+
+def load_case(name_or_path: str | os.PathLike) -> Case:
+    """Load and check a case by name (workloads/cases/NAME.yaml) or by path."""
+    path = resolve_case_path(name_or_path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise LabkitError(f"{path}: cannot read the case file: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise LabkitError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    return parse_case(data, path)
+
+
+# ----------------------------------------------------------------------------- checking
+
+class _Ctx:
+    def __init__(self, path: Path | None):
+        self.path = path
+        if path is None:
+            self.label = "<case>"
+        else:
+            try:
+                self.label = str(Path(path).resolve().relative_to(repo_root().resolve()))
+            except ValueError:
+                self.label = str(path)
+
+    def fail(self, where: str, msg: str):
+        raise LabkitError(f"{self.label}: {where}: {msg}" if where else f"{self.label}: {msg}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _int(ctx: _Ctx, where: str, v, *, minimum: int | None = 0) -> int:
+    if not _is_int(v):
+        ctx.fail(where, f"must be an integer, got {v!r}")
+    if minimum is not None and v < minimum:
+        if v < 0:
+            ctx.fail(where, f"must not be negative, got {v}")
+        ctx.fail(where, f"must be >= {minimum}, got {v}")
+    return v
+
+
+def _int_list(ctx: _Ctx, where: str, v, *, allow_none: bool = False) -> list[int] | None:
+    if v is None and allow_none:
+        return None
+    if not isinstance(v, list) or not all(_is_int(x) for x in v):
+        ctx.fail(where, f"must be a list of integers, got {v!r}")
+    return list(v)
+
+
+def _mapping(ctx: _Ctx, where: str, v) -> dict:
+    if not isinstance(v, dict):
+        ctx.fail(where, f"must be a mapping, got {type(v).__name__}")
+    return v
+
+
+def _unknown(ctx: _Ctx, where: str, d: dict, allowed) -> None:
+    for k in d:
+        if k not in allowed:
+            ctx.fail(where, f"unknown key {k!r} (allowed: {', '.join(allowed)})")
+
+
+def _prompt_kind(prompt: dict) -> str:
+    kinds = [k for k in PROMPT_KINDS if k in prompt]
+    return kinds[0] if len(kinds) == 1 else ""
+
+
+def _static_len(prompt: dict) -> int | None:
+    kind = _prompt_kind(prompt)
+    if kind == "random":
+        return prompt["random"]
+    if kind == "tokens":
+        return len(prompt["tokens"])
+    if kind == "range":
+        a, b = prompt["range"]
+        return b - a
+    return None
+
+
+def _rid(ctx: _Ctx, where: str, v) -> str:
+    if _is_int(v):
+        return str(v)
+    if not isinstance(v, str) or not v:
+        ctx.fail(where, f"must be a non-empty string, got {v!r}")
+    return v
+
+
+def _check_engine(ctx: _Ctx, engine) -> dict:
+    if engine is None:
+        return {}
+    engine = _mapping(ctx, "engine", engine)
+    for k, v in engine.items():
+        where = f"engine.{k}"
+        if k not in ENGINE_KEYS:
+            ctx.fail("engine", f"unknown key {k!r}: not an engine Config field "
+                               f"(allowed: {', '.join(ENGINE_KEYS)})")
+        if k in _ENGINE_POSITIVE_INTS:
+            _int(ctx, where, v, minimum=1)
+        elif k in ("num_kvcache_blocks", "kvcache_memory_bytes"):
+            if not _is_int(v) or (v < 1 and v != -1):
+                ctx.fail(where, f"must be a positive integer or -1 (auto), got {v!r}")
+        elif k == "seed":
+            _int(ctx, where, v, minimum=0)
+        elif k == "gpu_memory_utilization":
+            if not _is_num(v) or not (0 < v <= 1):
+                ctx.fail(where, f"must be a number in (0, 1], got {v!r}")
+        elif k == "enforce_eager":
+            if not isinstance(v, bool):
+                ctx.fail(where, f"must be true or false, got {v!r}")
+        elif k in _ENGINE_STRS:
+            if not isinstance(v, str) or not v:
+                ctx.fail(where, f"must be a non-empty string, got {v!r}")
+    return dict(engine)
+
+
+def _check_prompt(ctx: _Ctx, where: str, prompt, earlier: dict[str, RequestSpec]) -> dict:
+    prompt = _mapping(ctx, where, prompt)
+    kinds = [k for k in PROMPT_KINDS if k in prompt]
+    if len(kinds) != 1:
+        ctx.fail(where, f"must have exactly one of {', '.join(PROMPT_KINDS)} "
+                        f"(got {', '.join(kinds) or 'none'})")
+    kind = kinds[0]
+    allowed = (kind,) + _PROMPT_EXTRA[kind]
+    for k in prompt:
+        if k not in allowed:
+            if k == "share_prefix":
+                ctx.fail(f"{where}.share_prefix", f"only random and range prompts can share a "
+                                                  f"prefix, not {kind}")
+            ctx.fail(where, f"unknown key {k!r} for a {kind} prompt (allowed: {', '.join(allowed)})")
+    out = dict(prompt)
+    if kind == "random":
+        _int(ctx, f"{where}.random", prompt["random"], minimum=1)
+        out["seed"] = _int(ctx, f"{where}.seed", prompt.get("seed", 0), minimum=0)
+    elif kind == "tokens":
+        toks = prompt["tokens"]
+        if not isinstance(toks, list) or not toks:
+            ctx.fail(f"{where}.tokens", "must be a non-empty list of token ids")
+        for i, t in enumerate(toks):
+            _int(ctx, f"{where}.tokens[{i}]", t, minimum=0)
+        out["tokens"] = list(toks)
+    elif kind == "range":
+        rng = prompt["range"]
+        if not isinstance(rng, list) or len(rng) != 2 or not all(_is_int(x) for x in rng):
+            ctx.fail(f"{where}.range", f"must be [start, stop] integers, got {rng!r}")
+        a, b = rng
+        if a < 0 or b < 0:
+            ctx.fail(f"{where}.range", f"must not be negative, got {rng!r}")
+        if b <= a:
+            ctx.fail(f"{where}.range", f"stop must be greater than start, got {rng!r}")
+        out["range"] = [a, b]
+    else:
+        if not isinstance(prompt["text"], str) or not prompt["text"]:
+            ctx.fail(f"{where}.text", "must be a non-empty string")
+    if "share_prefix" in prompt:
+        sw = f"{where}.share_prefix"
+        sp = _mapping(ctx, sw, prompt["share_prefix"])
+        _unknown(ctx, sw, sp, SHARE_KEYS)
+        for k in SHARE_KEYS:
+            if k not in sp:
+                ctx.fail(sw, f"missing key {k!r}")
+        other = _rid(ctx, f"{sw}.with", sp["with"])
+        if other not in earlier:
+            ctx.fail(f"{sw}.with", f"{other!r} is not an earlier request of this case")
+        k = _int(ctx, f"{sw}.tokens", sp["tokens"], minimum=1)
+        other_len = earlier[other].prompt_len
+        if other_len is not None and k > other_len:
+            ctx.fail(f"{sw}.tokens", f"asks {k} tokens but request {other}'s prompt has "
+                                     f"only {other_len}")
+        own = _static_len(out)
+        if own is not None and k > own:
+            ctx.fail(f"{sw}.tokens", f"asks {k} tokens but this prompt has only {own}")
+        out["share_prefix"] = {"with": other, "tokens": k}
+    return out
+
+
+def _check_request(ctx: _Ctx, i: int, raw, earlier: dict[str, RequestSpec],
+                   engine: dict) -> RequestSpec:
+    where = f"requests[{i}]"
+    raw = _mapping(ctx, where, raw)
+    if "id" not in raw:
+        ctx.fail(where, "missing key 'id'")
+    rid = _rid(ctx, f"{where}.id", raw["id"])
+    where = f"requests[{i}] ({rid})"
+    _unknown(ctx, where, raw, REQUEST_KEYS)
+    if rid in earlier:
+        ctx.fail(f"{where}.id", f"duplicate request id {rid!r}")
+    if "prompt" not in raw:
+        ctx.fail(where, "missing key 'prompt'")
+    prompt = _check_prompt(ctx, f"{where}.prompt", raw["prompt"], earlier)
+    max_tokens = _int(ctx, f"{where}.max_tokens", raw.get("max_tokens", DEFAULT_MAX_TOKENS),
+                      minimum=1)
+    ignore_eos = raw.get("ignore_eos", True)
+    if not isinstance(ignore_eos, bool):
+        ctx.fail(f"{where}.ignore_eos", f"must be true or false, got {ignore_eos!r}")
+    temperature = raw.get("temperature", DEFAULT_TEMPERATURE)
+    if not _is_num(temperature) or temperature < 0:
+        ctx.fail(f"{where}.temperature", f"must be a number >= 0, got {temperature!r}")
+    top_k = raw.get("top_k")
+    if top_k is not None:
+        _int(ctx, f"{where}.top_k", top_k, minimum=0)
+    top_p = raw.get("top_p")
+    if top_p is not None and (not _is_num(top_p) or not (0 < top_p <= 1)):
+        ctx.fail(f"{where}.top_p", f"must be a number in (0, 1], got {top_p!r}")
+    after = raw.get("after")
+    if after is not None:
+        after = _rid(ctx, f"{where}.after", after)
+        if after == rid:
+            ctx.fail(f"{where}.after", "a request cannot wait for itself")
+        if after not in earlier:
+            ctx.fail(f"{where}.after", f"{after!r} is not an earlier request of this case "
+                                       f"(after must name a request listed before this one)")
+    plen = _static_len(prompt)
+    mml = engine.get("max_model_len")
+    if plen is not None and _is_int(mml) and plen > mml:
+        ctx.fail(f"{where}.prompt", f"prompt has {plen} tokens, more than engine.max_model_len {mml}")
+    return RequestSpec(id=rid, prompt=prompt, max_tokens=max_tokens, ignore_eos=ignore_eos,
+                       temperature=float(temperature), top_k=top_k,
+                       top_p=None if top_p is None else float(top_p), after=after)
+
+
+_POS_PART = re.compile(r"^\s*(-?\d+)\s*(?:\.\.\s*(-?\d+)\s*)?$")
+
+
+def expand_positions(spec) -> list[int]:
+    """Expand "512..699 + 0..31" (inclusive ranges joined by +) or a list into a list of ints."""
+    if isinstance(spec, list):
+        if not all(_is_int(x) for x in spec):
+            raise ValueError(f"positions must be integers, got {spec!r}")
+        return list(spec)
+    if _is_int(spec):
+        return [spec]
+    if not isinstance(spec, str):
+        raise ValueError(f"positions must be a list or a string like '0..2 + 5', got {spec!r}")
+    text = spec.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    out: list[int] = []
+    if not text.strip():
+        return out
+    for part in re.split(r"[+,]", text):
+        m = _POS_PART.match(part)
+        if not m:
+            raise ValueError(f"cannot read positions part {part.strip()!r} in {spec!r}")
+        a = int(m.group(1))
+        b = int(m.group(2)) if m.group(2) is not None else a
+        if b < a:
+            raise ValueError(f"range {part.strip()!r} runs backwards in {spec!r}")
+        out.extend(range(a, b + 1))
+    return out
+
+
+def format_positions(pos: list[int] | None, parts: list[int] | None = None) -> str:
+    """The compact form of a positions list: runs of consecutive ints as "a..b", joined by " + ".
+
+    With `parts` (lengths per sequence) the list is cut at those boundaries first.
+    """
+    if pos is None:
+        return "-"
+    chunks: list[list[int]] = []
+    if parts:
+        i = 0
+        for n in parts:
+            chunks.append(list(pos[i:i + n]))
+            i += n
+        if i < len(pos):
+            chunks.append(list(pos[i:]))
+    else:
+        chunks = [list(pos)]
+    runs: list[str] = []
+    for ch in chunks:
+        j = 0
+        while j < len(ch):
+            k = j
+            while k + 1 < len(ch) and ch[k + 1] == ch[k] + 1:
+                k += 1
+            runs.append(f"{ch[j]}..{ch[k]}" if k > j else f"{ch[j]}")
+            j = k + 1
+    return " + ".join(runs) if runs else "[]"
+
+
+def _check_ids(ctx: _Ctx, where: str, ids, known: set[str]) -> list[str]:
+    if not isinstance(ids, list):
+        ctx.fail(where, f"must be a list of request ids, got {ids!r}")
+    out = []
+    for x in ids:
+        rid = _rid(ctx, where, x)
+        if rid not in known:
+            ctx.fail(where, f"unknown request id {rid!r}")
+        out.append(rid)
+    return out
+
+
+def _check_status(ctx: _Ctx, where: str, v) -> str:
+    if v not in STATUSES:
+        ctx.fail(where, f"must be one of {', '.join(STATUSES)}, got {v!r}")
+    return v
+
+
+def _check_per_request(ctx: _Ctx, where: str, d, known: set[str], fields) -> dict[str, dict]:
+    d = _mapping(ctx, where, d)
+    out: dict[str, dict] = {}
+    for rid_raw, vals in d.items():
+        rid = _rid(ctx, where, rid_raw)
+        w = f"{where}.{rid}"
+        if rid not in known:
+            ctx.fail(where, f"unknown request id {rid!r}")
+        vals = _mapping(ctx, w, vals)
+        _unknown(ctx, w, vals, fields)
+        v2: dict[str, Any] = {}
+        for f, v in vals.items():
+            if f == "status":
+                v2[f] = _check_status(ctx, f"{w}.status", v)
+            elif f == "accepted":
+                if not isinstance(v, bool):
+                    ctx.fail(f"{w}.accepted", f"must be true or false, got {v!r}")
+                v2[f] = v
+            else:
+                v2[f] = _int(ctx, f"{w}.{f}", v, minimum=0)
+        out[rid] = v2
+    return out
+
+
+def _check_step_entry(ctx: _Ctx, where: str, e: dict, known: set[str]) -> dict:
+    _unknown(ctx, where, e, STEP_KEYS)
+    out: dict[str, Any] = {"step": _int(ctx, f"{where}.step", e["step"], minimum=1)}
+    where = f"expect step {out['step']}"
+    if "phase" in e:
+        if e["phase"] not in PHASES:
+            ctx.fail(f"{where}.phase", f"must be prefill or decode, got {e['phase']!r}")
+        out["phase"] = e["phase"]
+    if "scheduled" in e:
+        sched = _mapping(ctx, f"{where}.scheduled", e["scheduled"])
+        s2: dict[str, dict] = {}
+        for rid_raw, v in sched.items():
+            rid = _rid(ctx, f"{where}.scheduled", rid_raw)
+            w = f"{where}.scheduled.{rid}"
+            if rid not in known:
+                ctx.fail(f"{where}.scheduled", f"unknown request id {rid!r}")
+            if _is_int(v):
+                s2[rid] = {"scheduled": _int(ctx, w, v, minimum=0)}
+            else:
+                v = _mapping(ctx, w, v)
+                _unknown(ctx, w, v, SCHEDULED_FIELDS)
+                s2[rid] = {f: _int(ctx, f"{w}.{f}", x, minimum=0) for f, x in v.items()}
+        out["scheduled"] = s2
+    if "preempted" in e:
+        out["preempted"] = _check_ids(ctx, f"{where}.preempted", e["preempted"] or [], known)
+    if "before" in e:
+        b = _mapping(ctx, f"{where}.before", e["before"])
+        _unknown(ctx, f"{where}.before", b, BEFORE_FIELDS)
+        b2: dict[str, Any] = {}
+        for f, v in b.items():
+            if f == "free":
+                b2[f] = _int(ctx, f"{where}.before.free", v, minimum=0)
+            else:
+                b2[f] = _check_ids(ctx, f"{where}.before.{f}", v or [], known)
+        out["before"] = b2
+    if "inputs" in e:
+        inp = _mapping(ctx, f"{where}.inputs", e["inputs"])
+        _unknown(ctx, f"{where}.inputs", inp, INPUT_FIELDS)
+        i2: dict[str, Any] = {}
+        for f, v in inp.items():
+            w = f"{where}.inputs.{f}"
+            if f == "positions":
+                try:
+                    i2[f] = expand_positions(v)
+                except ValueError as ex:
+                    ctx.fail(w, str(ex))
+            elif f in ("cu_seqlens_q", "cu_seqlens_k", "context_lens"):
+                i2[f] = _int_list(ctx, w, v, allow_none=True)
+            elif f == "execution":
+                if v not in ("eager", "graph"):
+                    ctx.fail(w, f"must be eager or graph, got {v!r}")
+                i2[f] = v
+            else:   # num_input_ids, max_seqlen_q, max_seqlen_k, graph_batch
+                i2[f] = None if v is None else _int(ctx, w, v, minimum=0)
+        out["inputs"] = i2
+    if "after" in e:
+        out["after"] = _check_per_request(ctx, f"{where}.after", e["after"], known, AFTER_FIELDS)
+    if "free" in e:
+        out["free"] = _int(ctx, f"{where}.free", e["free"], minimum=0)
+    if "refs" in e:
+        refs = _mapping(ctx, f"{where}.refs", e["refs"])
+        r2 = {}
+        for rid_raw, v in refs.items():
+            rid = _rid(ctx, f"{where}.refs", rid_raw)
+            if rid not in known:
+                ctx.fail(f"{where}.refs", f"unknown request id {rid!r}")
+            lst = _int_list(ctx, f"{where}.refs.{rid}", v)
+            for x in lst:
+                _int(ctx, f"{where}.refs.{rid}", x, minimum=0)
+            r2[rid] = lst
+        out["refs"] = r2
+    if "note" in e:
+        out["note"] = str(e["note"])
+    return out
+
+
+def _check_expect(ctx: _Ctx, expect, known: set[str]) -> list[dict] | None:
+    if expect is None:
+        return None
+    if not isinstance(expect, list):
+        ctx.fail("expect", f"must be a list of entries, got {type(expect).__name__}")
+    out: list[dict] = []
+    seen_steps: set[int] = set()
+    have_final = False
+    for i, e in enumerate(expect):
+        where = f"expect[{i}]"
+        e = _mapping(ctx, where, e)
+        if "final" in e and "step" in e:
+            ctx.fail(where, "an entry has either 'step' or 'final', not both")
+        if "final" in e:
+            _unknown(ctx, where, e, ("final", "note"))
+            if have_final:
+                ctx.fail(where, "a second 'final' entry")
+            have_final = True
+            out.append({"final": _check_per_request(ctx, f"{where}.final", e["final"], known,
+                                                    FINAL_FIELDS)})
+            continue
+        if "step" not in e:
+            bad = [k for k in e if k not in STEP_KEYS]
+            if bad:
+                ctx.fail(where, f"unknown key {bad[0]!r} (allowed: {', '.join(STEP_KEYS)}, final)")
+            ctx.fail(where, "missing key 'step' (or 'final')")
+        entry = _check_step_entry(ctx, where, e, known)
+        if entry["step"] in seen_steps:
+            ctx.fail(where, f"duplicate entry for step {entry['step']}")
+        seen_steps.add(entry["step"])
+        out.append(entry)
+    return out
+
+
+def parse_case(data, path: str | os.PathLike | None = None) -> Case:
+    """Check a case already read from YAML (a dict) and build the Case."""
+    ctx = _Ctx(Path(path) if path is not None else None)
+    if not isinstance(data, dict):
+        ctx.fail("", f"a case file must be a mapping at the top level, got {type(data).__name__}")
+    _unknown(ctx, "top level", data, TOP_KEYS)
+    name = data.get("name")
+    if name is None:
+        name = Path(path).stem if path is not None else "case"
+    elif not isinstance(name, str) or not name:
+        ctx.fail("name", f"must be a non-empty string, got {name!r}")
+    about = data.get("about", "")
+    if about is None:
+        about = ""
+    if not isinstance(about, str):
+        ctx.fail("about", f"must be a string, got {about!r}")
+    engine = _check_engine(ctx, data.get("engine"))
+    reqs_raw = data.get("requests")
+    if reqs_raw is None:
+        ctx.fail("", "missing key 'requests'")
+    if not isinstance(reqs_raw, list) or not reqs_raw:
+        ctx.fail("requests", "must be a non-empty list")
+    earlier: dict[str, RequestSpec] = {}
+    for i, r in enumerate(reqs_raw):
+        spec = _check_request(ctx, i, r, earlier, engine)
+        earlier[spec.id] = spec
+    expect = _check_expect(ctx, data.get("expect"), set(earlier))
+    return Case(name=name, about=about.strip(), engine=engine, requests=list(earlier.values()),
+                expect=expect, path=Path(path) if path is not None else None)
+
+
+# ----------------------------------------------------------------------------- prompts
+
+def build_prompt_ids(case: Case, vocab_size: int,
+                     tokenize: Callable[[str], list[int]] | None = None) -> dict[str, list[int]]:
+    """Token ids of every request's prompt, keyed by request id (deterministic).
+
+    random: N ids drawn uniformly from [100, min(vocab_size, 10000)) by numpy's default_rng(seed);
+    tokens: verbatim; range [a, b]: list(range(a, b)); text: `tokenize(text)` (required then).
+    share_prefix {with: A, tokens: K} overwrites the first K ids with A's first K ids.
+    """
+    import numpy as np
+
+    label = str(case.path) if case.path is not None else case.name
+    if not _is_int(vocab_size) or vocab_size <= 0:
+        raise LabkitError(f"{label}: vocab_size must be a positive integer, got {vocab_size!r}")
+    out: dict[str, list[int]] = {}
+    for r in case.requests:
+        p = r.prompt
+        kind = _prompt_kind(p)
+        where = f"{label}: requests {r.id} prompt"
+        if kind == "random":
+            hi = min(vocab_size, RANDOM_HIGH)
+            if hi <= RANDOM_LOW:
+                raise LabkitError(f"{where}: random ids need a vocabulary larger than "
+                                  f"{RANDOM_LOW}, the model has {vocab_size}")
+            rng = np.random.default_rng(p.get("seed", 0))
+            ids = [int(x) for x in rng.integers(RANDOM_LOW, hi, size=p["random"])]
+        elif kind == "tokens":
+            ids = [int(x) for x in p["tokens"]]
+        elif kind == "range":
+            ids = list(range(p["range"][0], p["range"][1]))
+        elif kind == "text":
+            if tokenize is None:
+                raise LabkitError(f"{where}: a text prompt needs a tokenizer "
+                                  f"(build_prompt_ids got no tokenize)")
+            ids = [int(x) for x in tokenize(p["text"])]
+            if not ids:
+                raise LabkitError(f"{where}: the text tokenizes to no ids")
+        else:  # parse_case guarantees one kind
+            raise LabkitError(f"{where}: no prompt kind")
+        sp = p.get("share_prefix")
+        if sp:
+            src = out.get(sp["with"])
+            if src is None:
+                raise LabkitError(f"{where}.share_prefix.with: {sp['with']!r} is not an earlier request")
+            k = sp["tokens"]
+            if k > len(src) or k > len(ids):
+                raise LabkitError(f"{where}.share_prefix.tokens: asks {k} tokens, the prompts have "
+                                  f"{len(src)} ({sp['with']}) and {len(ids)} ({r.id})")
+            ids = list(src[:k]) + ids[k:]
+        bad = [t for t in ids if t < 0 or t >= vocab_size]
+        if bad:
+            raise LabkitError(f"{where}: token id {bad[0]} is outside the model's vocabulary "
+                              f"[0, {vocab_size})")
+        out[r.id] = ids
+    return out
+
+
+def case_to_dict(case: Case) -> dict:
+    """A plain-dict view of a case (for JSON outputs)."""
+    return {
+        "name": case.name,
+        "about": case.about,
+        "path": str(case.path) if case.path else None,
+        "engine": copy.deepcopy(case.engine),
+        "requests": [
+            {"id": r.id, "prompt": copy.deepcopy(r.prompt), "max_tokens": r.max_tokens,
+             "ignore_eos": r.ignore_eos, "temperature": r.temperature, "top_k": r.top_k,
+             "top_p": r.top_p, "after": r.after}
+            for r in case.requests
+        ],
+        "expect": copy.deepcopy(case.expect),
+    }

@@ -1,0 +1,1185 @@
+"""Checking an engine event log (SPEC section 6) against a case's expectations and invariants.
+
+    events = read_jsonl("runs/.../events.jsonl")       # LabkitError on a malformed line
+    report = validate(events, load_case("chunk"))      # Report(checks=[Check, ...])
+    report.ok, report.first_failure, report.failures
+    steps_table(events)                                # one dict per step, EXPECTED.md's notation
+    write_tsv(events, path)                            # one row per step and sequence
+
+`validate` does two things:
+  (a) every field a case's `expect` lists is compared (kind "expect"), one Check per field;
+  (b) invariants that hold for any log of a nano-vLLM-style engine (kind "invariant"): slots
+      follow the block tables, cu_seqlens follow the scheduled counts, prefill positions start
+      at the cached count, decode shapes, a discarded chunk candidate never becomes an output,
+      block accounting, every request finishes and every block comes back, etc.
+For (b) a failure is reported per occurrence (capped per invariant) and every invariant that
+never failed gets one passing Check saying how many times it was checked.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from labkit.errors import LabkitError
+from labkit.trace.cases import Case, format_positions
+
+SCHEMA_VERSION = 1
+COMMON_KEYS = ("v", "event", "run", "t_ns", "step")
+REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
+    "run_start": ("config", "model", "device", "versions"),
+    "request_added": ("seq_id", "request_id", "prompt_len", "max_tokens"),
+    "before_schedule": ("waiting", "running", "free_blocks"),
+    "scheduled": ("phase", "seqs"),
+    "preempted": ("seq_id", "request_id"),
+    "gpu_inputs": ("num_input_ids", "positions", "slot_mapping", "cu_seqlens_q", "cu_seqlens_k",
+                   "max_seqlen_q", "max_seqlen_k", "context_lens", "block_tables", "execution",
+                   "graph_batch"),
+    "sampled": ("tokens",),
+    "after_postprocess": ("seqs", "free_blocks"),
+    "model_shape": ("layer", "module", "shape"),
+    "run_end": ("steps", "wall_s"),
+}
+SEQ_KEYS: dict[str, tuple[str, ...]] = {
+    "scheduled": ("seq_id", "request_id", "num_tokens", "num_cached_tokens",
+                  "num_scheduled_tokens", "block_table"),
+    "after_postprocess": ("seq_id", "request_id", "num_tokens", "num_cached_tokens",
+                          "num_completion_tokens", "status", "block_table", "accepted", "token_id"),
+}
+# Events that belong to one engine step (their `step` must be an integer >= 1).
+STEP_EVENTS = ("before_schedule", "scheduled", "preempted", "gpu_inputs", "sampled",
+               "after_postprocess")
+PHASES = ("prefill", "decode")
+STATUSES = ("WAITING", "RUNNING", "FINISHED")
+
+# Every invariant validate() checks; each one that never fails gets one passing Check.
+INVARIANTS = (
+    "log.single_run", "log.run_start", "time.monotonic", "steps.contiguous", "step.events",
+    "seq.known", "phase", "phase.mixed", "queues", "free.continuity", "preempted",
+    "state.continuity", "block_table.size", "block_table.ids", "decode.shape",
+    "chunk.first_only", "budget", "inputs.num_input_ids", "inputs.positions", "slots",
+    "inputs.cu_seqlens_q", "inputs.cu_seqlens_k", "inputs.max_seqlen", "inputs.context_lens",
+    "inputs.block_tables", "inputs.execution", "sampled", "after.complete", "accepted.rule",
+    "accepted.counts", "discarded", "after.cached", "finished.released", "max_tokens",
+    "refs", "blocks.accounting", "run.end", "requests.finished", "requests.outputs",
+    "blocks.returned",
+)
+_MAX_FAILURES_PER_NAME = 50
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    step: int | None = None
+    request: str | None = None
+    field: str | None = None
+    expected: Any = None
+    actual: Any = None
+    message: str = ""
+    kind: str = "invariant"          # "expect" | "invariant" | "schema" | "case"
+    skipped: bool = False            # ok=True but nothing could be checked (message says why)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+    run: str | None = None
+    steps: int = 0
+    case: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    @property
+    def first_failure(self) -> Check | None:
+        for c in self.checks:
+            if not c.ok:
+                return c
+        return None
+
+    def of_kind(self, kind: str) -> list[Check]:
+        return [c for c in self.checks if c.kind == kind]
+
+    @property
+    def judged(self) -> bool:
+        """Whether case expectations were compared (a case without `expect` is only recorded)."""
+        return any(c.kind == "expect" for c in self.checks)
+
+    def counts(self) -> dict:
+        out: dict[str, dict[str, int]] = {}
+        for c in self.checks:
+            d = out.setdefault(c.kind, {"passed": 0, "failed": 0, "skipped": 0})
+            if not c.ok:
+                d["failed"] += 1
+            elif c.skipped:
+                d["skipped"] += 1
+            else:
+                d["passed"] += 1
+        return out
+
+    def summary(self) -> str:
+        parts = []
+        for kind, d in self.counts().items():
+            parts.append(f"{kind}: {d['passed']} passed, {d['failed']} failed"
+                         + (f", {d['skipped']} skipped" if d["skipped"] else ""))
+        head = "PASS" if self.ok else "FAIL"
+        s = f"{head} ({'; '.join(parts) or 'no checks'})"
+        ff = self.first_failure
+        if ff is not None:
+            s += f"; first failure: {ff.message}"
+        return s
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "run": self.run, "steps": self.steps, "case": self.case,
+                "judged": self.judged, "counts": self.counts(),
+                "first_failure": self.first_failure.to_dict() if self.first_failure else None,
+                "checks": [c.to_dict() for c in self.checks]}
+
+
+# ----------------------------------------------------------------------------- schema / reading
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def event_problems(e) -> list[str]:
+    """Schema problems of one event (empty list when it is fine)."""
+    if not isinstance(e, dict):
+        return [f"an event must be a JSON object, got {type(e).__name__}"]
+    probs = []
+    missing = [k for k in COMMON_KEYS if k not in e]
+    if missing:
+        probs.append(f"missing key(s) {', '.join(missing)}")
+    if "v" in e and e["v"] != SCHEMA_VERSION:
+        probs.append(f"schema version v={e['v']!r}, expected {SCHEMA_VERSION}")
+    ev = e.get("event")
+    if "event" in e and not isinstance(ev, str):
+        probs.append(f"'event' must be a string, got {ev!r}")
+    if "run" in e and not isinstance(e["run"], str):
+        probs.append(f"'run' must be a string, got {e['run']!r}")
+    if "t_ns" in e and not _is_int(e["t_ns"]):
+        probs.append(f"'t_ns' must be an integer, got {e['t_ns']!r}")
+    if "step" in e and e["step"] is not None and not _is_int(e["step"]):
+        probs.append(f"'step' must be an integer or null, got {e['step']!r}")
+    if ev in STEP_EVENTS and "step" in e and not (_is_int(e["step"]) and e["step"] >= 1):
+        probs.append(f"a {ev} event needs an integer step >= 1, got {e['step']!r}")
+    if isinstance(ev, str) and ev in REQUIRED_KEYS:
+        miss = [k for k in REQUIRED_KEYS[ev] if k not in e]
+        if miss:
+            probs.append(f"{ev} event lacks {', '.join(miss)}")
+        if ev in SEQ_KEYS and "seqs" in e:
+            seqs = e["seqs"]
+            if not isinstance(seqs, list):
+                probs.append(f"{ev}.seqs must be a list")
+            else:
+                for j, s in enumerate(seqs):
+                    if not isinstance(s, dict):
+                        probs.append(f"{ev}.seqs[{j}] must be an object")
+                        continue
+                    miss = [k for k in SEQ_KEYS[ev] if k not in s]
+                    if miss:
+                        probs.append(f"{ev}.seqs[{j}] lacks {', '.join(miss)}")
+        if ev == "scheduled" and "phase" in e and e["phase"] not in PHASES:
+            probs.append(f"scheduled.phase must be prefill or decode, got {e['phase']!r}")
+    return probs
+
+
+def read_jsonl(path) -> list[dict]:
+    """Read an event log; LabkitError (naming the line) on bad JSON or a schema problem."""
+    p = Path(path)
+    try:
+        f = p.open(encoding="utf-8")
+    except OSError as e:
+        raise LabkitError(f"cannot read event log {p}: {e}") from None
+    events: list[dict] = []
+    with f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                e = json.loads(line)
+            except json.JSONDecodeError as ex:
+                raise LabkitError(f"{p}:{lineno}: not valid JSON ({ex.msg})") from None
+            probs = event_problems(e)
+            if probs:
+                raise LabkitError(f"{p}:{lineno}: {'; '.join(probs)}")
+            events.append(e)
+    return events
+
+
+def write_jsonl(events, path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with p.open("w", encoding="utf-8") as f:
+        for e in events:
+            f.write(json.dumps(e, separators=(",", ":")) + "\n")
+    return p
+
+
+# ----------------------------------------------------------------------------- log index
+
+class _Log:
+    def __init__(self, events: list[dict]):
+        self.events = [e for e in events if isinstance(e, dict)]
+        self.run_starts = [e for e in self.events if e.get("event") == "run_start"]
+        self.run_ends = [e for e in self.events if e.get("event") == "run_end"]
+        self.added: list[tuple[int, dict]] = []
+        self.steps: dict[int, dict[str, list[dict]]] = {}
+        self.first_index: dict[int, int] = {}
+        self.seq_req: dict[Any, str] = {}
+        for i, e in enumerate(self.events):
+            ev = e.get("event")
+            if ev == "request_added":
+                self.added.append((i, e))
+                if e.get("seq_id") is not None and e.get("request_id") is not None:
+                    self.seq_req[e["seq_id"]] = str(e["request_id"])
+            elif ev in STEP_EVENTS and _is_int(e.get("step")):
+                st = e["step"]
+                self.steps.setdefault(st, {}).setdefault(ev, []).append(e)
+                self.first_index.setdefault(st, i)
+        self.run_start = self.run_starts[0] if self.run_starts else {}
+        self.config = self.run_start.get("config") if isinstance(self.run_start.get("config"), dict) else {}
+
+    def one(self, step: int, ev: str) -> dict | None:
+        lst = self.steps.get(step, {}).get(ev) or []
+        return lst[0] if lst else None
+
+    def all(self, step: int, ev: str) -> list[dict]:
+        return self.steps.get(step, {}).get(ev) or []
+
+    def rid(self, entry: dict) -> str:
+        r = entry.get("request_id")
+        if r is None:
+            r = self.seq_req.get(entry.get("seq_id"), f"seq{entry.get('seq_id')}")
+        return str(r)
+
+    def rids(self, seq_ids) -> list[str]:
+        return [self.seq_req.get(s, f"seq{s}") for s in (seq_ids or [])]
+
+
+def _cfg_int(cfg: dict, key: str):
+    v = cfg.get(key) if isinstance(cfg, dict) else None
+    return v if _is_int(v) else None
+
+
+def _show(v) -> str:
+    if isinstance(v, list) and len(v) > 12 and all(_is_int(x) for x in v):
+        return format_positions(v)
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return str(v)
+
+
+def _cumsum(xs) -> list[int]:
+    out = [0]
+    for x in xs:
+        out.append(out[-1] + x)
+    return out
+
+
+def _start(nc, nt) -> int:
+    """First position a prefill computes: num_cached_tokens, or the last token when the whole
+    sequence is cached (its logits are still needed)."""
+    nc = nc if _is_int(nc) else 0
+    return min(nc, nt - 1) if _is_int(nt) and nt >= 1 else nc
+
+
+def _strip_pad(row) -> list:
+    row = list(row or [])
+    while row and row[-1] == -1:
+        row.pop()
+    return row
+
+
+class _Collector:
+    def __init__(self):
+        self.checks: list[Check] = []
+        self.counts: dict[str, int] = {}
+        self.failed: dict[str, int] = {}
+        self.skips: dict[str, str] = {}
+
+    def ran(self, name: str, n: int = 1):
+        self.counts[name] = self.counts.get(name, 0) + n
+
+    def fail(self, name: str, message: str, *, step=None, request=None, field=None,
+             expected=None, actual=None, kind="invariant"):
+        self.ran(name)
+        k = self.failed.get(name, 0)
+        self.failed[name] = k + 1
+        if k < _MAX_FAILURES_PER_NAME:
+            self.checks.append(Check(name, False, step, request, field, expected, actual,
+                                     message, kind))
+        elif k == _MAX_FAILURES_PER_NAME:
+            self.checks.append(Check(name, False, step, request, field, None, None,
+                                     f"{name}: more failures not listed", kind))
+
+    def check(self, cond: bool, name: str, message: str, **kw) -> bool:
+        if cond:
+            self.ran(name)
+            return True
+        self.fail(name, message, **kw)
+        return False
+
+    def skip(self, name: str, why: str):
+        self.skips.setdefault(name, why)
+
+    def finish(self) -> list[Check]:
+        out = list(self.checks)
+        for name in INVARIANTS:
+            if self.failed.get(name):
+                continue
+            n = self.counts.get(name, 0)
+            if n:
+                out.append(Check(name, True, message=f"{name}: held {n} time(s)"))
+            else:
+                why = self.skips.get(name, "nothing to check in this log")
+                out.append(Check(name, True, message=f"{name}: not checked ({why})", skipped=True))
+        return out
+
+
+def _where(step, request=None) -> str:
+    s = f"step {step}" if step is not None else "run"
+    return f"{s}, request {request}" if request is not None else s
+
+
+# ----------------------------------------------------------------------------- invariants
+
+@dataclass
+class _Seq:
+    seq_id: Any
+    request_id: str
+    prompt_len: int | None
+    max_tokens: int | None
+    ignore_eos: bool | None
+    num_tokens: int | None
+    num_cached: int = 0
+    completion: int = 0
+    status: str = "WAITING"
+    table: list = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+def _check_invariants(log: _Log, col: _Collector, block_size: int | None,
+                      num_blocks: int | None, ignore_eos: dict[str, bool]) -> None:
+    cfg = log.config
+    max_batched = _cfg_int(cfg, "max_num_batched_tokens")
+    max_seqs = _cfg_int(cfg, "max_num_seqs")
+    enforce_eager = cfg.get("enforce_eager") if isinstance(cfg, dict) else None
+
+    runs = {e.get("run") for e in log.events}
+    col.check(len(runs) <= 1, "log.single_run",
+              f"the log mixes {len(runs)} runs: {', '.join(sorted(map(str, runs)))}")
+    col.check(len(log.run_starts) == 1, "log.run_start",
+              f"run: expected one run_start event, found {len(log.run_starts)}")
+    last_t = None
+    for e in log.events:
+        t = e.get("t_ns")
+        if _is_int(t):
+            if last_t is not None and t < last_t:
+                col.fail("time.monotonic", f"run: t_ns goes backwards at {e.get('event')} "
+                                           f"(step {e.get('step')}): {last_t} -> {t}",
+                         step=e.get("step"))
+            else:
+                col.ran("time.monotonic")
+            last_t = t
+
+    steps = sorted(log.steps)
+    if steps:
+        col.check(steps == list(range(1, len(steps) + 1)), "steps.contiguous",
+                  f"run: steps are not numbered 1..{len(steps)} (found {steps[:5]}...)")
+    if block_size is None:
+        for n in ("slots", "block_table.size"):
+            col.skip(n, "block size unknown: no run_start.block_size or config.kvcache_block_size")
+    if num_blocks is None:
+        for n in ("blocks.accounting", "blocks.returned", "block_table.ids"):
+            col.skip(n, "num_kvcache_blocks unknown")
+
+    seqs: dict[Any, _Seq] = {}
+    # Work through request_added events and steps in log order.
+    agenda = [(i, "add", e) for i, e in log.added] + [(log.first_index[s], "step", s) for s in steps]
+    agenda.sort(key=lambda x: x[0])
+    prev_free = num_blocks
+    last_free = None
+    for _, kind, item in agenda:
+        if kind == "add":
+            e = item
+            sid = e.get("seq_id")
+            rid = log.rid(e)
+            ie = e.get("ignore_eos")
+            if ie is None:
+                ie = ignore_eos.get(rid)
+            pl = e.get("prompt_len")
+            seqs[sid] = _Seq(sid, rid, pl if _is_int(pl) else None,
+                             e.get("max_tokens") if _is_int(e.get("max_tokens")) else None,
+                             ie, pl if _is_int(pl) else None)
+            continue
+        st = item
+        try:
+            prev_free, lf = _check_step(log, col, st, seqs, block_size, num_blocks, max_batched,
+                                        max_seqs, enforce_eager, prev_free)
+            if lf is not None:
+                last_free = lf
+        except Exception as ex:  # a malformed log must give a failure, not a crash
+            col.fail("step.events", f"step {st}: could not check this step "
+                                    f"({type(ex).__name__}: {ex})", step=st)
+
+    # end of run
+    n_steps = len(steps)
+    if col.check(len(log.run_ends) == 1, "run.end",
+                 f"run: expected one run_end event, found {len(log.run_ends)} "
+                 f"(the run did not finish?)"):
+        rs = log.run_ends[0].get("steps")
+        col.check(rs == n_steps, "run.end",
+                  f"run: run_end.steps is {rs} but the log has {n_steps} steps",
+                  field="steps", expected=n_steps, actual=rs)
+    for s in seqs.values():
+        col.check(s.status == "FINISHED", "requests.finished",
+                  f"run, request {s.request_id}: ended {s.status}, not FINISHED",
+                  request=s.request_id, field="status", expected="FINISHED", actual=s.status)
+        # A request ended another way (cancelled, aborted: a finish_reason other than
+        # length/stop) legitimately has fewer outputs.
+        if (s.status == "FINISHED" and s.ignore_eos and s.max_tokens is not None
+                and s.finish_reason in (None, "length", "stop")):
+            col.check(s.completion == s.max_tokens, "requests.outputs",
+                      f"run, request {s.request_id}: finished with {s.completion} outputs, "
+                      f"expected max_tokens={s.max_tokens} (ignore_eos)",
+                      request=s.request_id, field="outputs", expected=s.max_tokens,
+                      actual=s.completion)
+    if not any(s.ignore_eos for s in seqs.values()):
+        col.skip("requests.outputs", "no request is known to ignore EOS")
+    if num_blocks is not None and last_free is not None:
+        col.check(last_free == num_blocks, "blocks.returned",
+                  f"run: {num_blocks - last_free} of {num_blocks} KV blocks were not returned "
+                  f"at the end (free_blocks {last_free})",
+                  field="free_blocks", expected=num_blocks, actual=last_free)
+
+
+def _check_step(log: _Log, col: _Collector, st: int, seqs: dict, bs, num_blocks, max_batched,
+                max_seqs, enforce_eager, prev_free):
+    evs = log.steps[st]
+    for name, lo, hi in (("scheduled", 1, 1), ("gpu_inputs", 1, 1), ("after_postprocess", 1, 1),
+                         ("before_schedule", 0, 1), ("sampled", 0, 1)):
+        n = len(evs.get(name, []))
+        col.check(lo <= n <= hi, "step.events",
+                  f"step {st}: {n} {name} events (expected {'exactly one' if lo == hi else 'at most one'})",
+                  step=st, field=name)
+    sched = log.one(st, "scheduled")
+    if sched is None:
+        return prev_free, None
+    phase = sched.get("phase")
+    if not col.check(phase in PHASES, "phase", f"step {st}: phase {phase!r} is not prefill or decode",
+                     step=st, field="phase", actual=phase):
+        return prev_free, None
+    sseqs = [s for s in (sched.get("seqs") or []) if isinstance(s, dict)]
+    col.check(bool(sseqs), "phase", f"step {st}: nothing scheduled", step=st)
+
+    # before_schedule: queues and free blocks as the previous step left them
+    before = log.one(st, "before_schedule")
+    if before is not None:
+        fb = before.get("free_blocks")
+        if prev_free is not None:
+            col.check(fb == prev_free, "free.continuity",
+                      f"step {st}: before_schedule.free_blocks {fb}, but the previous step "
+                      f"left {prev_free}", step=st, field="free_blocks", expected=prev_free, actual=fb)
+        live = [s for s in seqs.values() if s.status != "FINISHED"]
+        want_w = sorted(str(s.seq_id) for s in live if s.status == "WAITING")
+        want_r = sorted(str(s.seq_id) for s in live if s.status == "RUNNING")
+        got_w = sorted(str(x) for x in before.get("waiting") or [])
+        got_r = sorted(str(x) for x in before.get("running") or [])
+        if got_w == want_w and got_r == want_r:
+            col.ran("queues")
+        else:
+            names = {str(s.seq_id): s.request_id for s in seqs.values()}
+
+            def _n(ids):
+                return [names.get(i, f"seq{i}") for i in ids]
+            col.fail("queues", f"step {st}: before_schedule has waiting {_n(got_w)} running "
+                               f"{_n(got_r)}, but the states so far give waiting {_n(want_w)} "
+                               f"running {_n(want_r)}", step=st)
+        waiting_set = {str(x) for x in before.get("waiting") or []}
+        running_set = {str(x) for x in before.get("running") or []}
+        for s in sseqs:
+            src = waiting_set if phase == "prefill" else running_set
+            col.check(str(s.get("seq_id")) in src, "phase.mixed",
+                      f"step {st}, request {log.rid(s)}: scheduled in a {phase} step but it was "
+                      f"not {'waiting' if phase == 'prefill' else 'running'} before scheduling",
+                      step=st, request=log.rid(s))
+    else:
+        for s in sseqs:
+            prev = seqs.get(s.get("seq_id"))
+            if prev is not None:
+                want = "WAITING" if phase == "prefill" else "RUNNING"
+                col.check(prev.status == want, "phase.mixed",
+                          f"step {st}, request {prev.request_id}: scheduled in a {phase} step "
+                          f"while {prev.status}", step=st, request=prev.request_id)
+
+    # preemptions
+    sched_ids = {s.get("seq_id") for s in sseqs}
+    for p in log.all(st, "preempted"):
+        sid = p.get("seq_id")
+        rid = log.rid(p)
+        ok = col.check(sid in seqs, "seq.known", f"step {st}, request {rid}: preempted an unknown "
+                                                 f"sequence {sid}", step=st, request=rid)
+        col.check(sid not in sched_ids, "preempted",
+                  f"step {st}, request {rid}: preempted and scheduled in the same step",
+                  step=st, request=rid)
+        if ok:
+            s = seqs[sid]
+            col.check(s.status == "RUNNING", "preempted",
+                      f"step {st}, request {rid}: preempted while {s.status}", step=st, request=rid)
+            s.status, s.num_cached, s.table = "WAITING", 0, []
+
+    # scheduled states
+    if max_seqs is not None:
+        col.check(len(sseqs) <= max_seqs, "budget",
+                  f"step {st}: {len(sseqs)} sequences scheduled, max_num_seqs is {max_seqs}",
+                  step=st, field="max_num_seqs", expected=max_seqs, actual=len(sseqs))
+    total_sched = 0
+    for j, s in enumerate(sseqs):
+        rid = log.rid(s)
+        sid = s.get("seq_id")
+        nt, nc, ns = s.get("num_tokens"), s.get("num_cached_tokens"), s.get("num_scheduled_tokens")
+        table = list(s.get("block_table") or [])
+        total_sched += ns if _is_int(ns) else 0
+        prev = seqs.get(sid)
+        col.check(prev is not None, "seq.known",
+                  f"step {st}, request {rid}: seq {sid} scheduled without a request_added event",
+                  step=st, request=rid)
+        if prev is not None:
+            col.check(nt == prev.num_tokens or prev.num_tokens is None, "state.continuity",
+                      f"step {st}, request {rid}: scheduled with num_tokens {nt}, but the "
+                      f"previous state had {prev.num_tokens}", step=st, request=rid,
+                      field="num_tokens", expected=prev.num_tokens, actual=nt)
+            if prev.table:
+                col.check(nc == prev.num_cached and table[:len(prev.table)] == prev.table,
+                          "state.continuity",
+                          f"step {st}, request {rid}: holds blocks {prev.table} with cached "
+                          f"{prev.num_cached}, scheduled with blocks {table} cached {nc}",
+                          step=st, request=rid, field="block_table")
+        if bs is not None and _is_int(nt):
+            want = -(-nt // bs)
+            col.check(len(table) == want, "block_table.size",
+                      f"step {st}, request {rid}: {len(table)} blocks for {nt} tokens "
+                      f"(block size {bs} needs {want})", step=st, request=rid, field="blocks",
+                      expected=want, actual=len(table))
+        bad = [b for b in table if not _is_int(b) or b < 0 or (num_blocks is not None and b >= num_blocks)]
+        col.check(not bad and len(set(table)) == len(table), "block_table.ids",
+                  f"step {st}, request {rid}: block table {table} has invalid or repeated ids",
+                  step=st, request=rid, field="block_table", actual=table)
+        if phase == "decode":
+            col.check(ns == 1 and _is_int(nt) and _is_int(nc) and nt == nc + 1, "decode.shape",
+                      f"step {st}, request {rid}: decode needs scheduled 1 and total = cached + 1, "
+                      f"got total {nt} cached {nc} scheduled {ns}", step=st, request=rid)
+        else:
+            okp = _is_int(ns) and _is_int(nc) and _is_int(nt) and ns >= 1 and _start(nc, nt) + ns <= nt
+            col.check(okp, "chunk.first_only",
+                      f"step {st}, request {rid}: prefill of {ns} tokens from cached {nc} does not "
+                      f"fit total {nt}", step=st, request=rid)
+            if okp and j > 0:
+                col.check(_start(nc, nt) + ns == nt, "chunk.first_only",
+                          f"step {st}, request {rid}: only the first sequence of a prefill batch "
+                          f"may be chunked, this one (position {j}) computes {ns} of "
+                          f"{nt - nc} tokens", step=st, request=rid)
+        if prev is not None:
+            prev.num_tokens, prev.num_cached, prev.table = nt, nc, table
+    if max_batched is not None:
+        col.check(total_sched <= max_batched, "budget",
+                  f"step {st}: {total_sched} tokens scheduled, max_num_batched_tokens is {max_batched}",
+                  step=st, field="max_num_batched_tokens", expected=max_batched, actual=total_sched)
+
+    gi = log.one(st, "gpu_inputs")
+    if gi is not None:
+        _check_inputs(log, col, st, phase, sseqs, gi, bs, enforce_eager)
+
+    # sampled
+    sampled = log.one(st, "sampled")
+    sampled_tok: dict = {}
+    if sampled is not None:
+        for t in sampled.get("tokens") or []:
+            if isinstance(t, dict):
+                sampled_tok[t.get("seq_id")] = t.get("token_id")
+        extra = [k for k in sampled_tok if k not in sched_ids]
+        col.check(not extra, "sampled", f"step {st}: sampled tokens for sequences not scheduled "
+                                        f"this step: {extra}", step=st)
+
+    # after_postprocess
+    ap = log.one(st, "after_postprocess")
+    if ap is None:
+        return prev_free, None
+    aseqs = [a for a in (ap.get("seqs") or []) if isinstance(a, dict)]
+    by_sid = {a.get("seq_id"): a for a in aseqs}
+    sched_by_sid = {s.get("seq_id"): s for s in sseqs}
+    for s in sseqs:
+        col.check(s.get("seq_id") in by_sid, "after.complete",
+                  f"step {st}, request {log.rid(s)}: scheduled but missing from after_postprocess",
+                  step=st, request=log.rid(s))
+    for a in aseqs:
+        sid = a.get("seq_id")
+        rid = log.rid(a)
+        prev = seqs.get(sid)
+        sc = sched_by_sid.get(sid)
+        if prev is None:
+            col.fail("seq.known", f"step {st}, request {rid}: after_postprocess reports unknown "
+                                  f"seq {sid}", step=st, request=rid)
+            continue
+        nt, nc = a.get("num_tokens"), a.get("num_cached_tokens")
+        comp, status = a.get("num_completion_tokens"), a.get("status")
+        table = list(a.get("block_table") or [])
+        acc = a.get("accepted")
+        if sc is not None:
+            snt, snc, sns = sc.get("num_tokens"), sc.get("num_cached_tokens"), sc.get("num_scheduled_tokens")
+            completes = phase == "decode" or (_is_int(snc) and _is_int(sns) and _start(snc, snt) + sns == snt)
+            col.check(acc is completes, "accepted.rule",
+                      f"step {st}, request {rid}: accepted is {acc}, but the step "
+                      f"{'completes' if completes else 'does not complete'} the prompt "
+                      f"(cached {snc} + scheduled {sns} of {snt})", step=st, request=rid,
+                      field="accepted", expected=completes, actual=acc)
+            if acc is False:
+                col.check(comp == prev.completion and nt == snt, "discarded",
+                          f"step {st}, request {rid}: a discarded chunk candidate became an output "
+                          f"(outputs {prev.completion} -> {comp}, total {snt} -> {nt})",
+                          step=st, request=rid, field="outputs", expected=prev.completion, actual=comp)
+                if status != "FINISHED" and _is_int(snc) and _is_int(sns):
+                    want_c = _start(snc, snt) + sns
+                    col.check(nc == want_c, "after.cached",
+                              f"step {st}, request {rid}: after a discarded chunk cached should be "
+                              f"{want_c}, got {nc}", step=st, request=rid, field="cached",
+                              expected=want_c, actual=nc)
+            elif acc is True:
+                col.check(comp == prev.completion + 1 and nt == (snt or 0) + 1, "accepted.counts",
+                          f"step {st}, request {rid}: an accepted token must add one output and one "
+                          f"token (outputs {prev.completion} -> {comp}, total {snt} -> {nt})",
+                          step=st, request=rid, field="outputs", expected=prev.completion + 1,
+                          actual=comp)
+                if sampled is not None and sid in sampled_tok:
+                    col.check(a.get("token_id") == sampled_tok[sid], "sampled",
+                              f"step {st}, request {rid}: token_id {a.get('token_id')} differs from "
+                              f"the sampled {sampled_tok[sid]}", step=st, request=rid,
+                              field="token_id", expected=sampled_tok[sid], actual=a.get("token_id"))
+                if status != "FINISHED" and _is_int(nt):
+                    col.check(nc == nt - 1, "after.cached",
+                              f"step {st}, request {rid}: after an accepted token cached should be "
+                              f"{nt - 1}, got {nc}", step=st, request=rid, field="cached",
+                              expected=nt - 1, actual=nc)
+        if status == "FINISHED":
+            col.check(table == [] and nc == 0, "finished.released",
+                      f"step {st}, request {rid}: FINISHED but still holds blocks {table} / cached {nc}",
+                      step=st, request=rid, field="block_table", expected=[], actual=table)
+        col.check(status in STATUSES, "phase", f"step {st}, request {rid}: unknown status {status!r}",
+                  step=st, request=rid, field="status", actual=status)
+        if prev.max_tokens is not None and _is_int(comp):
+            col.check(comp <= prev.max_tokens and (comp < prev.max_tokens or status == "FINISHED"),
+                      "max_tokens",
+                      f"step {st}, request {rid}: {comp} outputs with max_tokens {prev.max_tokens}, "
+                      f"status {status}", step=st, request=rid, field="outputs",
+                      expected=prev.max_tokens, actual=comp)
+        prev.num_tokens = nt if _is_int(nt) else prev.num_tokens
+        prev.num_cached = nc if _is_int(nc) else 0
+        prev.completion = comp if _is_int(comp) else prev.completion
+        prev.status = status if status in STATUSES else prev.status
+        prev.table = table
+        prev.finish_reason = a.get("finish_reason", prev.finish_reason)
+
+    # block accounting over all live sequences
+    fb = ap.get("free_blocks")
+    holders: dict = {}
+    for s in seqs.values():
+        if s.status != "FINISHED":
+            for b in s.table:
+                holders[b] = holders.get(b, 0) + 1
+    if num_blocks is not None and _is_int(fb):
+        col.check(0 <= fb <= num_blocks and fb + len(holders) <= num_blocks, "blocks.accounting",
+                  f"step {st}: free_blocks {fb} + {len(holders)} blocks held by live sequences "
+                  f"exceeds the pool of {num_blocks}", step=st, field="free_blocks", actual=fb)
+    for a in aseqs:
+        rc = a.get("ref_counts")
+        if rc is None:
+            continue
+        rid = log.rid(a)
+        table = list(a.get("block_table") or [])
+        if not col.check(isinstance(rc, list) and len(rc) == len(table), "refs",
+                         f"step {st}, request {rid}: {len(rc) if isinstance(rc, list) else rc!r} "
+                         f"ref counts for {len(table)} blocks", step=st, request=rid):
+            continue
+        want = [holders.get(b, 0) for b in table]
+        col.check(list(rc) == want, "refs",
+                  f"step {st}, request {rid}: ref_counts {list(rc)}, but {want} live sequences "
+                  f"hold blocks {table}", step=st, request=rid, field="ref_counts",
+                  expected=want, actual=list(rc))
+    return (fb if _is_int(fb) else prev_free), (fb if _is_int(fb) else None)
+
+
+def _check_inputs(log: _Log, col: _Collector, st, phase, sseqs, gi, bs, enforce_eager):
+    counts = [s.get("num_scheduled_tokens") or 0 for s in sseqs]
+    T = sum(counts)
+    n_in = gi.get("num_input_ids")
+    col.check(n_in == T, "inputs.num_input_ids",
+              f"step {st}: num_input_ids {n_in}, the scheduled counts sum to {T}",
+              step=st, field="num_input_ids", expected=T, actual=n_in)
+    # positions each scheduled sequence must feed
+    per_seq_pos: list[list[int]] = []
+    for s in sseqs:
+        nc, ns, nt = s.get("num_cached_tokens") or 0, s.get("num_scheduled_tokens") or 0, s.get("num_tokens") or 0
+        start = _start(nc, nt)
+        per_seq_pos.append(list(range(start, start + ns)) if phase == "prefill" else [nt - 1])
+    want_pos = [p for ps in per_seq_pos for p in ps]
+    got_pos = list(gi.get("positions") or [])
+    if len(got_pos) > len(want_pos) and gi.get("execution") == "graph":
+        got_pos = got_pos[:len(want_pos)]
+    col.check(got_pos == want_pos, "inputs.positions",
+              f"step {st}: positions {format_positions(got_pos)}, expected "
+              f"{format_positions(want_pos, [len(p) for p in per_seq_pos])} "
+              f"({'from num_cached_tokens' if phase == 'prefill' else 'num_tokens - 1'})",
+              step=st, field="positions", expected=want_pos, actual=got_pos)
+    # slots
+    slots = list(gi.get("slot_mapping") or [])
+    if len(slots) > len(want_pos) and all(x == -1 for x in slots[len(want_pos):]):
+        slots = slots[:len(want_pos)]
+    if bs is not None:
+        if len(slots) != len(want_pos):
+            col.fail("slots", f"step {st}: slot_mapping has {len(slots)} entries for "
+                              f"{len(want_pos)} positions", step=st, field="slot_mapping",
+                     expected=len(want_pos), actual=len(slots))
+        else:
+            off = 0
+            for s, ps in zip(sseqs, per_seq_pos):
+                rid = log.rid(s)
+                table = list(s.get("block_table") or [])
+                bad = []
+                for k, p in enumerate(ps):
+                    i = p // bs
+                    want = table[i] * bs + p % bs if 0 <= i < len(table) else None
+                    if slots[off + k] != want:
+                        bad.append((off + k, p, want, slots[off + k]))
+                if bad:
+                    idx, p, want, got = bad[0]
+                    col.fail("slots", f"step {st}, request {rid}: slot_mapping[{idx}] (position {p}) "
+                                      f"expected {want}, got {got} ({len(bad)} of {len(ps)} slots "
+                                      f"differ; block_table {table})", step=st, request=rid,
+                             field="slot_mapping", expected=want, actual=got)
+                else:
+                    col.ran("slots")
+                off += len(ps)
+    # cu_seqlens / max_seqlen / context_lens / block_tables
+    cu_q, cu_k = gi.get("cu_seqlens_q"), gi.get("cu_seqlens_k")
+    want_q = _cumsum(counts)
+    if phase == "prefill":
+        kl = [_start(s.get("num_cached_tokens"), s.get("num_tokens")) + (s.get("num_scheduled_tokens") or 0)
+              for s in sseqs]
+        want_k = _cumsum(kl)
+        col.check(cu_q == want_q, "inputs.cu_seqlens_q",
+                  f"step {st}: cu_seqlens_q {cu_q}, the scheduled counts give {want_q}",
+                  step=st, field="cu_seqlens_q", expected=want_q, actual=cu_q)
+        col.check(cu_k == want_k, "inputs.cu_seqlens_k",
+                  f"step {st}: cu_seqlens_k {cu_k}, cached + scheduled gives {want_k}",
+                  step=st, field="cu_seqlens_k", expected=want_k, actual=cu_k)
+        mq, mk = gi.get("max_seqlen_q"), gi.get("max_seqlen_k")
+        col.check(mq == max(counts, default=0) and mk == max(kl, default=0), "inputs.max_seqlen",
+                  f"step {st}: max_seqlen_q/k {mq}/{mk}, expected {max(counts, default=0)}/"
+                  f"{max(kl, default=0)}", step=st, field="max_seqlen")
+        cl = gi.get("context_lens")
+        col.check(not cl, "inputs.context_lens",
+                  f"step {st}: context_lens should be null in prefill, got {_show(cl)}",
+                  step=st, field="context_lens", expected=None, actual=cl)
+        has_cache = any((s.get("num_cached_tokens") or 0) > 0 for s in sseqs)
+        bt = gi.get("block_tables")
+        if has_cache:
+            if col.check(bt is not None, "inputs.block_tables",
+                         f"step {st}: prefill over cached tokens needs block_tables, got null",
+                         step=st, field="block_tables"):
+                _check_tables(log, col, st, sseqs, bt)
+        else:
+            col.check(bt is None, "inputs.block_tables",
+                      f"step {st}: block_tables should be null in a prefill without cached tokens",
+                      step=st, field="block_tables", expected=None, actual=bt)
+    else:
+        if cu_q is not None:
+            col.check(cu_q == want_q, "inputs.cu_seqlens_q",
+                      f"step {st}: cu_seqlens_q {cu_q}, the scheduled counts give {want_q}",
+                      step=st, field="cu_seqlens_q", expected=want_q, actual=cu_q)
+        want_ctx = [s.get("num_tokens") for s in sseqs]
+        if cu_k is not None:
+            col.check(cu_k == _cumsum(want_ctx), "inputs.cu_seqlens_k",
+                      f"step {st}: cu_seqlens_k {cu_k}, the context lengths give {_cumsum(want_ctx)}",
+                      step=st, field="cu_seqlens_k", expected=_cumsum(want_ctx), actual=cu_k)
+        cl = list(gi.get("context_lens") or [])
+        if len(cl) > len(want_ctx) and gi.get("execution") == "graph":
+            cl = cl[:len(want_ctx)]
+        col.check(cl == want_ctx, "inputs.context_lens",
+                  f"step {st}: context_lens {cl}, the scheduled totals are {want_ctx}",
+                  step=st, field="context_lens", expected=want_ctx, actual=cl)
+        bt = gi.get("block_tables")
+        if col.check(bt is not None, "inputs.block_tables",
+                     f"step {st}: decode needs block_tables, got null", step=st, field="block_tables"):
+            _check_tables(log, col, st, sseqs, bt)
+    ex, gb = gi.get("execution"), gi.get("graph_batch")
+    okx = ex in ("eager", "graph")
+    if ex == "graph":
+        okx = okx and phase == "decode" and _is_int(gb) and gb >= len(sseqs) and enforce_eager is not True
+    elif ex == "eager":
+        okx = okx and gb is None
+    col.check(okx, "inputs.execution",
+              f"step {st}: execution {ex!r} with graph_batch {gb!r} in a {phase} step of "
+              f"{len(sseqs)} sequences (enforce_eager {enforce_eager})", step=st, field="execution",
+              actual=ex)
+
+
+def _check_tables(log: _Log, col: _Collector, st, sseqs, bt):
+    rows = list(bt or [])
+    if len(rows) < len(sseqs):
+        col.fail("inputs.block_tables", f"step {st}: block_tables has {len(rows)} rows for "
+                                        f"{len(sseqs)} sequences", step=st, field="block_tables")
+        return
+    for s, row in zip(sseqs, rows):
+        want = list(s.get("block_table") or [])
+        got = _strip_pad(row)
+        col.check(got == want, "inputs.block_tables",
+                  f"step {st}, request {log.rid(s)}: block_tables row {got}, the scheduled "
+                  f"block_table is {want}", step=st, request=log.rid(s), field="block_tables",
+                  expected=want, actual=got)
+
+
+# ----------------------------------------------------------------------------- expectations
+
+_SCHED_MAP = {"total": "num_tokens", "cached": "num_cached_tokens",
+              "scheduled": "num_scheduled_tokens", "blocks": None}
+_AFTER_MAP = {"total": "num_tokens", "cached": "num_cached_tokens",
+              "outputs": "num_completion_tokens", "status": "status", "blocks": None,
+              "accepted": "accepted"}
+
+
+def _field_value(entry: dict, f: str, mapping: dict):
+    key = mapping[f]
+    if key is None:
+        return len(entry.get("block_table") or [])
+    return entry.get(key)
+
+
+class _Expect:
+    def __init__(self, col: _Collector):
+        self.col = col
+
+    def cmp(self, step, request, fld, expected, actual):
+        where = _where(step, request)
+        if expected == actual:
+            self.col.checks.append(Check("expect", True, step, request, fld, expected, actual,
+                                         f"{where}, {fld}: {_show(expected)}", "expect"))
+        else:
+            self.col.checks.append(Check("expect", False, step, request, fld, expected, actual,
+                                         f"{where}, {fld}: expected {_show(expected)}, "
+                                         f"got {_show(actual)}", "expect"))
+
+    def missing(self, step, request, fld, what):
+        self.col.checks.append(Check("expect", False, step, request, fld, None, None,
+                                     f"{_where(step, request)}, {fld}: {what}", "expect"))
+
+
+def _check_expectations(log: _Log, case: Case, col: _Collector) -> None:
+    x = _Expect(col)
+    n_steps = len(log.steps)
+    for e in case.expect or []:
+        if "final" in e:
+            for rid, fields in e["final"].items():
+                last = None
+                for st in sorted(log.steps):
+                    ap = log.one(st, "after_postprocess")
+                    for a in (ap or {}).get("seqs") or []:
+                        if isinstance(a, dict) and log.rid(a) == rid:
+                            last = a
+                if last is None:
+                    x.missing(None, rid, "final", "the request never appears in after_postprocess")
+                    continue
+                for f, v in fields.items():
+                    x.cmp(None, rid, f"final.{f}", v, _field_value(last, f, _AFTER_MAP))
+            continue
+        st = e["step"]
+        if st not in log.steps:
+            x.missing(st, None, "step", f"not in the log (the run has {n_steps} steps)")
+            continue
+        sched = log.one(st, "scheduled") or {}
+        sseqs = [s for s in sched.get("seqs") or [] if isinstance(s, dict)]
+        if "phase" in e:
+            x.cmp(st, None, "phase", e["phase"], sched.get("phase"))
+        if "scheduled" in e:
+            got_ids = [log.rid(s) for s in sseqs]
+            x.cmp(st, None, "scheduled", list(e["scheduled"]), got_ids)
+            by_rid = {log.rid(s): s for s in sseqs}
+            for rid, fields in e["scheduled"].items():
+                s = by_rid.get(rid)
+                if s is None:
+                    continue  # the id list comparison above already failed
+                for f, v in fields.items():
+                    x.cmp(st, rid, f"scheduled.{f}" if f != "scheduled" else "scheduled", v,
+                          _field_value(s, f, _SCHED_MAP))
+        if "preempted" in e:
+            got = [log.rid(p) for p in log.all(st, "preempted")]
+            x.cmp(st, None, "preempted", e["preempted"], got)
+        if "before" in e:
+            b = log.one(st, "before_schedule")
+            if b is None:
+                x.missing(st, None, "before", "no before_schedule event")
+            else:
+                for f, v in e["before"].items():
+                    if f == "free":
+                        x.cmp(st, None, "before.free", v, b.get("free_blocks"))
+                    else:
+                        x.cmp(st, None, f"before.{f}", v, log.rids(b.get(f)))
+        if "inputs" in e:
+            gi = log.one(st, "gpu_inputs")
+            if gi is None:
+                x.missing(st, None, "inputs", "no gpu_inputs event")
+            else:
+                for f, v in e["inputs"].items():
+                    x.cmp(st, None, f, v, gi.get(f))
+        ap = log.one(st, "after_postprocess")
+        a_by_rid = {log.rid(a): a for a in ((ap or {}).get("seqs") or []) if isinstance(a, dict)}
+        if "after" in e:
+            for rid, fields in e["after"].items():
+                a = a_by_rid.get(rid)
+                if a is None:
+                    x.missing(st, rid, "after", "missing from after_postprocess")
+                    continue
+                for f, v in fields.items():
+                    x.cmp(st, rid, f, v, _field_value(a, f, _AFTER_MAP))
+        if "refs" in e:
+            for rid, v in e["refs"].items():
+                a = a_by_rid.get(rid)
+                if a is None:
+                    x.missing(st, rid, "refs", "missing from after_postprocess")
+                elif a.get("ref_counts") is None:
+                    x.missing(st, rid, "refs", "after_postprocess carries no ref_counts")
+                else:
+                    x.cmp(st, rid, "refs", v, a.get("ref_counts"))
+        if "free" in e:
+            if ap is None:
+                x.missing(st, None, "free", "no after_postprocess event")
+            else:
+                x.cmp(st, None, "free", e["free"], ap.get("free_blocks"))
+
+
+def _check_case_requests(log: _Log, case: Case, col: _Collector) -> None:
+    """The log ran the case's requests, with their max_tokens, and `after` was respected."""
+    added = {log.rid(e): (i, e) for i, e in log.added}
+    for r in case.requests:
+        got = added.get(r.id)
+        if got is None:
+            col.checks.append(Check("case.requests", False, None, r.id, "request_added", None, None,
+                                    f"run, request {r.id}: never added to the engine", "case"))
+            continue
+        i, e = got
+        ok = e.get("max_tokens") == r.max_tokens
+        col.checks.append(Check("case.requests", ok, None, r.id, "max_tokens", r.max_tokens,
+                                e.get("max_tokens"),
+                                f"run, request {r.id}, max_tokens: expected {r.max_tokens}, "
+                                f"got {e.get('max_tokens')}" if not ok else
+                                f"request {r.id} added with max_tokens {r.max_tokens}", "case"))
+        if r.prompt_len is not None:
+            ok = e.get("prompt_len") == r.prompt_len
+            col.checks.append(Check("case.requests", ok, None, r.id, "prompt_len", r.prompt_len,
+                                    e.get("prompt_len"),
+                                    f"run, request {r.id}, prompt_len: expected {r.prompt_len}, "
+                                    f"got {e.get('prompt_len')}" if not ok else
+                                    f"request {r.id} prompt_len {r.prompt_len}", "case"))
+        if r.after is not None:
+            finished_at = None
+            for j, ev in enumerate(log.events):
+                if ev.get("event") == "after_postprocess":
+                    if any(isinstance(a, dict) and log.rid(a) == r.after and a.get("status") == "FINISHED"
+                           for a in ev.get("seqs") or []):
+                        finished_at = j
+                        break
+            ok = finished_at is not None and i > finished_at
+            col.checks.append(Check("case.after", ok, None, r.id, "after", r.after, None,
+                                    f"run, request {r.id}: added before {r.after} finished"
+                                    if not ok else f"request {r.id} added after {r.after} finished",
+                                    "case"))
+    extra = sorted(set(added) - set(case.request_ids))
+    if extra:
+        col.checks.append(Check("case.requests", False, None, None, "request_added", None, extra,
+                                f"run: requests not in the case were added: {', '.join(extra)}", "case"))
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def validate(events: list[dict], case: Case | None = None, *, block_size: int | None = None,
+             num_kvcache_blocks: int | None = None) -> Report:
+    """Check an event log: the case's expectations (if any) and the engine invariants.
+
+    block_size / num_kvcache_blocks default to run_start's block_size / num_kvcache_blocks,
+    then its config's kvcache_block_size / num_kvcache_blocks (when > 0), then the case's engine.
+    """
+    col = _Collector()
+    events = list(events or [])
+    schema_bad = 0
+    for i, e in enumerate(events):
+        probs = event_problems(e)
+        if probs:
+            schema_bad += 1
+            if schema_bad <= _MAX_FAILURES_PER_NAME:
+                st = e.get("step") if isinstance(e, dict) else None
+                col.checks.append(Check("schema", False, st if _is_int(st) else None, None, None,
+                                        None, None, f"event #{i + 1} "
+                                        f"({e.get('event') if isinstance(e, dict) else '?'}): "
+                                        f"{'; '.join(probs)}", "schema"))
+    if not schema_bad:
+        col.checks.append(Check("schema", True, message=f"schema: {len(events)} events are v1",
+                                kind="schema"))
+    log = _Log(events)
+    rs, cfg = log.run_start, log.config
+    eng = case.engine if case is not None else {}
+    bs = block_size or (rs.get("block_size") if _is_int(rs.get("block_size")) else None) \
+        or _cfg_int(cfg, "kvcache_block_size") or _cfg_int(eng, "kvcache_block_size")
+    nb = num_kvcache_blocks or (rs.get("num_kvcache_blocks") if _is_int(rs.get("num_kvcache_blocks")) else None)
+    if nb is None:
+        for src in (cfg, eng):
+            v = _cfg_int(src, "num_kvcache_blocks")
+            if v is not None and v > 0:
+                nb = v
+                break
+    ignore_eos = {r.id: r.ignore_eos for r in case.requests} if case is not None else {}
+
+    _check_invariants(log, col, bs, nb, ignore_eos)
+    if case is not None:
+        _check_case_requests(log, case, col)
+        if case.expect:
+            _check_expectations(log, case, col)
+    checks = col.finish()
+    run = next((e.get("run") for e in log.events if e.get("run") is not None), None)
+    return Report(checks=checks, run=run, steps=len(log.steps),
+                  case=case.name if case is not None else None)
+
+
+# ----------------------------------------------------------------------------- tables
+
+def _fmt_sched(log: _Log, s: dict) -> str:
+    return (f"{log.rid(s)} {s.get('num_tokens')}/{s.get('num_cached_tokens')}/"
+            f"{s.get('num_scheduled_tokens')}/{len(s.get('block_table') or [])}")
+
+
+def _fmt_after(log: _Log, a: dict) -> str:
+    acc = "acc" if a.get("accepted") else "discarded"
+    return (f"{log.rid(a)} {a.get('num_tokens')}/{a.get('num_cached_tokens')}/"
+            f"{a.get('num_completion_tokens')} {a.get('status')} "
+            f"{len(a.get('block_table') or [])} {acc}")
+
+
+def _fmt_inputs(phase: str, sseqs: list[dict], gi: dict | None) -> str:
+    if gi is None:
+        return "-"
+    T = gi.get("num_input_ids")
+    if phase == "prefill":
+        parts = [s.get("num_scheduled_tokens") or 0 for s in sseqs]
+        return (f"T={T} pos {format_positions(gi.get('positions'), parts)} "
+                f"cu_q {gi.get('cu_seqlens_q')} cu_k {gi.get('cu_seqlens_k')}")
+    return f"T={T} pos {gi.get('positions')} ctx {gi.get('context_lens')}"
+
+
+def steps_table(events: list[dict]) -> list[dict]:
+    """One row per step, in EXPECTED.md's notation.
+
+    Keys: step, phase, waiting, running (request ids before scheduling), before_free,
+    scheduled ("ID total/cached/scheduled/blocks; ..."), inputs ("T=.. pos .. cu_q .. cu_k .."
+    or "T=.. pos [..] ctx [..]"), preempted ("C" or "-"), after ("ID total/cached/outputs STATUS
+    blocks acc|discarded; ..."), free, execution, graph_batch, tokens ({request: token_id} of
+    accepted tokens).
+    """
+    log = _Log(list(events or []))
+    rows = []
+    for st in sorted(log.steps):
+        sched = log.one(st, "scheduled") or {}
+        sseqs = [s for s in sched.get("seqs") or [] if isinstance(s, dict)]
+        phase = sched.get("phase")
+        gi = log.one(st, "gpu_inputs")
+        ap = log.one(st, "after_postprocess") or {}
+        aseqs = [a for a in ap.get("seqs") or [] if isinstance(a, dict)]
+        b = log.one(st, "before_schedule")
+        pre = [log.rid(p) for p in log.all(st, "preempted")]
+        rows.append({
+            "step": st,
+            "phase": phase,
+            "waiting": log.rids(b.get("waiting")) if b else None,
+            "running": log.rids(b.get("running")) if b else None,
+            "before_free": b.get("free_blocks") if b else None,
+            "scheduled": "; ".join(_fmt_sched(log, s) for s in sseqs) or "-",
+            "inputs": _fmt_inputs(phase, sseqs, gi),
+            "preempted": ", ".join(pre) or "-",
+            "after": "; ".join(_fmt_after(log, a) for a in aseqs) or "-",
+            "free": ap.get("free_blocks"),
+            "execution": gi.get("execution") if gi else None,
+            "graph_batch": gi.get("graph_batch") if gi else None,
+            "tokens": {log.rid(a): a.get("token_id") for a in aseqs if a.get("accepted")},
+        })
+    return rows
+
+
+TSV_COLUMNS = ("step", "phase", "request_id", "seq_id", "total", "cached", "scheduled", "outputs",
+               "status", "blocks", "accepted", "token_id", "free_blocks", "note")
+
+
+def tsv_rows(events: list[dict]) -> list[dict]:
+    """Rows of write_tsv: one per step and scheduled (or preempted) sequence, after-step values."""
+    log = _Log(list(events or []))
+    rows = []
+    for st in sorted(log.steps):
+        sched = log.one(st, "scheduled") or {}
+        phase = sched.get("phase")
+        ap = log.one(st, "after_postprocess") or {}
+        free = ap.get("free_blocks")
+        after = {a.get("seq_id"): a for a in ap.get("seqs") or [] if isinstance(a, dict)}
+        seen = set()
+        for s in sched.get("seqs") or []:
+            if not isinstance(s, dict):
+                continue
+            sid = s.get("seq_id")
+            seen.add(sid)
+            a = after.get(sid, {})
+            acc = a.get("accepted")
+            rows.append({
+                "step": st, "phase": phase, "request_id": log.rid(s), "seq_id": sid,
+                "total": a.get("num_tokens"), "cached": a.get("num_cached_tokens"),
+                "scheduled": s.get("num_scheduled_tokens"), "outputs": a.get("num_completion_tokens"),
+                "status": a.get("status"), "blocks": len(a.get("block_table") or []) if a else None,
+                "accepted": None if acc is None else int(bool(acc)), "token_id": a.get("token_id"),
+                "free_blocks": free, "note": "discarded" if acc is False else "",
+            })
+        for a in after.values():     # reported but not scheduled (if the engine lists more)
+            if a.get("seq_id") in seen:
+                continue
+            rows.append({
+                "step": st, "phase": phase, "request_id": log.rid(a), "seq_id": a.get("seq_id"),
+                "total": a.get("num_tokens"), "cached": a.get("num_cached_tokens"), "scheduled": 0,
+                "outputs": a.get("num_completion_tokens"), "status": a.get("status"),
+                "blocks": len(a.get("block_table") or []), "accepted": None, "token_id": None,
+                "free_blocks": free, "note": "not scheduled",
+            })
+        for p in log.all(st, "preempted"):
+            rows.append({
+                "step": st, "phase": phase, "request_id": log.rid(p), "seq_id": p.get("seq_id"),
+                "total": None, "cached": 0, "scheduled": 0, "outputs": None, "status": "WAITING",
+                "blocks": 0, "accepted": None, "token_id": None, "free_blocks": free,
+                "note": "preempted",
+            })
+    return rows
+
+
+def write_tsv(events: list[dict], path) -> Path:
+    """Write tsv_rows(events) as a tab-separated file with a header (TSV_COLUMNS)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with p.open("w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f, delimiter="\t", lineterminator="\n")
+        w.writerow(TSV_COLUMNS)
+        for r in tsv_rows(events):
+            w.writerow(["" if r[c] is None else r[c] for c in TSV_COLUMNS])
+    return p
