@@ -23,6 +23,8 @@ class Context:
     cu_seqlens_q_host: list[int] | None = None
     cu_seqlens_k_host: list[int] | None = None
     context_lens_host: list[int] | None = None
+    # Decode split count fixed by the runner when a CUDA graph is captured (None: the backend chooses).
+    num_splits: int | None = None
 
 
 _CONTEXT = Context()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import torch
 
@@ -33,6 +34,8 @@ def resolve_attention_backend(name: str, device: torch.device) -> str:
             if importlib.util.find_spec("triton") is not None and _has_triton_backend():
                 return "triton"
         return "torch"
+    if name == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        return name  # Triton's interpreter runs the kernels on the CPU (slowly): used to test them without a GPU
     if name in ("flash_attn", "triton") and device.type != "cuda":
         raise ValueError(f"attention_backend: {name!r} needs a CUDA device; use 'torch' on {device.type}")
     if name == "flash_attn" and importlib.util.find_spec("flash_attn") is None:

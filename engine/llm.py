@@ -234,7 +234,7 @@ class LLMEngine:
                     slot_mapping=inputs.slot_mapping, cu_seqlens_q=inputs.cu_seqlens_q,
                     cu_seqlens_k=inputs.cu_seqlens_k, max_seqlen_q=inputs.max_seqlen_q,
                     max_seqlen_k=inputs.max_seqlen_k, context_lens=inputs.context_lens,
-                    block_tables=inputs.block_tables, execution=self.model_runner.execution, graph_batch=None)
+                    block_tables=inputs.block_tables, execution=inputs.execution, graph_batch=inputs.graph_batch)
 
     def _trace_postprocess(self, seqs, token_ids, accepted):
         bm = self.scheduler.block_manager

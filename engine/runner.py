@@ -3,6 +3,7 @@ forward pass and samples. The only host sync per step is fetching the sampled id
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,11 @@ class StepInputs:
     max_seqlen_k: int | None = None
     context_lens: list[int] | None = None
     block_tables: list[list[int]] | None = None
+    # Prefill block tables for backends that read every key through the pool (triton), even
+    # when nothing is cached; `block_tables` keeps nano's meaning (only with a cached prefix).
+    kernel_block_tables: list[list[int]] | None = None
+    execution: str = "eager"
+    graph_batch: int | None = None
 
 
 @contextlib.contextmanager
@@ -56,6 +62,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, hf)
         self.attention_backend = resolve_attention_backend(config.attention_backend, self.device)
         backend = load_backend(self.attention_backend)
+        self.backend = backend
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         with _default_dtype_device(self.dtype, self.device):
@@ -71,7 +78,18 @@ class ModelRunner:
         if self.device.type == "cuda":
             self.warmup_model()
         self.allocate_kv_cache()
-        self.execution = "eager"
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graph_bs: list[int] = []
+        self.graph_capture_seconds = None
+        if self.device.type == "cuda" and not config.enforce_eager and getattr(backend, "GRAPH_SAFE", False):
+            t0 = time.perf_counter()
+            self.capture_cudagraph()
+            self.graph_capture_seconds = time.perf_counter() - t0
+
+    @property
+    def execution(self) -> str:
+        """How decode steps run: "graph" when CUDA graphs were captured, else "eager"."""
+        return "graph" if self.graphs else "eager"
 
     # --- memory ---------------------------------------------------------------------------------
     @property
@@ -147,7 +165,11 @@ class ModelRunner:
         block_tables = None
         if cu_k[-1] > cu_q[-1]:  # some sequence attends to a cached prefix
             block_tables = self._block_tables(seqs)
-        return StepInputs(input_ids, positions, slot_mapping, cu_q, cu_k, max_q, max_k, None, block_tables)
+        kernel_tables = block_tables
+        if kernel_tables is None and getattr(self.backend, "NEEDS_PREFILL_BLOCK_TABLES", False) and seqs[0].block_table:
+            kernel_tables = self._block_tables(seqs)
+        return StepInputs(input_ids, positions, slot_mapping, cu_q, cu_k, max_q, max_k, None, block_tables,
+                          kernel_tables)
 
     def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
         input_ids = [seq.last_token for seq in seqs]
@@ -155,8 +177,13 @@ class ModelRunner:
         context_lens = [len(seq) for seq in seqs]
         bs = self.block_size
         slot_mapping = [seq.block_table[-1] * bs + seq.last_block_num_tokens - 1 for seq in seqs]
-        return StepInputs(input_ids, positions, slot_mapping, context_lens=context_lens,
-                          block_tables=self._block_tables(seqs))
+        tables = self._block_tables(seqs)
+        inputs = StepInputs(input_ids, positions, slot_mapping, context_lens=context_lens, block_tables=tables,
+                            kernel_block_tables=tables)
+        if self.graphs and len(seqs) <= self.graph_bs[-1]:
+            inputs.execution = "graph"
+            inputs.graph_batch = next(b for b in self.graph_bs if b >= len(seqs))
+        return inputs
 
     @staticmethod
     def _block_tables(seqs: list[Sequence]) -> list[list[int]]:
@@ -177,7 +204,7 @@ class ModelRunner:
             max_seqlen_k=inputs.max_seqlen_k or 0,
             slot_mapping=self._to_device(inputs.slot_mapping, i32),
             context_lens=self._to_device(inputs.context_lens, i32) if inputs.context_lens else None,
-            block_tables=self._to_device(inputs.block_tables, i32) if inputs.block_tables else None,
+            block_tables=self._to_device(inputs.kernel_block_tables, i32) if inputs.kernel_block_tables else None,
             cu_seqlens_q_host=inputs.cu_seqlens_q,
             cu_seqlens_k_host=inputs.cu_seqlens_k,
             context_lens_host=inputs.context_lens,
@@ -191,6 +218,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_logits(self, inputs: StepInputs, is_prefill: bool) -> torch.Tensor:
         """Logits of each sequence's last position for this step: [num_seqs, vocab]."""
+        if inputs.execution == "graph":
+            return self._replay(inputs)
         self._set_context(inputs, is_prefill)
         try:
             input_ids = self._to_device(inputs.input_ids)
@@ -216,7 +245,66 @@ class ModelRunner:
         logits = self.forward_logits(inputs, is_prefill)
         return self.sample(seqs, logits)
 
+    # --- CUDA graphs ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def capture_cudagraph(self):
+        """One graph per decode batch bucket ([1, 2, 4, 8] + multiples of 16 up to max_num_seqs, as nano);
+        a batch larger than the largest bucket runs eagerly."""
+        from .kernels.decode_attention import num_splits_for
+
+        cfg = self.config
+        max_bs = min(cfg.max_num_seqs, 512)
+        max_blocks = -(-cfg.max_model_len // self.block_size)
+        hidden = cfg.hf_config.hidden_size
+        dev = self.device
+        self.graph_vars = gv = {
+            "input_ids": torch.zeros(max_bs, dtype=torch.int64, device=dev),
+            "positions": torch.zeros(max_bs, dtype=torch.int64, device=dev),
+            "slot_mapping": torch.full((max_bs,), -1, dtype=torch.int32, device=dev),
+            "context_lens": torch.zeros(max_bs, dtype=torch.int32, device=dev),
+            "block_tables": torch.zeros(max_bs, max_blocks, dtype=torch.int32, device=dev),
+            "outputs": torch.zeros(max_bs, hidden, dtype=self.dtype, device=dev),
+        }
+        self.graph_bs = [b for b in [1, 2, 4, 8] if b <= max_bs] + list(range(16, max_bs + 1, 16))
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        self.graph_splits = {bs: num_splits_for(bs, self.num_kv_heads, cfg.max_model_len, sms) for bs in self.graph_bs}
+        pool = None
+        for bs in reversed(self.graph_bs):
+            graph = torch.cuda.CUDAGraph()
+            set_context(Context(is_prefill=False, slot_mapping=gv["slot_mapping"][:bs],
+                                context_lens=gv["context_lens"][:bs], block_tables=gv["block_tables"][:bs],
+                                num_splits=self.graph_splits[bs]))
+            gv["outputs"][:bs] = self.model(gv["input_ids"][:bs], gv["positions"][:bs])  # warm-up
+            with torch.cuda.graph(graph, pool):
+                gv["outputs"][:bs] = self.model(gv["input_ids"][:bs], gv["positions"][:bs])
+            if pool is None:
+                pool = graph.pool()
+            self.graphs[bs] = graph
+            torch.cuda.synchronize()
+            reset_context()
+
+    def _replay(self, inputs: StepInputs) -> torch.Tensor:
+        gv = self.graph_vars
+        bs, bucket = len(inputs.input_ids), inputs.graph_batch
+        width = len(inputs.kernel_block_tables[0])
+        gv["input_ids"][:bs].copy_(self._to_device(inputs.input_ids))
+        gv["positions"][:bs].copy_(self._to_device(inputs.positions))
+        # Padding rows write no KV (slot -1) and attend to nothing (context 0).
+        gv["slot_mapping"][bs:bucket].fill_(-1)
+        gv["slot_mapping"][:bs].copy_(self._to_device(inputs.slot_mapping, torch.int32))
+        gv["context_lens"][bs:bucket].zero_()
+        gv["context_lens"][:bs].copy_(self._to_device(inputs.context_lens, torch.int32))
+        gv["block_tables"][:bs, :width].copy_(self._to_device(inputs.kernel_block_tables, torch.int32))
+        self.graphs[bucket].replay()
+        set_context(Context(is_prefill=False))
+        try:
+            return self.model.compute_logits(gv["outputs"][:bs])
+        finally:
+            reset_context()
+
     def exit(self):
+        self.graphs = {}
+        self.graph_vars = None
         for layer in self.attn_layers:
             layer.k_cache = layer.v_cache = torch.tensor([])
         self.kv_cache = None

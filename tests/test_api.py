@@ -87,7 +87,7 @@ def test_request_larger_than_the_pool(tiny_model):
     ({"scheduling_policy": "fifo"}, "scheduling_policy"),
     ({"tensor_parallel_size": 3}, "tensor_parallel_size"),
     ({"not_a_field": 1}, "not_a_field"),
-    ({"attention_backend": "triton", "device": "cpu"}, "attention_backend"),
+    ({"attention_backend": "flash_attn", "device": "cpu"}, "attention_backend"),
 ])
 def test_bad_engine_arguments_raise_value_error(tiny_model, kwargs, name):
     with pytest.raises(ValueError, match=name):

@@ -7,6 +7,9 @@ import torch
 
 from ..context import Context
 
+NEEDS_PREFILL_BLOCK_TABLES = False
+GRAPH_SAFE = False  # boolean indexing and host-side lengths: not capturable
+
 
 def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   slot_mapping: torch.Tensor) -> None:

@@ -1,0 +1,43 @@
+"""Attention on our own Triton kernels: the always-available fast GPU path."""
+from __future__ import annotations
+
+import torch
+
+from ..context import Context
+from ..kernels.decode_attention import num_splits_for, paged_decode
+from ..kernels.kv_write import store_kvcache as _store
+from ..kernels.prefill_attention import varlen_prefill
+
+# Prefill reads every key through the block table, so the runner passes tables even without a cached prefix.
+NEEDS_PREFILL_BLOCK_TABLES = True
+GRAPH_SAFE = True
+
+_NUM_SMS: dict[int, int] = {}
+
+
+def _sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _NUM_SMS:
+        _NUM_SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _NUM_SMS[idx]
+
+
+def store_kvcache(k, v, k_cache, v_cache, slot_mapping):
+    _store(k, v, k_cache, v_cache, slot_mapping)
+
+
+def prefill(q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+    paged = ctx.block_tables is not None and k_cache.numel() > 0
+    return varlen_prefill(q, k, v, k_cache if paged else None, v_cache if paged else None,
+                          ctx.block_tables if paged else None, ctx.cu_seqlens_q, ctx.cu_seqlens_k,
+                          ctx.max_seqlen_q, scale)
+
+
+def decode(q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+    splits = ctx.num_splits
+    if splits is None:
+        longest = max(ctx.context_lens_host) if ctx.context_lens_host else k_cache.shape[0] * k_cache.shape[1]
+        splits = num_splits_for(q.shape[0], k_cache.shape[2], longest, _sms(q.device))
+    return paged_decode(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale, splits)

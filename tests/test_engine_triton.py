@@ -1,0 +1,33 @@
+"""The whole engine on the triton backend (Triton's interpreter on CPU, the real kernels on a GPU)
+against the torch reference backend and Transformers."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+
+from engine import LLM, SamplingParams  # noqa: E402
+
+from .test_engine_numbers import _check, _prompt, _teacher_forced  # noqa: E402
+
+
+def _llm(model, backend, **kw):
+    args = dict(enforce_eager=True, max_model_len=1024, kvcache_block_size=16, num_kvcache_blocks=96,
+                max_num_batched_tokens=128, attention_backend=backend)
+    args.update(kw)
+    return LLM(model, **args)
+
+
+def test_triton_greedy_equals_torch_backend(tiny_model):
+    prompts = [_prompt(n, 70 + n) for n in (4, 29, 150)]
+    sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    outs = {b: [o["token_ids"] for o in _llm(tiny_model, b).generate(prompts, sp, use_tqdm=False)]
+            for b in ("torch", "triton")}
+    assert outs["triton"] == outs["torch"]
+
+
+def test_triton_logits_match_transformers_with_chunks_and_prefix_hits(tiny_model, hf_logits):
+    llm = _llm(tiny_model, "triton")
+    a = _prompt(300, 90)
+    rows = _teacher_forced(llm, [a, a[:256] + _prompt(20, 91)], max_tokens=3, submit_after_finish=True)
+    _check(rows, hf_logits, 6)
