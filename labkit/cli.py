@@ -19,6 +19,7 @@ from labkit import doctor as doctor_cmd
 from labkit import model as model_cmd
 from labkit import smoke as smoke_cmd
 from labkit.trace import command as trace_cmd
+from labkit.bench import command as bench_cmd
 from labkit.errors import LabkitError
 from labkit.output import EXIT_CANNOT_RUN
 
@@ -52,6 +53,7 @@ app.command("doctor", help="Check Python, torch, GPU, optional kernels, the mode
 app.command("smoke", help="Load the engine and generate a couple of tokens: the main job.")(smoke_cmd.run)
 app.add_typer(model_cmd.app, name="model", help="Make, fetch and inspect model folders.")
 app.add_typer(trace_cmd.app, name="trace", help="Run a traced case, show every step, check expected states.")
+app.add_typer(bench_cmd.app, name="bench", help="Offline throughput bench (engine or HF baseline); compare two runs.")
 
 
 def _one_line(text: object) -> str:

@@ -1,0 +1,385 @@
+"""`labkit bench`: offline throughput of the engine, a Transformers baseline, and B/A comparisons.
+
+    labkit bench --workload fixed                        # same as `labkit bench run --workload fixed`
+    labkit bench --workload nano --num-requests 8 --device cpu
+    labkit bench --workload nano --backend hf --hf-batch 64
+    labkit bench compare runs/A.json runs/B.json --variable eager
+
+Writes runs/bench-WORKLOAD-BACKEND[-eager|-graph].json (or --out FILE) and a Markdown twin
+(.md beside it), and prints a table. Exit 0 on success, 2 when it cannot run.
+"""
+# No `from __future__ import annotations`: the default command reuses run()'s evaluated signature.
+
+import enum
+import inspect
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from labkit.bench import compare as cmp
+from labkit.bench.offline import Stepper
+from labkit.bench.workloads import Workload, draw, list_workloads, load_workload
+from labkit.errors import LabkitError
+from labkit.output import (Device, device_info, envelope, evidence_for, finish, resolve_device, runs_dir,
+                           write_json)
+
+app = typer.Typer(help="Offline throughput bench (engine or HF baseline); compare two runs.",
+                  invoke_without_command=True, no_args_is_help=False)
+
+
+class Backend(str, enum.Enum):
+    engine = "engine"
+    hf = "hf"
+
+
+class DType(str, enum.Enum):
+    auto = "auto"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float32 = "float32"
+
+
+class Attention(str, enum.Enum):
+    auto = "auto"
+    triton = "triton"
+    torch = "torch"
+    flash_attn = "flash_attn"
+
+
+class Policy(str, enum.Enum):
+    prefill_first = "prefill_first"
+    balanced = "balanced"
+
+
+# CLI flag -> engine Config field (flags only the engine backend understands).
+ENGINE_FLAGS = {"--eager/--graph": "enforce_eager", "--attention": "attention_backend", "--tp": "tensor_parallel_size",
+                "--max-num-seqs": "max_num_seqs", "--budget": "max_num_batched_tokens",
+                "--block-size": "kvcache_block_size", "--max-model-len": "max_model_len",
+                "--num-blocks": "num_kvcache_blocks", "--policy": "scheduling_policy",
+                "--gpu-memory-utilization": "gpu_memory_utilization"}
+
+
+class RichStepper(Stepper):
+    """One progress line per phase (init, warm-up, repeats) on stderr; silent when not a terminal."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.task = None
+
+    def start(self, label: str, total: int) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, completed=self.progress.tasks[-1].total)
+        self.task = self.progress.add_task(label, total=max(total, 0))
+
+    def advance(self, n: int = 1) -> None:
+        if self.task is not None:
+            self.progress.advance(self.task, n)
+
+
+def _progress() -> Progress:
+    console = Console(stderr=True)
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=False, refresh_per_second=4,
+                    disable=not console.is_terminal)
+
+
+def _enum(v: Any) -> Any:
+    return v.value if isinstance(v, enum.Enum) else v
+
+
+# ---------------------------------------------------------------------------------------- run
+
+def run(
+    workload: str = typer.Option("fixed", "--workload", "-w",
+                                 help="nano, fixed (workloads/bench/NAME.yaml) or a workload YAML path."),
+    backend: Backend = typer.Option(Backend.engine, "--backend",
+                                    help="engine (ours) or hf (transformers generate, the baseline)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model folder (default: $MODEL_DIR, else the tiny model)."),
+    device: Device = typer.Option(Device.auto, "--device", help="auto picks cuda when a GPU is visible."),
+    dtype: Optional[DType] = typer.Option(None, "--dtype", help="auto = the checkpoint's dtype (default)."),
+    eager: Optional[bool] = typer.Option(None, "--eager/--graph",
+                                         help="enforce_eager (default: the workload's, else graph on cuda, "
+                                              "eager on cpu)."),
+    attention: Optional[Attention] = typer.Option(None, "--attention", help="Attention backend (engine)."),
+    tp: Optional[int] = typer.Option(None, "--tp", min=1, help="tensor_parallel_size (engine)."),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="max_num_seqs (engine)."),
+    budget: Optional[int] = typer.Option(None, "--budget", min=1, help="max_num_batched_tokens (engine)."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", min=1, help="kvcache_block_size (engine)."),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1, help="max_model_len (engine)."),
+    num_blocks: Optional[int] = typer.Option(None, "--num-blocks", min=1, help="num_kvcache_blocks (engine)."),
+    policy: Optional[Policy] = typer.Option(None, "--policy", help="scheduling_policy (engine)."),
+    gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization", min=0.0, max=1.0,
+                                                           help="Fraction of GPU memory for weights + KV (engine)."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Warm-up rounds (default: the workload's)."),
+    repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Timed repeats (default: the workload's)."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests", min=1,
+                                               help="Keep the first N requests (scale a workload down, e.g. on CPU)."),
+    hf_batch: int = typer.Option(64, "--hf-batch", min=1, help="Prompts per transformers generate batch (hf)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="JSON path (default: runs/bench-WORKLOAD-BACKEND[-MODE].json); "
+                                                           "a .md twin is written beside it."),
+    list_: bool = typer.Option(False, "--list", help="List the shipped workloads and exit."),
+) -> None:
+    """Run a workload through the engine (or transformers) and report throughput."""
+    console = Console()
+    if list_:
+        for name in list_workloads():
+            w = load_workload(name)
+            console.print(Text.assemble((name, "bold"), f": {w.about}"))
+        raise typer.Exit(0)
+
+    w = load_workload(workload)
+    w = w.scaled(num_requests)
+    if warmup is not None:
+        w.warmup.rounds = warmup
+    if repeats is not None:
+        w.repeats = repeats
+    backend_name = _enum(backend)
+    overrides = {"enforce_eager": eager, "attention_backend": _enum(attention), "tensor_parallel_size": tp,
+                 "max_num_seqs": max_num_seqs, "max_num_batched_tokens": budget, "kvcache_block_size": block_size,
+                 "max_model_len": max_model_len, "num_kvcache_blocks": num_blocks, "scheduling_policy": _enum(policy),
+                 "gpu_memory_utilization": gpu_memory_utilization}
+    if backend_name == "hf":
+        given = [flag for flag, field in ENGINE_FLAGS.items() if overrides[field] is not None]
+        if given:
+            raise LabkitError(f"{', '.join(given)}: engine settings; --backend hf does not use them")
+
+    from labkit.model import resolve_model
+
+    model_dir = Path(resolve_model(model))
+    dev = resolve_device(device)
+    env = envelope("bench", device=dev, model_dir=model_dir, evidence=evidence_for(dev))
+
+    with _progress() as progress:
+        stepper = RichStepper(progress)
+        if backend_name == "engine":
+            from labkit.bench.offline import measure_engine
+
+            overrides["dtype"] = _enum(dtype)
+            m = measure_engine(w, model_dir, dev, overrides, stepper)
+        else:
+            from labkit.bench.hf import measure_hf
+
+            hf_dtype = _enum(dtype) or w.engine.get("dtype") or "auto"
+            m = measure_hf(w, model_dir, dev, hf_dtype, hf_batch, stepper)
+
+    env["device"] = device_info(m["run_device"])
+    env["evidence"] = evidence_for(m["run_device"])
+    result = build_result(env, w, backend_name, m)
+    json_path = out if out is not None else runs_dir() / default_name(w, backend_name, m)
+    md_path = json_path.with_suffix(".md")
+    result["files"] = {"json": str(json_path), "md": str(md_path)}
+    write_json(json_path, result)
+    md_path.write_text(markdown(result), encoding="utf-8")
+    print_result(result, console)
+    console.print(f"wrote {json_path} and {md_path}")
+    raise typer.Exit(0)
+
+
+def default_name(w: Workload, backend: str, m: dict) -> str:
+    mode = ""
+    if backend == "engine":
+        mode = "-eager" if (m.get("engine") or {}).get("enforce_eager") else "-graph"
+    return f"bench-{w.name}-{backend}{mode}.json"
+
+
+def build_result(env: dict, w: Workload, backend: str, m: dict) -> dict:
+    """The bench JSON: envelope, the comparable config, and the measurement."""
+    engine = m.get("engine")
+    hf = m.get("hf")
+    config = {
+        "backend": backend,
+        "workload": w.params(),
+        "model_config_sha256": env["model"]["config_sha256"],
+        "device": {"type": env["device"].get("type"), "name": env["device"].get("name")},
+        "dtype": m["dtype"],
+        "engine": engine,
+        "hf": {"batch": hf["batch"], "attn_implementation": hf["attn_implementation"]} if hf else None,
+    }
+    totals = draw(w)
+    notes = []
+    if env["evidence"] != "gpu-measured":
+        notes.append("CPU run: it shows the bench executes; its throughput says nothing about a GPU.")
+    if m.get("prompt_ids_folded"):
+        notes.append(f"prompt ids folded modulo the model's vocab_size {m['vocab_size']} "
+                     f"(the workload draws from {list(w.token_range)}); token counts are unchanged.")
+    if not w.vary_seed and w.repeats > 1:
+        notes.append("every repeat runs identical prompts (vary_seed: false): repeats after the first may hit "
+                     "the prefix cache on full blocks.")
+    if engine is not None and engine.get("enforce_eager") is False and m.get("execution") == "eager":
+        notes.append("graph execution was asked for (enforce_eager false) but the engine ran eager.")
+    if w.scaled_from:
+        notes.append(f"scaled down: the first {w.requests} of the workload's {w.scaled_from} requests.")
+    return finish(
+        env,
+        status="ok",
+        backend=backend,
+        workload=w.to_dict() | {"totals": {"prompt_tokens": totals.prompt_tokens,
+                                           "output_tokens": totals.output_tokens}},
+        config=config,
+        engine=engine,
+        engine_requested=m.get("engine_requested"),
+        hf=hf,
+        execution=m.get("execution"),
+        tracing=False,
+        init_s=m["init_s"],
+        init_wall_s=m["init_wall_s"],
+        graph_capture_s=m["graph_capture_s"],
+        warmup_s=m["warmup_s"],
+        warmup_rounds=m["warmup_rounds"],
+        runs=m["runs"],
+        median=m["median"],
+        kv_blocks=m["kv_blocks"],
+        peak_memory=m["peak_memory"],
+        vocab_size=m["vocab_size"],
+        prompt_ids_folded=m["prompt_ids_folded"],
+        notes=notes,
+    )
+
+
+def _f(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}" if abs(v) < 1000 else f"{v:,.0f}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return str(v)
+
+
+def _gib(n: Optional[int]) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def _summary_rows(r: dict) -> list[tuple[str, str]]:
+    w, dev = r["workload"], r["device"]
+    eng = r.get("engine") or {}
+    mode = r["execution"]
+    if eng:
+        asked = "eager" if eng.get("enforce_eager") else "graph"
+        mode = f"{mode} (asked: {asked}), attention {eng.get('attention_backend')}, tp {eng.get('tensor_parallel_size')}"
+    peak = r["peak_memory"]
+    return [
+        ("workload", f"{w['name']}: {w['requests']} requests, prompt {w['prompt_len']}, output {w['output_len']}, "
+                     f"seed {w['seed']}"),
+        ("backend", f"{r['backend']}: {mode}"),
+        ("device", f"{dev.get('type')} ({dev.get('name') or '?'}), {r['evidence']}"),
+        ("dtype", r["config"]["dtype"]),
+        ("init s", _f(r["init_s"])),
+        ("graph capture s", _f(r["graph_capture_s"])),
+        ("warm-up s", f"{_f(r['warmup_s'])} ({len(r['warmup_rounds'])} round(s))"),
+        ("kv blocks", _f(r["kv_blocks"])),
+        ("peak memory", ", ".join(f"rank {p['rank']}: {_gib(p['peak_bytes'])}" for p in peak["per_rank"])
+         + (" (torch.cuda.max_memory_allocated)" if peak["source"].startswith("torch") else " (max RSS of the process)")),
+    ]
+
+
+def print_result(r: dict, console: Console) -> None:
+    table = Table(title=f"labkit bench: {r['workload']['name']} ({r['backend']})", show_header=False,
+                  title_justify="left")
+    table.add_column("what", style="bold", no_wrap=True)
+    table.add_column("value")
+    for what, value in _summary_rows(r):
+        table.add_row(what, Text(value))
+    console.print(table)
+    runs = Table(title="timed runs", title_justify="left")
+    for col in ("repeat", "reqs", "prompt tok", "out tok", "wall s", "out tok/s", "total tok/s"):
+        runs.add_column(col, justify="right")
+    for x in r["runs"]:
+        runs.add_row(str(x["repeat"]), _f(x["requests"]), _f(x["prompt_tokens"]), _f(x["output_tokens"]),
+                     _f(x["wall_s"]), _f(x["output_throughput"], 1), _f(x["total_token_throughput"], 1))
+    med = r["median"]
+    runs.add_row("median", "", "", "", _f(med["wall_s"]), _f(med["output_throughput"], 1),
+                 _f(med["total_token_throughput"], 1), style="bold")
+    console.print(runs)
+    for note in r["notes"]:
+        console.print(Text(f"note: {note}", style="yellow"))
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# labkit bench: {r['workload']['name']} ({r['backend']})", ""]
+    lines += ["| what | value |", "| --- | --- |"]
+    lines += [f"| {k} | {v} |" for k, v in _summary_rows(r)]
+    lines += ["", "| repeat | requests | prompt tokens | output tokens | wall s | output tok/s | total tok/s |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for x in r["runs"]:
+        lines.append(f"| {x['repeat']} | {x['requests']} | {x['prompt_tokens']} | {x['output_tokens']} | "
+                     f"{x['wall_s']:.4f} | {x['output_throughput']:.1f} | {x['total_token_throughput']:.1f} |")
+    med = r["median"]
+    lines.append(f"| **median** | | | | {med['wall_s']:.4f} | **{med['output_throughput']:.1f}** | "
+                 f"{med['total_token_throughput']:.1f} |")
+    if r["notes"]:
+        lines += [""] + [f"- {n}" for n in r["notes"]]
+    import json
+
+    lines += ["", "## Config (what `labkit bench compare` checks)", "", "```json",
+              json.dumps(r["config"], indent=2), "```",
+              "", f"git head {r.get('git_head')} (dirty: {r.get('git_dirty')}); started {r['started_at']}, "
+                  f"ended {r['ended_at']}; command: `{' '.join(r['argv'])}`", ""]
+    return "\n".join(lines)
+
+
+app.command("run", help="Run a workload and report throughput (also the default: `labkit bench --workload ...`).")(run)
+
+
+def _default(ctx: typer.Context, **kwargs: Any) -> None:
+    if ctx.invoked_subcommand is not None:
+        return
+    run(**kwargs)
+
+
+# `labkit bench --workload fixed` runs without the `run` word: the group callback takes run()'s options.
+_sig = inspect.signature(run, eval_str=True)
+_default.__signature__ = _sig.replace(parameters=[
+    inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
+    *_sig.parameters.values()])
+_default.__doc__ = run.__doc__
+app.callback(invoke_without_command=True)(_default)
+
+
+# ------------------------------------------------------------------------------------ compare
+
+@app.command("compare")
+def compare_cmd(
+    a: Path = typer.Argument(..., metavar="A.json", help="The baseline bench JSON."),
+    b: Path = typer.Argument(..., metavar="B.json", help="The bench JSON with the variable changed."),
+    variable: str = typer.Option(..., "--variable", "-v",
+                                 help="What differs: eager, tp, backend, attention, policy, block_size, budget, "
+                                      "max_num_seqs, dtype, code, ... or a config key (engine.max_model_len)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="JSON path (default: runs/bench-compare-VARIABLE.json)."),
+) -> None:
+    """B/A ratio of median output tok/s (and per-metric ratios) of two runs differing in one variable."""
+    da, db = cmp.load_bench(a), cmp.load_bench(b)
+    res = cmp.compare(da, db, variable, a_name=str(a), b_name=str(b))
+    evidence = cmp.weakest_evidence(da, db)
+    env = envelope("bench compare", device="cpu", model_dir=None, evidence=evidence)
+    env["device"] = da.get("device")
+    env["model"] = da.get("model")
+    result = finish(env, **res, a=cmp.side(da, a), b=cmp.side(db, b))
+    json_path = out if out is not None else runs_dir() / f"bench-compare-{variable}.json"
+    md_path = json_path.with_suffix(".md")
+    result["files"] = {"json": str(json_path), "md": str(md_path)}
+    write_json(json_path, result)
+    md_path.write_text(cmp.markdown(result), encoding="utf-8")
+
+    console = Console()
+    table = Table(title=f"labkit bench compare --variable {variable}", title_justify="left")
+    for col in ("metric", "A", "B", "B/A"):
+        table.add_column(col, justify="right" if col != "metric" else "left")
+    for k in res["values"]["a"]:
+        table.add_row(Text(k, style="cyan"), Text(cmp._fmt(res["values"]["a"][k])),
+                      Text(cmp._fmt(res["values"]["b"][k])), "")
+    for name, mt in res["metrics"].items():
+        table.add_row(name, cmp._short(mt["a"]), cmp._short(mt["b"]),
+                      "-" if mt["ratio"] is None else f"{mt['ratio']:.3f}")
+    console.print(table)
+    headline = "n/a" if res["ratio"] is None else f"{res['ratio']:.3f}x"
+    console.print(Text.assemble("B/A median output tok/s: ", (headline, "bold"), f"  ({evidence})"))
+    if res["same_value"]:
+        console.print(Text("note: the variable has the same value in both runs", style="yellow"))
+    console.print(f"wrote {json_path} and {md_path}")
+    raise typer.Exit(0)

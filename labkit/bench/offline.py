@@ -1,0 +1,229 @@
+"""The offline engine bench: load once, warm up, then time `llm.generate` on fresh requests.
+
+What is timed, and what is not:
+
+- init: the `LLM(...)` constructor (the engine's own `llm.init_seconds`; `init_wall_s` is the
+  constructor's wall time seen from here). Graph capture is reported apart as `graph_capture_s`
+  when the runner exposes `graph_capture_seconds` (it is part of init when the engine captures
+  while it loads).
+- warm-up: `warmup.rounds` calls of `generate` before timing, each on its own random stream.
+- each timed repeat: the wall seconds of one `llm.generate(prompts, params, use_tqdm=False)`
+  call, bracketed by `torch.cuda.synchronize()` on a GPU. output_throughput = output tokens
+  (the lengths of the returned token_ids) / wall; total_token_throughput adds the prompt tokens.
+- the median over repeats is the headline; every repeat is kept.
+
+No tracer is ever passed: tracing is for mechanism evidence, never timing.
+"""
+from __future__ import annotations
+
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from labkit.bench.workloads import Draw, Workload, draw_repeat, draw_warmup, fold_to_vocab
+
+# Engine Config fields recorded (and compared) for an engine run.
+RECORDED_ENGINE_FIELDS = ("enforce_eager", "attention_backend", "tensor_parallel_size", "max_num_seqs",
+                          "max_num_batched_tokens", "max_model_len", "kvcache_block_size", "num_kvcache_blocks",
+                          "gpu_memory_utilization", "kvcache_memory_bytes", "scheduling_policy", "seed")
+
+
+class Stepper:
+    """Progress hooks: `start(label, total)` then `advance()` after each unit of work."""
+
+    def start(self, label: str, total: int) -> None:  # pragma: no cover - trivial
+        pass
+
+    def advance(self, n: int = 1) -> None:  # pragma: no cover - trivial
+        pass
+
+
+def is_cuda(device: Any) -> bool:
+    return str(device).startswith("cuda")
+
+
+def sync(device: Any) -> None:
+    if is_cuda(device):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any], device: Any) -> tuple[float, Any]:
+    """Wall seconds of fn(), with the GPU drained before and after."""
+    sync(device)
+    start = time.perf_counter()
+    result = fn()
+    sync(device)
+    return time.perf_counter() - start, result
+
+
+def reset_peak(device: Any) -> None:
+    if is_cuda(device):
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def maxrss_bytes() -> int:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss) if sys.platform == "darwin" else int(rss) * 1024  # Linux reports KiB
+
+
+def peak_now(device: Any) -> dict:
+    """Peak memory so far in this process: GPU allocator peak on cuda, max RSS on the CPU."""
+    if is_cuda(device):
+        import torch
+
+        return {"allocated": int(torch.cuda.max_memory_allocated(device)),
+                "reserved": int(torch.cuda.max_memory_reserved(device))}
+    return {"allocated": maxrss_bytes(), "reserved": None}
+
+
+def peak_memory_record(device: Any, overall: dict, timed_peak: dict, tp: int = 1) -> dict:
+    """Peak memory per rank. Rank 0 runs in this process; other ranks (tensor parallel workers)
+    run in their own processes, whose allocator is not visible from here (recorded as null)."""
+    cuda = is_cuda(device)
+    source = ("torch.cuda.max_memory_allocated" if cuda
+              else "resource.getrusage(RUSAGE_SELF).ru_maxrss (whole process, lifetime)")
+    base = str(device) if cuda and ":" in str(device) else ("cuda:0" if cuda else "cpu")
+    per_rank = [{
+        "rank": 0,
+        "device": base,
+        "peak_bytes": overall["allocated"],
+        "peak_reserved_bytes": overall["reserved"],
+        "timed_peak_bytes": timed_peak["allocated"],
+    }]
+    for r in range(1, max(1, tp)):
+        per_rank.append({"rank": r, "device": f"cuda:{r}" if cuda else "cpu", "peak_bytes": None,
+                         "peak_reserved_bytes": None, "timed_peak_bytes": None,
+                         "note": "worker process: not measurable from rank 0"})
+    measured = [p["peak_bytes"] for p in per_rank if p["peak_bytes"] is not None]
+    return {"source": source, "per_rank": per_rank, "max_bytes": max(measured) if measured else None,
+            "timed_reset": cuda}
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Median over repeats of every per-run rate and of the wall time."""
+    keys = ("output_throughput", "total_token_throughput", "request_throughput", "wall_s")
+    return {k: statistics.median(r[k] for r in runs) for k in keys} | {"repeats": len(runs)}
+
+
+def run_record(index: int, d: Draw, wall_s: float, output_tokens: int, **extra: Any) -> dict:
+    wall = max(wall_s, 1e-12)
+    return {
+        "repeat": index,
+        "seed": d.seed,
+        "requests": len(d),
+        "prompt_tokens": d.prompt_tokens,
+        "output_tokens": int(output_tokens),
+        "wall_s": wall_s,
+        "output_throughput": output_tokens / wall,
+        "total_token_throughput": (d.prompt_tokens + output_tokens) / wall,
+        "request_throughput": len(d) / wall,
+        **extra,
+    }
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def engine_kwargs(w: Workload, overrides: dict, device: str) -> dict:
+    """Workload engine settings, overridden by the CLI flags that were given, plus the device
+    (and enforce_eager when neither sets it: False on cuda, True on the CPU)."""
+    kwargs = dict(w.engine)
+    kwargs.update({k: v for k, v in overrides.items() if v is not None})
+    kwargs["device"] = device
+    # Unless asked, CUDA graphs on a GPU (the engine's default) and eager on the CPU (no graphs there).
+    kwargs.setdefault("enforce_eager", not is_cuda(device))
+    return kwargs
+
+
+def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: dict,
+                   stepper: Stepper | None = None) -> dict:
+    """Run the workload through the engine; returns the measurement part of the bench JSON."""
+    try:
+        from engine import LLM, SamplingParams
+    except ImportError as exc:  # pragma: no cover - the engine ships with labkit
+        from labkit.errors import LabkitError
+
+        raise LabkitError(f"cannot import the engine: {exc}") from exc
+    stepper = stepper or Stepper()
+    kwargs = engine_kwargs(w, overrides, device)
+
+    stepper.start("init (loading the engine)", 1)
+    start = time.perf_counter()
+    llm = LLM(str(model_dir), **kwargs)
+    init_wall_s = time.perf_counter() - start
+    stepper.advance()
+    try:
+        runner = llm.model_runner
+        run_device = str(getattr(runner, "device", device))
+        vocab = int(llm.config.hf_config.vocab_size)
+        folded = False
+
+        def requests(d: Draw) -> tuple[list[list[int]], list[Any]]:
+            nonlocal folded
+            prompts, was_folded = fold_to_vocab(d.prompts, vocab)
+            folded = folded or was_folded
+            params = [SamplingParams(temperature=w.temperature, ignore_eos=w.ignore_eos, max_tokens=t)
+                      for t in d.max_tokens]
+            return prompts, params
+
+        def generate(d: Draw) -> tuple[float, int]:
+            prompts, params = requests(d)
+            wall, outs = timed(lambda: llm.generate(prompts, params, use_tqdm=False), run_device)
+            return wall, sum(len(o["token_ids"]) for o in outs)
+
+        warmup_rounds = []
+        stepper.start("warm-up", w.warmup.rounds)
+        for r in range(w.warmup.rounds):
+            d = draw_warmup(w, r)
+            wall, out_tokens = generate(d)
+            warmup_rounds.append({"round": r, "requests": len(d), "prompt_tokens": d.prompt_tokens,
+                                  "output_tokens": out_tokens, "wall_s": wall})
+            stepper.advance()
+        overall_before = peak_now(run_device)
+        reset_peak(run_device)
+
+        runs = []
+        stepper.start("timed repeats", w.repeats)
+        for i in range(w.repeats):
+            d = draw_repeat(w, i)
+            wall, out_tokens = generate(d)
+            runs.append(run_record(i, d, wall, out_tokens,
+                                   prefix_cache_possible=bool(i > 0 and not w.vary_seed)))
+            stepper.advance()
+        timed_peak = peak_now(run_device)
+        overall = {k: (max(v, timed_peak[k]) if v is not None else None) for k, v in overall_before.items()}
+
+        cfg = llm.config
+        engine_rec = {f: getattr(cfg, f, None) for f in RECORDED_ENGINE_FIELDS}
+        engine_rec["attention_backend"] = getattr(runner, "attention_backend", cfg.attention_backend)
+        # The pool size actually used is a result (kv_blocks); the config keeps what was asked.
+        engine_rec["num_kvcache_blocks"] = kwargs.get("num_kvcache_blocks", -1)
+        graph_capture = getattr(runner, "graph_capture_seconds", None)
+        return {
+            "dtype": _dtype_name(getattr(runner, "dtype", cfg.dtype)),
+            "run_device": run_device,
+            "engine": engine_rec,
+            "engine_requested": {k: v for k, v in kwargs.items()},
+            "execution": getattr(runner, "execution", None),
+            "init_s": float(getattr(llm, "init_seconds", init_wall_s)),
+            "init_wall_s": init_wall_s,
+            "graph_capture_s": None if graph_capture is None else float(graph_capture),
+            "warmup_s": sum(r["wall_s"] for r in warmup_rounds),
+            "warmup_rounds": warmup_rounds,
+            "runs": runs,
+            "median": summarize(runs),
+            "kv_blocks": int(cfg.num_kvcache_blocks),
+            "peak_memory": peak_memory_record(run_device, overall, timed_peak, int(cfg.tensor_parallel_size)),
+            "vocab_size": vocab,
+            "prompt_ids_folded": folded,
+        }
+    finally:
+        llm.exit()

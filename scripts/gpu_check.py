@@ -1,0 +1,173 @@
+"""One device call: correctness of the GPU path, then the headline timings. Writes a JSON log.
+
+    python3 scripts/gpu_check.py --out $OUT/gpu_check.json [--skip-bench]
+
+Correctness: triton kernels vs the torch backend; engine (triton, eager and graph) teacher-forced logits
+vs Transformers on fake Qwen3-0.6B in bf16; greedy tokens eager vs graph. Timing (tracing off): the nano
+workload with graphs, batch-1 decode latency with graphs and eagerly."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from engine import LLM, SamplingParams  # noqa: E402
+
+LOG: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "results": {}}
+
+
+def note(key, value):
+    LOG["results"][key] = value
+    print(f"[{time.strftime('%H:%M:%S')}] {key}: {json.dumps(value)[:600]}", flush=True)
+
+
+def teacher_forced_rows(llm, prompts, max_tokens, seed=0):
+    rng = random.Random(seed)
+    rows = []
+
+    def choose(seqs, logits):
+        out = []
+        for s, row in zip(seqs, logits):
+            if s.num_cached_tokens + s.num_scheduled_tokens == s.num_tokens:
+                rows.append((list(s.token_ids), row.float().cpu()))
+            out.append(rng.randrange(100, 10000))
+        return out
+
+    for p in prompts:
+        llm.add_request(p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    while not llm.is_finished():
+        llm.step(choose)
+    return rows
+
+
+def nano_workload(n=256):
+    random.seed(0)
+    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(n)]
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=random.randint(100, 1024)) for _ in range(n)]
+    return prompts, params
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="/tmp/qwen3-fake")
+    ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--skip-correct", action="store_true")
+    args = ap.parse_args()
+    dev = torch.cuda.get_device_name(0)
+    note("device", {"name": dev, "torch": torch.__version__, "cuda": torch.version.cuda})
+    if not os.path.exists(os.path.join(args.model, "config.json")):
+        from labkit.fake_model import make_fake_model
+        t = time.time()
+        make_fake_model("qwen3-0.6b", args.model, seed=0)
+        note("make_model_s", time.time() - t)
+    try:
+        if not args.skip_correct:
+            correctness(args)
+        if not args.skip_bench:
+            bench(args)
+    finally:
+        LOG["ended"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        with open(args.out, "w") as f:
+            json.dump(LOG, f, indent=1)
+
+
+def correctness(args):
+    from transformers import Qwen3ForCausalLM
+
+    rng = random.Random(1)
+    prompts = [[rng.randrange(100, 10000) for _ in range(n)] for n in (3, 37, 300, 700)]
+    common = dict(max_model_len=2048, max_num_batched_tokens=512, kvcache_block_size=256, num_kvcache_blocks=64)
+    rows = {}
+    for name, kw in {"torch_eager": dict(attention_backend="torch", enforce_eager=True),
+                     "triton_eager": dict(attention_backend="triton", enforce_eager=True),
+                     "triton_graph": dict(attention_backend="triton", enforce_eager=False, max_num_seqs=20)}.items():
+        t = time.time()
+        llm = LLM(args.model, **common, **kw)
+        rows[name] = teacher_forced_rows(llm, prompts, 4)
+        note(f"collect_{name}", {"rows": len(rows[name]), "s": round(time.time() - t, 2),
+                                 "execution": llm.model_runner.execution,
+                                 "capture_s": llm.model_runner.graph_capture_seconds})
+        llm.exit()
+        del llm
+        torch.cuda.empty_cache()
+    hf = Qwen3ForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16, attn_implementation="eager").cuda().eval()
+    ref = []
+    with torch.no_grad():
+        for toks, _ in rows["torch_eager"]:
+            ref.append(hf(torch.tensor([toks], device="cuda"), use_cache=False).logits[0, -1].float().cpu())
+    for name, rr in rows.items():
+        worst_abs, worst_rel, top1 = 0.0, 0.0, 0
+        for (toks, row), (toks2, _), r in zip(rr, rows["torch_eager"], ref):
+            assert toks == toks2
+            d = (row - r)
+            worst_abs = max(worst_abs, d.abs().max().item())
+            worst_rel = max(worst_rel, (d.norm() / r.norm()).item())
+            top1 += int(row.argmax() == r.argmax())
+        note(f"vs_hf_{name}", {"max_abs": worst_abs, "rel_l2": worst_rel, "top1_agree": f"{top1}/{len(rr)}",
+                               "pass_bf16": worst_abs < 0.5 and worst_rel < 0.02})
+    del hf
+    torch.cuda.empty_cache()
+    # Greedy tokens: graph vs eager, 17 requests with max_num_seqs 20 (no bucket covers 17: eager fallback).
+    ps = [[rng.randrange(100, 10000) for _ in range(rng.randint(5, 300))] for _ in range(17)]
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    out = {}
+    for eager in (True, False):
+        llm = LLM(args.model, max_model_len=1024, max_num_seqs=20, enforce_eager=eager, attention_backend="triton",
+                  gpu_memory_utilization=0.5)
+        out[eager] = [o["token_ids"] for o in llm.generate(ps, sp, use_tqdm=False)]
+        llm.exit()
+        del llm
+        torch.cuda.empty_cache()
+    same = sum(a == b for a, b in zip(out[True], out[False]))
+    note("greedy_graph_vs_eager_17req", {"identical_sequences": f"{same}/17"})
+
+
+def bench(args):
+    prompts, params = nano_workload()
+    out_tokens = sum(p.max_tokens for p in params)
+    note("nano_workload", {"prompt_tokens": sum(map(len, prompts)), "output_tokens": out_tokens})
+    for eager in (False,):
+        t = time.time()
+        llm = LLM(args.model, max_model_len=4096, enforce_eager=eager, attention_backend="triton")
+        init = time.time() - t
+        llm.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)  # warm-up
+        torch.cuda.synchronize()
+        runs = []
+        for _ in range(2):
+            t = time.time()
+            llm.generate(prompts, params, use_tqdm=False)
+            torch.cuda.synchronize()
+            runs.append(time.time() - t)
+        note(f"nano_{'eager' if eager else 'graph'}", {
+            "init_s": round(init, 2), "capture_s": llm.model_runner.graph_capture_seconds,
+            "kv_blocks": llm.config.num_kvcache_blocks, "wall_s": [round(r, 3) for r in runs],
+            "output_tok_s": [round(out_tokens / r) for r in runs],
+            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)})
+        # Batch-1 decode latency on the same engine.
+        t = time.time()
+        sp = SamplingParams(temperature=0.6, max_tokens=257, ignore_eos=True)
+        llm.generate([[5] * 128], sp, use_tqdm=False)
+        torch.cuda.synchronize()
+        note("bs1_graph_ms_per_token", round((time.time() - t) * 1000 / 257, 3))
+        llm.exit()
+        del llm
+        torch.cuda.empty_cache()
+    llm = LLM(args.model, max_model_len=4096, enforce_eager=True, attention_backend="triton")
+    llm.generate([[5] * 128], SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+    t = time.time()
+    llm.generate([[5] * 128], SamplingParams(temperature=0.6, max_tokens=257, ignore_eos=True), use_tqdm=False)
+    torch.cuda.synchronize()
+    note("bs1_eager_ms_per_token", round((time.time() - t) * 1000 / 257, 3))
+
+
+if __name__ == "__main__":
+    main()
