@@ -11,9 +11,11 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device: 'cuda' was asked for but no CUDA GPU is available")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device: 'cuda' was asked for but no CUDA GPU is available")
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device(name)
 
 

@@ -68,7 +68,8 @@ class ModelRunner:
         with _default_dtype_device(self.dtype, self.device):
             self.model = Qwen3ForCausalLM(hf)
         load_model(self.model, config.model)
-        self.model.eval()
+        # Buffers computed on the CPU for exactness (the RoPE table) follow the parameters to the device.
+        self.model.to(self.device).eval()
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         for layer in self.attn_layers:
             layer.backend = backend
@@ -191,25 +192,48 @@ class ModelRunner:
         return [seq.block_table + [-1] * (width - len(seq.block_table)) for seq in seqs]
 
     def _to_device(self, values, dtype=torch.int64) -> torch.Tensor:
-        t = torch.tensor(values, dtype=dtype, pin_memory=self.device.type == "cuda")
-        return t.to(self.device, non_blocking=True)
+        # Pageable memory on purpose: pinning a fresh tensor costs more than the small copy it speeds up.
+        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+    def _upload(self, dtype: torch.dtype, **parts) -> dict[str, torch.Tensor]:
+        """Several host lists (a list of equal-length rows for 2-D) in one host-to-device copy."""
+        flat: list[int] = []
+        shapes = {}
+        for name, values in parts.items():
+            if values is None:
+                continue
+            if values and isinstance(values[0], list):
+                shapes[name] = (len(values), len(values[0]))
+                for row in values:
+                    flat.extend(row)
+            else:
+                shapes[name] = (len(values),)
+                flat.extend(values)
+        buf = self._to_device(flat, dtype)
+        out, at = {}, 0
+        for name, shape in shapes.items():
+            n = shape[0] * (shape[1] if len(shape) == 2 else 1)
+            out[name] = buf[at:at + n].view(shape)
+            at += n
+        return out
 
     def _set_context(self, inputs: StepInputs, is_prefill: bool):
-        i32 = torch.int32
-        ctx = Context(
+        t = self._upload(torch.int32, cu_seqlens_q=inputs.cu_seqlens_q, cu_seqlens_k=inputs.cu_seqlens_k,
+                         slot_mapping=inputs.slot_mapping, context_lens=inputs.context_lens,
+                         block_tables=inputs.kernel_block_tables)
+        set_context(Context(
             is_prefill=is_prefill,
-            cu_seqlens_q=self._to_device(inputs.cu_seqlens_q, i32) if inputs.cu_seqlens_q else None,
-            cu_seqlens_k=self._to_device(inputs.cu_seqlens_k, i32) if inputs.cu_seqlens_k else None,
+            cu_seqlens_q=t.get("cu_seqlens_q"),
+            cu_seqlens_k=t.get("cu_seqlens_k"),
             max_seqlen_q=inputs.max_seqlen_q or 0,
             max_seqlen_k=inputs.max_seqlen_k or 0,
-            slot_mapping=self._to_device(inputs.slot_mapping, i32),
-            context_lens=self._to_device(inputs.context_lens, i32) if inputs.context_lens else None,
-            block_tables=self._to_device(inputs.kernel_block_tables, i32) if inputs.kernel_block_tables else None,
+            slot_mapping=t["slot_mapping"],
+            context_lens=t.get("context_lens"),
+            block_tables=t.get("block_tables"),
             cu_seqlens_q_host=inputs.cu_seqlens_q,
             cu_seqlens_k_host=inputs.cu_seqlens_k,
             context_lens_host=inputs.context_lens,
-        )
-        set_context(ctx)
+        ))
 
     # --- execution ------------------------------------------------------------------------------
     def prepare(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
@@ -222,9 +246,8 @@ class ModelRunner:
             return self._replay(inputs)
         self._set_context(inputs, is_prefill)
         try:
-            input_ids = self._to_device(inputs.input_ids)
-            positions = self._to_device(inputs.positions)
-            hidden = self.model(input_ids, positions)
+            ids = self._upload(torch.int64, input_ids=inputs.input_ids, positions=inputs.positions)
+            hidden = self.model(ids["input_ids"], ids["positions"])
             return self.model.compute_logits(hidden)
         finally:
             reset_context()
@@ -287,14 +310,17 @@ class ModelRunner:
         gv = self.graph_vars
         bs, bucket = len(inputs.input_ids), inputs.graph_batch
         width = len(inputs.kernel_block_tables[0])
-        gv["input_ids"][:bs].copy_(self._to_device(inputs.input_ids))
-        gv["positions"][:bs].copy_(self._to_device(inputs.positions))
+        t = self._upload(torch.int64, input_ids=inputs.input_ids, positions=inputs.positions,
+                         slot_mapping=inputs.slot_mapping, context_lens=inputs.context_lens,
+                         block_tables=inputs.kernel_block_tables)
+        gv["input_ids"][:bs].copy_(t["input_ids"])
+        gv["positions"][:bs].copy_(t["positions"])
         # Padding rows write no KV (slot -1) and attend to nothing (context 0).
         gv["slot_mapping"][bs:bucket].fill_(-1)
-        gv["slot_mapping"][:bs].copy_(self._to_device(inputs.slot_mapping, torch.int32))
+        gv["slot_mapping"][:bs].copy_(t["slot_mapping"])
         gv["context_lens"][bs:bucket].zero_()
-        gv["context_lens"][:bs].copy_(self._to_device(inputs.context_lens, torch.int32))
-        gv["block_tables"][:bs, :width].copy_(self._to_device(inputs.kernel_block_tables, torch.int32))
+        gv["context_lens"][:bs].copy_(t["context_lens"])
+        gv["block_tables"][:bs, :width].copy_(t["block_tables"])
         self.graphs[bucket].replay()
         set_context(Context(is_prefill=False))
         try:

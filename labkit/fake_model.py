@@ -108,6 +108,14 @@ INIT: dict[str, float] = {
     "norm_spread": 0.2,
 }
 
+# Deep presets need a calmer network: with 28 layers the tiny preset's scales make the model chaotic,
+# so bf16 rounding alone (Transformers bf16 vs float32) moves logits by ~50% and no bf16 comparison
+# could pass. Softer attention (q/k norms ~0.5) and unit output gains keep bf16-vs-float32 at ~1.6%
+# relative L2 on qwen3-0.6b (measured on CPU, 120-token prompt), under the seeds' 2% threshold.
+PRESET_INIT: dict[str, dict[str, float]] = {
+    "qwen3-0.6b": {"out_gain": 1.0, "qk_norm_mean": 0.5, "qk_norm_spread": 0.125},
+}
+
 _TORCH_DTYPES = {"float32": ("F32", 4), "bfloat16": ("BF16", 2), "float16": ("F16", 2)}
 
 
@@ -135,7 +143,7 @@ def preset_config(preset: str, seed: int = 0, overrides: dict[str, Any] | None =
         torch_dtype=cfg["dtype"],  # transformers < 4.56 reads torch_dtype, later ones dtype
         # transformers >= 5 reads rope_parameters, older ones rope_theta; both say the same.
         rope_parameters={"rope_theta": cfg["rope_theta"], "rope_type": "default"},
-        labkit_fake={"preset": preset, "seed": int(seed), "init": dict(INIT)},
+        labkit_fake={"preset": preset, "seed": int(seed), "init": {**INIT, **PRESET_INIT.get(preset, {})}},
     )
     return dict(sorted(cfg.items()))
 
@@ -182,16 +190,17 @@ def make_tensor(name: str, shape: tuple[int, ...], kind: str, cfg: dict[str, Any
     """One tensor, drawn uniformly (mean +- sqrt(3) std) from its own generator, in cfg's dtype."""
     import torch
 
+    init = cfg.get("labkit_fake", {}).get("init", INIT)
     if kind == "embed":
-        mean, std = 0.0, INIT["embed_logit_std"] / math.sqrt(cfg["hidden_size"])
+        mean, std = 0.0, init["embed_logit_std"] / math.sqrt(cfg["hidden_size"])
     elif kind == "proj":
-        mean, std = 0.0, INIT["proj_gain"] / math.sqrt(shape[1])
+        mean, std = 0.0, init["proj_gain"] / math.sqrt(shape[1])
     elif kind == "out":
-        mean, std = 0.0, INIT["out_gain"] / math.sqrt(shape[1])
+        mean, std = 0.0, init["out_gain"] / math.sqrt(shape[1])
     elif kind == "qk_norm":
-        mean, std = INIT["qk_norm_mean"], INIT["qk_norm_spread"] / math.sqrt(3)
+        mean, std = init["qk_norm_mean"], init["qk_norm_spread"] / math.sqrt(3)
     elif kind == "norm":
-        mean, std = INIT["norm_mean"], INIT["norm_spread"] / math.sqrt(3)
+        mean, std = init["norm_mean"], init["norm_spread"] / math.sqrt(3)
     else:
         raise ValueError(f"unknown init kind {kind!r}")
     gen = torch.Generator().manual_seed(tensor_seed(seed, name))

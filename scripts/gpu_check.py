@@ -131,7 +131,72 @@ def correctness(args):
     note("greedy_graph_vs_eager_17req", {"identical_sequences": f"{same}/17"})
 
 
+def kernel_bench():
+    """Decode attention alone: bandwidth of K+V bytes read, against the ~4.2 TB/s copy ceiling."""
+    from engine.kernels.decode_attention import num_splits_for, paged_decode
+    res = {}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for batch, ctx in ((256, 800), (256, 2048), (32, 4096), (8, 16384), (1, 1024)):
+        bs = 256
+        nblk = batch * (-(-ctx // bs))
+        kc = torch.randn(nblk, bs, 8, 128, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        tables = torch.randperm(nblk, device="cuda", dtype=torch.int32).view(batch, -1)
+        lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+        q = torch.randn(batch, 16, 128, device="cuda", dtype=torch.bfloat16)
+        splits = num_splits_for(batch, 8, ctx, sms)
+        for _ in range(3):
+            paged_decode(q, kc, vc, tables, lens, 0.088, splits)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(20):
+            start.record()
+            paged_decode(q, kc, vc, tables, lens, 0.088, splits)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        ms = sorted(times)[len(times) // 2]
+        res[f"{batch}x{ctx}"] = {"ms": round(ms, 4), "TB_s": round(2 * batch * ctx * 8 * 128 * 2 / ms / 1e9, 2),
+                                 "splits": splits}
+        del kc, vc
+    torch.cuda.empty_cache()
+    note("decode_kernel", res)
+
+
+def profile_steps(llm, prompts, params):
+    """Where a step's time goes (host clocks, with a device sync after the forward pass)."""
+    import collections
+    acc = collections.defaultdict(float)
+    sched, runner = llm.scheduler, llm.model_runner
+
+    def wrap(obj, name, sync=False):
+        fn = getattr(obj, name)
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            r = fn(*a, **k)
+            if sync:
+                torch.cuda.synchronize()
+            acc[name] += time.perf_counter() - t
+            return r
+        setattr(obj, name, timed)
+        return fn
+
+    originals = [(sched, "schedule", wrap(sched, "schedule")), (runner, "prepare", wrap(runner, "prepare")),
+                 (runner, "forward_logits", wrap(runner, "forward_logits", True)),
+                 (runner, "sample", wrap(runner, "sample")), (sched, "postprocess", wrap(sched, "postprocess"))]
+    t = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    total = time.perf_counter() - t
+    for obj, name, fn in originals:
+        setattr(obj, name, fn)
+    note("step_profile_s", {"total": round(total, 3), **{k: round(v, 3) for k, v in acc.items()},
+                            "steps": llm.step_count})
+
+
 def bench(args):
+    kernel_bench()
     prompts, params = nano_workload()
     out_tokens = sum(p.max_tokens for p in params)
     note("nano_workload", {"prompt_tokens": sum(map(len, prompts)), "output_tokens": out_tokens})
@@ -158,6 +223,7 @@ def bench(args):
         llm.generate([[5] * 128], sp, use_tqdm=False)
         torch.cuda.synchronize()
         note("bs1_graph_ms_per_token", round((time.time() - t) * 1000 / 257, 3))
+        profile_steps(llm, prompts, params)
         llm.exit()
         del llm
         torch.cuda.empty_cache()

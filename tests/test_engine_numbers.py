@@ -30,7 +30,7 @@ def _teacher_forced(llm, prompts, max_tokens, submit_after_finish=False):
         out = []
         for seq, row in zip(seqs, logits):
             if seq.num_cached_tokens + seq.num_scheduled_tokens == seq.num_tokens:
-                rows.append((list(seq.token_ids), row.detach().float().clone()))
+                rows.append((list(seq.token_ids), row.detach().float().cpu()))
             out.append(rng.randrange(100, 2000))
         return out
 

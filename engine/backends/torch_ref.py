@@ -40,8 +40,9 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
     # Query i sits at position lk - lq + i and may see keys 0 .. lk - lq + i.
     allowed = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(diagonal=lk - lq)
     scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = scores.softmax(dim=-1)
-    return torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
+    # Probabilities in the model's dtype before the value product, as Transformers' eager attention does.
+    probs = scores.softmax(dim=-1).to(q.dtype)
+    return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
 
 
 def prefill(q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
@@ -77,5 +78,5 @@ def decode(q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
     scores = torch.einsum("bkgd,blkd->bkgl", qg, k) * scale
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = scores.softmax(dim=-1).nan_to_num(0.0)  # a padded row (context 0) attends to nothing
-    out = torch.einsum("bkgl,blkd->bkgd", probs, v)
+    out = torch.einsum("bkgl,blkd->bkgd", probs.to(q.dtype).float(), v)
     return out.reshape(batch, num_heads, head_dim).to(q.dtype)

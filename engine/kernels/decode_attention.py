@@ -12,6 +12,11 @@ import triton
 import triton.language as tl
 
 
+def _precision(dtype: torch.dtype) -> str:
+    # float32 inputs must not silently drop to TF32 on tensor cores: the reference is exact float32.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
@@ -19,6 +24,7 @@ def _decode_split_kernel(
     stride_qb, stride_qh, stride_bt, scale_log2,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -47,14 +53,14 @@ def _decode_split_kernel(
         slot = page * BLOCK_SIZE + offs % BLOCK_SIZE
         kv_off = slot[:, None] * row_stride + kvh * HEAD_DIM + d[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
         s = tl.where(nmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     base = (b * NUM_KV_HEADS * GROUP + heads) * NUM_SPLITS + split
@@ -109,7 +115,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         q, k_cache, v_cache, block_tables, context_lens, acc, ml,
         q.stride(0), q.stride(1), block_tables.stride(0), scale * log2e,
         NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_PRECISION=_precision(q.dtype),
     )
     _decode_merge_kernel[(batch, num_heads)](
         acc, ml, out, out.stride(0), out.stride(1),

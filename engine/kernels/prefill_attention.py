@@ -11,12 +11,17 @@ import triton
 import triton.language as tl
 
 
+def _precision(dtype: torch.dtype) -> str:
+    # float32 inputs must not silently drop to TF32 on tensor cores: the reference is exact float32.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_q_ptr, cu_k_ptr, out_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bt, scale_log2,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
     seq = tl.program_id(1)
@@ -53,7 +58,7 @@ def _prefill_kernel(
         else:
             k = tl.load(k_ptr + (q_start + n_idx)[:, None] * stride_kt + kvh * stride_kh + d[None, :],
                         mask=n_mask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
         causal = (n_idx[None, :] <= q_pos[:, None]) & n_mask[None, :]
         s = tl.where(causal, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -66,7 +71,7 @@ def _prefill_kernel(
         else:
             v = tl.load(v_ptr + (q_start + n_idx)[:, None] * stride_vt + kvh * stride_vh + d[None, :],
                         mask=n_mask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + (q_start + m_idx)[:, None] * stride_ot + h * stride_oh + d[None, :],
@@ -96,6 +101,6 @@ def varlen_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: t
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         caches[3], scale * 1.4426950408889634,
         NUM_KV_HEADS=num_kv_heads, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged,
+        BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged, DOT_PRECISION=_precision(q.dtype),
     )
     return out

@@ -22,7 +22,9 @@ class RotaryEmbedding(nn.Module):
 
 
 def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [tokens, heads, head_size]; cos/sin: [tokens, head_size / 2]
-    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    # x: [tokens, heads, head_size]; cos/sin: [tokens, head_size / 2] in float32.
+    # In the model's dtype, round where Transformers rounds (cos/sin first, then each product), so a bf16
+    # comparison measures the engine's own error rather than a different rounding order.
+    cos, sin = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

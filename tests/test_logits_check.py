@@ -1,0 +1,302 @@
+"""`labkit logits-check`: teacher-forced engine logits against Transformers, on CPU in float32.
+
+Every suite the engine can run today passes against Transformers (tp must refuse cleanly); the kv
+suite passes engine vs engine; a deliberately broken engine fails with its first bad row named;
+collections whose suite, token path or weights differ are refused; `run` works end to end.
+"""
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from labkit.errors import LabkitError
+from labkit.logits import compare as cmp
+from labkit.logits.collect import Collection, collect_engine, collect_hf, load_hf, read_collection, write_collection
+from labkit.logits.suites import SUITES, continuation, token_path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model needs no intra-op threads; with them, a busy 2-core machine makes the engine's many small
+    ops wait on spinning OpenMP workers (measured 10x slower under load). Restored after the module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def hf_ref(tiny_model):
+    return load_hf(tiny_model, "float32", "cpu")
+
+
+@pytest.fixture(scope="module")
+def collections(tiny_model, hf_ref):
+    """(engine, hf) collections per suite, made once for the module."""
+    made: dict[str, tuple[Collection, Collection]] = {}
+
+    def get(name: str) -> tuple[Collection, Collection]:
+        if name not in made:
+            suite = SUITES[name]
+            made[name] = (collect_engine(suite, tiny_model, device="cpu", dtype="float32"),
+                          collect_hf(suite, tiny_model, device="cpu", dtype="float32", model=hf_ref))
+        return made[name]
+
+    return get
+
+
+def run_cli(args, capsys):
+    from labkit import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(list(args))
+    captured = capsys.readouterr()
+    code = exited.value.code
+    return (0 if code is None else code), captured.out, captured.err
+
+
+# --- suites ---------------------------------------------------------------------------------------
+
+
+def test_suite_compositions():
+    assert {n: s.rows for n, s in SUITES.items()} == {"baseline": 15, "graph": 126, "prefix": 6, "tp": 15, "kv": 49}
+    graph = SUITES["graph"]
+    assert [len(c.requests) for c in graph.cases] == [1, 9, 16, 17, 20]
+    assert all(c.engine_kwargs()["max_num_seqs"] == 20 for c in graph.cases)
+    lengths = [len(p["prompt"]) for p in token_path(graph, 2048, 0).values()]
+    assert len(set(lengths)) > 20  # uneven batches
+    path = token_path(SUITES["baseline"], 2048, 0)
+    assert path["C.R1"]["prompt"] == list(range(100, 356))
+    assert [len(path[r]["prompt"]) for r in ("chunk.A", "chunk.B")] == [700, 32]
+    assert continuation(0, "A.R1", 3, 2048) == path["A.R1"]["continuation"]
+    assert continuation(1, "A.R1", 3, 2048) != path["A.R1"]["continuation"]
+
+
+@pytest.mark.parametrize("name", ["baseline", "graph", "prefix"])
+def test_suite_matches_transformers(collections, name):
+    eng, hf = collections(name)
+    result = cmp.compare(eng, hf)
+    s = result["summary"]
+    assert result["verdict"] == "PASS", s["first_failure"] or s["first_review"]
+    assert s["rows"] == SUITES[name].rows and s["top1_agree"] == s["rows"]
+    assert result["thresholds"]["dtype_basis"] == "float32"
+    assert result["thresholds"]["max_abs"] == 1e-4 and result["thresholds"]["rel_l2"] == 1e-5
+    # Honest float32 noise, well inside the gates.
+    assert 0 < s["worst_max_abs"]["value"] < 1e-4 / 1.5
+    assert s["worst_rel_l2"]["value"] < 1e-5 / 2
+    assert eng.arrays["logits"].dtype == np.float32 and eng.arrays["logits"].shape == (SUITES[name].rows, 2048)
+
+
+def test_baseline_rows_cover_chunk_decode_and_page_crossing(collections):
+    eng, _ = collections("baseline")
+    rows = {(r["request_id"], r["output_index"]): r for r in eng.rows}
+    # chunk: step 1 computes 512 of A (no row); step 2 A's last 188 with B's 32 gives both rows.
+    assert (rows["chunk.A", 0]["step"], rows["chunk.A", 0]["cached_tokens"], rows["chunk.A", 0]["scheduled_tokens"]) \
+        == (2, 512, 188)
+    assert rows["chunk.B", 0]["step"] == 2 and rows["chunk.B", 0]["batch"] == 2
+    chunk_steps = [s for s in eng.meta["steps"] if s["case"] == "chunk"]
+    assert [seq["row"] for seq in chunk_steps[0]["seqs"]] == [False]
+    # C: the first decode computes position 256, the first slot of the second block.
+    assert rows["C.R1", 1]["phase"] == "decode" and rows["C.R1", 1]["context_len"] == 257
+    # B: uneven batch, R1 leaves after step 2.
+    assert [r["batch"] for r in eng.rows if r["case"] == "B"] == [2, 2, 2, 2, 1, 1, 1]
+    assert eng.meta["model_files"].keys() == {"config.json", "model.safetensors"}
+    assert all(r["execution"] == "eager" for r in eng.rows)
+
+
+def test_graph_suite_in_eager_records_the_path(collections):
+    eng, _ = collections("graph")
+    decodes = [s for s in eng.meta["steps"] if s["phase"] == "decode"]
+    assert [s["num_seqs"] for s in decodes] == [1, 9, 16, 17, 20]
+    assert {s["execution"] for s in eng.meta["steps"]} == {"eager"}
+    assert eng.meta["config"]["execution"] == "eager"
+
+
+def test_prefix_suite_hits_the_cache(collections):
+    eng, _ = collections("prefix")
+    first = {r["request_id"]: r for r in eng.rows if r["output_index"] == 0}
+    assert (first["cold"]["cached_tokens"], first["cold"]["scheduled_tokens"]) == (0, 620)
+    assert (first["hot"]["cached_tokens"], first["hot"]["scheduled_tokens"]) == (512, 108)
+    assert (first["share"]["cached_tokens"], first["share"]["scheduled_tokens"]) == (512, 108)
+    assert eng.meta["inputs"]["hot"]["prompt"] == eng.meta["inputs"]["cold"]["prompt"]
+    assert eng.meta["inputs"]["hot"]["continuation"] == eng.meta["inputs"]["cold"]["continuation"]
+    logits = eng.arrays["logits"]
+    idx = {(r["request_id"], r["output_index"]): i for i, r in enumerate(eng.rows)}
+    for k in range(2):  # cold and hot rows: same inputs, same numbers (within float noise)
+        assert np.abs(logits[idx["cold", k]] - logits[idx["hot", k]]).max() < 1e-4
+
+
+def test_kv_suite_engine_vs_engine(tiny_model):
+    suite = SUITES["kv"]
+    a = collect_engine(suite, tiny_model, device="cpu", dtype="float32")
+    b = collect_engine(suite, tiny_model, device="cpu", dtype="float32")
+    result = cmp.compare(a, b)
+    assert result["verdict"] == "PASS"
+    kv = result["kv"]
+    assert kv["compared"] and kv["worst_max_abs"] == 0.0 and kv["failed_steps"] == 0
+    arrays = a.arrays
+    # [token, layer, kv_head, head_dim]: tiny has 2 layers, 2 kv heads of 32.
+    assert arrays["kv_k"].shape[1:] == (2, 2, 32) and arrays["kv_k"].shape == arrays["kv_v"].shape
+    written = sum(len(p["prompt"]) + p_rows - 1 for p, p_rows in
+                  ((a.meta["inputs"][r.id], r.max_tokens) for r in suite.requests))
+    assert arrays["kv_k"].shape[0] == written  # every position written exactly once
+    assert len(arrays["kv_position"]) == len(arrays["kv_request"]) == len(arrays["kv_step"]) == written
+    # The K written at C's position 256 is the pool's first slot of C's second block, and is not zero.
+    assert np.abs(arrays["kv_k"]).max() > 0
+
+
+def test_kv_compare_names_the_first_bad_step(tiny_model, monkeypatch):
+    from engine.backends import torch_ref
+    from engine.context import get_context
+
+    suite = SUITES["kv"]
+    clean = collect_engine(suite, tiny_model, device="cpu", dtype="float32")
+    real_store = torch_ref.store_kvcache
+
+    def store(k, v, k_cache, v_cache, slot_mapping):
+        if not get_context().is_prefill:
+            v = v + 0.01
+        real_store(k, v, k_cache, v_cache, slot_mapping)
+
+    monkeypatch.setattr(torch_ref, "store_kvcache", store)
+    broken = collect_engine(suite, tiny_model, device="cpu", dtype="float32")
+    result = cmp.compare(broken, clean)
+    assert result["verdict"] == "FAIL"
+    assert result["kv"]["first_failure"].startswith("case A step 2 (decode): layer 0 V")
+
+
+# --- failures and refusals ------------------------------------------------------------------------
+
+
+def test_perturbed_engine_fails_with_first_bad_row(tiny_model, collections, monkeypatch, tmp_path, capsys):
+    from engine.context import get_context
+    from engine.layers.rope import RotaryEmbedding
+
+    real_forward = RotaryEmbedding.forward
+
+    def shifted(self, positions, q, k):
+        # Decode queries/keys one position late. (Shifting every position would cancel out: RoPE is relative.)
+        if not get_context().is_prefill:
+            positions = positions + 1
+        return real_forward(self, positions, q, k)
+
+    monkeypatch.setattr(RotaryEmbedding, "forward", shifted)
+    broken = collect_engine(SUITES["baseline"], tiny_model, device="cpu", dtype="float32")
+    monkeypatch.undo()
+    _, hf = collections("baseline")
+    result = cmp.compare(broken, hf)
+    s = result["summary"]
+    assert result["verdict"] == "FAIL"
+    assert s["first_failing_row"] == 1
+    assert s["first_failure"].startswith("row 1 (A.R1 output 1, case A, step 2 decode, context 4 ids): max|diff|")
+    assert result["rows"][0]["status"] == "PASS"  # the prefill row is untouched
+    # Through the CLI: exit 1, the first failing row printed, JSON + Markdown written.
+    lhs, _ = write_collection(broken, tmp_path / "broken")
+    rhs, _ = write_collection(copy.deepcopy(hf), tmp_path / "hf")
+    code, out, _ = run_cli(["logits-check", "compare", "--lhs", str(tmp_path / "broken"), "--rhs", str(rhs),
+                            "--out", str(tmp_path / "check.json")], capsys)
+    assert code == 1
+    assert "VERDICT: FAIL" in out and "first failing row: row 1 (A.R1 output 1" in " ".join(out.split())
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert report["verdict"] == "FAIL" and report["command"] == "logits-check compare"
+    assert report["summary"]["first_failing_row"] == 1
+    assert "FAIL" in (tmp_path / "check.md").read_text()
+
+
+def _with(col: Collection, **meta) -> Collection:
+    return Collection({**copy.deepcopy(col.meta), **meta}, dict(col.arrays))
+
+
+def test_refuses_different_suite_path_or_weights(tiny_model, collections, hf_ref, tmp_path_factory):
+    from labkit.fake_model import make_fake_model
+
+    eng, hf = collections("baseline")
+    _, prefix_hf = collections("prefix")
+    with pytest.raises(LabkitError) as err:
+        cmp.compare(eng, prefix_hf)
+    assert err.value.code == 2 and "suites differ: lhs baseline, rhs prefix" in str(err.value)
+
+    seed1 = collect_hf(SUITES["baseline"], tiny_model, device="cpu", dtype="float32", seed=1, model=hf_ref)
+    with pytest.raises(LabkitError) as err:
+        cmp.compare(eng, seed1)
+    assert err.value.code == 2 and "token paths differ: request A.R1 continuation[0]" in str(err.value)
+    assert "(seed 0 vs 1)" in str(err.value)
+
+    other = tmp_path_factory.mktemp("models") / "tiny-seed1"
+    make_fake_model("tiny", other, seed=1)
+    other_weights = collect_engine(SUITES["baseline"], other, device="cpu", dtype="float32")
+    with pytest.raises(LabkitError) as err:
+        cmp.compare(eng, other_weights)
+    assert err.value.code == 2 and "weights differ: model.safetensors sha256" in str(err.value)
+
+    # Same path but one side's recorded prompt changed: named down to the position.
+    path = copy.deepcopy(hf.meta["inputs"])
+    path["C.R1"]["prompt"][7] += 1
+    with pytest.raises(LabkitError, match=r"request C\.R1 prompt\[7\]: 107 vs 108"):
+        cmp.compare(eng, _with(hf, inputs=path, token_path_sha256="x"))
+
+
+def test_review_when_a_near_tie_flips(collections):
+    _, hf = collections("baseline")
+    ref = hf.arrays["logits"].copy()
+    t1, t2 = np.argsort(ref[0])[-1], np.argsort(ref[0])[-2]
+    ref[0, t2] = ref[0, t1] - 4e-5           # the reference's top two are 4e-5 apart
+    lhs = ref.copy()
+    lhs[0, t2] = ref[0, t1] + 1e-5           # moved by 5e-5 (within 1e-4): top-1 flips
+    result = cmp.compare(Collection(hf.meta, {"logits": lhs}), Collection(hf.meta, {"logits": ref}))
+    assert result["verdict"] == "REVIEW" and result["rows"][0]["status"] == "REVIEW"
+    ref[0, t2] = ref[0, t1] - 8e-5           # a clear margin the measured error cannot explain
+    lhs = ref.copy()
+    lhs[0, t1] -= 4.5e-5
+    lhs[0, t2] += 4.5e-5
+    result = cmp.compare(Collection(hf.meta, {"logits": lhs}), Collection(hf.meta, {"logits": ref}))
+    assert result["verdict"] == "FAIL" and "top-1" in result["summary"]["first_failure"]
+    # bf16 collections get the seeds' gates.
+    bf = _with(hf, dtype="bfloat16")
+    th = cmp.compare(bf, bf)["thresholds"]
+    assert (th["max_abs"], th["rel_l2"], th["kv_max_abs"], th["dtype_basis"]) == (0.5, 0.02, 0.1, "bfloat16")
+
+
+# --- the CLI --------------------------------------------------------------------------------------
+
+
+def test_tp_fails_cleanly_today(tiny_model, tmp_path, capsys):
+    code, _, err = run_cli(["logits-check", "run", "--suite", "tp", "--model", tiny_model, "--device", "cpu",
+                            "--out", str(tmp_path / "tp")], capsys)
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--tp 2" in lines[0] and "tensor" in lines[0]
+    code, _, err = run_cli(["logits-check", "collect", "--suite", "baseline", "--tp", "2", "--model", tiny_model,
+                            "--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+def test_cli_run_baseline_end_to_end(tiny_model, tmp_path, capsys):
+    out = tmp_path / "logits-baseline"
+    code, stdout, err = run_cli(["logits-check", "run", "--suite", "baseline", "--model", tiny_model,
+                                 "--device", "cpu", "--out", str(out)], capsys)
+    assert code == 0, err
+    assert "VERDICT: PASS" in stdout
+    for name in ("engine.json", "engine.npz", "hf.json", "hf.npz", "check.json", "check.md"):
+        assert (out / name).is_file(), name
+    report = json.loads((out / "check.json").read_text())
+    for key in ("command", "argv", "versions", "device", "model", "git_head", "started_at", "ended_at", "evidence"):
+        assert key in report
+    assert report["verdict"] == "PASS" and report["evidence"] == "cpu-executed"
+    assert report["summary"]["rows"] == 15 and report["summary"]["top1_agree"] == 15
+    eng = read_collection(out / "engine")
+    assert eng.meta["status"] == "COLLECTED" and len(eng.meta["rows"]) == 15
+    assert eng.meta["model_files"]["model.safetensors"] == report["model_files"]["model.safetensors"]
+    assert {s["execution"] for s in eng.meta["steps"]} == {"eager"}
+    assert "# logits-check baseline: **PASS**" in (out / "check.md").read_text()
+    # A different suite's collection is refused through the CLI, with exit 2 and the reason.
+    code, _, err = run_cli(["logits-check", "collect", "--suite", "prefix", "--backend", "hf", "--model", tiny_model,
+                            "--device", "cpu", "--out", str(out / "hf-prefix")], capsys)
+    assert code == 0
+    code, _, err = run_cli(["logits-check", "compare", "--lhs", str(out / "engine"), "--rhs", str(out / "hf-prefix"),
+                            "--out", str(out / "bad.json")], capsys)
+    assert code == 2 and "suites differ" in err and not (out / "bad.json").exists()
