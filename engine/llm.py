@@ -134,9 +134,10 @@ class LLMEngine:
             token_ids = list(choose_tokens(seqs, self.model_runner.forward_logits(inputs, is_prefill)))
         if tracer is not None:
             tracer.emit("sampled", tokens=[{"seq_id": s.seq_id, "token_id": t} for s, t in zip(seqs, token_ids)])
+        held = {s.seq_id: list(s.block_table) for s in seqs} if tracer is not None else None
         accepted = self.scheduler.postprocess(seqs, token_ids)
         if tracer is not None:
-            self._trace_postprocess(seqs, token_ids, accepted)
+            self._trace_postprocess(seqs, token_ids, accepted, held)
         outputs = [(seq.seq_id, seq.completion_token_ids) for seq in seqs if seq.is_finished]
         num_tokens = len(inputs.input_ids) if is_prefill else -len(seqs)
         return outputs, num_tokens
@@ -236,14 +237,20 @@ class LLMEngine:
                     max_seqlen_k=inputs.max_seqlen_k, context_lens=inputs.context_lens,
                     block_tables=inputs.block_tables, execution=inputs.execution, graph_batch=inputs.graph_batch)
 
-    def _trace_postprocess(self, seqs, token_ids, accepted):
+    def _trace_postprocess(self, seqs, token_ids, accepted, held):
         bm = self.scheduler.block_manager
-        self.tracer.emit("after_postprocess", seqs=[
-            {"seq_id": s.seq_id, "request_id": s.request_id, "num_tokens": s.num_tokens,
-             "num_cached_tokens": s.num_cached_tokens, "num_completion_tokens": s.num_completion_tokens,
-             "status": s.status.name, "block_table": list(s.block_table), "accepted": acc, "token_id": t,
-             "ref_counts": bm.ref_counts(s), "finish_reason": s.finish_reason}
-            for s, t, acc in zip(seqs, token_ids, accepted)], free_blocks=bm.num_free_blocks)
+        entries = []
+        for s, t, acc in zip(seqs, token_ids, accepted):
+            entry = {"seq_id": s.seq_id, "request_id": s.request_id, "num_tokens": s.num_tokens,
+                     "num_cached_tokens": s.num_cached_tokens, "num_completion_tokens": s.num_completion_tokens,
+                     "status": s.status.name, "block_table": list(s.block_table), "accepted": acc, "token_id": t,
+                     "ref_counts": bm.ref_counts(s), "finish_reason": s.finish_reason}
+            if s.is_finished:
+                # The blocks it just let go of, and who still holds them (0: free, KV and hash kept).
+                entry["released_blocks"] = held[s.seq_id]
+                entry["released_ref_counts"] = [bm.blocks[b].ref_count for b in held[s.seq_id]]
+            entries.append(entry)
+        self.tracer.emit("after_postprocess", seqs=entries, free_blocks=bm.num_free_blocks)
 
 
 class LLM(LLMEngine):

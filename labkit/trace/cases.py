@@ -49,6 +49,9 @@ Each entry is either a step entry or the final entry. Steps count engine steps f
                                        # blocks = len(block_table); status WAITING|RUNNING|FINISHED
                                        # a listed ID missing from after_postprocess fails
       free: 60                         # free_blocks after postprocess
+      released: {A: [0, 0, 1]}         # for a request that finished (or was preempted) this step:
+                                       # the ref counts of the blocks it held, after its release
+                                       # (after_postprocess released_ref_counts)
       refs: {B: [1, 1, 1]}             # ref counts of the request's block_table entries, in
                                        # order, after postprocess (after_postprocess ref_counts)
       note: free text, ignored
@@ -99,7 +102,7 @@ _PROMPT_EXTRA = {"random": ("seed", "share_prefix"), "range": ("share_prefix",),
 SHARE_KEYS = ("with", "tokens")
 
 STEP_KEYS = ("step", "phase", "scheduled", "preempted", "before", "inputs", "after", "free",
-             "refs", "note")
+             "refs", "released", "note")
 SCHEDULED_FIELDS = ("total", "cached", "scheduled", "blocks")
 AFTER_FIELDS = ("total", "cached", "outputs", "status", "blocks", "accepted")
 FINAL_FIELDS = ("total", "outputs", "status")
@@ -595,18 +598,20 @@ def _check_step_entry(ctx: _Ctx, where: str, e: dict, known: set[str]) -> dict:
         out["after"] = _check_per_request(ctx, f"{where}.after", e["after"], known, AFTER_FIELDS)
     if "free" in e:
         out["free"] = _int(ctx, f"{where}.free", e["free"], minimum=0)
-    if "refs" in e:
-        refs = _mapping(ctx, f"{where}.refs", e["refs"])
+    for key in ("refs", "released"):
+        if key not in e:
+            continue
+        refs = _mapping(ctx, f"{where}.{key}", e[key])
         r2 = {}
         for rid_raw, v in refs.items():
-            rid = _rid(ctx, f"{where}.refs", rid_raw)
+            rid = _rid(ctx, f"{where}.{key}", rid_raw)
             if rid not in known:
-                ctx.fail(f"{where}.refs", f"unknown request id {rid!r}")
-            lst = _int_list(ctx, f"{where}.refs.{rid}", v)
+                ctx.fail(f"{where}.{key}", f"unknown request id {rid!r}")
+            lst = _int_list(ctx, f"{where}.{key}.{rid}", v)
             for x in lst:
-                _int(ctx, f"{where}.refs.{rid}", x, minimum=0)
+                _int(ctx, f"{where}.{key}.{rid}", x, minimum=0)
             r2[rid] = lst
-        out["refs"] = r2
+        out[key] = r2
     if "note" in e:
         out["note"] = str(e["note"])
     return out

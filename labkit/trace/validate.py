@@ -952,15 +952,15 @@ def _check_expectations(log: _Log, case: Case, col: _Collector) -> None:
                     continue
                 for f, v in fields.items():
                     x.cmp(st, rid, f, v, _field_value(a, f, _AFTER_MAP))
-        if "refs" in e:
-            for rid, v in e["refs"].items():
+        for key, field in (("refs", "ref_counts"), ("released", "released_ref_counts")):
+            for rid, v in (e.get(key) or {}).items():
                 a = a_by_rid.get(rid)
                 if a is None:
-                    x.missing(st, rid, "refs", "missing from after_postprocess")
-                elif a.get("ref_counts") is None:
-                    x.missing(st, rid, "refs", "after_postprocess carries no ref_counts")
+                    x.missing(st, rid, key, "missing from after_postprocess")
+                elif a.get(field) is None:
+                    x.missing(st, rid, key, f"after_postprocess carries no {field}")
                 else:
-                    x.cmp(st, rid, "refs", v, a.get("ref_counts"))
+                    x.cmp(st, rid, key, v, a.get(field))
         if "free" in e:
             if ap is None:
                 x.missing(st, None, "free", "no after_postprocess event")
