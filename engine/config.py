@@ -27,6 +27,8 @@ class Config:
     attention_backend: str = "auto"
     scheduling_policy: str = "prefill_first"
     dtype: str = "auto"
+    # torch.compile the small fused ops (norms, RoPE, SiLU*up) on CUDA; off on the CPU.
+    torch_compile: bool = True
     # KV pool budget when the pool is not sized from free GPU memory (CPU, or set explicitly).
     kvcache_memory_bytes: int = -1
     seed: int = 0

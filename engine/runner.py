@@ -12,6 +12,7 @@ from .backends import load_backend
 from .config import Config
 from .context import Context, reset_context, set_context
 from .device import resolve_attention_backend, resolve_device, resolve_dtype
+from .layers import fused
 from .layers.attention import Attention
 from .loader import load_model
 from .models.qwen3 import Qwen3ForCausalLM
@@ -65,8 +66,12 @@ class ModelRunner:
         self.backend = backend
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        with _default_dtype_device(self.dtype, self.device):
-            self.model = Qwen3ForCausalLM(hf)
+        fused.set_compile(bool(config.torch_compile) and self.device.type == "cuda")
+        try:
+            with _default_dtype_device(self.dtype, self.device):
+                self.model = Qwen3ForCausalLM(hf)
+        finally:
+            fused.set_compile(False)
         load_model(self.model, config.model)
         # Buffers computed on the CPU for exactness (the RoPE table) follow the parameters to the device.
         self.model.to(self.device).eval()
@@ -254,13 +259,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        temperatures = self._to_device([s.temperature for s in seqs], torch.float32)
+        temps = [s.temperature for s in seqs]
+        greedy = sum(t <= 0 for t in temps)
+        greedy_rows = "all" if greedy == len(temps) else ("none" if greedy == 0 else "some")
+        temperatures = self._to_device(temps, torch.float32)
         top_ks = top_ps = None
         if any(s.top_k > 0 for s in seqs):
             top_ks = self._to_device([s.top_k for s in seqs])
         if any(s.top_p < 1.0 for s in seqs):
             top_ps = self._to_device([s.top_p for s in seqs], torch.float32)
-        return self.sampler(logits, temperatures, top_ks, top_ps).tolist()
+        return self.sampler(logits, temperatures, top_ks, top_ps, greedy_rows).tolist()
 
     def run(self, seqs: list[Sequence], is_prefill: bool, inputs: StepInputs | None = None) -> list[int]:
         if inputs is None:

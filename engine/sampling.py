@@ -37,12 +37,12 @@ class Sampler:
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, temperatures: torch.Tensor, top_ks: torch.Tensor | None = None,
-                 top_ps: torch.Tensor | None = None) -> torch.Tensor:
+                 top_ps: torch.Tensor | None = None, greedy_rows: str = "some") -> torch.Tensor:
+        """greedy_rows: "all", "none" or "some" (known on the host, so no device sync is needed to branch)."""
         logits = logits.float()
-        greedy = logits.argmax(dim=-1)
+        if greedy_rows == "all":
+            return logits.argmax(dim=-1)
         is_greedy = temperatures <= 0
-        if bool(is_greedy.all()):
-            return greedy
         scaled = logits / torch.where(is_greedy, 1.0, temperatures).unsqueeze(1)
         if top_ks is not None:
             scaled = _apply_top_k(scaled, top_ks)
@@ -52,22 +52,20 @@ class Sampler:
         # Gumbel-max: argmax(p / E) with E ~ Exp(1) samples from p.
         noise = torch.empty_like(probs).exponential_(1, generator=self.generator)
         sampled = probs.div_(noise.clamp_min_(1e-10)).argmax(dim=-1)
-        return torch.where(is_greedy, greedy, sampled)
+        if greedy_rows == "none":
+            return sampled
+        return torch.where(is_greedy, logits.argmax(dim=-1), sampled)
 
 
 def _apply_top_k(logits: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
     vocab = logits.shape[-1]
     k = torch.where(top_ks <= 0, vocab, top_ks.clamp(max=vocab))
-    if bool((k >= vocab).all()):
-        return logits
     sorted_logits = logits.sort(dim=-1, descending=True).values
     kth = sorted_logits.gather(1, (k - 1).long().unsqueeze(1))
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
 def _apply_top_p(logits: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
-    if bool((top_ps >= 1.0).all()):
-        return logits
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     probs = sorted_logits.softmax(dim=-1)
     # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it already does.

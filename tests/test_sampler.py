@@ -11,7 +11,8 @@ def _logits(batch=4, vocab=50, seed=0):
 
 def test_greedy_is_argmax():
     logits = _logits()
-    out = Sampler()(logits, torch.zeros(4))
+    out = Sampler()(logits, torch.zeros(4), greedy_rows="all")
+    assert out.tolist() == Sampler()(logits, torch.zeros(4)).tolist()
     assert out.tolist() == logits.argmax(-1).tolist()
 
 
