@@ -27,7 +27,8 @@ class Config:
     attention_backend: str = "auto"
     scheduling_policy: str = "prefill_first"
     dtype: str = "auto"
-    # torch.compile the small fused ops (norms, RoPE, SiLU*up) on CUDA; off on the CPU.
+    # torch.compile the small fused ops (norms, RoPE, SiLU*up) when running CUDA graphs (the fast
+    # path); eager runs and the CPU skip it and its start-up cost.
     torch_compile: bool = True
     # KV pool budget when the pool is not sized from free GPU memory (CPU, or set explicitly).
     kvcache_memory_bytes: int = -1

@@ -66,7 +66,8 @@ class ModelRunner:
         self.backend = backend
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        fused.set_compile(bool(config.torch_compile) and self.device.type == "cuda")
+        self.compiled = bool(config.torch_compile) and self.device.type == "cuda" and not config.enforce_eager
+        fused.set_compile(self.compiled)
         try:
             with _default_dtype_device(self.dtype, self.device):
                 self.model = Qwen3ForCausalLM(hf)
