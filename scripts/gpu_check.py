@@ -217,16 +217,25 @@ def bench(args):
             "kv_blocks": llm.config.num_kvcache_blocks, "wall_s": [round(r, 3) for r in runs],
             "output_tok_s": [round(out_tokens / r) for r in runs],
             "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)})
-        # Batch-1 decode latency on the same engine.
-        t = time.time()
-        sp = SamplingParams(temperature=0.6, max_tokens=257, ignore_eos=True)
-        llm.generate([[5] * 128], sp, use_tqdm=False)
-        torch.cuda.synchronize()
-        note("bs1_graph_ms_per_token", round((time.time() - t) * 1000 / 257, 3))
-        profile_steps(llm, prompts, params)
+        # Batch-1 decode latency on the same engine: warm up at batch 1, then the difference between a
+        # 257-token and a 1-token generation isolates 256 decode steps.
+        one = [[5] * 128]
+        llm.generate(one, SamplingParams(temperature=0.6, max_tokens=16, ignore_eos=True), use_tqdm=False)
+        times = {}
+        for n in (1, 257):
+            torch.cuda.synchronize()
+            t = time.time()
+            llm.generate(one, SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True), use_tqdm=False)
+            torch.cuda.synchronize()
+            times[n] = time.time() - t
+        note("bs1_graph_ms_per_token", round((times[257] - times[1]) * 1000 / 256, 3))
+        if os.environ.get("GPU_CHECK_PROFILE"):
+            profile_steps(llm, prompts, params)
         llm.exit()
         del llm
         torch.cuda.empty_cache()
+    if not os.environ.get("GPU_CHECK_EAGER_BS1"):
+        return
     llm = LLM(args.model, max_model_len=4096, enforce_eager=True, attention_backend="triton")
     llm.generate([[5] * 128], SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
     t = time.time()

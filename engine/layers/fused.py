@@ -55,5 +55,10 @@ def get(fn):
     if not _COMPILE:
         return fn
     if fn not in _compiled:
+        import torch._inductor.config as inductor_config
+
+        # Round bf16 intermediates where eager PyTorch rounds, so graph and eager runs (and
+        # Transformers) see the same numbers; fusion still removes the extra kernels.
+        inductor_config.emulate_precision_casts = True
         _compiled[fn] = torch.compile(fn, dynamic=True)
     return _compiled[fn]
