@@ -20,6 +20,7 @@ from labkit import model as model_cmd
 from labkit import smoke as smoke_cmd
 from labkit.trace import command as trace_cmd
 from labkit.bench import command as bench_cmd
+from labkit.logits import command as logits_cmd
 from labkit.errors import LabkitError
 from labkit.output import EXIT_CANNOT_RUN
 
@@ -54,6 +55,7 @@ app.command("smoke", help="Load the engine and generate a couple of tokens: the 
 app.add_typer(model_cmd.app, name="model", help="Make, fetch and inspect model folders.")
 app.add_typer(trace_cmd.app, name="trace", help="Run a traced case, show every step, check expected states.")
 app.add_typer(bench_cmd.app, name="bench", help="Offline throughput bench (engine or HF baseline); compare two runs.")
+app.add_typer(logits_cmd.app, name="logits-check", help="Teacher-forced logits of the engine against Transformers.")
 
 
 def _one_line(text: object) -> str:

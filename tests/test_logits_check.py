@@ -1,7 +1,8 @@
 """`labkit logits-check`: teacher-forced engine logits against Transformers, on CPU in float32.
 
-Every suite the engine can run today passes against Transformers (tp must refuse cleanly); the kv
-suite passes engine vs engine; a deliberately broken engine fails with its first bad row named;
+baseline, graph (eager) and prefix pass against Transformers; tp passes TP=2 vs TP=1 where the engine
+has tensor parallel and refuses in one line (exit 2) where it has not; the kv suite passes engine vs
+engine (eager vs eager); a deliberately broken engine fails with its first bad row (or K/V step) named;
 collections whose suite, token path or weights differ are refused; `run` works end to end.
 """
 from __future__ import annotations
@@ -173,18 +174,18 @@ def test_kv_compare_names_the_first_bad_step(tiny_model, monkeypatch):
 
 
 def test_perturbed_engine_fails_with_first_bad_row(tiny_model, collections, monkeypatch, tmp_path, capsys):
-    from engine.context import get_context
-    from engine.layers.rope import RotaryEmbedding
+    from engine.runner import ModelRunner
 
-    real_forward = RotaryEmbedding.forward
+    real_prepare_decode = ModelRunner.prepare_decode
 
-    def shifted(self, positions, q, k):
-        # Decode queries/keys one position late. (Shifting every position would cancel out: RoPE is relative.)
-        if not get_context().is_prefill:
-            positions = positions + 1
-        return real_forward(self, positions, q, k)
+    def late_positions(self, seqs):
+        # Decode tokens get RoPE one position late (their KV still goes to the right slot). Shifting every
+        # position, prefill included, would cancel out: RoPE only sees position differences.
+        inputs = real_prepare_decode(self, seqs)
+        inputs.positions = [p + 1 for p in inputs.positions]
+        return inputs
 
-    monkeypatch.setattr(RotaryEmbedding, "forward", shifted)
+    monkeypatch.setattr(ModelRunner, "prepare_decode", late_positions)
     broken = collect_engine(SUITES["baseline"], tiny_model, device="cpu", dtype="float32")
     monkeypatch.undo()
     _, hf = collections("baseline")
@@ -264,15 +265,43 @@ def test_review_when_a_near_tie_flips(collections):
 # --- the CLI --------------------------------------------------------------------------------------
 
 
-def test_tp_fails_cleanly_today(tiny_model, tmp_path, capsys):
+def test_tp_suite_passes_or_refuses_cleanly(tiny_model, tmp_path, capsys):
+    """TP=2 against TP=1 on baseline's inputs. An engine without tensor parallel refuses in one line (exit 2);
+    one with it must match TP=1 (exit 0, PASS)."""
+    out = tmp_path / "tp"
+    code, stdout, err = run_cli(["logits-check", "run", "--suite", "tp", "--model", tiny_model, "--device", "cpu",
+                                 "--dtype", "float32", "--out", str(out)], capsys)
+    if code == 2:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and "--tp 2" in lines[0] and "tensor" in lines[0], err
+        assert not (out / "check.json").exists()
+    else:
+        assert code == 0, err
+        report = json.loads((out / "check.json").read_text())
+        assert report["verdict"] == "PASS" and report["summary"]["rows"] == 15
+        assert (report["lhs"]["tensor_parallel_size"], report["rhs"]["tensor_parallel_size"]) == (2, 1)
+        assert (out / "tp2.npz").is_file() and (out / "tp1.npz").is_file()
+    code, _, err = run_cli(["logits-check", "run", "--suite", "tp", "--tp", "1", "--model", tiny_model,
+                            "--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and "--tp 1" in err and len(err.strip().splitlines()) == 1
+
+
+def test_engine_without_tp_is_refused_in_one_line(tiny_model, monkeypatch, tmp_path, capsys):
+    import engine
+
+    real_llm = engine.LLM
+
+    def tp1_only(model, **kwargs):  # the engine before tensor parallel landed
+        if kwargs.get("tensor_parallel_size", 1) > 1:
+            raise ValueError("tensor_parallel_size: only 1 is supported in this build")
+        return real_llm(model, **kwargs)
+
+    monkeypatch.setattr(engine, "LLM", tp1_only)
     code, _, err = run_cli(["logits-check", "run", "--suite", "tp", "--model", tiny_model, "--device", "cpu",
                             "--out", str(tmp_path / "tp")], capsys)
     assert code == 2
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "--tp 2" in lines[0] and "tensor" in lines[0]
-    code, _, err = run_cli(["logits-check", "collect", "--suite", "baseline", "--tp", "2", "--model", tiny_model,
-                            "--out", str(tmp_path / "x")], capsys)
-    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert err.strip() == ("labkit: --tp 2: the engine cannot run tensor parallel yet "
+                           "(tensor_parallel_size: only 1 is supported in this build)")
 
 
 def test_cli_run_baseline_end_to_end(tiny_model, tmp_path, capsys):

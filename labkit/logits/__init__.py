@@ -1,0 +1,1 @@
+"""`labkit logits-check`: teacher-forced, row-by-row logits comparison (suites, collectors, compare)."""

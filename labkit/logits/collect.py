@@ -1,0 +1,454 @@
+"""Collectors: walk a suite's fixed token path and keep each accepted step's last-position logits.
+
+engine: the real Scheduler, BlockManager, ModelRunner and paged KV cache. The sampler is bypassed:
+    `LLM.step(choose_tokens=...)` hands us each scheduled sequence's logits row and we return the
+    request's next forced token, which postprocess then accepts (teacher forcing). Rows are taken
+    only where `num_cached_tokens + num_scheduled_tokens == num_tokens`; a chunk's candidate is
+    discarded by postprocess and is not a row. The code path of every step (eager call or graph
+    replay, and the bucket) is read from the engine's own gpu_inputs trace event.
+hf: transformers' Qwen3ForCausalLM recomputes the whole prefix for every row (use_cache=False,
+    attn_implementation="eager"): no KV cache, no paging, no scheduler.
+
+A collection is PREFIX.json (inputs, token path, config, versions, model and weight hashes, rows
+and steps with their code path) plus PREFIX.npz (`logits` [rows, vocab] float32; the kv suite adds
+`kv_k`/`kv_v` [tokens, layers, kv_heads, head_dim] float32 with `kv_request`, `kv_position`,
+`kv_step`, `kv_case` per token).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from labkit.errors import LabkitError
+from labkit.logits.suites import Suite, path_sha256, row_keys, token_path
+from labkit.output import envelope, evidence_for, finish, write_json
+
+SCHEMA = 1
+
+
+@dataclass
+class Collection:
+    meta: dict
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.meta["rows"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Provenance
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_sha(path: str, size: int, mtime_ns: int) -> str:
+    return _sha256_file(Path(path))
+
+
+def model_hashes(model_dir: str | Path) -> dict[str, str]:
+    """sha256 of config.json and of every *.safetensors (the weights actually loaded)."""
+    model_dir = Path(model_dir)
+    files = [model_dir / "config.json"] + sorted(model_dir.glob("*.safetensors"))
+    out = {}
+    for f in files:
+        st = f.stat()
+        out[f.name] = _cached_sha(str(f.resolve()), st.st_size, st.st_mtime_ns)
+    return out
+
+
+def engine_source() -> dict:
+    """Where the imported engine lives and a hash of its sources (which code produced the rows)."""
+    import engine
+
+    root = Path(engine.__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return {"path": str(root), "sources_sha256": h.hexdigest()}
+
+
+def _vocab_size(model_dir: Path) -> int:
+    try:
+        cfg = json.loads((model_dir / "config.json").read_text())
+        return int(cfg["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LabkitError(f"model {model_dir}: cannot read vocab_size from config.json: {exc}") from exc
+
+
+def _config_dtype(model_dir: Path) -> str:
+    try:
+        cfg = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return "float32"
+    d = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+    return d if d in ("float32", "bfloat16", "float16") else "float32"
+
+
+def _base_meta(suite: Suite, backend: str, model_dir: Path, device: str, seed: int, path: dict) -> dict:
+    env = envelope(f"logits-check collect --backend {backend}", device=device, model_dir=model_dir,
+                   evidence=evidence_for(device))
+    return {
+        **env,
+        "kind": "logits-collection",
+        "schema": SCHEMA,
+        "backend": backend,
+        "suite": suite.describe(),
+        "seed": int(seed),
+        "model_files": model_hashes(model_dir),
+        "inputs": path,
+        "token_path_sha256": path_sha256(path),
+    }
+
+
+def _row_meta(index: int, rid: str, k: int, path: dict, **extra) -> dict:
+    return {"index": index, "request_id": rid, "output_index": k, "case": path[rid]["case"],
+            "context_len": len(path[rid]["prompt"]) + k, **extra}
+
+
+# ------------------------------------------------------------------------------------------------
+# Engine
+
+
+class _StepTracer:
+    """A tracer that keeps only what the collector needs: this step's scheduled/gpu_inputs events."""
+
+    def __init__(self):
+        from engine.trace import Tracer
+
+        class _T(Tracer):
+            def __init__(inner):
+                super().__init__("logits-check")
+                inner.last: dict[str, dict] = {}
+
+            def record(inner, event: dict) -> None:
+                if event["event"] in ("scheduled", "gpu_inputs"):
+                    inner.last[event["event"]] = event
+
+        self.tracer = _T()
+
+    def get(self, name: str) -> dict:
+        ev = self.tracer.last.get(name)
+        if ev is None or ev.get("step") != self.tracer.step:
+            raise RuntimeError(f"engine emitted no {name} event for step {self.tracer.step}")
+        return ev
+
+
+def _engine_error(exc: Exception, tp: int) -> LabkitError:
+    msg = " ".join(str(exc).split())
+    if tp > 1 and "tensor_parallel_size" in msg:
+        return LabkitError(f"--tp {tp}: the engine cannot run tensor parallel yet ({msg})", code=2)
+    return LabkitError(f"engine: {msg}", code=2)
+
+
+def collect_engine(suite: Suite, model_dir: str | Path, *, device: str = "cpu", dtype: str = "auto",
+                   execution: str = "eager", attention: str = "auto", tp: int = 1, seed: int = 0,
+                   progress: Callable[[str], None] | None = None) -> Collection:
+    """Run every case of `suite` through the engine with forced tokens; one row per accepted step."""
+    from engine import LLM, SamplingParams
+
+    if execution not in ("eager", "graph"):
+        raise LabkitError(f"--execution must be eager or graph, not {execution!r}")
+    model_dir = Path(model_dir)
+    path = token_path(suite, _vocab_size(model_dir), seed)
+    meta = _base_meta(suite, "engine", model_dir, device, seed, path)
+    meta["requested"] = {"execution": execution, "attention": attention, "tp": tp, "dtype": dtype, "device": device}
+    meta["engine_source"] = engine_source()
+    rows: list[dict] = []
+    logits_rows: list[np.ndarray] = []
+    steps: list[dict] = []
+    kv = {"k": [], "v": [], "request": [], "position": [], "step": [], "case": []}
+    request_index = {rid: i for i, rid in enumerate(path)}
+    case_configs = []
+    runner_facts: dict[str, Any] = {}
+    t0 = time.perf_counter()
+
+    for case_no, case in enumerate(suite.cases):
+        st = _StepTracer()
+        kwargs = {**case.engine_kwargs(), "device": device, "dtype": dtype, "attention_backend": attention,
+                  "enforce_eager": execution == "eager", "tensor_parallel_size": tp, "tracer": st.tracer}
+        try:
+            llm = LLM(str(model_dir), **kwargs)
+        except ValueError as exc:
+            raise _engine_error(exc, tp) from exc
+        try:
+            runner = llm.model_runner
+            facts = {"execution": runner.execution, "attention_backend": runner.attention_backend,
+                     "dtype": str(runner.dtype).replace("torch.", ""), "device": str(runner.device)}
+            if runner_facts and facts != runner_facts:
+                raise RuntimeError(f"engine setting changed between cases: {runner_facts} vs {facts}")
+            runner_facts = facts
+            cfg = {k: v for k, v in vars(llm.config).items() if k not in ("tracer", "hf_config", "model")}
+            case_configs.append({"case": case.name, "config": cfg})
+
+            def choose(seqs, logits, _case=case):
+                step = llm.step_count
+                sched = st.get("scheduled")
+                inputs = st.get("gpu_inputs")
+                phase = sched["phase"]
+                record = {"case": _case.name, "step": step, "phase": phase, "num_seqs": len(seqs),
+                          "num_input_ids": inputs["num_input_ids"], "execution": inputs.get("execution"),
+                          "graph_batch": inputs.get("graph_batch"), "seqs": []}
+                chosen = []
+                host = logits.detach().float().cpu()
+                for i, seq in enumerate(seqs):
+                    rid = seq.request_id
+                    p = path[rid]
+                    k = seq.num_tokens - len(p["prompt"])
+                    accepted = seq.num_cached_tokens + seq.num_scheduled_tokens == seq.num_tokens
+                    record["seqs"].append({"request_id": rid, "num_tokens": seq.num_tokens,
+                                           "num_cached_tokens": seq.num_cached_tokens,
+                                           "num_scheduled_tokens": seq.num_scheduled_tokens, "row": accepted})
+                    if list(seq.token_ids) != (p["prompt"] + p["continuation"])[:seq.num_tokens]:
+                        raise RuntimeError(f"{rid}: the engine's tokens left the forced path at step {step}")
+                    if accepted:
+                        rows.append(_row_meta(len(rows), rid, k, path, step=step, phase=phase,
+                                              cached_tokens=seq.num_cached_tokens,
+                                              scheduled_tokens=seq.num_scheduled_tokens, batch=len(seqs),
+                                              execution=record["execution"], graph_batch=record["graph_batch"]))
+                        logits_rows.append(host[i].numpy().copy())
+                    chosen.append(p["continuation"][k])
+                if suite.record_kv:
+                    _read_kv(llm, inputs, seqs, phase, kv, request_index, step, case_no)
+                steps.append(record)
+                return chosen
+
+            _drive(llm, case, path, choose, SamplingParams)
+        finally:
+            llm.exit()
+        if progress:
+            progress(f"{case.name}: {sum(r['case'] == case.name for r in rows)} rows")
+
+    _check_rows(suite, rows)
+    meta.update(
+        dtype=runner_facts.get("dtype"),
+        device_used=runner_facts.get("device"),
+        config={"execution": execution, "attention_backend": runner_facts.get("attention_backend"),
+                "tensor_parallel_size": tp, "dtype": runner_facts.get("dtype"), "runner": runner_facts,
+                "cases": case_configs},
+        rows=rows,
+        steps=steps,
+        code_path=_code_path_summary(steps),
+        wall_s=round(time.perf_counter() - t0, 3),
+        status="COLLECTED",
+    )
+    arrays = {"logits": np.stack(logits_rows).astype(np.float32)}
+    if suite.record_kv:
+        arrays.update(
+            kv_k=np.concatenate(kv["k"]).astype(np.float32), kv_v=np.concatenate(kv["v"]).astype(np.float32),
+            kv_request=np.asarray(kv["request"], dtype=np.int32), kv_position=np.asarray(kv["position"], dtype=np.int32),
+            kv_step=np.asarray(kv["step"], dtype=np.int32), kv_case=np.asarray(kv["case"], dtype=np.int32))
+        meta["kv"] = {"tokens": int(arrays["kv_k"].shape[0]), "shape": list(arrays["kv_k"].shape[1:]),
+                      "layout": "[token, layer, kv_head, head_dim]",
+                      "requests": list(request_index), "cases": [c.name for c in suite.cases]}
+    return Collection(meta, arrays)
+
+
+def _drive(llm, case, path, choose, SamplingParams) -> None:
+    """Submit the case's requests (an `after` request once its predecessor finished) and step to the end."""
+    pending = list(case.requests)
+    seq_ids: dict[str, int] = {}
+
+    def submit_ready():
+        for r in list(pending):
+            if r.after is None or (r.after in seq_ids and llm.get_sequence(seq_ids[r.after]).is_finished):
+                p = path[r.id]
+                sp = SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
+                try:
+                    seq_ids[r.id] = llm.add_request(list(p["prompt"]), sp, request_id=r.id)
+                except ValueError as exc:
+                    raise LabkitError(f"engine: request {r.id}: {' '.join(str(exc).split())}", code=2) from exc
+                pending.remove(r)
+
+    submit_ready()
+    while not llm.is_finished() or pending:
+        if llm.is_finished():
+            before = len(pending)
+            submit_ready()
+            if len(pending) == before:
+                raise RuntimeError(f"case {case.name}: requests {[r.id for r in pending]} can never be submitted")
+            continue
+        llm.step(choose_tokens=choose)
+        submit_ready()
+
+
+def _read_kv(llm, inputs: dict, seqs, phase: str, kv: dict, request_index: dict, step: int, case_no: int) -> None:
+    """The K and V every layer wrote this step: the pool read at the step's slot_mapping."""
+    import torch
+
+    slots = inputs["slot_mapping"]
+    positions = inputs["positions"]
+    owners: list[str] = []
+    if phase == "prefill":
+        cu = inputs["cu_seqlens_q"]
+        for i, seq in enumerate(seqs):
+            owners += [seq.request_id] * (cu[i + 1] - cu[i])
+    else:
+        owners = [seq.request_id for seq in seqs]
+    if not (len(slots) == len(positions) == len(owners)):
+        raise RuntimeError(f"step {step}: slot_mapping ({len(slots)}), positions ({len(positions)}) and "
+                           f"sequences ({len(owners)}) do not line up")
+    pool = llm.model_runner.kv_cache  # [2, layers, blocks, block_size, kv_heads, head_dim]
+    flat = pool.flatten(2, 3)
+    idx = torch.tensor(slots, dtype=torch.long, device=flat.device)
+    for which, key in ((0, "k"), (1, "v")):
+        kv[key].append(flat[which][:, idx].transpose(0, 1).float().cpu().numpy())
+    kv["request"] += [request_index[o] for o in owners]
+    kv["position"] += list(positions)
+    kv["step"] += [step] * len(slots)
+    kv["case"] += [case_no] * len(slots)
+
+
+def _check_rows(suite: Suite, rows: list[dict]) -> None:
+    got = [(r["request_id"], r["output_index"]) for r in rows]
+    want = row_keys(suite)
+    if sorted(got) != sorted(want):
+        missing = sorted(set(want) - set(got))
+        extra = sorted(set(got) - set(want))
+        raise RuntimeError(f"suite {suite.name}: expected {len(want)} rows, got {len(got)} "
+                           f"(missing {missing[:4]}, unexpected {extra[:4]})")
+
+
+def _code_path_summary(steps: list[dict]) -> dict:
+    out: dict[str, int] = {}
+    for s in steps:
+        key = s["execution"] if s["execution"] != "graph" else f"graph(bucket {s['graph_batch']})"
+        key = f"{s['phase']} {key}"
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Transformers
+
+
+_TORCH_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def load_hf(model_dir: str | Path, dtype: str, device: str):
+    import torch
+    import transformers
+    from transformers import Qwen3ForCausalLM
+
+    try:
+        transformers.utils.logging.disable_progress_bar()
+    except Exception:  # pragma: no cover - older transformers
+        pass
+    tdtype = getattr(torch, dtype)
+    major_minor = tuple(int(x) for x in transformers.__version__.split(".")[:2] if x.isdigit())
+    kw = {"dtype": tdtype} if major_minor >= (4, 56) else {"torch_dtype": tdtype}
+    try:
+        model = Qwen3ForCausalLM.from_pretrained(str(model_dir), attn_implementation="eager", **kw)
+    except Exception as exc:
+        raise LabkitError(f"hf: cannot load {model_dir} with transformers: {' '.join(str(exc).split())}") from exc
+    return model.to(device).eval()
+
+
+def collect_hf(suite: Suite, model_dir: str | Path, *, device: str = "cpu", dtype: str = "auto", seed: int = 0,
+               model=None, progress: Callable[[str], None] | None = None) -> Collection:
+    """Recompute every row from scratch with transformers (whole prefix, no cache, eager attention)."""
+    import torch
+
+    model_dir = Path(model_dir)
+    dtype = _config_dtype(model_dir) if dtype == "auto" else dtype
+    if dtype not in _TORCH_DTYPES:
+        raise LabkitError(f"--dtype must be auto, {', '.join(_TORCH_DTYPES)}; not {dtype!r}")
+    path = token_path(suite, _vocab_size(model_dir), seed)
+    meta = _base_meta(suite, "hf", model_dir, device, seed, path)
+    meta["requested"] = {"dtype": dtype, "device": device}
+    t0 = time.perf_counter()
+    if model is None:
+        model = load_hf(model_dir, dtype, device)
+    import transformers
+
+    rows, logits_rows = [], []
+    with torch.inference_mode():
+        for case in suite.cases:
+            for r in case.requests:
+                p = path[r.id]
+                for k in range(r.max_tokens):
+                    ids = torch.tensor([p["prompt"] + p["continuation"][:k]], device=device)
+                    out = model(input_ids=ids, use_cache=False, logits_to_keep=1)
+                    logits_rows.append(out.logits[0, -1].float().cpu().numpy().copy())
+                    rows.append(_row_meta(len(rows), r.id, k, path, execution="hf-full-recompute"))
+            if progress:
+                progress(f"{case.name}: {case.rows} rows")
+    _check_rows(suite, rows)
+    meta.update(
+        dtype=dtype,
+        device_used=str(device),
+        config={"implementation": f"transformers {transformers.__version__} Qwen3ForCausalLM",
+                "attn_implementation": "eager", "use_cache": False, "dtype": dtype, "tensor_parallel_size": 1},
+        rows=rows,
+        steps=[],
+        code_path={"hf full recompute": len(rows)},
+        wall_s=round(time.perf_counter() - t0, 3),
+        status="COLLECTED",
+    )
+    return Collection(meta, {"logits": np.stack(logits_rows).astype(np.float32)})
+
+
+# ------------------------------------------------------------------------------------------------
+# Files
+
+
+def prefix_of(path: str | Path) -> Path:
+    """PREFIX from PREFIX, PREFIX.json or PREFIX.npz."""
+    p = Path(path)
+    return p.with_suffix("") if p.suffix in (".json", ".npz") else p
+
+
+def write_collection(col: Collection, prefix: str | Path) -> tuple[Path, Path]:
+    prefix = prefix_of(prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    npz = Path(f"{prefix}.npz")
+    fd, tmp = tempfile.mkstemp(prefix=f".{npz.name}.", suffix=".tmp", dir=npz.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **col.arrays)
+        os.replace(tmp, npz)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    meta = finish(col.meta, npz=npz.name, arrays={k: list(v.shape) for k, v in col.arrays.items()})
+    col.meta = meta
+    js = write_json(Path(f"{prefix}.json"), meta)
+    return js, npz
+
+
+def read_collection(path: str | Path) -> Collection:
+    prefix = prefix_of(path)
+    js, npz = Path(f"{prefix}.json"), Path(f"{prefix}.npz")
+    for f in (js, npz):
+        if not f.is_file():
+            raise LabkitError(f"collection {prefix}: {f.name} is missing (make it with `labkit logits-check collect`)")
+    try:
+        meta = json.loads(js.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise LabkitError(f"collection {prefix}: {js.name} is not valid JSON: {exc}") from exc
+    if meta.get("kind") != "logits-collection" or meta.get("status") != "COLLECTED":
+        raise LabkitError(f"collection {prefix}: {js.name} is not a complete logits-check collection")
+    try:
+        with np.load(npz) as data:
+            arrays = {k: data[k] for k in data.files}
+    except Exception as exc:
+        raise LabkitError(f"collection {prefix}: cannot read {npz.name}: {exc}") from exc
+    if "logits" not in arrays or arrays["logits"].shape[0] != len(meta.get("rows", [])):
+        raise LabkitError(f"collection {prefix}: {npz.name} does not hold one logits row per row of {js.name}")
+    return Collection(meta, arrays)
