@@ -131,3 +131,16 @@ def test_bad_case_input_exits_2(tmp_path):
     assert res.returncode == 2 and res.stderr.startswith("labkit:") and "Traceback" not in res.stderr
     res = _labkit("trace", "check", str(tmp_path / "missing.jsonl"))
     assert res.returncode == 2 and "Traceback" not in res.stderr
+
+
+def test_shapes_on_qwen3_0_6b_geometry(tmp_path):
+    """The issue's reference figure: qkv [160, 4096] for the lifecycle prefill on Qwen3-0.6B (one layer of
+    the 0.6b preset is enough: the shapes of layer 0 do not depend on depth)."""
+    from labkit.fake_model import make_fake_model
+
+    model = make_fake_model("qwen3-0.6b", tmp_path / "q06", overrides={"num_hidden_layers": 1})
+    run = run_case(load_case("lifecycle"), Path(model), tmp_path / "events.jsonl", device="cpu", shapes=True)
+    step1 = {e["module"]: e["shape"] for e in run.events if e["event"] == "model_shape" and e["step"] == 1}
+    assert step1["qkv_proj"] == [160, 4096]
+    assert step1["q"] == [160, 16, 128] and step1["k"] == [160, 8, 128]
+    assert step1["gate_up_proj"] == [160, 6144] and step1["logits"] == [2, 151936]
