@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
+from labkit.options import Backend, DType, Attention, Policy
 from labkit.bench import compare as cmp
 from labkit.bench.offline import Stepper
 from labkit.bench.workloads import Workload, draw, list_workloads, load_workload
@@ -30,30 +31,6 @@ from labkit.output import (Device, device_info, envelope, evidence_for, finish, 
 
 app = typer.Typer(help="Offline throughput bench (engine or HF baseline); compare two runs.",
                   invoke_without_command=True, no_args_is_help=False)
-
-
-class Backend(str, enum.Enum):
-    engine = "engine"
-    hf = "hf"
-
-
-class DType(str, enum.Enum):
-    auto = "auto"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-    float32 = "float32"
-
-
-class Attention(str, enum.Enum):
-    auto = "auto"
-    triton = "triton"
-    torch = "torch"
-    flash_attn = "flash_attn"
-
-
-class Policy(str, enum.Enum):
-    prefill_first = "prefill_first"
-    balanced = "balanced"
 
 
 # CLI flag -> engine Config field (flags only the engine backend understands).

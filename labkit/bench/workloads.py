@@ -43,6 +43,7 @@ from typing import Any
 
 import yaml
 
+from labkit import yamlfile
 from labkit.errors import LabkitError
 
 BUILTIN = ("nano", "fixed")
@@ -228,40 +229,17 @@ def bench_dirs() -> list[Path]:
 
 
 def list_workloads() -> list[str]:
-    names: set[str] = set()
-    for d in bench_dirs():
-        if d.is_dir():
-            names.update(p.stem for p in d.glob("*.yaml"))
-    return sorted(names)
+    return yamlfile.names_in(bench_dirs())
 
 
 def resolve_workload_path(name_or_path: str | os.PathLike) -> Path:
-    s = str(name_or_path)
-    p = Path(s).expanduser()
-    if "/" in s or os.sep in s or s.endswith((".yaml", ".yml")) or p.is_file():
-        if not p.is_file():
-            raise LabkitError(f"--workload: file not found: {s}")
-        return p
-    for d in bench_dirs():
-        cand = d / f"{s}.yaml"
-        if cand.is_file():
-            return cand
-    known = ", ".join(list_workloads()) or "none"
-    raise LabkitError(f"--workload: unknown workload {s!r} (not a file, not in workloads/bench/); known: {known}")
+    return yamlfile.resolve(name_or_path, bench_dirs(), "workload")
 
 
 def load_workload(name_or_path: str | os.PathLike) -> Workload:
     """Load and check a workload by name (workloads/bench/NAME.yaml) or path; errors exit 2."""
     path = resolve_workload_path(name_or_path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise LabkitError(f"{path}: cannot read the workload file: {e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise LabkitError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
-    return parse_workload(data, path)
+    return parse_workload(yamlfile.read(path, "workload"), path)
 
 
 # ----------------------------------------------------------------------------- checking

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from labkit.options import Backend, DType, Attention
 from labkit.errors import LabkitError
 from labkit.logits import compare as cmp
 from labkit.logits.collect import (Collection, collect_engine, collect_hf, prefix_of, read_collection,
@@ -34,28 +35,9 @@ app = typer.Typer(help="Teacher-forced logits of the engine against Transformers
                   no_args_is_help=True)
 
 
-class Backend(str, enum.Enum):
-    engine = "engine"
-    hf = "hf"
-
-
 class Execution(str, enum.Enum):
     eager = "eager"
     graph = "graph"
-
-
-class Attention(str, enum.Enum):
-    auto = "auto"
-    flash_attn = "flash_attn"
-    triton = "triton"
-    torch = "torch"
-
-
-class DType(str, enum.Enum):
-    auto = "auto"
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
 
 
 SuiteName = enum.Enum("SuiteName", {name: name for name in SUITES}, type=str)

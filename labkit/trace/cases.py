@@ -71,6 +71,7 @@ from typing import Any, Callable
 
 import yaml
 
+from labkit import yamlfile
 from labkit.errors import LabkitError
 
 # Engine Config fields a case may set.
@@ -188,40 +189,17 @@ def cases_dir() -> Path:
 
 
 def list_cases() -> list[str]:
-    """Names of the shipped cases (file stems under workloads/cases), sorted."""
-    d = cases_dir()
-    if not d.is_dir():
-        return []
-    return sorted(p.stem for p in d.glob("*.yaml"))
+    return yamlfile.names_in([cases_dir()])
 
 
 def resolve_case_path(name_or_path: str | os.PathLike) -> Path:
-    s = str(name_or_path)
-    p = Path(s).expanduser()
-    looks_like_path = (os.sep in s or "/" in s or s.endswith((".yaml", ".yml")))
-    if looks_like_path or p.is_file():
-        if not p.is_file():
-            raise LabkitError(f"case file not found: {s}")
-        return p
-    cand = cases_dir() / f"{s}.yaml"
-    if cand.is_file():
-        return cand
-    known = ", ".join(list_cases()) or "none"
-    raise LabkitError(f"unknown case {s!r} (no {cand}); known cases: {known}")
+    return yamlfile.resolve(name_or_path, [cases_dir()], "case")
 
 
 def load_case(name_or_path: str | os.PathLike) -> Case:
     """Load and check a case by name (workloads/cases/NAME.yaml) or by path."""
     path = resolve_case_path(name_or_path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise LabkitError(f"{path}: cannot read the case file: {e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise LabkitError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
-    return parse_case(data, path)
+    return parse_case(yamlfile.read(path, "case"), path)
 
 
 # ----------------------------------------------------------------------------- checking
