@@ -69,7 +69,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 
 from labkit import yamlfile
 from labkit.errors import LabkitError
