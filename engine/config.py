@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,6 +11,8 @@ SCHEDULING_POLICIES = ("prefill_first", "balanced")
 ATTENTION_BACKENDS = ("auto", "flash_attn", "triton", "torch")
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Each tensor parallel worker answers rank 0 in a reply slot of this size at the end of the shared memory.
+TP_REPLY_SLOT_BYTES = 4096
 
 
 @dataclass
@@ -33,9 +37,14 @@ class Config:
     # KV pool budget when the pool is not sized from free GPU memory (CPU, or set explicitly).
     kvcache_memory_bytes: int = -1
     seed: int = 0
-    # Instance isolation: None picks a free port / a unique shared-memory name.
+    # Instance isolation: None picks a free port / a unique shared-memory name, so two engines on one
+    # host never share a rendezvous address or a control channel.
     dist_init_addr: str | None = None
     shm_name: str | None = None
+    # Tensor parallel control channel (rank 0 -> workers) and the collective timeout: a worker that stops
+    # answering turns into an error after this long instead of a hang.
+    shm_size: int = 1 << 20
+    dist_timeout_s: float = 60.0
     tracer: Any = None
     hf_config: Any = field(default=None, repr=False)
     eos: int = -1
@@ -69,7 +78,42 @@ class Config:
         model_type = getattr(self.hf_config, "model_type", None)
         if model_type != "qwen3":
             raise ValueError(f"model: model_type {model_type!r} is not supported (only qwen3)")
+        self._check_tensor_parallel()
         self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
+
+    def _check_tensor_parallel(self) -> None:
+        tp = self.tensor_parallel_size
+        hf = self.hf_config
+        for name in ("num_attention_heads", "num_key_value_heads", "vocab_size", "intermediate_size"):
+            value = getattr(hf, name, None)
+            if isinstance(value, int) and value % tp:
+                raise ValueError(f"tensor_parallel_size: {name} ({value}) is not divisible by {tp}")
+        _positive_int("shm_size", self.shm_size)
+        # Each worker has a reply slot at the end of the channel; calls get the rest.
+        least = TP_REPLY_SLOT_BYTES * tp
+        if self.shm_size < least:
+            raise ValueError(f"shm_size: must be at least {least} bytes for tensor_parallel_size={tp}, "
+                             f"got {self.shm_size}")
+        if isinstance(self.dist_timeout_s, bool) or not isinstance(self.dist_timeout_s, (int, float)) \
+                or not self.dist_timeout_s > 0:
+            raise ValueError(f"dist_timeout_s: must be a number of seconds > 0, got {self.dist_timeout_s!r}")
+        if self.dist_init_addr is None:
+            self.dist_init_addr = f"127.0.0.1:{free_port()}"
+        host, sep, port = str(self.dist_init_addr).rpartition(":")
+        if not isinstance(self.dist_init_addr, str) or not sep or not host or not port.isdigit() \
+                or not 0 < int(port) < 65536:
+            raise ValueError(f"dist_init_addr: expected HOST:PORT, got {self.dist_init_addr!r}")
+        if self.shm_name is None:
+            self.shm_name = f"labkit-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        if not isinstance(self.shm_name, str) or not self.shm_name or "/" in self.shm_name:
+            raise ValueError(f"shm_name: expected a name without '/', got {self.shm_name!r}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0 and let the kernel choose)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def _positive_int(name: str, value) -> None:

@@ -1,11 +1,14 @@
 """The engine loop: requests in, Sequences through Scheduler/BlockManager, Runner, sampler, postprocess."""
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import functools
 import hashlib
 import os
 import platform
 import time
+import weakref
 from itertools import count
 
 import torch
@@ -13,6 +16,8 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer
 
 from .config import Config
+from .device import resolve_device
+from .distributed import TensorParallel, rank_memory, reset_rank_memory
 from .runner import ModelRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler
@@ -21,14 +26,18 @@ from .sequence import Sequence
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(Config)} - {"model", "hf_config", "eos"}
 
 
+def _exit_engine(ref) -> None:
+    engine = ref()
+    if engine is not None:
+        engine.exit()
+
+
 class LLMEngine:
     def __init__(self, model: str | os.PathLike, **kwargs):
         unknown = sorted(set(kwargs) - _CONFIG_FIELDS)
         if unknown:
             raise ValueError(f"{unknown[0]}: not an engine argument (known: {', '.join(sorted(_CONFIG_FIELDS))})")
         self.config = config = Config(os.fspath(model) if isinstance(model, os.PathLike) else model, **kwargs)
-        if config.tensor_parallel_size > 1:
-            raise ValueError("tensor_parallel_size: only 1 is supported in this build")
         self.tracer = config.tracer
         t0 = time.perf_counter()
         try:
@@ -37,9 +46,21 @@ class LLMEngine:
             raise ValueError(f"model: cannot load the tokenizer in {config.model}: {e}") from None
         if config.eos == -1 and self.tokenizer.eos_token_id is not None:
             config.eos = self.tokenizer.eos_token_id
-        self.model_runner = ModelRunner(config)
-        if self.model_runner.attention_backend == "flash_attn" and config.kvcache_block_size % 256:
-            raise ValueError(f"kvcache_block_size: flash_attn needs a multiple of 256, got {config.kvcache_block_size}")
+        # Tensor parallel: ranks 1..N-1 are worker processes; this process is rank 0.
+        self._tp = TensorParallel(config, resolve_device(config.device)) if config.tensor_parallel_size > 1 else None
+        try:
+            self.model_runner = ModelRunner(config)
+            if self.model_runner.attention_backend == "flash_attn" and config.kvcache_block_size % 256:
+                raise ValueError("kvcache_block_size: flash_attn needs a multiple of 256, "
+                                 f"got {config.kvcache_block_size}")
+            if self._tp is not None:
+                self._tp.wait_ready()
+        except Exception as exc:
+            if self._tp is None or isinstance(exc, ValueError) or self._tp.broken is not None:
+                if self._tp is not None:
+                    self._tp.shutdown(graceful=False)
+                raise
+            raise self._tp.fail("building the model runner", exc) from exc
         self.scheduler = Scheduler(config)
         self.init_seconds = time.perf_counter() - t0
         self._seq_ids = count()
@@ -47,6 +68,12 @@ class LLMEngine:
         self.step_count = 0
         self._t_start = time.perf_counter()
         self._closed = False
+        # exit() at interpreter exit, as nano does, through a weak reference (an engine that is dropped
+        # without exit() is not kept alive); its workers go when it is collected.
+        self._atexit = functools.partial(_exit_engine, weakref.ref(self))
+        atexit.register(self._atexit)
+        if self._tp is not None:
+            weakref.finalize(self, self._tp.shutdown)
         self._shape_hooks = []
         if self.tracer is not None:
             self.tracer.emit("run_start", **self._run_start_fields())
@@ -128,10 +155,13 @@ class LLMEngine:
         inputs = self.model_runner.prepare(seqs, is_prefill)
         if tracer is not None:
             self._trace_schedule(seqs, is_prefill, inputs)
+        runner = self.model_runner
         if choose_tokens is None:
-            token_ids = self.model_runner.run(seqs, is_prefill, inputs)
+            token_ids = self._on_all_ranks("run", (seqs, is_prefill), lambda: runner.run(seqs, is_prefill, inputs))
         else:
-            token_ids = list(choose_tokens(seqs, self.model_runner.forward_logits(inputs, is_prefill)))
+            logits = self._on_all_ranks("forward_logits", (inputs, is_prefill),
+                                        lambda: runner.forward_logits(inputs, is_prefill))
+            token_ids = list(choose_tokens(seqs, logits))
         if tracer is not None:
             tracer.emit("sampled", tokens=[{"seq_id": s.seq_id, "token_id": t} for s, t in zip(seqs, token_ids)])
         held = {s.seq_id: list(s.block_table) for s in seqs} if tracer is not None else None
@@ -141,6 +171,31 @@ class LLMEngine:
         outputs = [(seq.seq_id, seq.completion_token_ids) for seq in seqs if seq.is_finished]
         num_tokens = len(inputs.input_ids) if is_prefill else -len(seqs)
         return outputs, num_tokens
+
+    def _on_all_ranks(self, method: str, args: tuple, local):
+        """`local()` here; with tensor parallel, `method(*args)` on every worker's runner first."""
+        if self._tp is None:
+            return local()
+        return self._tp.call(method, args, local)
+
+    # --- per-rank facts (tensor parallel workers answer over the control channel) --------------------
+    def peak_memory_per_rank(self) -> list[dict]:
+        """Each rank's peak memory: {rank, device, peak_bytes, peak_reserved_bytes, source}, rank 0 first."""
+        mine = rank_memory(self.model_runner)
+        return [mine] + (self._tp.call("peak_memory", reply=True) if self._tp is not None else [])
+
+    def reset_peak_memory(self) -> None:
+        """Reset every rank's peak-memory counter (CUDA allocator; a no-op on the CPU)."""
+        reset_rank_memory(self.model_runner)
+        if self._tp is not None:
+            self._tp.call("reset_peak_memory", reply=True)
+
+    def shapes_per_rank(self) -> list[dict]:
+        """What each rank really allocated: parameter shapes (layer 0 + the rest) and the KV pool."""
+        from .shapes import rank_shapes
+
+        mine = rank_shapes(self.model_runner)
+        return [mine] + (self._tp.call("shapes", reply=True) if self._tp is not None else [])
 
     def generate(self, prompts: list[str] | list[list[int]], sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[dict]:
@@ -191,11 +246,16 @@ class LLMEngine:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self._atexit)
         if self.tracer is not None:
             self.tracer.step = None
             self.tracer.emit("run_end", steps=self.step_count, wall_s=time.perf_counter() - self._t_start)
             self.tracer.close()
-        self.model_runner.exit()
+        try:
+            self.model_runner.exit()
+        finally:
+            if self._tp is not None:
+                self._tp.shutdown()
 
     def __enter__(self):
         return self
@@ -217,6 +277,9 @@ class LLMEngine:
             "device": str(self.device),
             "versions": {"python": platform.python_version(), "torch": torch.__version__,
                          "transformers": transformers.__version__},
+            "tp_rank": self.model_runner.rank,
+            "tp_size": cfg.tensor_parallel_size,
+            "kv_bytes_per_token": self.model_runner.kv_block_bytes // cfg.kvcache_block_size,  # this rank's
             "block_size": cfg.kvcache_block_size,
             "num_kvcache_blocks": cfg.num_kvcache_blocks,
             "attention_backend": self.model_runner.attention_backend,

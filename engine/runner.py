@@ -12,6 +12,7 @@ from .backends import load_backend
 from .config import Config
 from .context import Context, reset_context, set_context
 from .device import resolve_attention_backend, resolve_device, resolve_dtype
+from .distributed import all_reduce_min, set_tp
 from .layers import fused
 from .layers.attention import Attention
 from .loader import load_model
@@ -57,6 +58,8 @@ class ModelRunner:
     def __init__(self, config: Config, rank: int = 0):
         self.config = config
         self.rank = rank
+        self.world_size = config.tensor_parallel_size
+        set_tp(rank, self.world_size)  # before the model is built: the layers take this rank's shard
         hf = config.hf_config
         self.block_size = config.kvcache_block_size
         self.device = resolve_device(config.device)
@@ -138,6 +141,8 @@ class ModelRunner:
                 # Enough for every sequence at full length, within a modest memory budget.
                 want = cfg.max_num_seqs * -(-cfg.max_model_len // self.block_size)
                 cfg.num_kvcache_blocks = max(1, min(want, DEFAULT_CPU_KV_BYTES // block_bytes))
+        # Every rank must hold the same number of blocks (rank 0's block manager hands out ids for all).
+        cfg.num_kvcache_blocks = all_reduce_min(cfg.num_kvcache_blocks, self.device)
         if cfg.num_kvcache_blocks < 1:
             raise ValueError(
                 f"gpu_memory_utilization: no memory is left for the KV cache ({block_bytes} bytes a block); "
@@ -247,7 +252,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward_logits(self, inputs: StepInputs, is_prefill: bool) -> torch.Tensor:
-        """Logits of each sequence's last position for this step: [num_seqs, vocab]."""
+        """Logits of each sequence's last position for this step: [num_seqs, vocab] (None off rank 0)."""
+        set_tp(self.rank, self.world_size)
         if inputs.execution == "graph":
             return self._replay(inputs)
         self._set_context(inputs, is_prefill)
@@ -275,7 +281,7 @@ class ModelRunner:
         if inputs is None:
             inputs = self.prepare(seqs, is_prefill)
         logits = self.forward_logits(inputs, is_prefill)
-        return self.sample(seqs, logits)
+        return self.sample(seqs, logits) if self.rank == 0 else None  # logits are gathered on rank 0
 
     # --- CUDA graphs ----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -285,6 +291,7 @@ class ModelRunner:
         from .kernels.decode_attention import num_splits_for
 
         cfg = self.config
+        set_tp(self.rank, self.world_size)
         max_bs = min(cfg.max_num_seqs, 512)
         max_blocks = -(-cfg.max_model_len // self.block_size)
         hidden = cfg.hf_config.hidden_size

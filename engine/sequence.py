@@ -78,3 +78,48 @@ class Sequence:
         self.token_ids.append(token_id)
         self.last_token = token_id
         self.num_tokens += 1
+
+    # --- pickling: what a tensor-parallel worker needs, compactly ---------------------------------
+    # Workers only build model inputs, from the first position whose KV is not written yet: the whole
+    # prompt on a first prefill, the uncached rest after a prefix hit or a preemption, the last token in
+    # decode. So only those tokens travel; nothing else (sampling settings, status, request id) does.
+    # (copy.copy / pickle of a Sequence therefore give this worker view, never a full Sequence.)
+    def __getstate__(self):
+        start = min(self.num_cached_tokens, self.num_tokens - 1)
+        tail = self.last_token if start == self.num_tokens - 1 else self.token_ids[start:]
+        return (self.seq_id, self.num_tokens, self.num_prompt_tokens, self.num_cached_tokens,
+                self.num_scheduled_tokens, self.block_size, self.block_table, start, tail)
+
+    def __setstate__(self, state):
+        (self.seq_id, self.num_tokens, self.num_prompt_tokens, self.num_cached_tokens,
+         self.num_scheduled_tokens, self.block_size, self.block_table, start, tail) = state
+        if isinstance(tail, int):
+            tail = [tail]
+        self.token_ids = TokenTail(start, tail)
+        self.last_token = tail[-1]
+
+
+class TokenTail:
+    """A worker's view of a sequence's tokens: positions from `start` on, indexed as the full list."""
+
+    __slots__ = ("start", "tail")
+
+    def __init__(self, start: int, tail: list[int]):
+        self.start, self.tail = start, tail
+
+    def __len__(self):
+        return self.start + len(self.tail)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            lo, hi, step = key.indices(len(self))
+            if lo >= hi:
+                return []
+            if lo < self.start:
+                raise IndexError(f"token positions before {self.start} were not sent to this rank")
+            return self.tail[lo - self.start:hi - self.start:step]
+        if key < 0:
+            key += len(self)
+        if not self.start <= key < len(self):
+            raise IndexError(f"token position {key} was not sent to this rank")
+        return self.tail[key - self.start]

@@ -17,6 +17,7 @@ import typer
 from labkit import __version__
 from labkit import doctor as doctor_cmd
 from labkit import model as model_cmd
+from labkit import shapes as shapes_cmd
 from labkit import smoke as smoke_cmd
 from labkit.trace import command as trace_cmd
 from labkit.bench import command as bench_cmd
@@ -53,6 +54,7 @@ def _root(
 app.command("doctor", help="Check Python, torch, GPU, optional kernels, the model and disk.")(doctor_cmd.run)
 app.command("smoke", help="Load the engine and generate a couple of tokens: the main job.")(smoke_cmd.run)
 app.add_typer(model_cmd.app, name="model", help="Make, fetch and inspect model folders.")
+app.command("shapes", help="Per-rank tensor-parallel shapes from config.json; --check compares with the engine.")(shapes_cmd.run)
 app.add_typer(trace_cmd.app, name="trace", help="Run a traced case, show every step, check expected states.")
 app.add_typer(bench_cmd.app, name="bench", help="Offline throughput bench (engine or HF baseline); compare two runs.")
 app.add_typer(logits_cmd.app, name="logits-check", help="Teacher-forced logits of the engine against Transformers.")

@@ -37,12 +37,12 @@ ENGINE_KWARGS = {"max_model_len": 1024, "max_num_batched_tokens": 512, "gpu_memo
 TEMPERATURE = 0.6
 
 
-def load_engine(model_dir: Path, device: str, eager: bool) -> Any:
+def load_engine(model_dir: Path, device: str, eager: bool, tp: int = 1) -> Any:
     try:
         from engine import LLM
     except ImportError as exc:
         raise LabkitError(f"cannot import the engine: {exc}") from exc
-    return LLM(str(model_dir), enforce_eager=eager, device=device, **ENGINE_KWARGS)
+    return LLM(str(model_dir), enforce_eager=eager, device=device, tensor_parallel_size=tp, **ENGINE_KWARGS)
 
 
 def vocab_size(llm: Any) -> int:
@@ -103,6 +103,7 @@ def print_summary(result: dict, console: Console) -> None:
         ("model", result["model"]["path"]),
         ("device", f"{dev['type']} ({dev.get('name') or '?'})"),
         ("execution", _execution(result["engine"])),
+        ("tensor parallel", str(result["engine"].get("tensor_parallel_size", 1))),
         ("prompt tokens", str(result["prompt_tokens"])),
         ("token ids", " ".join(map(str, result["token_ids"]))),
         ("text", repr(result["text"])),
@@ -125,6 +126,7 @@ def run(
     eager: bool = typer.Option(True, "--eager/--graph", help="Eager execution, or CUDA graphs for decode."),
     max_tokens: int = typer.Option(2, "--max-tokens", min=1, help="Tokens to generate (EOS ignored)."),
     prompt: str = typer.Option(DEFAULT_PROMPT, "--prompt", help="User message, wrapped in the chat template."),
+    tp: int = typer.Option(1, "--tp", min=1, max=8, help="tensor_parallel_size: ranks (GPUs, or CPU processes)."),
 ) -> None:
     """Load the engine on the model and generate a couple of tokens; exit 0 when the counts check out."""
     model_dir = Path(resolve_model(model))
@@ -132,7 +134,7 @@ def run(
     env = envelope("smoke", device=dev, model_dir=model_dir, evidence=evidence_for(dev))
 
     start = time.perf_counter()
-    llm = load_engine(model_dir, dev, eager)
+    llm = load_engine(model_dir, dev, eager, **({"tp": tp} if tp != 1 else {}))
     try:
         init_s = time.perf_counter() - start
         got = generate_once(llm, prompt, max_tokens)
@@ -154,7 +156,7 @@ def run(
         formatted_prompt=got["formatted_prompt"],
         prompt_tokens=got["prompt_tokens"],
         sampling={"temperature": TEMPERATURE, "max_tokens": max_tokens, "ignore_eos": True},
-        engine={"enforce_eager": eager, "execution": execution, "device": ran_on,
+        engine={"enforce_eager": eager, "execution": execution, "device": ran_on, "tensor_parallel_size": tp,
                 "num_kvcache_blocks": kv_blocks, **ENGINE_KWARGS},
         token_ids=got["token_ids"],
         text=got["text"],

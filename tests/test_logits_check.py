@@ -286,22 +286,21 @@ def test_tp_suite_passes_or_refuses_cleanly(tiny_model, tmp_path, capsys):
     assert code == 2 and "--tp 1" in err and len(err.strip().splitlines()) == 1
 
 
-def test_engine_without_tp_is_refused_in_one_line(tiny_model, monkeypatch, tmp_path, capsys):
+def test_engine_refusing_tp_is_reported_in_one_line(tiny_model, monkeypatch, tmp_path, capsys):
     import engine
 
     real_llm = engine.LLM
 
-    def tp1_only(model, **kwargs):  # the engine before tensor parallel landed
+    def refuse_tp(model, **kwargs):  # e.g. heads that do not divide by the TP size
         if kwargs.get("tensor_parallel_size", 1) > 1:
-            raise ValueError("tensor_parallel_size: only 1 is supported in this build")
+            raise ValueError("tensor_parallel_size: num_key_value_heads (2) is not divisible by 4")
         return real_llm(model, **kwargs)
 
-    monkeypatch.setattr(engine, "LLM", tp1_only)
+    monkeypatch.setattr(engine, "LLM", refuse_tp)
     code, _, err = run_cli(["logits-check", "run", "--suite", "tp", "--model", tiny_model, "--device", "cpu",
                             "--out", str(tmp_path / "tp")], capsys)
     assert code == 2
-    assert err.strip() == ("labkit: --tp 2: the engine cannot run tensor parallel yet "
-                           "(tensor_parallel_size: only 1 is supported in this build)")
+    assert err.strip() == ("labkit: --tp 2: tensor_parallel_size: num_key_value_heads (2) is not divisible by 4")
 
 
 def test_cli_run_baseline_end_to_end(tiny_model, tmp_path, capsys):

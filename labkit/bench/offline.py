@@ -83,9 +83,11 @@ def peak_now(device: Any) -> dict:
     return {"allocated": maxrss_bytes(), "reserved": None}
 
 
-def peak_memory_record(device: Any, overall: dict, timed_peak: dict, tp: int = 1) -> dict:
-    """Peak memory per rank. Rank 0 runs in this process; other ranks (tensor parallel workers)
-    run in their own processes, whose allocator is not visible from here (recorded as null)."""
+def peak_memory_record(device: Any, overall: dict, timed_peak: dict, tp: int = 1,
+                       workers: list[tuple[dict, dict]] | None = None) -> dict:
+    """Peak memory per rank. Rank 0 runs in this process; the other ranks (tensor parallel workers) run in
+    their own processes and report through the engine (`workers`: (whole run, timed part) per rank, as
+    `LLMEngine.peak_memory_per_rank()` gives them); without that report a worker's peak is null."""
     cuda = is_cuda(device)
     source = ("torch.cuda.max_memory_allocated" if cuda
               else "resource.getrusage(RUSAGE_SELF).ru_maxrss (whole process, lifetime)")
@@ -98,6 +100,16 @@ def peak_memory_record(device: Any, overall: dict, timed_peak: dict, tp: int = 1
         "timed_peak_bytes": timed_peak["allocated"],
     }]
     for r in range(1, max(1, tp)):
+        if workers is not None and r - 1 < len(workers):
+            before, during = workers[r - 1]
+            reserved = [v for v in (before.get("peak_reserved_bytes"), during.get("peak_reserved_bytes"))
+                        if v is not None]
+            per_rank.append({"rank": r, "device": during.get("device"),
+                             "peak_bytes": max(before["peak_bytes"], during["peak_bytes"]),
+                             "peak_reserved_bytes": max(reserved) if reserved else None,
+                             "timed_peak_bytes": during["peak_bytes"] if cuda else None,
+                             "source": during.get("source")})
+            continue
         per_rank.append({"rank": r, "device": f"cuda:{r}" if cuda else "cpu", "peak_bytes": None,
                          "peak_reserved_bytes": None, "timed_peak_bytes": None,
                          "note": "worker process: not measurable from rank 0"})
@@ -188,7 +200,12 @@ def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: d
                                   "output_tokens": out_tokens, "wall_s": wall})
             stepper.advance()
         overall_before = peak_now(run_device)
+        # Tensor parallel workers measure themselves and answer over the engine's control channel.
+        per_rank = getattr(llm, "peak_memory_per_rank", None) if int(llm.config.tensor_parallel_size) > 1 else None
+        workers_before = per_rank()[1:] if per_rank else None
         reset_peak(run_device)
+        if per_rank:
+            llm.reset_peak_memory()
 
         runs = []
         stepper.start("timed repeats", w.repeats)
@@ -199,6 +216,7 @@ def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: d
                                    prefix_cache_possible=bool(i > 0 and not w.vary_seed)))
             stepper.advance()
         timed_peak = peak_now(run_device)
+        workers = list(zip(workers_before, per_rank()[1:])) if per_rank else None
         overall = {k: (max(v, timed_peak[k]) if v is not None else None) for k, v in overall_before.items()}
 
         cfg = llm.config
@@ -221,7 +239,8 @@ def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: d
             "runs": runs,
             "median": summarize(runs),
             "kv_blocks": int(cfg.num_kvcache_blocks),
-            "peak_memory": peak_memory_record(run_device, overall, timed_peak, int(cfg.tensor_parallel_size)),
+            "peak_memory": peak_memory_record(run_device, overall, timed_peak, int(cfg.tensor_parallel_size),
+                                              workers),
             "vocab_size": vocab,
             "prompt_ids_folded": folded,
         }

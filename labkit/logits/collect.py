@@ -153,7 +153,7 @@ class _StepTracer:
 def _engine_error(exc: Exception, tp: int) -> LabkitError:
     msg = " ".join(str(exc).split())
     if tp > 1 and "tensor_parallel_size" in msg:
-        return LabkitError(f"--tp {tp}: the engine cannot run tensor parallel yet ({msg})", code=2)
+        return LabkitError(f"--tp {tp}: {msg}", code=2)
     return LabkitError(f"engine: {msg}", code=2)
 
 

@@ -66,6 +66,8 @@ def trace(
     num_blocks: Optional[int] = typer.Option(None, "--num-blocks", help="Override num_kvcache_blocks."),
     policy: Optional[str] = typer.Option(None, "--policy", help="Override scheduling_policy (prefill_first|balanced)."),
     eager: Optional[bool] = typer.Option(None, "--eager/--graph", help="Override enforce_eager."),
+    tp: Optional[int] = typer.Option(None, "--tp", min=1, max=8,
+                                     help="Override tensor_parallel_size (events and shapes are rank 0's)."),
     list_: bool = typer.Option(False, "--list", help="List the shipped cases and exit."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step table."),
 ) -> None:
@@ -89,7 +91,7 @@ def trace(
     out_dir = out or runs_dir() / f"trace-{the_case.name}"
     overrides = {"max_num_batched_tokens": budget, "max_num_seqs": max_num_seqs, "kvcache_block_size": block_size,
                  "num_kvcache_blocks": num_blocks, "scheduling_policy": policy,
-                 "enforce_eager": eager}
+                 "enforce_eager": eager, "tensor_parallel_size": tp}
     env = envelope("trace", device=dev, model_dir=model_dir, evidence=evidence_for(dev))
     run = run_case(the_case, model_dir, out_dir / "events.jsonl", overrides=overrides, device=dev, shapes=shapes)
     report = validate(run.events, the_case)
@@ -109,23 +111,31 @@ def trace(
 
 
 def _print_shapes(events: list[dict], console: Console) -> None:
-    table = Table(title="model shapes (layer 0), first step of each phase", header_style="bold")
+    start = next((e for e in events if e["event"] == "run_start"), {})
+    size = start.get("tp_size", 1)
+    title = "model shapes (layer 0), first step of each phase"
+    if size and size > 1:
+        title += f"; rank {start.get('tp_rank', 0)} of tensor_parallel_size={size} (per-rank shapes)"
+    table = Table(title=title, header_style="bold")
     for col in ("step", "module", "shape"):
         table.add_column(col)
     phases_seen = set()
     phase_of = {e["step"]: e["phase"] for e in events if e["event"] == "scheduled"}
+    last = "logits_shard" if any(e["event"] == "model_shape" and e["module"] == "logits_shard" for e in events) \
+        else "logits"
     for e in events:
         if e["event"] != "model_shape":
             continue
         phase = phase_of.get(e["step"])
-        if phase in phases_seen and e["module"] == "embed_tokens":
+        if phase in phases_seen:
             continue
-        if e["module"] == "logits":
+        if e["module"] == last:
             phases_seen.add(phase)
-        if phase in phases_seen and e["module"] != "logits":
-            continue
         table.add_row(str(e["step"]), e["module"], str(e["shape"]))
     console.print(table)
+    if start.get("kv_bytes_per_token") is not None:
+        console.print(f"KV cache: {start['kv_bytes_per_token']} bytes ({start['kv_bytes_per_token'] / 1024:g} KiB) "
+                      f"per token per rank, {start.get('num_kvcache_blocks')} blocks of {start.get('block_size')}")
 
 
 @app.command("check")

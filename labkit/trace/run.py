@@ -30,11 +30,14 @@ def engine_kwargs(case: Case, overrides: dict, device: str) -> dict:
 
 
 def run_case(case: Case, model_dir: Path, log_path: Path, *, overrides: dict | None = None, device: str = "auto",
-             shapes: bool = False, run_id: str | None = None) -> TraceRun:
+             shapes: bool = False, run_id: str | None = None, tensor_parallel_size: int | None = None) -> TraceRun:
     from engine import LLM, SamplingParams
     from engine.trace import JsonlTracer
 
-    kwargs = engine_kwargs(case, overrides or {}, device)
+    overrides = dict(overrides or {})
+    if tensor_parallel_size is not None:
+        overrides["tensor_parallel_size"] = tensor_parallel_size
+    kwargs = engine_kwargs(case, overrides, device)
     tracer = JsonlTracer(log_path, run=run_id, keep=True)
     tracer.shapes = shapes
     t0 = time.perf_counter()

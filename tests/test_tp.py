@@ -1,0 +1,371 @@
+"""Tensor parallel on the CPU (gloo): TP=2 against TP=1 on the tiny model, every traced case with two
+ranks, a killed worker, two engines side by side, the shared-memory limit, and `labkit shapes`."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.config import Config
+from engine.sequence import Sequence
+from labkit.trace.cases import list_cases, load_case
+from labkit.trace.run import run_case
+from labkit.trace.validate import validate
+
+REPO = Path(__file__).resolve().parents[1]
+# A tensor parallel bug tends to hang rather than fail: bound every test here well below the suite's limit.
+pytestmark = pytest.mark.timeout(120)
+SMALL = dict(device="cpu", enforce_eager=True, max_model_len=512, max_num_batched_tokens=256, max_num_seqs=8,
+             kvcache_block_size=16, num_kvcache_blocks=64)
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+
+def _prompts():
+    # A prompt longer than the budget (chunked prefill), two sharing a prefix (prefix cache), a short one.
+    shared = list(range(200, 296))
+    return [list(range(100, 400)), shared + [7, 8, 9], shared + [10, 11, 12, 13], [42, 43, 44]]
+
+
+@pytest.fixture(scope="module")
+def tp1_tokens(tiny_model):
+    llm = LLM(tiny_model, **SMALL)
+    try:
+        return [o["token_ids"] for o in llm.generate(_prompts(), GREEDY, use_tqdm=False)]
+    finally:
+        llm.exit()
+
+
+def _shm_exists(name: str) -> bool:
+    return os.path.exists(f"/dev/shm/{name}")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] == "Z"  # a zombie holds no resources (and is reaped by join)
+    except FileNotFoundError:
+        return True
+
+
+def test_tp2_greedy_tokens_equal_tp1(tiny_model, tp1_tokens):
+    llm = LLM(tiny_model, tensor_parallel_size=2, **SMALL)
+    try:
+        name = llm.config.shm_name
+        assert _shm_exists(name)
+        outs = llm.generate(_prompts(), GREEDY, use_tqdm=False)
+        assert [o["token_ids"] for o in outs] == tp1_tokens
+        mem = llm.peak_memory_per_rank()
+        assert [m["rank"] for m in mem] == [0, 1] and all(m["peak_bytes"] > 0 for m in mem)
+        pids = [p.pid for p in llm._tp.procs]
+    finally:
+        llm.exit()
+    llm.exit()  # idempotent
+    assert not _shm_exists(name) and all(_gone(pid) for pid in pids)
+
+
+def _forced_logits(llm, prompts, steps=4):
+    """Teacher forcing: feed token 100+step on every step; return each step's logits rows."""
+    rows = []
+    for p in prompts:
+        llm.add_request(p, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
+    while not llm.is_finished():
+        def choose(seqs, logits):
+            rows.append(logits.float().clone())
+            return [100 + len(rows) for _ in seqs]
+        llm.step(choose_tokens=choose)
+    return rows
+
+
+def test_teacher_forced_logits_tp2_match_tp1(tiny_model):
+    prompts = _prompts()
+    a = LLM(tiny_model, **SMALL)
+    try:
+        ref = _forced_logits(a, prompts)
+    finally:
+        a.exit()
+    b = LLM(tiny_model, tensor_parallel_size=2, **SMALL)
+    try:
+        got = _forced_logits(b, prompts)
+    finally:
+        b.exit()
+    assert len(ref) == len(got) > 3
+    for r, g in zip(ref, got):
+        assert r.shape == g.shape and r.shape[1] == 2048
+        assert (r - g).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("name", list_cases())
+def test_every_case_passes_with_two_ranks(name, tiny_model, tmp_path):
+    case = load_case(name)
+    run = run_case(case, Path(tiny_model), tmp_path / "events.jsonl", device="cpu", tensor_parallel_size=2,
+                   shapes=name == "lifecycle")
+    report = validate(run.events, case)
+    assert report.ok, report.first_failure.message if report.first_failure else report.summary()
+    start = next(e for e in run.events if e["event"] == "run_start")
+    assert start["tp_size"] == 2 and start["tp_rank"] == 0 and start["config"]["tensor_parallel_size"] == 2
+    if name == "lifecycle":  # rank 0's shapes: half the heads, half the vocabulary, half the KV
+        step1 = {e["module"]: e for e in run.events if e["event"] == "model_shape" and e["step"] == 1}
+        assert step1["qkv_proj"]["shape"] == [160, (2 + 2 * 1) * 32] and step1["qkv_proj"]["tp_size"] == 2
+        assert step1["q"]["shape"] == [160, 2, 32] and step1["k"]["shape"] == [160, 1, 32]
+        assert step1["gate_up_proj"]["shape"] == [160, 256] and step1["o_proj"]["shape"] == [160, 128]
+        assert step1["logits"]["shape"] == [2, 2048] and step1["logits_shard"]["shape"] == [2, 1024]
+        assert start["kv_bytes_per_token"] == 2 * 2 * 1 * 32 * 4
+
+
+def test_a_killed_worker_raises_a_clear_error_and_leaves_nothing(tiny_model):
+    llm = LLM(tiny_model, tensor_parallel_size=2, dist_timeout_s=20, **SMALL)
+    name, proc = llm.config.shm_name, llm._tp.procs[0]
+    try:
+        llm.add_request([5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        llm.step()
+        os.kill(proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"tensor parallel worker rank 1 died \(exit code -9\)"):
+            llm.step()
+        assert time.monotonic() - t0 < 20
+        assert not _shm_exists(name) and _gone(proc.pid)
+        assert not [p for p in multiprocessing.active_children() if p.name.startswith("labkit-tp")]
+        with pytest.raises(RuntimeError, match="rank 1 died"):  # the engine stays failed, it never hangs
+            llm.step()
+    finally:
+        llm.exit()
+    llm.exit()
+
+
+def test_a_worker_dying_inside_a_collective_is_named_too(tiny_model, monkeypatch):
+    # The worker dies after rank 0 has woken it: rank 0's collective fails (gloo: connection closed by
+    # peer) and the engine still names the dead rank rather than passing the gloo error on.
+    llm = LLM(tiny_model, tensor_parallel_size=2, dist_timeout_s=20, **SMALL)
+    runner, proc, name = llm.model_runner, llm._tp.procs[0], llm.config.shm_name
+    try:
+        llm.add_request([5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        llm.step()
+        run = runner.run
+
+        def dies_first(*args):
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(5)
+            return run(*args)
+
+        monkeypatch.setattr(runner, "run", dies_first)
+        with pytest.raises(RuntimeError, match=r"tensor parallel worker rank 1 died \(exit code -9\)"):
+            llm.step()
+        assert not _shm_exists(name)
+    finally:
+        llm.exit()
+
+
+def test_a_hung_worker_turns_into_an_error_after_dist_timeout_s(tiny_model):
+    llm = LLM(tiny_model, tensor_parallel_size=2, dist_timeout_s=3, **SMALL)
+    proc, name = llm._tp.procs[0], llm.config.shm_name
+    try:
+        llm.add_request([5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        llm.step()
+        os.kill(proc.pid, signal.SIGSTOP)  # alive, but never answers
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="the 'run' call failed on rank 0 .*workers were stopped"):
+            llm.step()
+        assert time.monotonic() - t0 < 3 + 10
+        assert not _shm_exists(name) and _gone(proc.pid)
+    finally:
+        if proc.exitcode is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        llm.exit()
+
+
+_RANK0 = textwrap.dedent("""
+    import json, sys, time
+    from engine import LLM
+    if __name__ == "__main__":
+        llm = LLM(sys.argv[1], tensor_parallel_size=2, **json.loads(sys.argv[2]))
+        print(json.dumps({"shm_name": llm.config.shm_name, "pids": [p.pid for p in llm._tp.procs]}), flush=True)
+        time.sleep(120)
+""")
+
+
+def test_workers_leave_when_rank_0_is_killed(tiny_model, tmp_path):
+    script = tmp_path / "rank0.py"
+    script.write_text(_RANK0)
+    rank0 = subprocess.Popen([sys.executable, str(script), tiny_model, json.dumps(SMALL)], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, cwd=REPO)
+    try:
+        info = json.loads(rank0.stdout.readline())
+    finally:
+        rank0.kill()
+        rank0.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # the worker sees its pipe close; Python's resource tracker unlinks
+        if all(_gone(pid) for pid in info["pids"]) and not _shm_exists(info["shm_name"]):
+            break
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in info["pids"]) and not _shm_exists(info["shm_name"])
+
+
+def test_a_worker_error_is_quoted(tiny_model):
+    llm = LLM(tiny_model, tensor_parallel_size=2, **SMALL)
+    try:
+        with pytest.raises(RuntimeError, match=r"rank 1 died \(exit code 1\): AttributeError: .*no_such_method"):
+            llm._tp.call("no_such_method", reply=True)
+    finally:
+        llm.exit()
+    assert not _shm_exists(llm.config.shm_name)
+
+
+_OTHER_ENGINE = textwrap.dedent("""
+    import json, sys
+    from engine import LLM, SamplingParams
+    if __name__ == "__main__":
+        llm = LLM(sys.argv[1], tensor_parallel_size=2, **json.loads(sys.argv[2]))
+        print(json.dumps({"shm_name": llm.config.shm_name, "addr": llm.config.dist_init_addr}), flush=True)
+        sys.stdin.readline()  # the other engine runs while this one is up
+        outs = llm.generate(json.loads(sys.argv[3]), SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+                            use_tqdm=False)
+        llm.exit()
+        print(json.dumps([o["token_ids"] for o in outs]), flush=True)
+""")
+
+
+def test_two_tp_engines_with_default_isolation_run_at_once(tiny_model, tp1_tokens, tmp_path):
+    script = tmp_path / "other.py"
+    script.write_text(_OTHER_ENGINE)
+    a = LLM(tiny_model, tensor_parallel_size=2, **SMALL)
+    other = subprocess.Popen([sys.executable, str(script), tiny_model, json.dumps(SMALL), json.dumps(_prompts())],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        b = json.loads(other.stdout.readline())
+        assert b["shm_name"] != a.config.shm_name and b["addr"] != a.config.dist_init_addr
+        assert _shm_exists(a.config.shm_name) and _shm_exists(b["shm_name"])
+        assert [o["token_ids"] for o in a.generate(_prompts(), GREEDY, use_tqdm=False)] == tp1_tokens
+        other.stdin.write("go\n")
+        other.stdin.flush()
+        assert json.loads(other.stdout.readline()) == tp1_tokens
+        assert other.wait(60) == 0
+        # One default process group per process: a second TP engine here is refused, clearly.
+        with pytest.raises(ValueError, match="tensor_parallel_size: this process already has"):
+            LLM(tiny_model, tensor_parallel_size=2, **SMALL)
+        assert [o["token_ids"] for o in a.generate(_prompts(), GREEDY, use_tqdm=False)] == tp1_tokens
+    finally:
+        if other.poll() is None:
+            other.kill()
+        a.exit()
+    assert not _shm_exists(a.config.shm_name) and not _shm_exists(b["shm_name"])
+
+
+def test_an_address_or_name_in_use_is_refused_before_any_worker_starts(tiny_model):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addr = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(ValueError, match=f"dist_init_addr: {addr} is already in use"):
+            LLM(tiny_model, tensor_parallel_size=2, dist_init_addr=addr, **SMALL)
+    from multiprocessing.shared_memory import SharedMemory
+
+    shm = SharedMemory(create=True, size=4096)
+    try:
+        with pytest.raises(ValueError, match=f"shm_name: shared memory '{shm.name.lstrip('/')}' already exists"):
+            LLM(tiny_model, tensor_parallel_size=2, shm_name=shm.name.lstrip("/"), **SMALL)
+    finally:
+        shm.close()
+        shm.unlink()
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("labkit-tp")]
+
+
+def test_a_call_larger_than_the_shared_memory_is_refused(tiny_model):
+    kw = {**SMALL, "max_model_len": 2048, "max_num_batched_tokens": 2048, "num_kvcache_blocks": 160}
+    llm = LLM(tiny_model, tensor_parallel_size=2, shm_size=8192, **kw)
+    name = llm.config.shm_name
+    try:
+        llm.add_request([100 + i % 1900 for i in range(1500)], SamplingParams(max_tokens=1))
+        with pytest.raises(ValueError, match=r"shm_size: the 'run' call needs \d+ bytes .*shm_size=8192"):
+            llm.step()
+    finally:
+        llm.exit()
+    assert not _shm_exists(name)
+
+
+def test_config_checks_divisibility_and_picks_unique_isolation(tiny_model):
+    with pytest.raises(ValueError, match=r"tensor_parallel_size: num_key_value_heads \(2\) is not divisible by 4"):
+        Config(tiny_model, tensor_parallel_size=4)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size: num_attention_heads \(4\) is not divisible by 3"):
+        Config(tiny_model, tensor_parallel_size=3)
+    with pytest.raises(ValueError, match="shm_size: must be at least"):
+        Config(tiny_model, tensor_parallel_size=2, shm_size=4096)
+    with pytest.raises(ValueError, match="dist_init_addr"):
+        Config(tiny_model, dist_init_addr="nowhere")
+    a, b = Config(tiny_model, tensor_parallel_size=2), Config(tiny_model, tensor_parallel_size=2)
+    assert a.shm_name != b.shm_name and a.shm_name.startswith(f"labkit-{os.getpid()}-")
+    assert a.dist_init_addr.startswith("127.0.0.1:") and a.shm_size == 1 << 20 and a.dist_timeout_s == 60
+
+
+def test_sequences_travel_compactly():
+    seq = Sequence(list(range(1000)), SamplingParams(), 3, 256)
+    seq.block_table = [4, 5, 6, 7]
+    seq.num_cached_tokens = 512  # a prefix hit: only the rest travels
+    seq.num_scheduled_tokens = 488
+    w = pickle.loads(pickle.dumps(seq))
+    assert len(w) == 1000 and w.token_ids[512:1000] == list(range(512, 1000)) and w.block_table == [4, 5, 6, 7]
+    with pytest.raises(IndexError):
+        w.token_ids[0:10]
+    seq.num_cached_tokens, seq.num_scheduled_tokens = 1000, 1
+    seq.append_token(7)  # decode: the last token only
+    data = pickle.dumps(seq)
+    w = pickle.loads(data)
+    assert len(data) < 120 and w.last_token == 7 and len(w) == 1001 and w.last_block_num_tokens == 233
+
+
+def test_shapes_command_static_and_checked(tmp_path, capsys):
+    from labkit import cli
+
+    out = tmp_path / "static.json"
+    with pytest.raises(SystemExit) as done:
+        cli.main(["shapes", "--tp", "2", "--preset", "qwen3-0.6b", "--out", str(out)])
+    assert done.value.code in (0, None)
+    data = json.loads(out.read_text())
+    table = data["table"]
+    assert data["evidence"] == "static-estimate" and data["command"] == "shapes"
+    assert table["params"]["model.layers.N.self_attn.qkv_proj.weight"]["rank"] == [2048, 1024]
+    assert table["params"]["model.layers.N.self_attn.o_proj.weight"]["rank"] == [1024, 1024]
+    assert table["params"]["model.layers.N.mlp.gate_up_proj.weight"]["rank"] == [3072, 1024]
+    assert table["params"]["model.layers.N.mlp.down_proj.weight"]["rank"] == [1024, 1536]
+    assert table["params"]["model.embed_tokens.weight"]["rank"] == [75968, 1024]
+    assert table["heads"]["q"]["rank"] == 8 and table["heads"]["kv"]["rank"] == 4
+    assert table["kv_bytes_per_token"]["rank"] == 56 * 1024
+    assert table["activations"]["logits_shard"] == ["N", 75968]
+    with pytest.raises(SystemExit) as done:
+        cli.main(["shapes", "--tp", "4", "--preset", "tiny", "--out", str(tmp_path / "bad.json")])
+    assert done.value.code == 2 and "tensor_parallel_size" in capsys.readouterr().err
+
+
+def test_shapes_check_on_tiny_compares_every_rank(tiny_model, tmp_path):
+    out = tmp_path / "check.json"
+    res = subprocess.run([sys.executable, "-m", "labkit", "shapes", "--tp", "2", "--check", "--model", tiny_model,
+                          "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(out.read_text())
+    assert data["evidence"] == "cpu-executed" and data["passed"] is True and out.with_suffix(".md").is_file()
+    assert [r["rank"] for r in data["ranks"]] == [0, 1] and all(c["passed"] for c in data["checks"])
+    assert data["ranks"][1]["kv_cache"] == [2, 2, 4, 16, 1, 32]
+
+
+def test_shapes_check_catches_a_mismatch():
+    from labkit.fake_model import preset_config
+    from labkit.shapes import compare, per_rank_shapes
+
+    expected = per_rank_shapes(preset_config("tiny"), 2)
+    rank = {"rank": 0, "tp_size": 2, "layers_uniform": True, "num_heads": 2, "num_kv_heads": 2, "head_dim": 32,
+            "kv_bytes_per_token": 512, "kv_cache": [2, 2, 4, 16, 1, 32],
+            "params": {k: v["rank"] for k, v in expected["params"].items()}}
+    bad = [c for c in compare(expected, [rank, {**rank, "rank": 1}], 4, 16) if not c["passed"]]
+    assert [(c["rank"], c["what"]) for c in bad] == [(0, "kv heads"), (1, "kv heads")]
