@@ -134,6 +134,19 @@ class LLMEngine:
     def is_finished(self) -> bool:
         return self.scheduler.is_finished()
 
+    def abort(self, seq_id: int) -> bool:
+        """Cancel a request between steps; its KV blocks return to the pool. False if already finished."""
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise ValueError(f"seq_id: no request {seq_id!r} in this engine")
+        done = self.scheduler.abort(seq)
+        if done and self.tracer is not None:
+            self.tracer.step = None
+            self.tracer.emit("aborted", seq_id=seq.seq_id, request_id=seq.request_id,
+                             num_completion_tokens=seq.num_completion_tokens,
+                             free_blocks=self.scheduler.block_manager.num_free_blocks)
+        return done
+
     def get_sequence(self, seq_id: int) -> Sequence:
         return self._seqs[seq_id]
 

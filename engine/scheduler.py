@@ -107,6 +107,22 @@ class Scheduler:
             self.waiting.appendleft(seq)
         self.preempted.append(seq)
 
+    def abort(self, seq: Sequence) -> bool:
+        """Take a sequence out between steps (a cancelled request): its blocks go back to the pool
+        (hashed blocks keep their prefix-cache entries). Returns False if it had already finished."""
+        if seq.is_finished:
+            return False
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.running:
+            self.running.remove(seq)
+        if seq.block_table:  # running, or waiting mid-chunk
+            self.block_manager.deallocate(seq)
+        seq.num_scheduled_tokens = 0
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = "abort"
+        return True
+
     def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[bool]:
         """Fold the step's computed tokens into each sequence; accept its sampled token only when the
         whole known sequence is now computed (a chunk's candidate is discarded). Returns accepted flags."""

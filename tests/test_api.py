@@ -103,3 +103,24 @@ def test_cuda_without_gpu_is_a_clear_error(tiny_model):
 def test_missing_model_folder(tmp_path):
     with pytest.raises(ValueError, match="model"):
         LLM(str(tmp_path / "nowhere"))
+
+
+def test_abort_returns_blocks_and_leaves_others_running(tiny_model):
+    llm = LLM(tiny_model, enforce_eager=True, max_model_len=256, kvcache_block_size=4, num_kvcache_blocks=64,
+              max_num_batched_tokens=8)
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    keep = llm.add_request([100 + i for i in range(5)], sp)
+    running = llm.add_request([200 + i for i in range(6)], sp)
+    chunking = llm.add_request([300 + i for i in range(30)], sp)
+    for _ in range(3):
+        llm.step()
+    assert llm.get_sequence(chunking).block_table  # mid-chunk: holds blocks while waiting
+    assert llm.abort(running) and llm.abort(chunking)
+    assert not llm.abort(running)  # already gone
+    with pytest.raises(ValueError, match="seq_id"):
+        llm.abort(12345)
+    while not llm.is_finished():
+        llm.step()
+    assert llm.get_sequence(keep).num_completion_tokens == 6
+    assert llm.get_sequence(running).finish_reason == "abort"
+    assert llm.scheduler.block_manager.num_free_blocks == 64
