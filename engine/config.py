@@ -34,6 +34,8 @@ class Config:
     # torch.compile the small fused ops (norms, RoPE, SiLU*up) when running CUDA graphs (the fast
     # path); eager runs and the CPU skip it and its start-up cost.
     torch_compile: bool = True
+    # "torch": softmax + exponential noise + argmax; "triton": the one-pass Gumbel-max kernel.
+    sampler: str = "torch"
     # KV pool budget when the pool is not sized from free GPU memory (CPU, or set explicitly).
     kvcache_memory_bytes: int = -1
     seed: int = 0
@@ -68,6 +70,7 @@ class Config:
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         _choice("dtype", self.dtype, DTYPES)
+        _choice("sampler", self.sampler, ("torch", "triton"))
         if self.hf_config is None:
             from transformers import AutoConfig
 

@@ -83,6 +83,10 @@ class ModelRunner:
         for layer in self.attn_layers:
             layer.backend = backend
         self.sampler = Sampler(config.seed, self.device)
+        # One-pass Triton Gumbel-max (engine/kernels/sampling.py) instead of the torch sampler's passes
+        # over the logits; top-k/top-p batches keep the torch sampler.
+        self.fused_sampler = config.sampler == "triton"
+        self._sample_calls = 0
         self.num_kv_heads = self.attn_layers[0].num_kv_heads
         self.head_dim = self.attn_layers[0].head_dim
         if self.device.type == "cuda":
@@ -275,6 +279,11 @@ class ModelRunner:
             top_ks = self._to_device([s.top_k for s in seqs])
         if any(s.top_p < 1.0 for s in seqs):
             top_ps = self._to_device([s.top_p for s in seqs], torch.float32)
+        if self.fused_sampler and top_ks is None and top_ps is None and greedy_rows != "all":
+            from .kernels.sampling import gumbel_argmax
+
+            self._sample_calls += 1
+            return gumbel_argmax(logits, temperatures, self.config.seed * 1_000_003 + self._sample_calls).tolist()
         return self.sampler(logits, temperatures, top_ks, top_ps, greedy_rows).tolist()
 
     def run(self, seqs: list[Sequence], is_prefill: bool, inputs: StepInputs | None = None) -> list[int]:

@@ -164,6 +164,69 @@ def kernel_bench():
     note("decode_kernel", res)
 
 
+def kernel_sweep():
+    """Decode-attention tuning knobs on the two shapes that matter (nano-like and long context)."""
+    from engine.kernels.decode_attention import num_splits_for, paged_decode
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    res = {}
+    for batch, ctx in ((256, 800), (32, 4096)):
+        nblk = batch * (-(-ctx // 256))
+        kc = torch.randn(nblk, 256, 8, 128, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        tables = torch.randperm(nblk, device="cuda", dtype=torch.int32).view(batch, -1)
+        lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+        q = torch.randn(batch, 16, 128, device="cuda", dtype=torch.bfloat16)
+        splits = num_splits_for(batch, 8, ctx, sms)
+        ref = paged_decode(q, kc, vc, tables, lens, 0.088, splits)
+        for block_n in (32, 64, 128):
+            for page_tiles in (False, True):
+                for warps in (4, 8):
+                    for stages in (2, 3):
+                        kw = dict(block_n=block_n, page_tiles=page_tiles, num_warps=warps, num_stages=stages)
+                        try:
+                            out = paged_decode(q, kc, vc, tables, lens, 0.088, splits, **kw)
+                            err = (out.float() - ref.float()).abs().max().item()
+                            torch.cuda.synchronize()
+                            times = []
+                            for _ in range(15):
+                                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                                a.record()
+                                paged_decode(q, kc, vc, tables, lens, 0.088, splits, **kw)
+                                b.record()
+                                b.synchronize()
+                                times.append(a.elapsed_time(b))
+                            ms = sorted(times)[7]
+                            res[f"{batch}x{ctx} n{block_n} pt{int(page_tiles)} w{warps} s{stages}"] = {
+                                "ms": round(ms, 4), "TB_s": round(2 * batch * ctx * 2048 * 2 / ms / 1e9, 2),
+                                "max_err": err}
+                        except Exception as e:  # a configuration that does not compile is a result too
+                            res[f"{batch}x{ctx} n{block_n} pt{int(page_tiles)} w{warps} s{stages}"] = {"error": str(e)[:120]}
+        del kc, vc
+    torch.cuda.empty_cache()
+    best = sorted((v["ms"], k) for k, v in res.items() if "ms" in v)
+    note("decode_kernel_sweep", res)
+    note("decode_kernel_sweep_best", best[:6])
+
+
+def sampler_ratio(args, prompts, params, out_tokens):
+    """The nano workload with the torch sampler and with the one-pass Triton sampler, same process."""
+    for sampler in ("torch", "triton"):
+        llm = LLM(args.model, max_model_len=4096, attention_backend="triton", sampler=sampler)
+        llm.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+        runs = []
+        for _ in range(2):
+            torch.cuda.synchronize()
+            t = time.time()
+            llm.generate(prompts, params, use_tqdm=False)
+            torch.cuda.synchronize()
+            runs.append(time.time() - t)
+        note(f"nano_sampler_{sampler}", {"wall_s": [round(r, 3) for r in runs],
+                                         "output_tok_s": [round(out_tokens / r) for r in runs]})
+        llm.exit()
+        del llm
+        torch.cuda.empty_cache()
+
+
 def profile_steps(llm, prompts, params):
     """Where a step's time goes (host clocks, with a device sync after the forward pass)."""
     import collections
@@ -198,6 +261,9 @@ def profile_steps(llm, prompts, params):
 def bench(args):
     kernel_bench()
     prompts, params = nano_workload()
+    if os.environ.get("GPU_CHECK_VARIANTS"):
+        kernel_sweep()
+        sampler_ratio(args, prompts, params, sum(p.max_tokens for p in params))
     out_tokens = sum(p.max_tokens for p in params)
     note("nano_workload", {"prompt_tokens": sum(map(len, prompts)), "output_tokens": out_tokens})
     for eager in (False,):

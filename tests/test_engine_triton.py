@@ -31,3 +31,15 @@ def test_triton_logits_match_transformers_with_chunks_and_prefix_hits(tiny_model
     a = _prompt(300, 90)
     rows = _teacher_forced(llm, [a, a[:256] + _prompt(20, 91)], max_tokens=3, submit_after_finish=True)
     _check(rows, hf_logits, 6)
+
+
+def test_triton_sampler_in_the_engine(tiny_model):
+    prompts = [_prompt(12, 5), _prompt(7, 6)]
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    hot = SamplingParams(temperature=0.8, max_tokens=6, ignore_eos=True)
+    base = [o["token_ids"] for o in _llm(tiny_model, "torch").generate(prompts, greedy, use_tqdm=False)]
+    fused = _llm(tiny_model, "torch", sampler="triton")
+    assert [o["token_ids"] for o in fused.generate(prompts, greedy, use_tqdm=False)] == base
+    a = [o["token_ids"] for o in _llm(tiny_model, "torch", sampler="triton", seed=4).generate(prompts, hot, use_tqdm=False)]
+    b = [o["token_ids"] for o in _llm(tiny_model, "torch", sampler="triton", seed=4).generate(prompts, hot, use_tqdm=False)]
+    assert a == b and all(len(x) == 6 for x in a)

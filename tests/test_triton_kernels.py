@@ -68,6 +68,10 @@ def test_paged_decode_matches_reference(dtype, tol, block_size, lengths, splits)
     ref = torch_ref.decode(q, k_cache, v_cache, ctx, head_dim ** -0.5)
     out = paged_decode(q, k_cache, v_cache, tables, ctx_lens, head_dim ** -0.5, splits, block_n=16)
     assert (out.float() - ref.float()).abs().max().item() < tol
+    if block_size % 16 == 0:  # the page-aligned tiling reads the same keys
+        tiled = paged_decode(q, k_cache, v_cache, tables, ctx_lens, head_dim ** -0.5, splits, block_n=16,
+                             page_tiles=True)
+        assert (tiled.float() - ref.float()).abs().max().item() < tol
 
 
 def test_paged_decode_padding_rows_are_zero():
@@ -111,3 +115,22 @@ def test_varlen_prefill_matches_reference(dtype, tol, paged):
     out = varlen_prefill(q, k, v, k_cache if paged else None, v_cache if paged else None,
                          tables if paged else None, cu_q_t, cu_k_t, ctx.max_seqlen_q, scale, block_m=16, block_n=16)
     assert (out.float() - ref.float()).abs().max().item() < tol
+
+
+def test_gumbel_argmax_greedy_rows_are_argmax_and_sampled_rows_follow_the_distribution():
+    from engine.kernels.sampling import gumbel_argmax
+
+    g = torch.Generator().manual_seed(7)
+    logits = (torch.randn(3, 300, generator=g) * 3).to(DEVICE)
+    greedy = gumbel_argmax(logits, torch.zeros(3, device=DEVICE), seed=1, block=128)
+    assert greedy.tolist() == logits.argmax(-1).tolist()
+    probs = torch.tensor([0.6, 0.25, 0.1, 0.05])
+    n = 800  # Triton's CPU interpreter runs one program per row: keep this small
+    rows = probs.log().expand(n, 4).contiguous().to(DEVICE)
+    drawn = gumbel_argmax(rows, torch.ones(n, device=DEVICE), seed=3, block=4)
+    freq = torch.bincount(drawn.cpu(), minlength=4).float() / n
+    assert torch.allclose(freq, probs, atol=0.05)
+    again = gumbel_argmax(rows[:50], torch.ones(50, device=DEVICE), seed=3, block=4)
+    assert torch.equal(drawn[:50], again)  # the seed fixes the draw
+    hot = gumbel_argmax(rows[:100], torch.full((100,), 50.0, device=DEVICE), seed=4, block=4)
+    assert len(set(hot.tolist())) == 4  # a high temperature flattens the distribution

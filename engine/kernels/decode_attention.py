@@ -24,7 +24,7 @@ def _decode_split_kernel(
     stride_qb, stride_qh, stride_bt, scale_log2,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PAGE_TILES: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -49,8 +49,13 @@ def _decode_split_kernel(
     for n in range(start, end, BLOCK_N):
         offs = n + tl.arange(0, BLOCK_N)
         nmask = offs < end
-        page = tl.load(block_tables_ptr + b * stride_bt + offs // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
-        slot = page * BLOCK_SIZE + offs % BLOCK_SIZE
+        if PAGE_TILES:
+            # A tile never straddles a page (BLOCK_SIZE % BLOCK_N == 0): one table read, contiguous rows.
+            page = tl.load(block_tables_ptr + b * stride_bt + n // BLOCK_SIZE).to(tl.int64)
+            slot = page * BLOCK_SIZE + n % BLOCK_SIZE + tl.arange(0, BLOCK_N)
+        else:
+            page = tl.load(block_tables_ptr + b * stride_bt + offs // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+            slot = page * BLOCK_SIZE + offs % BLOCK_SIZE
         kv_off = slot[:, None] * row_stride + kvh * HEAD_DIM + d[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
@@ -99,7 +104,10 @@ def num_splits_for(batch: int, num_kv_heads: int, max_context: int, num_sms: int
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, scale: float, num_splits: int, out: torch.Tensor | None = None,
-                 block_n: int = 64) -> torch.Tensor:
+                 block_n: int = 64, page_tiles: bool = False, num_warps: int | None = None,
+                 num_stages: int | None = None) -> torch.Tensor:
+    """page_tiles, num_warps, num_stages: tuning knobs (page_tiles needs block_size % block_n == 0); the
+    defaults are the configuration measured in docs/perf.md."""
     """q: [batch, heads, head_dim]; caches [num_blocks, block_size, kv_heads, head_dim];
     block_tables [batch, max_blocks] int32 (-1 padded); context_lens [batch] int32 (0 = padding row)."""
     batch, num_heads, head_dim = q.shape
@@ -111,11 +119,15 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     if out is None:
         out = torch.empty_like(q)
     log2e = 1.4426950408889634
+    if page_tiles and block_size % block_n:
+        raise ValueError(f"page_tiles needs block_size ({block_size}) to be a multiple of block_n ({block_n})")
+    launch = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, acc, ml,
         q.stride(0), q.stride(1), block_tables.stride(0), scale * log2e,
         NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_PRECISION=_precision(q.dtype),
+        PAGE_TILES=page_tiles, **launch,
     )
     _decode_merge_kernel[(batch, num_heads)](
         acc, ml, out, out.stride(0), out.stride(1),
