@@ -150,6 +150,13 @@ class LLMEngine:
     def get_sequence(self, seq_id: int) -> Sequence:
         return self._seqs[seq_id]
 
+    def forget(self, seq_id: int) -> None:
+        """Drop a finished request's record (a long-running server calls this once it has delivered it)."""
+        seq = self._seqs.get(seq_id)
+        if seq is not None and not seq.is_finished:
+            raise ValueError(f"seq_id: request {seq_id} is still running; abort() it first")
+        self._seqs.pop(seq_id, None)
+
     # --- the step -------------------------------------------------------------------------------
     def step(self, choose_tokens=None):
         """One engine step. Returns ([(seq_id, completion_token_ids) for sequences that finished],

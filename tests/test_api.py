@@ -124,3 +124,15 @@ def test_abort_returns_blocks_and_leaves_others_running(tiny_model):
     assert llm.get_sequence(keep).num_completion_tokens == 6
     assert llm.get_sequence(running).finish_reason == "abort"
     assert llm.scheduler.block_manager.num_free_blocks == 64
+
+
+def test_forget_drops_only_finished_requests(tiny_model):
+    llm = LLM(tiny_model, enforce_eager=True, max_model_len=256, num_kvcache_blocks=8)
+    sid = llm.add_request([100, 101, 102], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    with pytest.raises(ValueError, match="still running"):
+        llm.forget(sid)
+    while not llm.is_finished():
+        llm.step()
+    llm.forget(sid)
+    with pytest.raises(KeyError):
+        llm.get_sequence(sid)
