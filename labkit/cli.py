@@ -22,6 +22,7 @@ from labkit import smoke as smoke_cmd
 from labkit.trace import command as trace_cmd
 from labkit.bench import command as bench_cmd
 from labkit.logits import command as logits_cmd
+from labkit.serve import command as serve_cmd
 from labkit.errors import LabkitError
 from labkit.output import EXIT_CANNOT_RUN
 
@@ -58,6 +59,7 @@ app.command("shapes", help="Per-rank tensor-parallel shapes from config.json; --
 app.add_typer(trace_cmd.app, name="trace", help="Run a traced case, show every step, check expected states.")
 app.add_typer(bench_cmd.app, name="bench", help="Offline throughput bench (engine or HF baseline); compare two runs.")
 app.add_typer(logits_cmd.app, name="logits-check", help="Teacher-forced logits of the engine against Transformers.")
+app.add_typer(serve_cmd.app, name="serve", help="Serve the engine over OpenAI-shaped HTTP; `serve client` sends a request.")
 
 
 def _one_line(text: object) -> str:

@@ -421,10 +421,20 @@ def test_serve_refuses_remote_host():
     assert res.returncode == 2 and "--allow-remote" in res.stderr
 
 
+def _aborts(server) -> float:
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        if line.startswith('labkit_request_finished_total{finish_reason="abort"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def test_non_stream_disconnect_cancels(server, worker):
+    aborts = _aborts(server)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/completions", timeout=httpx.Timeout(0.3, connect=5),
                    json={"prompt": PROMPT, "max_tokens": 490, "temperature": 0, "ignore_eos": True})
     _wait(lambda: _idle(worker), 15, "the abandoned request to leave the engine")
     assert worker.llm.scheduler.block_manager.num_free_blocks == worker.total_blocks
     assert not getattr(worker.llm, "_seqs", {})  # the worker forgets finished sequences
+    assert _aborts(server) == aborts + 1
+    assert worker.step_log[-1]["t_ns"] - worker.step_log[0]["t_ns"] > 0

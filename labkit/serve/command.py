@@ -1,0 +1,117 @@
+"""`labkit serve`: an OpenAI-compatible HTTP server around the engine, and a client for it.
+
+    labkit serve --model DIR --port 8000                 # http://127.0.0.1:8000/v1/completions ...
+    labkit serve --tp 2 --device cpu --max-queue 32
+    labkit serve client --url http://127.0.0.1:8000 --prompt "Hello" --stream --out runs/client.jsonl
+
+Listens on loopback only unless --allow-remote. Exit 2 when it cannot run (missing fastapi/uvicorn,
+bad model, port in use, bad engine arguments).
+"""
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+from typing import Optional
+
+import typer
+
+from labkit.errors import LabkitError
+from labkit.options import Policy
+from labkit.output import Device, resolve_device
+from labkit.serve import client as client_mod
+
+app = typer.Typer(help="Serve the engine over HTTP (OpenAI-shaped); `client` sends a request.",
+                  invoke_without_command=True, no_args_is_help=False)
+
+app.command("client", help="Send one request to a running server; print tokens; --out writes per-token JSONL.")(
+    client_mod.run)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _need_serve_packages() -> None:
+    missing = []
+    for mod in ("fastapi", "uvicorn", "prometheus_client"):
+        try:
+            __import__(mod)
+        except ImportError:
+            missing.append(mod)
+    if missing:
+        raise LabkitError(f"labkit serve needs {', '.join(missing)}: pip install 'labkit[serve]'", 2)
+
+
+def _check_port(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise LabkitError(f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}", 2) from None
+
+
+@app.callback()
+def serve(
+    ctx: typer.Context,
+    model: Optional[str] = typer.Option(None, "--model", help="Model folder (default: $MODEL_DIR, else the tiny model)."),
+    device: Device = typer.Option(Device.auto, "--device", help="auto picks cuda when a GPU is visible."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback unless --allow-remote)."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535),
+    allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback --host."),
+    tp: int = typer.Option(1, "--tp", min=1, max=8, help="Tensor parallel size."),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="Engine max_num_seqs."),
+    budget: Optional[int] = typer.Option(None, "--budget", min=1, help="Engine max_num_batched_tokens."),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1, help="Engine max_model_len."),
+    eager: Optional[bool] = typer.Option(None, "--eager/--graph", help="Eager execution or CUDA graphs (default: the engine's)."),
+    policy: Policy = typer.Option(Policy.prefill_first, "--policy", help="Scheduling policy."),
+    max_queue: int = typer.Option(256, "--max-queue", min=1, help="Waiting requests beyond which new ones get 503."),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model name in the API (default: the folder name)."),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
+) -> None:
+    """Run the HTTP server (the `client` subcommand talks to it)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    _need_serve_packages()
+    if not is_loopback(host) and not allow_remote:
+        raise LabkitError(f"--host {host}: not a loopback address; the server has no authentication, "
+                          "pass --allow-remote to listen on it anyway", 2)
+    from labkit.model import resolve_model
+
+    model_dir = resolve_model(model)
+    dev = resolve_device(device)
+    kwargs = {"device": dev, "tensor_parallel_size": tp, "scheduling_policy": policy.value}
+    for key, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", budget),
+                       ("max_model_len", max_model_len), ("enforce_eager", eager)):
+        if value is not None:
+            kwargs[key] = value
+    _check_port(host, port)
+
+    import uvicorn
+
+    from labkit.serve.http import create_app
+    from labkit.serve.worker import EngineWorker
+
+    name = served_model_name or model_dir.name
+    print(f"labkit serve: loading {model_dir} on {dev} (tp={tp})", file=sys.stderr, flush=True)
+    worker = EngineWorker(str(model_dir), max_queue=max_queue, **kwargs)
+    worker.start()  # a bad engine argument raises ValueError here: main() prints it, exit 2
+    try:
+        app_ = create_app(worker, name)
+        config = uvicorn.Config(app_, host=host, port=port, log_level=log_level, access_log=False,
+                                timeout_graceful_shutdown=5)
+        server = uvicorn.Server(config)
+        print(f"labkit serve: model {name!r} ready at http://{host}:{port} (/v1/completions, "
+              f"/v1/chat/completions, /health, /metrics)", file=sys.stderr, flush=True)
+        server.run()
+    finally:
+        worker.close()
+    if not server.started:
+        raise LabkitError(f"the server could not start on {host}:{port}", 2)
