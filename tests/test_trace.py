@@ -144,3 +144,20 @@ def test_shapes_on_qwen3_0_6b_geometry(tmp_path):
     assert step1["qkv_proj"] == [160, 4096]
     assert step1["q"] == [160, 16, 128] and step1["k"] == [160, 8, 128]
     assert step1["gate_up_proj"] == [160, 6144] and step1["logits"] == [2, 151936]
+
+
+def test_balanced_case_shows_the_alternation(tiny_model, tmp_path):
+    """The same mixed workload under both policies: prefill_first runs the long prompts' chunks back to
+    back while S1/S2 wait to decode; balanced interleaves a decode step between chunks."""
+    case = load_case("balanced")
+    phases = {}
+    for policy in ("prefill_first", "balanced"):
+        run = run_case(case, Path(tiny_model), tmp_path / f"{policy}.jsonl", device="cpu",
+                       overrides={"scheduling_policy": policy})
+        assert validate(run.events, case).ok
+        phases[policy] = "".join("P" if e["phase"] == "prefill" else "D" for e in run.events
+                                 if e["event"] == "scheduled")
+    assert "PPPP" in phases["prefill_first"]
+    first_long = phases["balanced"].index("P", 1)
+    tail = phases["balanced"][first_long:phases["balanced"].rindex("P") + 1]
+    assert "PP" not in tail and tail.count("P") == phases["prefill_first"].count("P") - 1
