@@ -373,8 +373,10 @@ def test_serve_and_client_processes(tiny_model, tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     labkit = [sys.executable, "-m", "labkit"]
     log = open(tmp_path / "server.log", "w")
+    trace = tmp_path / "engine.jsonl"
     proc = subprocess.Popen(labkit + ["serve", "--model", tiny_model, "--device", "cpu", "--port", str(port),
-                                      "--max-model-len", "512", "--eager", "--log-level", "warning"],
+                                      "--max-model-len", "512", "--eager", "--log-level", "warning",
+                                      "--trace", str(trace)],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         end = time.monotonic() + 60
@@ -400,6 +402,13 @@ def test_serve_and_client_processes(tiny_model, tmp_path):
         assert all(e["v"] == 1 and e["observer"] == "client" for e in events)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0 or proc.returncode in (0, 130)
+        # The engine's own log of the same request: schema v1, and every invariant holds.
+        from labkit.trace.validate import read_jsonl, validate
+
+        engine_events = read_jsonl(trace)
+        assert {"run_start", "request_added", "scheduled", "after_postprocess", "run_end"} <= {
+            e["event"] for e in engine_events}
+        assert validate(engine_events).ok
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -75,6 +75,8 @@ def serve(
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Waiting requests beyond which new ones get 503."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model name in the API (default: the folder name)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
+    trace: Optional[str] = typer.Option(None, "--trace", help="Write the engine's JSONL event log (schema v1) "
+                                        "here: which requests ran in which step, as the server admitted them."),
 ) -> None:
     """Run the HTTP server (the `client` subcommand talks to it)."""
     if ctx.invoked_subcommand is not None:
@@ -93,6 +95,10 @@ def serve(
         if value is not None:
             kwargs[key] = value
     _check_port(host, port)
+    if trace is not None:
+        from engine.trace import JsonlTracer
+
+        kwargs["tracer"] = JsonlTracer(trace)
 
     import uvicorn
 
