@@ -15,6 +15,8 @@ import typer
 from labkit import __version__, cli, doctor, output
 from labkit.errors import LabkitError
 
+from .helpers import run_cli
+
 EVIDENCE = {"gpu-measured", "cpu-executed", "static-estimate", "simulated"}
 ENVELOPE_KEYS = {"command", "argv", "versions", "device", "model", "git_head", "started_at",
                  "ended_at", "evidence"}
@@ -23,13 +25,6 @@ NO_GPU = not output.cuda_available()
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_cli(args, capsys):
-    """Run the real entry point in-process; return (exit code, stdout, stderr)."""
-    with pytest.raises(SystemExit) as exited:
-        cli.main(list(args))
-    captured = capsys.readouterr()
-    code = exited.value.code
-    return (0 if code is None else code), captured.out, captured.err
 
 
 @pytest.fixture(scope="session")

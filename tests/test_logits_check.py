@@ -19,6 +19,8 @@ from labkit.logits import compare as cmp
 from labkit.logits.collect import Collection, collect_engine, collect_hf, load_hf, read_collection, write_collection
 from labkit.logits.suites import SUITES, continuation, token_path
 
+from .helpers import run_cli
+
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
@@ -50,14 +52,6 @@ def collections(tiny_model, hf_ref):
     return get
 
 
-def run_cli(args, capsys):
-    from labkit import cli
-
-    with pytest.raises(SystemExit) as exited:
-        cli.main(list(args))
-    captured = capsys.readouterr()
-    code = exited.value.code
-    return (0 if code is None else code), captured.out, captured.err
 
 
 # --- suites ---------------------------------------------------------------------------------------

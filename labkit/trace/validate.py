@@ -978,19 +978,13 @@ def _check_case_requests(log: _Log, case: Case, col: _Collector) -> None:
                                     f"run, request {r.id}: never added to the engine", "case"))
             continue
         i, e = got
-        ok = e.get("max_tokens") == r.max_tokens
-        col.checks.append(Check("case.requests", ok, None, r.id, "max_tokens", r.max_tokens,
-                                e.get("max_tokens"),
-                                f"run, request {r.id}, max_tokens: expected {r.max_tokens}, "
-                                f"got {e.get('max_tokens')}" if not ok else
-                                f"request {r.id} added with max_tokens {r.max_tokens}", "case"))
-        if r.prompt_len is not None:
-            ok = e.get("prompt_len") == r.prompt_len
-            col.checks.append(Check("case.requests", ok, None, r.id, "prompt_len", r.prompt_len,
-                                    e.get("prompt_len"),
-                                    f"run, request {r.id}, prompt_len: expected {r.prompt_len}, "
-                                    f"got {e.get('prompt_len')}" if not ok else
-                                    f"request {r.id} prompt_len {r.prompt_len}", "case"))
+        for field, want in (("max_tokens", r.max_tokens), ("prompt_len", r.prompt_len)):
+            if want is None:  # a text prompt's length is known only after tokenizing
+                continue
+            ok = e.get(field) == want
+            col.checks.append(Check("case.requests", ok, None, r.id, field, want, e.get(field),
+                                    f"run, request {r.id}, {field}: expected {want}, got {e.get(field)}"
+                                    if not ok else f"request {r.id} added with {field} {want}", "case"))
         if r.after is not None:
             finished_at = None
             for j, ev in enumerate(log.events):
