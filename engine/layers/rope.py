@@ -3,11 +3,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import fused
-
 
 class RotaryEmbedding(nn.Module):
-    """Neox-style rotary embedding (rotate halves), cos/sin precomputed for every position."""
+    """The neox-style (rotate-halves) cos/sin table for every position, computed once in float32 on the CPU.
+    The rotation itself is fused.rope, applied with the q/k norms in fused.qk_norm_rope."""
 
     def __init__(self, head_size: int, max_position: int, base: float):
         super().__init__()
@@ -17,7 +16,3 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.einsum("i,j->ij", t, inv_freq)
         cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
-        return fused.rope(q, cos, sin), fused.rope(k, cos, sin)
