@@ -274,6 +274,57 @@ def profile_steps(llm, prompts, params):
                             "steps": llm.step_count})
 
 
+def profile_bs1(llm):
+    """Batch-1 decode under torch.profiler: GPU kernel time per step against wall time per step, the top
+    kernels, and host-side time per engine stage (so the gap between the two is attributed)."""
+    import collections
+    from torch.profiler import ProfilerActivity, profile
+
+    one = [[5] * 128]
+    sp = SamplingParams(temperature=0.6, max_tokens=65, ignore_eos=True)
+    llm.generate(one, sp, use_tqdm=False)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        llm.generate(one, sp, use_tqdm=False)
+        torch.cuda.synchronize()
+    out = os.environ.get("OUT")
+    if out:
+        prof.export_chrome_trace(os.path.join(out, "bs1_profile.json"))
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    total_us = sum(e.self_device_time_total for e in kernels)
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:25]
+    note("bs1_profile_kernels", {"gpu_us_per_step": round(total_us / 65, 1),
+                                 "kernel_launches_per_step": round(sum(e.count for e in kernels) / 65, 1),
+                                 "top": [(e.key[:70], e.count, round(e.self_device_time_total / 65, 1)) for e in top]})
+    host_ops = sorted((e for e in prof.key_averages() if e.device_type.name == "CPU"),
+                      key=lambda e: -e.self_cpu_time_total)[:25]
+    note("bs1_profile_host", [(e.key[:60], e.count, round(e.self_cpu_time_total / 65, 1)) for e in host_ops])
+    # Host stages with a sync after each, so each stage's number includes the device work it waits for.
+    acc = collections.defaultdict(float)
+    sched, runner = llm.scheduler, llm.model_runner
+    originals = []
+    for obj, name in ((sched, "schedule"), (runner, "prepare"), (runner, "forward_logits"), (runner, "sample"),
+                      (sched, "postprocess")):
+        fn = getattr(obj, name)
+        originals.append((obj, name, fn))
+
+        def timed(*a, _fn=fn, _name=name, **k):
+            t = time.perf_counter()
+            r = _fn(*a, **k)
+            torch.cuda.synchronize()
+            acc[_name] += time.perf_counter() - t
+            return r
+        setattr(obj, name, timed)
+    sp = SamplingParams(temperature=0.6, max_tokens=257, ignore_eos=True)
+    t = time.perf_counter()
+    llm.generate(one, sp, use_tqdm=False)
+    total = time.perf_counter() - t
+    for obj, name, fn in originals:
+        setattr(obj, name, fn)
+    note("bs1_stage_us_per_step", {"total": round(total * 1e6 / 257, 1),
+                                   **{k: round(v * 1e6 / 257, 1) for k, v in acc.items()}})
+
+
 def bench(args):
     kernel_bench()
     prompts, params = nano_workload()
@@ -312,8 +363,17 @@ def bench(args):
             torch.cuda.synchronize()
             times[n] = time.time() - t
         note("bs1_graph_ms_per_token", round((times[257] - times[1]) * 1000 / 256, 3))
+        for n in (1, 257):
+            torch.cuda.synchronize()
+            t = time.time()
+            llm.generate(one, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
+            torch.cuda.synchronize()
+            times[n] = time.time() - t
+        note("bs1_graph_greedy_ms_per_token", round((times[257] - times[1]) * 1000 / 256, 3))
         if os.environ.get("GPU_CHECK_PROFILE"):
             profile_steps(llm, prompts, params)
+        if os.environ.get("GPU_CHECK_PROFILE_BS1"):
+            profile_bs1(llm)
         llm.exit()
         del llm
         torch.cuda.empty_cache()
