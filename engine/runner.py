@@ -71,11 +71,13 @@ class ModelRunner:
             torch.cuda.set_device(self.device)
         self.compiled = bool(config.torch_compile) and self.device.type == "cuda" and not config.enforce_eager
         fused.set_compile(self.compiled)
+        fused.set_custom_kernels(bool(config.custom_kernels) and self.device.type == "cuda")
         try:
             with _default_dtype_device(self.dtype, self.device):
                 self.model = Qwen3ForCausalLM(hf)
         finally:
             fused.set_compile(False)
+            fused.set_custom_kernels(False)
         load_model(self.model, config.model)
         # Buffers computed on the CPU for exactness (the RoPE table) follow the parameters to the device.
         self.model.to(self.device).eval()
@@ -84,8 +86,8 @@ class ModelRunner:
             layer.backend = backend
         self.sampler = Sampler(config.seed, self.device)
         # One-pass Triton Gumbel-max (engine/kernels/sampling.py) instead of the torch sampler's passes
-        # over the logits; top-k/top-p batches keep the torch sampler.
-        self.fused_sampler = config.sampler == "triton"
+        # over the logits ("auto": on CUDA); top-k/top-p batches keep the torch sampler.
+        self.fused_sampler = config.sampler == "triton" or (config.sampler == "auto" and self.device.type == "cuda")
         self._sample_calls = 0
         self.num_kv_heads = self.attn_layers[0].num_kv_heads
         self.head_dim = self.attn_layers[0].head_dim
@@ -268,22 +270,30 @@ class ModelRunner:
         finally:
             reset_context()
 
+    def _to_device_async(self, values, dtype) -> torch.Tensor:
+        # Pinned, so the copy does not wait for the forward pass still running on the device: the sampler's
+        # launches overlap it and the step's only wait is fetching the ids.
+        t = torch.tensor(values, dtype=dtype)
+        if self.device.type == "cuda":
+            t = t.pin_memory()
+        return t.to(self.device, non_blocking=True)
+
     @torch.inference_mode()
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         temps = [s.temperature for s in seqs]
-        greedy = sum(t <= 0 for t in temps)
-        greedy_rows = "all" if greedy == len(temps) else ("none" if greedy == 0 else "some")
-        temperatures = self._to_device(temps, torch.float32)
-        top_ks = top_ps = None
-        if any(s.top_k > 0 for s in seqs):
-            top_ks = self._to_device([s.top_k for s in seqs])
-        if any(s.top_p < 1.0 for s in seqs):
-            top_ps = self._to_device([s.top_p for s in seqs], torch.float32)
-        if self.fused_sampler and top_ks is None and top_ps is None and greedy_rows != "all":
+        temperatures = self._to_device_async(temps, torch.float32)
+        if self.fused_sampler and not any(s.top_k > 0 or s.top_p < 1.0 for s in seqs):
             from .kernels.sampling import gumbel_argmax
 
             self._sample_calls += 1
             return gumbel_argmax(logits, temperatures, self.config.seed * 1_000_003 + self._sample_calls).tolist()
+        greedy = sum(t <= 0 for t in temps)
+        greedy_rows = "all" if greedy == len(temps) else ("none" if greedy == 0 else "some")
+        top_ks = top_ps = None
+        if any(s.top_k > 0 for s in seqs):
+            top_ks = self._to_device_async([s.top_k for s in seqs], torch.int64)
+        if any(s.top_p < 1.0 for s in seqs):
+            top_ps = self._to_device_async([s.top_p for s in seqs], torch.float32)
         return self.sampler(logits, temperatures, top_ks, top_ps, greedy_rows).tolist()
 
     def run(self, seqs: list[Sequence], is_prefill: bool, inputs: StepInputs | None = None) -> list[int]:
@@ -292,11 +302,15 @@ class ModelRunner:
         logits = self.forward_logits(inputs, is_prefill)
         return self.sample(seqs, logits) if self.rank == 0 else None  # logits are gathered on rank 0
 
-    # --- CUDA graphs ----------------------------------------------------------------------------
+    # --- CUDA graphs ---------------------------------------------------------------------------
     @torch.inference_mode()
     def capture_cudagraph(self):
         """One graph per decode batch bucket ([1, 2, 4, 8] + multiples of 16 up to max_num_seqs, as nano);
-        a batch larger than the largest bucket runs eagerly."""
+        a batch larger than the largest bucket runs eagerly.
+
+        Every graph input lives in one int32 device buffer laid out [ids | positions | slots | context
+        lengths | block tables], mirrored by a pinned host buffer: a step fills the host copy and uploads
+        it with a single asynchronous copy, instead of one small copy kernel per input."""
         from .kernels.decode_attention import num_splits_for
 
         cfg = self.config
@@ -305,14 +319,22 @@ class ModelRunner:
         max_blocks = -(-cfg.max_model_len // self.block_size)
         hidden = cfg.hf_config.hidden_size
         dev = self.device
+        size = 4 * max_bs + max_bs * max_blocks
+        self._stage_dev = torch.zeros(size, dtype=torch.int32, device=dev)
+        self._stage_host = torch.zeros(size, dtype=torch.int32, pin_memory=True)
+        self._stage_np = self._stage_host.numpy()
+        self._stage_copied = None  # event: the last upload has left the host buffer
+        buf = self._stage_dev
         self.graph_vars = gv = {
-            "input_ids": torch.zeros(max_bs, dtype=torch.int64, device=dev),
-            "positions": torch.zeros(max_bs, dtype=torch.int64, device=dev),
-            "slot_mapping": torch.full((max_bs,), -1, dtype=torch.int32, device=dev),
-            "context_lens": torch.zeros(max_bs, dtype=torch.int32, device=dev),
-            "block_tables": torch.zeros(max_bs, max_blocks, dtype=torch.int32, device=dev),
+            "input_ids": buf[0:max_bs],
+            "positions": buf[max_bs:2 * max_bs],
+            "slot_mapping": buf[2 * max_bs:3 * max_bs],
+            "context_lens": buf[3 * max_bs:4 * max_bs],
+            "block_tables": buf[4 * max_bs:].view(max_bs, max_blocks),
             "outputs": torch.zeros(max_bs, hidden, dtype=self.dtype, device=dev),
         }
+        gv["slot_mapping"].fill_(-1)
+        self.graph_max_bs, self.graph_max_blocks = max_bs, max_blocks
         self.graph_bs = [b for b in [1, 2, 4, 8] if b <= max_bs] + list(range(16, max_bs + 1, 16))
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         self.graph_splits = {bs: num_splits_for(bs, self.num_kv_heads, cfg.max_model_len, sms) for bs in self.graph_bs}
@@ -331,31 +353,42 @@ class ModelRunner:
             torch.cuda.synchronize()
             reset_context()
 
-    def _replay(self, inputs: StepInputs) -> torch.Tensor:
-        gv = self.graph_vars
+    def _stage_graph_inputs(self, inputs: StepInputs) -> None:
+        """Fill the pinned host mirror of the graph inputs and upload it in one copy. Padding rows up to
+        the bucket write no KV (slot -1) and attend to nothing (context 0)."""
         bs, bucket = len(inputs.input_ids), inputs.graph_batch
-        width = len(inputs.kernel_block_tables[0])
-        t = self._upload(torch.int64, input_ids=inputs.input_ids, positions=inputs.positions,
-                         slot_mapping=inputs.slot_mapping, context_lens=inputs.context_lens,
-                         block_tables=inputs.kernel_block_tables)
-        gv["input_ids"][:bs].copy_(t["input_ids"])
-        gv["positions"][:bs].copy_(t["positions"])
-        # Padding rows write no KV (slot -1) and attend to nothing (context 0).
-        gv["slot_mapping"][bs:bucket].fill_(-1)
-        gv["slot_mapping"][:bs].copy_(t["slot_mapping"])
-        gv["context_lens"][bs:bucket].zero_()
-        gv["context_lens"][:bs].copy_(t["context_lens"])
-        gv["block_tables"][:bs, :width].copy_(t["block_tables"])
-        self.graphs[bucket].replay()
+        max_bs, max_blocks = self.graph_max_bs, self.graph_max_blocks
+        if self._stage_copied is not None:
+            self._stage_copied.synchronize()  # never overwrite host memory a pending copy still reads
+        a = self._stage_np
+        a[0:bs] = inputs.input_ids
+        a[max_bs:max_bs + bs] = inputs.positions
+        a[2 * max_bs:2 * max_bs + bs] = inputs.slot_mapping
+        a[2 * max_bs + bs:2 * max_bs + bucket] = -1
+        a[3 * max_bs:3 * max_bs + bs] = inputs.context_lens
+        a[3 * max_bs + bs:3 * max_bs + bucket] = 0
+        tables = inputs.kernel_block_tables
+        width = len(tables[0])
+        a[4 * max_bs:4 * max_bs + bs * max_blocks].reshape(bs, max_blocks)[:, :width] = tables
+        n = 4 * max_bs + bs * max_blocks
+        self._stage_dev[:n].copy_(self._stage_host[:n], non_blocking=True)
+        if self._stage_copied is None:
+            self._stage_copied = torch.cuda.Event()
+        self._stage_copied.record()
+
+    def _replay(self, inputs: StepInputs) -> torch.Tensor:
+        self._stage_graph_inputs(inputs)
+        self.graphs[inputs.graph_batch].replay()
         set_context(Context(is_prefill=False))
         try:
-            return self.model.compute_logits(gv["outputs"][:bs])
+            return self.model.compute_logits(self.graph_vars["outputs"][:len(inputs.input_ids)])
         finally:
             reset_context()
 
     def exit(self):
         self.graphs = {}
         self.graph_vars = None
+        self._stage_dev = self._stage_host = self._stage_np = self._stage_copied = None
         for layer in self.attn_layers:
             layer.k_cache = layer.v_cache = torch.tensor([])
         self.kv_cache = None

@@ -325,7 +325,141 @@ def profile_bs1(llm):
                                    **{k: round(v * 1e6 / 257, 1) for k, v in acc.items()}})
 
 
+def _cuda_ms(fn, reps=50):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
+
+
+def custom_kernel_bench():
+    """Our decode-sized GEMM and fused q/k norm + RoPE kernels against what they replace, with errors."""
+    import torch.nn.functional as F
+
+    from engine.kernels.qk_norm_rope import qk_norm_rope
+    from engine.kernels.small_gemm import small_matmul
+    from engine.layers import fused
+    from engine.layers.rope import RotaryEmbedding
+    res = {}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for name, (n, k) in {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024),
+                         "down": (1024, 3072), "lm_head": (151936, 1024)}.items():
+        w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+        for m in (1, 2, 4, 8, 16):
+            x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+            ref = F.linear(x, w)
+            out = small_matmul(x, w)
+            err = (out.float() - ref.float()).abs().max().item()
+            t_ref = _cuda_ms(lambda: F.linear(x, w))
+            t_our = _cuda_ms(lambda: small_matmul(x, w))
+            res[f"{name} m{m}"] = {"cublas_us": round(t_ref * 1000, 1), "triton_us": round(t_our * 1000, 1),
+                                   "triton_TB_s": round(n * k * 2 / t_our / 1e9, 2), "max_err": err,
+                                   "ref_max": ref.abs().max().item()}
+    note("small_gemm_vs_cublas", res)
+    sweep = {}
+    for name, (n, k) in {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024),
+                         "down": (1024, 3072)}.items():
+        w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+        for m in (1, 16):
+            x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+            for bn in (16, 32):
+                for bk in (128, 256):
+                    for sk in (1, 2, 4, 8):
+                        for st in (3, 4):
+                            kw = dict(block_n=bn, block_k=bk, split_k=sk, num_stages=st)
+                            try:
+                                sweep[f"{name} m{m} n{bn} k{bk} s{sk} st{st}"] = round(
+                                    _cuda_ms(lambda: small_matmul(x, w, **kw), reps=15) * 1000, 1)
+                            except Exception as e:  # noqa: BLE001 - a config that fails to compile is a result
+                                sweep[f"{name} m{m} n{bn} k{bk} s{sk} st{st}"] = str(e)[:60]
+    best = {}
+    for key, us in sweep.items():
+        shape = " ".join(key.split()[:2])
+        if isinstance(us, float) and (shape not in best or us < best[shape][1]):
+            best[shape] = (key, us)
+    note("small_gemm_sweep_best", best)
+    LOG["results"]["small_gemm_sweep"] = sweep
+    rope = RotaryEmbedding(128, 40960, 1e6).cuda()
+    compiled = torch.compile(fused.qk_norm_rope, dynamic=True)
+    res = {}
+    for t in (1, 16, 256, 4096):
+        qkv = torch.randn(t, 4096, device="cuda", generator=g).to(torch.bfloat16)
+        pos = torch.randint(0, 4000, (t,), device="cuda", generator=g)
+        qw = (1 + 0.1 * torch.randn(128, device="cuda", generator=g)).to(torch.bfloat16)
+        kw = (1 + 0.1 * torch.randn(128, device="cuda", generator=g)).to(torch.bfloat16)
+
+        def ref():
+            q, k, _ = qkv.split([2048, 1024, 1024], dim=-1)
+            return compiled(q.view(-1, 16, 128), k.view(-1, 8, 128), qw, kw, 1e-6, rope.cos_sin_cache[pos])
+
+        def eager():
+            q, k, _ = qkv.split([2048, 1024, 1024], dim=-1)
+            return fused.qk_norm_rope(q.view(-1, 16, 128), k.view(-1, 8, 128), qw, kw, 1e-6, rope.cos_sin_cache[pos])
+
+        ours = lambda: qk_norm_rope(qkv, pos, rope.cos_sin_cache, qw, kw, 1e-6, 16, 8, 128)  # noqa: E731
+        (q0, k0), (q1, k1), (q2, k2) = eager(), ref(), ours()
+        res[f"T{t}"] = {"compiled_us": round(_cuda_ms(ref) * 1000, 1), "triton_us": round(_cuda_ms(ours) * 1000, 1),
+                        "triton_vs_eager_max_abs": max((q2.float() - q0.float()).abs().max().item(),
+                                                       (k2.float() - k0.float()).abs().max().item()),
+                        "triton_vs_eager_equal_frac": round(((q2 == q0).float().mean().item()
+                                                             + (k2 == k0).float().mean().item()) / 2, 5),
+                        "compiled_vs_eager_equal_frac": round(((q1 == q0).float().mean().item()
+                                                               + (k1 == k0).float().mean().item()) / 2, 5)}
+    note("qk_norm_rope_vs_compiled", res)
+
+
+def _bs1(llm, temperature):
+    one = [[5] * 128]
+    llm.generate(one, SamplingParams(temperature=temperature, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    times = {}
+    for n in (1, 257):
+        torch.cuda.synchronize()
+        t = time.time()
+        llm.generate(one, SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True), use_tqdm=False)
+        torch.cuda.synchronize()
+        times[n] = time.time() - t
+    return round((times[257] - times[1]) * 1000 / 256, 3)
+
+
+def engine_variants(args, prompts, params, out_tokens):
+    """Before/after in one process: our custom kernels on and off (same staging, same sampler)."""
+    for custom in (False, True):
+        t = time.time()
+        llm = LLM(args.model, max_model_len=4096, custom_kernels=custom)
+        init = time.time() - t
+        llm.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+        runs = []
+        for _ in range(2):
+            torch.cuda.synchronize()
+            t = time.time()
+            llm.generate(prompts, params, use_tqdm=False)
+            torch.cuda.synchronize()
+            runs.append(time.time() - t)
+        note(f"variant_custom_kernels_{custom}", {
+            "init_s": round(init, 2), "capture_s": round(llm.model_runner.graph_capture_seconds or 0, 2),
+            "nano_wall_s": [round(r, 3) for r in runs], "nano_tok_s": [round(out_tokens / r) for r in runs],
+            "bs1_greedy_ms": _bs1(llm, 0.0), "bs1_t06_ms": _bs1(llm, 0.6)})
+        if custom and os.environ.get("GPU_CHECK_PROFILE_BS1"):
+            profile_bs1(llm)
+        llm.exit()
+        del llm
+        torch.cuda.empty_cache()
+
+
 def bench(args):
+    if os.environ.get("GPU_CHECK_CUSTOM"):
+        custom_kernel_bench()
+        prompts, params = nano_workload()
+        engine_variants(args, prompts, params, sum(p.max_tokens for p in params))
+        return
     kernel_bench()
     prompts, params = nano_workload()
     if os.environ.get("GPU_CHECK_VARIANTS"):

@@ -43,3 +43,18 @@ def test_triton_sampler_in_the_engine(tiny_model):
     a = [o["token_ids"] for o in _llm(tiny_model, "torch", sampler="triton", seed=4).generate(prompts, hot, use_tqdm=False)]
     b = [o["token_ids"] for o in _llm(tiny_model, "torch", sampler="triton", seed=4).generate(prompts, hot, use_tqdm=False)]
     assert a == b and all(len(x) == 6 for x in a)
+
+
+def test_custom_kernels_in_the_model_match_transformers(tiny_model, hf_logits, monkeypatch):
+    """The GEMV (decode steps and small prefill chunks) and the fused q/k norm + RoPE kernel wired into the
+    real model. The runner enables them only on CUDA, so the switch is forced here for the construction."""
+    from engine.layers import fused
+
+    monkeypatch.setattr(fused, "custom_kernels_enabled", lambda: True)
+    llm = _llm(tiny_model, "triton", max_num_batched_tokens=16)
+    monkeypatch.undo()
+    layer = llm.model_runner.model.model.layers[0]
+    assert layer.self_attn._qk_kernel and layer.mlp.down_proj._small_gemm
+    a = _prompt(40, 92)
+    rows = _teacher_forced(llm, [a, _prompt(9, 93)], max_tokens=3)
+    _check(rows, hf_logits, 6)

@@ -134,3 +134,24 @@ def test_gumbel_argmax_greedy_rows_are_argmax_and_sampled_rows_follow_the_distri
     assert torch.equal(drawn[:50], again)  # the seed fixes the draw
     hot = gumbel_argmax(rows[:100], torch.full((100,), 50.0, device=DEVICE), seed=4, block=4)
     assert len(set(hot.tolist())) == 4  # a high temperature flattens the distribution
+
+
+def test_gumbel_argmax_draw_does_not_depend_on_how_the_vocabulary_is_split():
+    from engine.kernels.sampling import gumbel_argmax
+
+    g = torch.Generator().manual_seed(11)
+    logits = (torch.randn(4, 1000, generator=g) * 2).to(DEVICE)
+    logits[3, 517] = logits[3, 901] = 50.0  # a tie: the first index must win in every split
+    temps = torch.tensor([0.0, 0.7, 1.3, 0.0], device=DEVICE)
+    draws = [gumbel_argmax(logits, temps, seed=9, block=64, num_chunks=c).tolist() for c in (1, 3, 16)]
+    assert draws[0] == draws[1] == draws[2]
+    assert draws[0][0] == logits[0].argmax().item() and draws[0][3] == 517
+    other = gumbel_argmax(logits, temps, seed=10, block=64, num_chunks=3).tolist()
+    assert other[0] == draws[0][0] and other[3] == 517  # greedy rows ignore the seed
+
+
+def test_gumbel_argmax_all_minus_inf_row_gives_index_zero_like_torch():
+    from engine.kernels.sampling import gumbel_argmax
+
+    logits = torch.full((1, 300), float("-inf"), device=DEVICE)
+    assert gumbel_argmax(logits, torch.zeros(1, device=DEVICE), seed=1, block=64, num_chunks=4).tolist() == [0]

@@ -1,6 +1,10 @@
 """Gumbel-max sampling in one pass over the logits: argmax(logits / T + Gumbel noise), greedy rows (T <= 0)
 take argmax(logits). The softmax normaliser does not change an argmax, so this draws from softmax(logits / T)
-exactly as the torch sampler's argmax(p / E) does, reading each logit once instead of ~6 full passes."""
+exactly as the torch sampler's argmax(p / E) does, reading each logit once instead of ~6 full passes.
+
+A row's vocabulary is split into chunks, each scanned by its own program, and a second kernel picks the
+best chunk: at batch 1 a single program streaming 151,936 logits would run on one SM. Each element's
+noise depends only on (seed, row, index), so the draw is the same whatever the chunking."""
 from __future__ import annotations
 
 import torch
@@ -9,16 +13,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _gumbel_argmax_kernel(logits_ptr, stride_row, temps_ptr, out_ptr, seed, vocab, BLOCK: tl.constexpr):
+def _gumbel_chunk_kernel(logits_ptr, stride_row, temps_ptr, best_ptr, idx_ptr, seed, vocab, chunk,
+                         NUM_CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
+    c = tl.program_id(1)
     t = tl.load(temps_ptr + row)
     greedy = t <= 0.0
     inv_t = tl.where(greedy, 1.0, 1.0 / tl.where(greedy, 1.0, t))
     best = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_idx = tl.zeros([BLOCK], tl.int32)
-    for start in range(0, vocab, BLOCK):
+    best_idx = tl.full([BLOCK], 2147483647, tl.int32)
+    lo = c * chunk
+    hi = tl.minimum(lo + chunk, vocab)
+    for start in range(lo, hi, BLOCK):
         idx = start + tl.arange(0, BLOCK)
-        mask = idx < vocab
+        mask = idx < hi
         x = tl.load(logits_ptr + row * stride_row + idx, mask=mask, other=float("-inf")).to(tl.float32)
         u = tl.rand(seed, row * vocab + idx)
         u = tl.minimum(tl.maximum(u, 1e-20), 1.0 - 1e-7)
@@ -28,18 +36,60 @@ def _gumbel_argmax_kernel(logits_ptr, stride_row, temps_ptr, out_ptr, seed, voca
         better = score > best
         best = tl.where(better, score, best)
         best_idx = tl.where(better, idx, best_idx)
-    # The first index wins ties, as torch.argmax does.
     top = tl.max(best, axis=0)
-    cand = tl.where(best == top, best_idx, vocab)
-    tl.store(out_ptr + row, tl.min(cand, axis=0))
+    # The first index wins ties, as torch.argmax does (an all -inf chunk reports its first index).
+    first = tl.min(tl.where(best == top, best_idx, 2147483647), axis=0)
+    first = tl.where(first == 2147483647, lo, first)
+    tl.store(best_ptr + row * NUM_CHUNKS + c, top)
+    tl.store(idx_ptr + row * NUM_CHUNKS + c, first)
 
 
-def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seed: int, block: int = 4096) -> torch.Tensor:
+@triton.jit
+def _pick_chunk_kernel(best_ptr, idx_ptr, out_ptr, NUM_CHUNKS: tl.constexpr, CHUNKS_PAD: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.arange(0, CHUNKS_PAD)
+    mask = c < NUM_CHUNKS
+    best = tl.load(best_ptr + row * NUM_CHUNKS + c, mask=mask, other=float("-inf"))
+    idx = tl.load(idx_ptr + row * NUM_CHUNKS + c, mask=mask, other=2147483647)
+    top = tl.max(best, axis=0)
+    tl.store(out_ptr + row, tl.min(tl.where(best == top, idx, 2147483647), axis=0).to(tl.int64))
+
+
+def num_chunks_for(rows: int, vocab: int, block: int, num_sms: int = 132) -> int:
+    """Enough programs to cover every SM about twice, never a chunk smaller than one BLOCK."""
+    return max(1, min(-(-2 * num_sms // max(rows, 1)), -(-vocab // block)))
+
+
+_SMS: dict = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SMS:
+        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SMS[key]
+
+
+def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seed: int, block: int = 1024,
+                  num_chunks: int | None = None) -> torch.Tensor:
     """logits [rows, vocab] (any float dtype), temperatures [rows] float32; returns int64 token ids."""
     rows, vocab = logits.shape
     assert logits.stride(-1) == 1
-    out = torch.empty(rows, dtype=torch.int32, device=logits.device)
-    if rows:
-        _gumbel_argmax_kernel[(rows,)](logits, logits.stride(0), temperatures, out, seed, vocab,
-                                       BLOCK=min(block, triton.next_power_of_2(vocab)))
-    return out.long()
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if not rows:
+        return out
+    block = min(block, triton.next_power_of_2(vocab))
+    if num_chunks is None:
+        num_chunks = num_chunks_for(rows, vocab, block, _num_sms(logits.device))
+    # Whole BLOCKs per chunk, so chunk boundaries never split a block of loads.
+    chunk = -(-(-(-vocab // num_chunks)) // block) * block
+    num_chunks = -(-vocab // chunk)
+    best = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
+    idx = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
+    _gumbel_chunk_kernel[(rows, num_chunks)](logits, logits.stride(0), temperatures, best, idx, seed, vocab, chunk,
+                                             NUM_CHUNKS=num_chunks, BLOCK=block)
+    _pick_chunk_kernel[(rows,)](best, idx, out, NUM_CHUNKS=num_chunks,
+                                CHUNKS_PAD=max(2, triton.next_power_of_2(num_chunks)))
+    return out

@@ -10,12 +10,25 @@ import torch
 import torch.nn.functional as F
 
 _COMPILE = False
+_CUSTOM = False
 _compiled: dict = {}
+# The largest row count (tokens in a step) the Triton GEMV serves; above it cuBLAS's tiles fill the GPU.
+SMALL_GEMM_MAX_ROWS = 16
 
 
 def set_compile(enabled: bool) -> None:
     global _COMPILE
     _COMPILE = enabled
+
+
+def set_custom_kernels(enabled: bool) -> None:
+    """Our Triton kernels (decode-sized GEMV, fused q/k norm + RoPE) for layers built from now on."""
+    global _CUSTOM
+    _CUSTOM = enabled
+
+
+def custom_kernels_enabled() -> bool:
+    return _CUSTOM
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import all_reduce, tp_rank, tp_size
+from . import fused
 
 
 def _divide(numerator: int, denominator: int, what: str) -> int:
@@ -28,6 +29,16 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        # Decode-sized batches on CUDA: our split-K GEMV reads the weight at full bandwidth where cuBLAS
+        # leaves SMs idle (docs/perf.md); chosen at construction, like the compiled fused ops.
+        self._small_gemm = fused.custom_kernels_enabled()
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self._small_gemm and x.dim() == 2 and x.shape[0] <= fused.SMALL_GEMM_MAX_ROWS:
+            from ..kernels.small_gemm import small_matmul
+
+            return small_matmul(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor):
         raise NotImplementedError
@@ -41,7 +52,7 @@ class ReplicatedLinear(LinearBase):
         param.data.copy_(loaded)
 
     def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -55,7 +66,7 @@ class ColumnParallelLinear(LinearBase):
         param.data.copy_(loaded.narrow(self.tp_dim, self.tp_rank * shard, shard))
 
     def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -106,5 +117,4 @@ class RowParallelLinear(LinearBase):
         param.data.copy_(loaded.narrow(self.tp_dim, self.tp_rank * shard, shard))
 
     def forward(self, x):
-        y = F.linear(x, self.weight, self.bias)
-        return all_reduce(y)
+        return all_reduce(self.matmul(x))

@@ -40,11 +40,20 @@ class Qwen3Attention(nn.Module):
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim ** -0.5, self.num_kv_heads)
         self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        # Per-head q/k RMSNorm and RoPE in one function: a single fused kernel when compiled.
+        # Per-head q/k RMSNorm and RoPE in one function: our single Triton kernel (CUDA, custom kernels
+        # on), else torch.compile's fusion of it, else plain torch.
         self._qk_norm_rope = fused.get(fused.qk_norm_rope)
+        self._qk_kernel = fused.custom_kernels_enabled()
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
+        if self._qk_kernel:
+            from ..kernels.qk_norm_rope import qk_norm_rope
+
+            q, k = qk_norm_rope(qkv, positions, self.rotary_emb.cos_sin_cache, self.q_norm.weight,
+                                self.k_norm.weight, self.q_norm.eps, self.num_heads, self.num_kv_heads, self.head_dim)
+            v = qkv[:, self.q_size + self.kv_size:].view(-1, self.num_kv_heads, self.head_dim)
+            return self.o_proj(self.attn(q, k, v).flatten(1, -1))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
