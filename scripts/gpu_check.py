@@ -89,7 +89,9 @@ def correctness(args):
     rows = {}
     for name, kw in {"torch_eager": dict(attention_backend="torch", enforce_eager=True),
                      "triton_eager": dict(attention_backend="triton", enforce_eager=True),
-                     "triton_graph": dict(attention_backend="triton", enforce_eager=False, max_num_seqs=20)}.items():
+                     "triton_graph": dict(attention_backend="triton", enforce_eager=False, max_num_seqs=20),
+                     "triton_graph_no_custom": dict(attention_backend="triton", enforce_eager=False, max_num_seqs=20,
+                                                    custom_kernels=False)}.items():
         t = time.time()
         llm = LLM(args.model, **common, **kw)
         rows[name] = teacher_forced_rows(llm, prompts, 4)
@@ -340,6 +342,84 @@ def _cuda_ms(fn, reps=50):
     return sorted(times)[len(times) // 2]
 
 
+def _graph_us(fn, reps=20):
+    """Per-call device time of `fn` replayed from a CUDA graph of `reps` calls (no launch overhead)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(7):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[3] * 1000 / reps
+
+
+def gemv_graph_sweep():
+    """Decode-sized GEMMs timed inside CUDA graphs (as the engine runs them): cuBLAS, our default config, and
+    a sweep of the knobs."""
+    import torch.nn.functional as F
+
+    from engine.kernels.small_gemm import small_gemm_config, small_matmul
+    g = torch.Generator(device="cuda").manual_seed(0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    res, best = {}, {}
+    for name, (n, k) in {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024),
+                         "down": (1024, 3072)}.items():
+        w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+        for m in (1, 8):
+            x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+            row = {"cublas": round(_graph_us(lambda: F.linear(x, w)), 2),
+                   "default": round(_graph_us(lambda: small_matmul(x, w)), 2),
+                   "default_cfg": small_gemm_config(m, n, k, sms)}
+            for bn in (16, 32, 64):
+                for bk in (128, 256):
+                    for sk in (1, 2, 4, 8):
+                        kw = dict(block_n=bn, block_k=bk, split_k=sk, num_stages=4)
+                        try:
+                            row[f"n{bn} k{bk} s{sk}"] = round(_graph_us(lambda: small_matmul(x, w, **kw)), 2)
+                        except Exception as e:  # noqa: BLE001 - a config that fails is a result
+                            row[f"n{bn} k{bk} s{sk}"] = str(e)[:50]
+            timed = [(v, c) for c, v in row.items() if c.startswith("n") and isinstance(v, float)]
+            best[f"{name} m{m}"] = {"cublas": row["cublas"], "default": row["default"], "best": min(timed),
+                                    "weight_GB_s_best": round(n * k * 2 / min(timed)[0] / 1e3)}
+            res[f"{name} m{m}"] = row
+    note("gemv_graph_best", best)
+    LOG["results"]["gemv_graph_sweep"] = res
+
+
+def qk_check():
+    """The fused q/k norm + RoPE kernel against eager torch (the reference it must equal) in bf16."""
+    from engine.kernels.qk_norm_rope import qk_norm_rope
+    from engine.layers import fused
+    from engine.layers.rope import RotaryEmbedding
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rope = RotaryEmbedding(128, 40960, 1e6).cuda()
+    res = {}
+    for t in (1, 256, 4096):
+        qkv = torch.randn(t, 4096, device="cuda", generator=g).to(torch.bfloat16)
+        pos = torch.randint(0, 4000, (t,), device="cuda", generator=g)
+        qw = (1 + 0.1 * torch.randn(128, device="cuda", generator=g)).to(torch.bfloat16)
+        kw = (1 + 0.1 * torch.randn(128, device="cuda", generator=g)).to(torch.bfloat16)
+        q, k, _ = qkv.split([2048, 1024, 1024], dim=-1)
+        q0, k0 = fused.qk_norm_rope(q.view(-1, 16, 128), k.view(-1, 8, 128), qw, kw, 1e-6, rope.cos_sin_cache[pos])
+        q2, k2 = qk_norm_rope(qkv, pos, rope.cos_sin_cache, qw, kw, 1e-6, 16, 8, 128)
+        res[f"T{t}"] = {"max_abs": max((q2.float() - q0.float()).abs().max().item(),
+                                       (k2.float() - k0.float()).abs().max().item()),
+                        "equal_frac": round(((q2 == q0).float().mean().item() + (k2 == k0).float().mean().item()) / 2, 6),
+                        "graph_us": round(_graph_us(lambda: qk_norm_rope(qkv, pos, rope.cos_sin_cache, qw, kw, 1e-6,
+                                                                         16, 8, 128)), 2)}
+    note("qk_norm_rope_check", res)
+
+
 def custom_kernel_bench():
     """Our decode-sized GEMM and fused q/k norm + RoPE kernels against what they replace, with errors."""
     import torch.nn.functional as F
@@ -455,6 +535,10 @@ def engine_variants(args, prompts, params, out_tokens):
 
 
 def bench(args):
+    if os.environ.get("GPU_CHECK_SWEEP"):
+        qk_check()
+        gemv_graph_sweep()
+        return
     if os.environ.get("GPU_CHECK_CUSTOM"):
         custom_kernel_bench()
         prompts, params = nano_workload()

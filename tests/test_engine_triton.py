@@ -46,15 +46,23 @@ def test_triton_sampler_in_the_engine(tiny_model):
 
 
 def test_custom_kernels_in_the_model_match_transformers(tiny_model, hf_logits, monkeypatch):
-    """The GEMV (decode steps and small prefill chunks) and the fused q/k norm + RoPE kernel wired into the
-    real model. The runner enables them only on CUDA, so the switch is forced here for the construction."""
+    """The GEMV and the fused q/k norm + RoPE kernel wired into the real model. The runner enables them only
+    on CUDA, and the GEMV only while a CUDA graph is captured, so both switches are forced here."""
+    import torch
+
+    from engine.kernels import small_gemm
     from engine.layers import fused
 
     monkeypatch.setattr(fused, "custom_kernels_enabled", lambda: True)
     llm = _llm(tiny_model, "triton", max_num_batched_tokens=16)
     monkeypatch.undo()
+    calls = []
+    real = small_gemm.small_matmul
+    monkeypatch.setattr(small_gemm, "small_matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     layer = llm.model_runner.model.model.layers[0]
     assert layer.self_attn._qk_kernel and layer.mlp.down_proj._small_gemm
     a = _prompt(40, 92)
     rows = _teacher_forced(llm, [a, _prompt(9, 93)], max_tokens=3)
+    assert calls  # decode steps (2 rows) and the 9-token prefill went through the GEMV
     _check(rows, hf_logits, 6)

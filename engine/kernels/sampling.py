@@ -13,8 +13,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _gumbel_chunk_kernel(logits_ptr, stride_row, temps_ptr, best_ptr, idx_ptr, seed, vocab, chunk,
-                         NUM_CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
+def _gumbel_chunk_kernel(logits_ptr, stride_row, temps_ptr, best_ptr, idx_ptr, seed, vocab, chunk, num_chunks,
+                         BLOCK: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
     t = tl.load(temps_ptr + row)
@@ -40,19 +40,27 @@ def _gumbel_chunk_kernel(logits_ptr, stride_row, temps_ptr, best_ptr, idx_ptr, s
     # The first index wins ties, as torch.argmax does (an all -inf chunk reports its first index).
     first = tl.min(tl.where(best == top, best_idx, 2147483647), axis=0)
     first = tl.where(first == 2147483647, lo, first)
-    tl.store(best_ptr + row * NUM_CHUNKS + c, top)
-    tl.store(idx_ptr + row * NUM_CHUNKS + c, first)
+    tl.store(best_ptr + row * num_chunks + c, top)
+    tl.store(idx_ptr + row * num_chunks + c, first)
 
 
 @triton.jit
-def _pick_chunk_kernel(best_ptr, idx_ptr, out_ptr, NUM_CHUNKS: tl.constexpr, CHUNKS_PAD: tl.constexpr):
+def _pick_chunk_kernel(best_ptr, idx_ptr, out_ptr, num_chunks, BLOCK_C: tl.constexpr):
+    # The chunk count is a runtime value: as a constexpr every batch size would compile its own kernel.
     row = tl.program_id(0)
-    c = tl.arange(0, CHUNKS_PAD)
-    mask = c < NUM_CHUNKS
-    best = tl.load(best_ptr + row * NUM_CHUNKS + c, mask=mask, other=float("-inf"))
-    idx = tl.load(idx_ptr + row * NUM_CHUNKS + c, mask=mask, other=2147483647)
-    top = tl.max(best, axis=0)
-    tl.store(out_ptr + row, tl.min(tl.where(best == top, idx, 2147483647), axis=0).to(tl.int64))
+    top = tl.full([BLOCK_C], float("-inf"), tl.float32)
+    top_idx = tl.full([BLOCK_C], 2147483647, tl.int32)
+    for c0 in range(0, num_chunks, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        mask = c < num_chunks
+        best = tl.load(best_ptr + row * num_chunks + c, mask=mask, other=float("-inf"))
+        idx = tl.load(idx_ptr + row * num_chunks + c, mask=mask, other=2147483647)
+        # Chunks come in index order, so a later chunk only wins with a strictly larger score.
+        better = (best > top) | ((best == top) & (idx < top_idx))
+        top = tl.where(better, best, top)
+        top_idx = tl.where(better, idx, top_idx)
+    m = tl.max(top, axis=0)
+    tl.store(out_ptr + row, tl.min(tl.where(top == m, top_idx, 2147483647), axis=0).to(tl.int64))
 
 
 def num_chunks_for(rows: int, vocab: int, block: int, num_sms: int = 132) -> int:
@@ -89,7 +97,6 @@ def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seed: int, b
     best = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
     idx = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
     _gumbel_chunk_kernel[(rows, num_chunks)](logits, logits.stride(0), temperatures, best, idx, seed, vocab, chunk,
-                                             NUM_CHUNKS=num_chunks, BLOCK=block)
-    _pick_chunk_kernel[(rows,)](best, idx, out, NUM_CHUNKS=num_chunks,
-                                CHUNKS_PAD=max(2, triton.next_power_of_2(num_chunks)))
+                                             num_chunks, BLOCK=block)
+    _pick_chunk_kernel[(rows,)](best, idx, out, num_chunks, BLOCK_C=64)
     return out

@@ -29,12 +29,15 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
-        # Decode-sized batches on CUDA: our split-K GEMV reads the weight at full bandwidth where cuBLAS
-        # leaves SMs idle (docs/perf.md); chosen at construction, like the compiled fused ops.
+        # Decode-sized batches in CUDA graphs: our split-K GEMV keeps every SM reading the weight where
+        # cuBLAS's tiles leave most idle (docs/perf.md); chosen at construction, like the compiled ops.
         self._small_gemm = fused.custom_kernels_enabled()
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self._small_gemm and x.dim() == 2 and x.shape[0] <= fused.SMALL_GEMM_MAX_ROWS:
+        # Only inside CUDA graphs: launched eagerly from Python, two Triton launches cost more host time
+        # than cuBLAS's one, and an eager step is host-bound at these sizes anyway.
+        if self._small_gemm and x.shape[0] <= fused.SMALL_GEMM_MAX_ROWS and x.dim() == 2 \
+                and torch.cuda.is_current_stream_capturing():
             from ..kernels.small_gemm import small_matmul
 
             return small_matmul(x, self.weight, self.bias)
