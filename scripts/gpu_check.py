@@ -540,7 +540,6 @@ def bench(args):
         gemv_graph_sweep()
         return
     if os.environ.get("GPU_CHECK_CUSTOM"):
-        custom_kernel_bench()
         prompts, params = nano_workload()
         engine_variants(args, prompts, params, sum(p.max_tokens for p in params))
         return

@@ -1,40 +1,61 @@
 #!/usr/bin/env bash
-# Everything the open GPU items need, in one device call (about 9 minutes on one H200):
+# Every open GPU item in one device call (about 8 minutes on one H200), from a clean tree:
 #   bash scripts/gpu_session.sh [evidence|perf|all]
-# evidence: every trace case on fake Qwen3-0.6B, doctor/smoke, logits-check suites (bf16);
-# perf: gpu_check with the kernel/sampler variants, labkit bench (nano + fixed, graph/eager, hf baseline).
-# Logs and JSON go to $OUT (the device tool's output folder) or ./runs/gpu-session.
+# evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
+#           (baseline: torch eager, triton eager, triton graph against Transformers; graph suite graph vs
+#           eager and triton vs torch; kv suite), run as parallel processes (each uses a small KV pool);
+# perf:     labkit bench nano (graph) and fixed (graph, eager, compare), then gpu_check's before/after of
+#           the custom kernels (nano + batch-1), one at a time (each takes the GPU's memory).
+# The Transformers baseline (`labkit bench --workload nano --backend hf --hf-batch 256`) takes ~4 minutes:
+# run it in its own call (perf-hf). Logs and JSON go to $OUT (the device tool's output folder).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-runs/gpu-session}
-mkdir -p "$OUT"
+mkdir -p "$OUT/logs"
 export RUNS_DIR=$OUT/runs
 M=/tmp/qwen3-fake
 what=${1:-all}
-step() { local t=$1; shift; echo "== $*"; timeout "$t" "$@" > "$OUT/$(echo "$*" | tr -c 'a-zA-Z0-9' _ | cut -c1-80).log" 2>&1; echo "   rc=$?"; }
+log() { echo "$*" | tr -c 'a-zA-Z0-9\n' _ | cut -c1-90; }
+# step SECONDS CMD...: run, log to $OUT/logs, print the exit code.
+step() { local t=$1; shift; local f; f=$OUT/logs/$(log "$*").log; timeout "$t" "$@" > "$f" 2>&1; echo "rc=$? $*" | cut -c1-200; }
+LC="python3 -m labkit logits-check"
+BF="--device cuda --dtype bfloat16 --model $M"
 
 [ -f $M/config.json ] || python3 -m labkit model fake --preset qwen3-0.6b --out $M > /dev/null
 
 if [ "$what" = evidence ] || [ "$what" = all ]; then
-  step 60 python3 -m labkit doctor --device cuda --model $M
-  step 60 python3 -m labkit smoke --device cuda
+  R=$OUT/runs
+  mkdir -p $R/lc-graph
+  step 120 python3 -m labkit doctor --device cuda --model $M &
+  step 120 python3 -m labkit smoke --device cuda &
   for c in A B B-seqs1 C chunk D lifecycle prefix preempt refs balanced; do
-    step 40 python3 -m labkit trace --case $c --model $M --device cuda -q --out $OUT/runs/trace-$c
+    step 180 python3 -m labkit trace --case $c --model $M --device cuda -q --out $R/trace-$c &
   done
-  step 40 python3 -m labkit trace --case lifecycle --model $M --device cuda -q --shapes --out $OUT/runs/trace-shapes
-  step 90 python3 -m labkit logits-check run --suite baseline --attention torch --device cuda --dtype bfloat16 --model $M --out $OUT/runs/logits-baseline-torch
-  step 90 python3 -m labkit logits-check run --suite baseline --attention triton --execution graph --device cuda --dtype bfloat16 --model $M --out $OUT/runs/logits-baseline-triton-graph
-  step 150 python3 -m labkit logits-check run --suite graph --attention triton --execution graph --device cuda --dtype bfloat16 --model $M --out $OUT/runs/logits-graph
-  step 120 python3 -m labkit logits-check run --suite kv --attention triton --execution graph --device cuda --dtype bfloat16 --model $M --out $OUT/runs/logits-kv
+  step 180 python3 -m labkit trace --case lifecycle --model $M --device cuda -q --shapes --out $R/trace-shapes &
+  wait
+  step 200 $LC run --suite baseline --attention torch $BF --out $R/lc-baseline-torch &
+  step 200 $LC run --suite baseline --attention triton --execution eager $BF --out $R/lc-baseline-triton-eager &
+  step 200 $LC run --suite baseline --attention triton --execution graph $BF --out $R/lc-baseline-triton-graph &
+  step 240 $LC run --suite kv --attention triton --execution graph --ref-execution eager $BF --out $R/lc-kv &
+  (
+    step 200 $LC collect --suite graph --backend engine --attention triton --execution graph $BF --out $R/lc-graph/triton-graph &
+    step 200 $LC collect --suite graph --backend engine --attention triton --execution eager $BF --out $R/lc-graph/triton-eager &
+    step 200 $LC collect --suite graph --backend engine --attention torch --execution eager $BF --out $R/lc-graph/torch-eager &
+    wait
+    step 60 $LC compare --lhs $R/lc-graph/triton-graph --rhs $R/lc-graph/triton-eager --out $R/lc-graph/graph-vs-eager.json
+    step 60 $LC compare --lhs $R/lc-graph/triton-eager --rhs $R/lc-graph/torch-eager --out $R/lc-graph/triton-vs-torch.json
+  ) &
+  wait
 fi
 if [ "$what" = perf ] || [ "$what" = all ]; then
-  GPU_CHECK_VARIANTS=1 step 300 python3 scripts/gpu_check.py --skip-correct --out $OUT/gpu_check.json
-  step 120 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 2 --out $OUT/bench-nano-graph.json
-  step 120 python3 -m labkit bench --workload fixed --model $M --device cuda --graph --out $OUT/bench-fixed-graph.json
-  step 120 python3 -m labkit bench --workload fixed --model $M --device cuda --eager --out $OUT/bench-fixed-eager.json
+  step 150 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 2 --out $OUT/bench-nano-graph.json
+  step 90 python3 -m labkit bench --workload fixed --model $M --device cuda --graph --out $OUT/bench-fixed-graph.json
+  step 90 python3 -m labkit bench --workload fixed --model $M --device cuda --eager --out $OUT/bench-fixed-eager.json
   step 30 python3 -m labkit bench compare $OUT/bench-fixed-eager.json $OUT/bench-fixed-graph.json --variable eager --out $OUT/compare-eager.json
-  step 300 python3 -m labkit bench --workload nano --backend hf --model $M --device cuda --repeats 1 --out $OUT/bench-nano-hf.json
-  step 30 python3 -m labkit bench compare $OUT/bench-nano-hf.json $OUT/bench-nano-graph.json --variable backend --out $OUT/compare-backend.json
+  GPU_CHECK_CUSTOM=1 step 200 python3 scripts/gpu_check.py --skip-correct --model $M --out $OUT/gpu_check.json
+fi
+if [ "$what" = perf-hf ]; then
+  step 400 python3 -m labkit bench --workload nano --backend hf --hf-batch 256 --model $M --device cuda --repeats 1 --out $OUT/bench-nano-hf.json
 fi
 echo "done: $OUT"

@@ -98,29 +98,25 @@ def _split_k_reduce_kernel(part_ptr, b_ptr, y_ptr, M, N, stride_ym,
 
 
 def small_gemm_config(M: int, N: int, K: int, num_sms: int) -> dict:
-    """Default knobs for small_matmul; the aim is >= 2 programs per SM, each streaming whole K tiles.
+    """Default knobs for small_matmul, from an in-graph sweep on an H200 (docs/perf.md, Qwen3-0.6B shapes at
+    M = 1 and 8): wide 64 x 128 weight tiles with 4 stages won everywhere; splitting K paid only where the
+    row tiles alone leave most SMs idle (N = 1024: 16 tiles -> split 8, 3.5 us against cuBLAS's 12.5 us),
+    and cost its extra reduce launch where they do not (N = 4096: 64 tiles, split 1 best).
 
-    - block_k: 128 (256 bytes of a 16-bit row per load), or the next power of two >= K (at least 16).
-    - block_n: the largest of 64, 32, 16 whose row tiles alone reach 2 * num_sms programs (split_k = 1);
-      if none does, block_n = 16 (the most row tiles) and split_k is the smallest power of two with
-      cdiv(N, 16) * split_k >= 2 * num_sms, capped at the number of K tiles so no split is a partial tile.
-    - num_warps 4, num_stages 3: a 16-bit 16 x 128 w tile is two 16-byte loads per thread, and three stages
-      keep loads in flight while float32 64 x 128 tiles still fit in shared memory (3 x 40 KB).
+    - block_k: 128, or the next power of two >= K (at least 16); block_n: 64, or less for a narrow N.
+    - split_k: 1 when cdiv(N, block_n) >= num_sms / 4; else the largest power of two <= 8 with
+      tiles * split_k <= num_sms, capped at the number of K tiles so no split is empty.
     M does not change the choice (every M <= MAX_SMALL_M is one BLOCK_M tile).
     """
-    target = 2 * num_sms
     block_k = min(128, max(16, triton.next_power_of_2(K)))
     k_tiles = triton.cdiv(K, block_k)
+    block_n = min(64, max(16, triton.next_power_of_2(N)))
+    tiles = triton.cdiv(N, block_n)
     split_k = 1
-    for block_n in (64, 32, 16):
-        if triton.cdiv(N, block_n) >= target:
-            break
-    else:
-        block_n = 16
-        tiles = triton.cdiv(N, block_n)
-        while tiles * split_k < target and split_k * 2 <= k_tiles:
+    if tiles < num_sms // 4:
+        while split_k < 8 and tiles * split_k * 2 <= num_sms and split_k * 2 <= k_tiles:
             split_k *= 2
-    return dict(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=3)
+    return dict(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=4)
 
 
 def small_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,

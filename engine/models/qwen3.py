@@ -47,7 +47,9 @@ class Qwen3Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
-        if self._qk_kernel:
+        # Inside decode graphs only (as the GEMV): eager steps keep torch's numbers bit for bit; the kernel
+        # sums each head's squares in another order, which can move a value by 1 ulp in long prefills.
+        if self._qk_kernel and torch.cuda.is_current_stream_capturing():
             from ..kernels.qk_norm_rope import qk_norm_rope
 
             q, k = qk_norm_rope(qkv, positions, self.rotary_emb.cos_sin_cache, self.q_norm.weight,
