@@ -240,3 +240,18 @@ def test_compare_variable_mapping():
     other_model["config"]["model_config_sha256"] = "def"
     with pytest.raises(LabkitError, match="model_config_sha256"):
         cmp.compare(a, other_model, "eager")
+
+
+def test_compare_allows_different_repeats_and_warmup_and_lists_them():
+    a = _synthetic(700.0)
+    a["config"]["workload"] = {"name": "nano", "repeats": 1, "warmup": {"rounds": 1, "requests": 8}}
+    b = copy.deepcopy(a)
+    b["config"]["workload"].update(repeats=3, warmup={"rounds": 2, "requests": 8})
+    b["median"]["output_throughput"] = 21000.0
+    res = cmp.compare(a, b, "code")
+    assert res["ratio"] == pytest.approx(30.0)
+    assert res["measurement_differs"] == {"workload.repeats": {"a": 1, "b": 3},
+                                          "workload.warmup.rounds": {"a": 1, "b": 2}}
+    b["config"]["workload"]["name"] = "fixed"  # what is measured differs: still refused
+    with pytest.raises(LabkitError, match="workload.name"):
+        cmp.compare(a, b, "code")

@@ -56,6 +56,10 @@ VARIABLES: dict[str, tuple[str, ...]] = {
     "code": (),
 }
 
+# How a run is measured, not what one timed run does: these may differ without being the variable (e.g. a
+# slow baseline timed once against three engine repeats); the comparison lists them.
+MEASUREMENT_FIELDS: tuple[str, ...] = ("workload.repeats", "workload.warmup.*")
+
 # (name, path in the bench JSON) of the metrics whose B/A ratio is reported.
 METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("output_throughput", ("median", "output_throughput")),
@@ -146,7 +150,8 @@ def compare(a: dict, b: dict, variable: str, a_name: str = "A", b_name: str = "B
     keys = set(fa) | set(fb)
     patterns = variable_fields(variable, keys)
     differing = sorted(k for k in keys if fa.get(k) != fb.get(k))
-    outside = [k for k in differing if not _covers(patterns, k)]
+    measurement = [k for k in differing if not _covers(patterns, k) and _covers(MEASUREMENT_FIELDS, k)]
+    outside = [k for k in differing if not _covers(patterns, k) and k not in measurement]
     if outside:
         shown = "; ".join(f"{k} ({_fmt(fa.get(k))} vs {_fmt(fb.get(k))})" for k in outside[:8])
         more = f"; and {len(outside) - 8} more" if len(outside) > 8 else ""
@@ -165,6 +170,7 @@ def compare(a: dict, b: dict, variable: str, a_name: str = "A", b_name: str = "B
         "differing": inside,
         "same_value": not inside,
         "values": {"a": {k: fa.get(k) for k in covered}, "b": {k: fb.get(k) for k in covered}},
+        "measurement_differs": {k: {"a": fa.get(k), "b": fb.get(k)} for k in measurement},
         "ratio": metrics["output_throughput"]["ratio"],
         "ratio_of": "B/A of median output_throughput (output tok/s)",
         "metrics": metrics,
@@ -213,6 +219,8 @@ def markdown(result: dict) -> str:
     ]
     for k in result["values"]["a"]:
         lines.append(f"| {k} | {_fmt(result['values']['a'][k])} | {_fmt(result['values']['b'][k])} |")
+    for k, v in (result.get("measurement_differs") or {}).items():
+        lines.append(f"| {k} (measurement, not the variable) | {_fmt(v['a'])} | {_fmt(v['b'])} |")
     if result["same_value"]:
         lines += ["", "The variable has the same value in both runs (a repeat, or a code change)."]
     lines += ["", "| metric | A | B | B/A |", "| --- | --- | --- | --- |"]
