@@ -53,3 +53,17 @@ def _has_triton_backend() -> bool:
 
 def collective_backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
+
+
+_SM_COUNTS: dict[int, int] = {}
+
+
+def num_sms(device: torch.device, off_cuda: int) -> int:
+    """Streaming multiprocessors of a CUDA device (cached: kernels size their grids from it every call);
+    `off_cuda` where there is none (Triton's CPU interpreter, where grids are exercised, not timed)."""
+    if device.type != "cuda":
+        return off_cuda
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNTS:
+        _SM_COUNTS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNTS[idx]

@@ -226,20 +226,25 @@ def prefill_throughput(args):
     llm.exit()
 
 
+def _timed_nano(llm, prompts, params, out_tokens, repeats=2):
+    """Warm up, then `repeats` timed nano runs: (wall seconds, output tok/s) lists."""
+    llm.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+    runs = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t = time.time()
+        llm.generate(prompts, params, use_tqdm=False)
+        torch.cuda.synchronize()
+        runs.append(time.time() - t)
+    return [round(r, 3) for r in runs], [round(out_tokens / r) for r in runs]
+
+
 def sampler_ratio(args, prompts, params, out_tokens):
     """The nano workload with the torch sampler and with the one-pass Triton sampler, same process."""
     for sampler in ("torch", "triton"):
         llm = LLM(args.model, max_model_len=4096, attention_backend="triton", sampler=sampler)
-        llm.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
-        runs = []
-        for _ in range(2):
-            torch.cuda.synchronize()
-            t = time.time()
-            llm.generate(prompts, params, use_tqdm=False)
-            torch.cuda.synchronize()
-            runs.append(time.time() - t)
-        note(f"nano_sampler_{sampler}", {"wall_s": [round(r, 3) for r in runs],
-                                         "output_tok_s": [round(out_tokens / r) for r in runs]})
+        wall, tok_s = _timed_nano(llm, prompts, params, out_tokens)
+        note(f"nano_sampler_{sampler}", {"wall_s": wall, "output_tok_s": tok_s})
         llm.exit()
         del llm
         torch.cuda.empty_cache()
@@ -515,17 +520,10 @@ def engine_variants(args, prompts, params, out_tokens):
         t = time.time()
         llm = LLM(args.model, max_model_len=4096, custom_kernels=custom)
         init = time.time() - t
-        llm.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
-        runs = []
-        for _ in range(2):
-            torch.cuda.synchronize()
-            t = time.time()
-            llm.generate(prompts, params, use_tqdm=False)
-            torch.cuda.synchronize()
-            runs.append(time.time() - t)
+        wall, tok_s = _timed_nano(llm, prompts, params, out_tokens)
         note(f"variant_custom_kernels_{custom}", {
             "init_s": round(init, 2), "capture_s": round(llm.model_runner.graph_capture_seconds or 0, 2),
-            "nano_wall_s": [round(r, 3) for r in runs], "nano_tok_s": [round(out_tokens / r) for r in runs],
+            "nano_wall_s": wall, "nano_tok_s": tok_s,
             "bs1_greedy_ms": _bs1(llm, 0.0), "bs1_t06_ms": _bs1(llm, 0.6)})
         if custom and os.environ.get("GPU_CHECK_PROFILE_BS1"):
             profile_bs1(llm)

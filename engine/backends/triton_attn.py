@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..context import Context
+from ..device import num_sms
 from ..kernels.decode_attention import num_splits_for, paged_decode
 from ..kernels.kv_write import store_kvcache as _store
 from ..kernels.prefill_attention import varlen_prefill
@@ -12,16 +13,8 @@ from ..kernels.prefill_attention import varlen_prefill
 NEEDS_PREFILL_BLOCK_TABLES = True
 GRAPH_SAFE = True
 
-_NUM_SMS: dict[int, int] = {}
-
-
 def _sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 8
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _NUM_SMS:
-        _NUM_SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _NUM_SMS[idx]
+    return num_sms(device, 8)
 
 
 def store_kvcache(k, v, k_cache, v_cache, slot_mapping):

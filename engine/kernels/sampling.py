@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..device import num_sms
+
 
 @triton.jit
 def _gumbel_chunk_kernel(logits_ptr, stride_row, temps_ptr, best_ptr, idx_ptr, seed, vocab, chunk, num_chunks,
@@ -68,18 +70,6 @@ def num_chunks_for(rows: int, vocab: int, block: int, num_sms: int = 132) -> int
     return max(1, min(-(-2 * num_sms // max(rows, 1)), -(-vocab // block)))
 
 
-_SMS: dict = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SMS:
-        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SMS[key]
-
-
 def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seed: int, block: int = 1024,
                   num_chunks: int | None = None) -> torch.Tensor:
     """logits [rows, vocab] (any float dtype), temperatures [rows] float32; returns int64 token ids."""
@@ -90,7 +80,7 @@ def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seed: int, b
         return out
     block = min(block, triton.next_power_of_2(vocab))
     if num_chunks is None:
-        num_chunks = num_chunks_for(rows, vocab, block, _num_sms(logits.device))
+        num_chunks = num_chunks_for(rows, vocab, block, num_sms(logits.device, 132))
     # Whole BLOCKs per chunk, so chunk boundaries never split a block of loads.
     chunk = -(-(-(-vocab // num_chunks)) // block) * block
     num_chunks = -(-vocab // chunk)

@@ -14,22 +14,16 @@ import torch
 import triton
 import triton.language as tl
 
+from ..device import num_sms
+
 # The largest M the tiling is meant for (one BLOCK_M tile); larger M still works, one tile per 16 rows.
 MAX_SMALL_M = 16
 _BLOCK_M = 16
 _REDUCE_BLOCK = 256
 _DEFAULT_SMS = 132  # H200; used off-CUDA, where the heuristic is only exercised, not timed
 
-_NUM_SMS: dict[int, int] = {}
-
-
 def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return _DEFAULT_SMS
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _NUM_SMS:
-        _NUM_SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _NUM_SMS[idx]
+    return num_sms(device, _DEFAULT_SMS)
 
 
 def _precision(dtype: torch.dtype) -> str:
