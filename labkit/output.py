@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -128,13 +129,37 @@ def _git(*args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def _own_checkout() -> bool:
+    """Whether the project folder is the top of its own git checkout. An exported copy (`git archive`)
+    inside some other repository must not report that repository's commit as ours."""
+    top = _git("rev-parse", "--show-toplevel")
+    return top is not None and Path(top).resolve() == project_root().resolve()
+
+
+# `git archive` writes the commit into this file (export-subst in .gitattributes): the provenance of a copy
+# made without .git, as the GPU runs use.
+ARCHIVED_COMMIT_FILE = "labkit/COMMIT"
+
+
+def archived_commit() -> str | None:
+    try:
+        text = (project_root() / ARCHIVED_COMMIT_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return text if re.fullmatch(r"[0-9a-f]{40}", text) else None
+
+
 def git_head() -> str | None:
-    """The project's commit, or None outside git / before the first commit. Never raises."""
-    return _git("rev-parse", "HEAD") or None
+    """The project's commit: its checkout's HEAD, else the commit an archive was made from, else None.
+    Never raises."""
+    return (_git("rev-parse", "HEAD") if _own_checkout() else None) or archived_commit()
 
 
 def git_dirty() -> bool | None:
-    """Whether tracked or new files differ from HEAD, so a result can be tied to exact code."""
+    """Whether tracked or new files differ from HEAD, so a result can be tied to exact code (None: not a
+    checkout of its own, so unknown)."""
+    if not _own_checkout():
+        return None
     status = _git("status", "--porcelain", "--untracked-files=normal")
     return None if status is None else bool(status)
 

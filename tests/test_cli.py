@@ -229,6 +229,41 @@ def test_git_head_none_outside_a_repo_and_sha_inside(monkeypatch, tmp_path):
     assert output.git_dirty() is True
 
 
+def test_git_head_of_an_exported_copy_inside_another_repo_is_the_archived_commit(monkeypatch, tmp_path):
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    outer = tmp_path / "outer"
+    copy = outer / "copy"
+    (copy / "labkit").mkdir(parents=True)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    git = ["git", "-C", str(outer), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    (outer / "f").write_text("x")
+    subprocess.run(git + ["add", "f"], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "x"], check=True)
+    monkeypatch.setenv("LAB_ROOT", str(copy))
+    (copy / "labkit" / "COMMIT").write_text("$Format:%H$\n")  # not expanded: no provenance
+    assert output.git_head() is None and output.git_dirty() is None  # never the outer repo's commit
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    (copy / "labkit" / "COMMIT").write_text(sha + "\n")
+    assert output.git_head() == sha and output.git_dirty() is None
+
+
+def test_git_archive_writes_the_commit_into_labkit_commit(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("needs git and this checkout")
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    archived = subprocess.run(["git", "-C", str(root), "archive", "HEAD", "labkit/COMMIT"], capture_output=True,
+                              check=True).stdout
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(archived)) as tar:
+        text = tar.extractfile("labkit/COMMIT").read().decode().strip()
+    assert text == head
+
+
 def test_resolve_device():
     assert output.resolve_device("cpu") == "cpu"
     assert output.resolve_device(output.Device.auto) == ("cpu" if NO_GPU else "cuda")
