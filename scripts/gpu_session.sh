@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Every open GPU item in one device call (about 8 minutes on one H200), from a clean tree:
+# Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
 #   bash scripts/gpu_session.sh [evidence|perf|all]
+# Measured on one H200 (docs/perf.md): evidence ~2 minutes, perf ~7 (3.5 of them the Transformers baseline);
+# `all` is ~9.5, close to a 10-minute device call: two calls (evidence, perf) are safer.
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
 #           (baseline: torch eager, triton eager, triton graph against Transformers; graph suite graph vs
 #           eager and triton vs torch; kv suite), run as parallel processes (each uses a small KV pool);
 # perf:     labkit bench nano (graph) and fixed (graph, eager, compare), then gpu_check's before/after of
-#           the custom kernels (nano + batch-1), one at a time (each takes the GPU's memory).
-# The Transformers baseline (`labkit bench --workload nano --backend hf --hf-batch 256`) takes ~4 minutes:
-# run it in its own call (perf-hf). Logs and JSON go to $OUT (the device tool's output folder).
+#           the custom kernels (nano + batch-1), then the Transformers baseline on the nano workload and the
+#           engine/baseline ratio, one at a time (each takes the GPU's memory). perf-hf: the baseline alone.
+# Logs and JSON go to $OUT (the device tool's output folder).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -55,7 +57,13 @@ if [ "$what" = perf ] || [ "$what" = all ]; then
   step 30 python3 -m labkit bench compare $OUT/bench-fixed-eager.json $OUT/bench-fixed-graph.json --variable eager --out $OUT/compare-eager.json
   GPU_CHECK_CUSTOM=1 step 200 python3 scripts/gpu_check.py --skip-correct --model $M --out $OUT/gpu_check.json
 fi
-if [ "$what" = perf-hf ]; then
+if [ "$what" = perf ] || [ "$what" = all ] || [ "$what" = perf-hf ]; then
   step 400 python3 -m labkit bench --workload nano --backend hf --hf-batch 256 --model $M --device cuda --repeats 1 --out $OUT/bench-nano-hf.json
 fi
+if [ -f $OUT/bench-nano-hf.json ] && [ -f $OUT/bench-nano-graph.json ]; then
+  step 30 python3 -m labkit bench compare $OUT/bench-nano-hf.json $OUT/bench-nano-graph.json --variable backend --out $OUT/compare-backend.json
+fi
+# The device returns a limited number of files: keep the reports (not the event logs and logits arrays) in one.
+tar czf $OUT/reports.tgz -C $OUT logs $(cd $OUT && ls -d runs/*/*.json runs/*/*.md runs/*/*/*.json runs/*/*/*.md 2>/dev/null | grep -v events) 2>/dev/null
+rm -rf $OUT/logs $OUT/runs
 echo "done: $OUT"
