@@ -43,6 +43,35 @@ class StepInputs:
     graph_batch: int | None = None
 
 
+def graph_input_views(buf: torch.Tensor, max_bs: int, max_blocks: int) -> dict[str, torch.Tensor]:
+    """The decode graphs' inputs as views of one flat int32 buffer: [ids | positions | slots | context
+    lengths | block tables], each of max_bs rows. The tables come last, so rows [:bs] of every input are
+    covered by one prefix of the buffer (see fill_graph_inputs)."""
+    return {
+        "input_ids": buf[0:max_bs],
+        "positions": buf[max_bs:2 * max_bs],
+        "slot_mapping": buf[2 * max_bs:3 * max_bs],
+        "context_lens": buf[3 * max_bs:4 * max_bs],
+        "block_tables": buf[4 * max_bs:4 * max_bs + max_bs * max_blocks].view(max_bs, max_blocks),
+    }
+
+
+def fill_graph_inputs(a, inputs: StepInputs, max_bs: int, max_blocks: int) -> int:
+    """Write one decode step into `a` (a numpy view of the host mirror, laid out as graph_input_views);
+    return how many leading elements must reach the device. Padding rows up to the bucket write no KV
+    (slot -1) and attend to nothing (context 0); table entries past a row's width are never read."""
+    bs, bucket = len(inputs.input_ids), inputs.graph_batch
+    a[0:bs] = inputs.input_ids
+    a[max_bs:max_bs + bs] = inputs.positions
+    a[2 * max_bs:2 * max_bs + bs] = inputs.slot_mapping
+    a[2 * max_bs + bs:2 * max_bs + bucket] = -1
+    a[3 * max_bs:3 * max_bs + bs] = inputs.context_lens
+    a[3 * max_bs + bs:3 * max_bs + bucket] = 0
+    tables = inputs.kernel_block_tables
+    a[4 * max_bs:4 * max_bs + bs * max_blocks].reshape(bs, max_blocks)[:, :len(tables[0])] = tables
+    return 4 * max_bs + bs * max_blocks
+
+
 @contextlib.contextmanager
 def _default_dtype_device(dtype: torch.dtype, device: torch.device):
     old_dtype = torch.get_default_dtype()
@@ -309,8 +338,8 @@ class ModelRunner:
         a batch larger than the largest bucket runs eagerly.
 
         Every graph input lives in one int32 device buffer laid out [ids | positions | slots | context
-        lengths | block tables], mirrored by a pinned host buffer: a step fills the host copy and uploads
-        it with a single asynchronous copy, instead of one small copy kernel per input."""
+        lengths | block tables] (graph_input_views), mirrored by a pinned host buffer: a step fills the
+        host copy and uploads it with a single asynchronous copy, instead of one copy kernel per input."""
         from .kernels.decode_attention import num_splits_for
 
         cfg = self.config
@@ -324,15 +353,8 @@ class ModelRunner:
         self._stage_host = torch.zeros(size, dtype=torch.int32, pin_memory=True)
         self._stage_np = self._stage_host.numpy()
         self._stage_copied = None  # event: the last upload has left the host buffer
-        buf = self._stage_dev
-        self.graph_vars = gv = {
-            "input_ids": buf[0:max_bs],
-            "positions": buf[max_bs:2 * max_bs],
-            "slot_mapping": buf[2 * max_bs:3 * max_bs],
-            "context_lens": buf[3 * max_bs:4 * max_bs],
-            "block_tables": buf[4 * max_bs:].view(max_bs, max_blocks),
-            "outputs": torch.zeros(max_bs, hidden, dtype=self.dtype, device=dev),
-        }
+        self.graph_vars = gv = graph_input_views(self._stage_dev, max_bs, max_blocks)
+        gv["outputs"] = torch.zeros(max_bs, hidden, dtype=self.dtype, device=dev)
         gv["slot_mapping"].fill_(-1)
         self.graph_max_bs, self.graph_max_blocks = max_bs, max_blocks
         self.graph_bs = [b for b in [1, 2, 4, 8] if b <= max_bs] + list(range(16, max_bs + 1, 16))
@@ -354,23 +376,10 @@ class ModelRunner:
             reset_context()
 
     def _stage_graph_inputs(self, inputs: StepInputs) -> None:
-        """Fill the pinned host mirror of the graph inputs and upload it in one copy. Padding rows up to
-        the bucket write no KV (slot -1) and attend to nothing (context 0)."""
-        bs, bucket = len(inputs.input_ids), inputs.graph_batch
-        max_bs, max_blocks = self.graph_max_bs, self.graph_max_blocks
+        """Fill the pinned host mirror of the graph inputs and upload it in one asynchronous copy."""
         if self._stage_copied is not None:
             self._stage_copied.synchronize()  # never overwrite host memory a pending copy still reads
-        a = self._stage_np
-        a[0:bs] = inputs.input_ids
-        a[max_bs:max_bs + bs] = inputs.positions
-        a[2 * max_bs:2 * max_bs + bs] = inputs.slot_mapping
-        a[2 * max_bs + bs:2 * max_bs + bucket] = -1
-        a[3 * max_bs:3 * max_bs + bs] = inputs.context_lens
-        a[3 * max_bs + bs:3 * max_bs + bucket] = 0
-        tables = inputs.kernel_block_tables
-        width = len(tables[0])
-        a[4 * max_bs:4 * max_bs + bs * max_blocks].reshape(bs, max_blocks)[:, :width] = tables
-        n = 4 * max_bs + bs * max_blocks
+        n = fill_graph_inputs(self._stage_np, inputs, self.graph_max_bs, self.graph_max_blocks)
         self._stage_dev[:n].copy_(self._stage_host[:n], non_blocking=True)
         if self._stage_copied is None:
             self._stage_copied = torch.cuda.Event()
