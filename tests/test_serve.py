@@ -403,7 +403,8 @@ def test_serve_and_client_processes(tiny_model, tmp_path):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0 or proc.returncode in (0, 130)
         # The engine's own log of the same request: schema v1, and every invariant holds.
-        from labkit.trace.validate import read_jsonl, validate
+        from labkit.trace.events import read_jsonl
+        from labkit.trace.validate import validate
 
         engine_events = read_jsonl(trace)
         assert {"run_start", "request_added", "scheduled", "after_postprocess", "run_end"} <= {

@@ -13,7 +13,8 @@ import yaml
 
 from labkit.trace.cases import list_cases, load_case
 from labkit.trace.run import run_case
-from labkit.trace.validate import read_jsonl, validate
+from labkit.trace.events import read_jsonl
+from labkit.trace.validate import validate
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,8 +11,9 @@ import pytest
 
 from labkit.errors import LabkitError
 from labkit.trace.cases import load_case
-from labkit.trace.validate import (Report, TSV_COLUMNS, read_jsonl, steps_table, tsv_rows,
-                                   validate, write_jsonl, write_tsv)
+from labkit.trace.events import read_jsonl, write_jsonl
+from labkit.trace.tables import TSV_COLUMNS, steps_table, tsv_rows, write_tsv
+from labkit.trace.validate import Report, validate
 
 
 def ev(event, step=None, **fields):

@@ -1,1 +1,2 @@
-"""Traced cases: case files (cases.py) and event-log checking (validate.py)."""
+"""Traced cases: case files (cases.py), the event log (events.py), checking a log against a case and the
+invariants (validate.py), readable views (tables.py), the run (run.py), Perfetto export (perfetto.py)."""

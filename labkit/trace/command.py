@@ -16,7 +16,9 @@ from labkit.errors import LabkitError
 from labkit.output import (EXIT_FAIL, EXIT_PASS, Device, envelope, evidence_for, finish, resolve_device, runs_dir,
                            write_json)
 from labkit.trace.cases import list_cases, load_case
-from labkit.trace.validate import Report, read_jsonl, steps_table, validate, write_tsv
+from labkit.trace.events import read_jsonl
+from labkit.trace.tables import steps_table, write_tsv
+from labkit.trace.validate import Report, validate
 
 app = typer.Typer(help="Run a traced case, show every step, and check it against expected states.",
                   invoke_without_command=True, no_args_is_help=False)

@@ -1,10 +1,9 @@
 """Checking an engine event log (SPEC section 6) against a case's expectations and invariants.
 
-    events = read_jsonl("runs/.../events.jsonl")       # LabkitError on a malformed line
+    events = read_jsonl("runs/.../events.jsonl")       # labkit.trace.events; LabkitError on a bad line
     report = validate(events, load_case("chunk"))      # Report(checks=[Check, ...])
     report.ok, report.first_failure, report.failures
-    steps_table(events)                                # one dict per step, EXPECTED.md's notation
-    write_tsv(events, path)                            # one row per step and sequence
+    (steps_table and write_tsv, the readable views, live in labkit.trace.tables)
 
 `validate` does two things:
   (a) every field a case's `expect` lists is compared (kind "expect"), one Check per field;
@@ -17,42 +16,12 @@ never failed gets one passing Check saying how many times it was checked.
 """
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from labkit.errors import LabkitError
 from labkit.trace.cases import Case, format_positions
-
-SCHEMA_VERSION = 1
-COMMON_KEYS = ("v", "event", "run", "t_ns", "step")
-REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
-    "run_start": ("config", "model", "device", "versions"),
-    "request_added": ("seq_id", "request_id", "prompt_len", "max_tokens"),
-    "before_schedule": ("waiting", "running", "free_blocks"),
-    "scheduled": ("phase", "seqs"),
-    "preempted": ("seq_id", "request_id"),
-    "gpu_inputs": ("num_input_ids", "positions", "slot_mapping", "cu_seqlens_q", "cu_seqlens_k",
-                   "max_seqlen_q", "max_seqlen_k", "context_lens", "block_tables", "execution",
-                   "graph_batch"),
-    "sampled": ("tokens",),
-    "after_postprocess": ("seqs", "free_blocks"),
-    "model_shape": ("layer", "module", "shape"),
-    "run_end": ("steps", "wall_s"),
-}
-SEQ_KEYS: dict[str, tuple[str, ...]] = {
-    "scheduled": ("seq_id", "request_id", "num_tokens", "num_cached_tokens",
-                  "num_scheduled_tokens", "block_table"),
-    "after_postprocess": ("seq_id", "request_id", "num_tokens", "num_cached_tokens",
-                          "num_completion_tokens", "status", "block_table", "accepted", "token_id"),
-}
-# Events that belong to one engine step (their `step` must be an integer >= 1).
-STEP_EVENTS = ("before_schedule", "scheduled", "preempted", "gpu_inputs", "sampled",
-               "after_postprocess")
-PHASES = ("prefill", "decode")
-STATUSES = ("WAITING", "RUNNING", "FINISHED")
+from labkit.trace.events import PHASES, STATUSES, EventLog, event_problems, is_int
 
 # Every invariant validate() checks; each one that never fails gets one passing Check.
 INVARIANTS = (
@@ -147,134 +116,13 @@ class Report:
                 "checks": [c.to_dict() for c in self.checks]}
 
 
-# ----------------------------------------------------------------------------- schema / reading
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def event_problems(e) -> list[str]:
-    """Schema problems of one event (empty list when it is fine)."""
-    if not isinstance(e, dict):
-        return [f"an event must be a JSON object, got {type(e).__name__}"]
-    probs = []
-    missing = [k for k in COMMON_KEYS if k not in e]
-    if missing:
-        probs.append(f"missing key(s) {', '.join(missing)}")
-    if "v" in e and e["v"] != SCHEMA_VERSION:
-        probs.append(f"schema version v={e['v']!r}, expected {SCHEMA_VERSION}")
-    ev = e.get("event")
-    if "event" in e and not isinstance(ev, str):
-        probs.append(f"'event' must be a string, got {ev!r}")
-    if "run" in e and not isinstance(e["run"], str):
-        probs.append(f"'run' must be a string, got {e['run']!r}")
-    if "t_ns" in e and not _is_int(e["t_ns"]):
-        probs.append(f"'t_ns' must be an integer, got {e['t_ns']!r}")
-    if "step" in e and e["step"] is not None and not _is_int(e["step"]):
-        probs.append(f"'step' must be an integer or null, got {e['step']!r}")
-    if ev in STEP_EVENTS and "step" in e and not (_is_int(e["step"]) and e["step"] >= 1):
-        probs.append(f"a {ev} event needs an integer step >= 1, got {e['step']!r}")
-    if isinstance(ev, str) and ev in REQUIRED_KEYS:
-        miss = [k for k in REQUIRED_KEYS[ev] if k not in e]
-        if miss:
-            probs.append(f"{ev} event lacks {', '.join(miss)}")
-        if ev in SEQ_KEYS and "seqs" in e:
-            seqs = e["seqs"]
-            if not isinstance(seqs, list):
-                probs.append(f"{ev}.seqs must be a list")
-            else:
-                for j, s in enumerate(seqs):
-                    if not isinstance(s, dict):
-                        probs.append(f"{ev}.seqs[{j}] must be an object")
-                        continue
-                    miss = [k for k in SEQ_KEYS[ev] if k not in s]
-                    if miss:
-                        probs.append(f"{ev}.seqs[{j}] lacks {', '.join(miss)}")
-        if ev == "scheduled" and "phase" in e and e["phase"] not in PHASES:
-            probs.append(f"scheduled.phase must be prefill or decode, got {e['phase']!r}")
-    return probs
-
-
-def read_jsonl(path) -> list[dict]:
-    """Read an event log; LabkitError (naming the line) on bad JSON or a schema problem."""
-    p = Path(path)
-    try:
-        f = p.open(encoding="utf-8")
-    except OSError as e:
-        raise LabkitError(f"cannot read event log {p}: {e}") from None
-    events: list[dict] = []
-    with f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                e = json.loads(line)
-            except json.JSONDecodeError as ex:
-                raise LabkitError(f"{p}:{lineno}: not valid JSON ({ex.msg})") from None
-            probs = event_problems(e)
-            if probs:
-                raise LabkitError(f"{p}:{lineno}: {'; '.join(probs)}")
-            events.append(e)
-    return events
-
-
-def write_jsonl(events, path) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with p.open("w", encoding="utf-8") as f:
-        for e in events:
-            f.write(json.dumps(e, separators=(",", ":")) + "\n")
-    return p
-
-
-# ----------------------------------------------------------------------------- log index
-
-class _Log:
-    def __init__(self, events: list[dict]):
-        self.events = [e for e in events if isinstance(e, dict)]
-        self.run_starts = [e for e in self.events if e.get("event") == "run_start"]
-        self.run_ends = [e for e in self.events if e.get("event") == "run_end"]
-        self.added: list[tuple[int, dict]] = []
-        self.steps: dict[int, dict[str, list[dict]]] = {}
-        self.first_index: dict[int, int] = {}
-        self.seq_req: dict[Any, str] = {}
-        for i, e in enumerate(self.events):
-            ev = e.get("event")
-            if ev == "request_added":
-                self.added.append((i, e))
-                if e.get("seq_id") is not None and e.get("request_id") is not None:
-                    self.seq_req[e["seq_id"]] = str(e["request_id"])
-            elif ev in STEP_EVENTS and _is_int(e.get("step")):
-                st = e["step"]
-                self.steps.setdefault(st, {}).setdefault(ev, []).append(e)
-                self.first_index.setdefault(st, i)
-        self.run_start = self.run_starts[0] if self.run_starts else {}
-        self.config = self.run_start.get("config") if isinstance(self.run_start.get("config"), dict) else {}
-
-    def one(self, step: int, ev: str) -> dict | None:
-        lst = self.steps.get(step, {}).get(ev) or []
-        return lst[0] if lst else None
-
-    def all(self, step: int, ev: str) -> list[dict]:
-        return self.steps.get(step, {}).get(ev) or []
-
-    def rid(self, entry: dict) -> str:
-        r = entry.get("request_id")
-        if r is None:
-            r = self.seq_req.get(entry.get("seq_id"), f"seq{entry.get('seq_id')}")
-        return str(r)
-
-    def rids(self, seq_ids) -> list[str]:
-        return [self.seq_req.get(s, f"seq{s}") for s in (seq_ids or [])]
-
-
 def _cfg_int(cfg: dict, key: str):
     v = cfg.get(key) if isinstance(cfg, dict) else None
-    return v if _is_int(v) else None
+    return v if is_int(v) else None
 
 
 def _show(v) -> str:
-    if isinstance(v, list) and len(v) > 12 and all(_is_int(x) for x in v):
+    if isinstance(v, list) and len(v) > 12 and all(is_int(x) for x in v):
         return format_positions(v)
     if isinstance(v, (list, dict)):
         return json.dumps(v)
@@ -291,8 +139,8 @@ def _cumsum(xs) -> list[int]:
 def _start(nc, nt) -> int:
     """First position a prefill computes: num_cached_tokens, or the last token when the whole
     sequence is cached (its logits are still needed)."""
-    nc = nc if _is_int(nc) else 0
-    return min(nc, nt - 1) if _is_int(nt) and nt >= 1 else nc
+    nc = nc if is_int(nc) else 0
+    return min(nc, nt - 1) if is_int(nt) and nt >= 1 else nc
 
 
 def _strip_pad(row) -> list:
@@ -370,7 +218,7 @@ class _Seq:
     finish_reason: str | None = None
 
 
-def _check_invariants(log: _Log, col: _Collector, block_size: int | None,
+def _check_invariants(log: EventLog, col: _Collector, block_size: int | None,
                       num_blocks: int | None, ignore_eos: dict[str, bool]) -> None:
     cfg = log.config
     max_batched = _cfg_int(cfg, "max_num_batched_tokens")
@@ -385,7 +233,7 @@ def _check_invariants(log: _Log, col: _Collector, block_size: int | None,
     last_t = None
     for e in log.events:
         t = e.get("t_ns")
-        if _is_int(t):
+        if is_int(t):
             if last_t is not None and t < last_t:
                 col.fail("time.monotonic", f"run: t_ns goes backwards at {e.get('event')} "
                                            f"(step {e.get('step')}): {last_t} -> {t}",
@@ -420,9 +268,9 @@ def _check_invariants(log: _Log, col: _Collector, block_size: int | None,
             if ie is None:
                 ie = ignore_eos.get(rid)
             pl = e.get("prompt_len")
-            seqs[sid] = _Seq(sid, rid, pl if _is_int(pl) else None,
-                             e.get("max_tokens") if _is_int(e.get("max_tokens")) else None,
-                             ie, pl if _is_int(pl) else None)
+            seqs[sid] = _Seq(sid, rid, pl if is_int(pl) else None,
+                             e.get("max_tokens") if is_int(e.get("max_tokens")) else None,
+                             ie, pl if is_int(pl) else None)
             continue
         st = item
         try:
@@ -465,7 +313,7 @@ def _check_invariants(log: _Log, col: _Collector, block_size: int | None,
                   field="free_blocks", expected=num_blocks, actual=last_free)
 
 
-def _check_step(log: _Log, col: _Collector, st: int, seqs: dict, bs, num_blocks, max_batched,
+def _check_step(log: EventLog, col: _Collector, st: int, seqs: dict, bs, num_blocks, max_batched,
                 max_seqs, enforce_eager, prev_free):
     evs = log.steps[st]
     for name, lo, hi in (("scheduled", 1, 1), ("gpu_inputs", 1, 1), ("after_postprocess", 1, 1),
@@ -551,7 +399,7 @@ def _check_step(log: _Log, col: _Collector, st: int, seqs: dict, bs, num_blocks,
         sid = s.get("seq_id")
         nt, nc, ns = s.get("num_tokens"), s.get("num_cached_tokens"), s.get("num_scheduled_tokens")
         table = list(s.get("block_table") or [])
-        total_sched += ns if _is_int(ns) else 0
+        total_sched += ns if is_int(ns) else 0
         prev = seqs.get(sid)
         col.check(prev is not None, "seq.known",
                   f"step {st}, request {rid}: seq {sid} scheduled without a request_added event",
@@ -567,22 +415,22 @@ def _check_step(log: _Log, col: _Collector, st: int, seqs: dict, bs, num_blocks,
                           f"step {st}, request {rid}: holds blocks {prev.table} with cached "
                           f"{prev.num_cached}, scheduled with blocks {table} cached {nc}",
                           step=st, request=rid, field="block_table")
-        if bs is not None and _is_int(nt):
+        if bs is not None and is_int(nt):
             want = -(-nt // bs)
             col.check(len(table) == want, "block_table.size",
                       f"step {st}, request {rid}: {len(table)} blocks for {nt} tokens "
                       f"(block size {bs} needs {want})", step=st, request=rid, field="blocks",
                       expected=want, actual=len(table))
-        bad = [b for b in table if not _is_int(b) or b < 0 or (num_blocks is not None and b >= num_blocks)]
+        bad = [b for b in table if not is_int(b) or b < 0 or (num_blocks is not None and b >= num_blocks)]
         col.check(not bad and len(set(table)) == len(table), "block_table.ids",
                   f"step {st}, request {rid}: block table {table} has invalid or repeated ids",
                   step=st, request=rid, field="block_table", actual=table)
         if phase == "decode":
-            col.check(ns == 1 and _is_int(nt) and _is_int(nc) and nt == nc + 1, "decode.shape",
+            col.check(ns == 1 and is_int(nt) and is_int(nc) and nt == nc + 1, "decode.shape",
                       f"step {st}, request {rid}: decode needs scheduled 1 and total = cached + 1, "
                       f"got total {nt} cached {nc} scheduled {ns}", step=st, request=rid)
         else:
-            okp = _is_int(ns) and _is_int(nc) and _is_int(nt) and ns >= 1 and _start(nc, nt) + ns <= nt
+            okp = is_int(ns) and is_int(nc) and is_int(nt) and ns >= 1 and _start(nc, nt) + ns <= nt
             col.check(okp, "chunk.first_only",
                       f"step {st}, request {rid}: prefill of {ns} tokens from cached {nc} does not "
                       f"fit total {nt}", step=st, request=rid)
@@ -639,7 +487,7 @@ def _check_step(log: _Log, col: _Collector, st: int, seqs: dict, bs, num_blocks,
         acc = a.get("accepted")
         if sc is not None:
             snt, snc, sns = sc.get("num_tokens"), sc.get("num_cached_tokens"), sc.get("num_scheduled_tokens")
-            completes = phase == "decode" or (_is_int(snc) and _is_int(sns) and _start(snc, snt) + sns == snt)
+            completes = phase == "decode" or (is_int(snc) and is_int(sns) and _start(snc, snt) + sns == snt)
             col.check(acc is completes, "accepted.rule",
                       f"step {st}, request {rid}: accepted is {acc}, but the step "
                       f"{'completes' if completes else 'does not complete'} the prompt "
@@ -650,7 +498,7 @@ def _check_step(log: _Log, col: _Collector, st: int, seqs: dict, bs, num_blocks,
                           f"step {st}, request {rid}: a discarded chunk candidate became an output "
                           f"(outputs {prev.completion} -> {comp}, total {snt} -> {nt})",
                           step=st, request=rid, field="outputs", expected=prev.completion, actual=comp)
-                if status != "FINISHED" and _is_int(snc) and _is_int(sns):
+                if status != "FINISHED" and is_int(snc) and is_int(sns):
                     want_c = _start(snc, snt) + sns
                     col.check(nc == want_c, "after.cached",
                               f"step {st}, request {rid}: after a discarded chunk cached should be "
@@ -667,7 +515,7 @@ def _check_step(log: _Log, col: _Collector, st: int, seqs: dict, bs, num_blocks,
                               f"step {st}, request {rid}: token_id {a.get('token_id')} differs from "
                               f"the sampled {sampled_tok[sid]}", step=st, request=rid,
                               field="token_id", expected=sampled_tok[sid], actual=a.get("token_id"))
-                if status != "FINISHED" and _is_int(nt):
+                if status != "FINISHED" and is_int(nt):
                     col.check(nc == nt - 1, "after.cached",
                               f"step {st}, request {rid}: after an accepted token cached should be "
                               f"{nt - 1}, got {nc}", step=st, request=rid, field="cached",
@@ -678,15 +526,15 @@ def _check_step(log: _Log, col: _Collector, st: int, seqs: dict, bs, num_blocks,
                       step=st, request=rid, field="block_table", expected=[], actual=table)
         col.check(status in STATUSES, "phase", f"step {st}, request {rid}: unknown status {status!r}",
                   step=st, request=rid, field="status", actual=status)
-        if prev.max_tokens is not None and _is_int(comp):
+        if prev.max_tokens is not None and is_int(comp):
             col.check(comp <= prev.max_tokens and (comp < prev.max_tokens or status == "FINISHED"),
                       "max_tokens",
                       f"step {st}, request {rid}: {comp} outputs with max_tokens {prev.max_tokens}, "
                       f"status {status}", step=st, request=rid, field="outputs",
                       expected=prev.max_tokens, actual=comp)
-        prev.num_tokens = nt if _is_int(nt) else prev.num_tokens
-        prev.num_cached = nc if _is_int(nc) else 0
-        prev.completion = comp if _is_int(comp) else prev.completion
+        prev.num_tokens = nt if is_int(nt) else prev.num_tokens
+        prev.num_cached = nc if is_int(nc) else 0
+        prev.completion = comp if is_int(comp) else prev.completion
         prev.status = status if status in STATUSES else prev.status
         prev.table = table
         prev.finish_reason = a.get("finish_reason", prev.finish_reason)
@@ -698,7 +546,7 @@ def _check_step(log: _Log, col: _Collector, st: int, seqs: dict, bs, num_blocks,
         if s.status != "FINISHED":
             for b in s.table:
                 holders[b] = holders.get(b, 0) + 1
-    if num_blocks is not None and _is_int(fb):
+    if num_blocks is not None and is_int(fb):
         col.check(0 <= fb <= num_blocks and fb + len(holders) <= num_blocks, "blocks.accounting",
                   f"step {st}: free_blocks {fb} + {len(holders)} blocks held by live sequences "
                   f"exceeds the pool of {num_blocks}", step=st, field="free_blocks", actual=fb)
@@ -717,10 +565,10 @@ def _check_step(log: _Log, col: _Collector, st: int, seqs: dict, bs, num_blocks,
                   f"step {st}, request {rid}: ref_counts {list(rc)}, but {want} live sequences "
                   f"hold blocks {table}", step=st, request=rid, field="ref_counts",
                   expected=want, actual=list(rc))
-    return (fb if _is_int(fb) else prev_free), (fb if _is_int(fb) else None)
+    return (fb if is_int(fb) else prev_free), (fb if is_int(fb) else None)
 
 
-def _check_inputs(log: _Log, col: _Collector, st, phase, sseqs, gi, bs, enforce_eager):
+def _check_inputs(log: EventLog, col: _Collector, st, phase, sseqs, gi, bs, enforce_eager):
     counts = [s.get("num_scheduled_tokens") or 0 for s in sseqs]
     T = sum(counts)
     n_in = gi.get("num_input_ids")
@@ -826,7 +674,7 @@ def _check_inputs(log: _Log, col: _Collector, st, phase, sseqs, gi, bs, enforce_
     ex, gb = gi.get("execution"), gi.get("graph_batch")
     okx = ex in ("eager", "graph")
     if ex == "graph":
-        okx = okx and phase == "decode" and _is_int(gb) and gb >= len(sseqs) and enforce_eager is not True
+        okx = okx and phase == "decode" and is_int(gb) and gb >= len(sseqs) and enforce_eager is not True
     elif ex == "eager":
         okx = okx and gb is None
     col.check(okx, "inputs.execution",
@@ -835,7 +683,7 @@ def _check_inputs(log: _Log, col: _Collector, st, phase, sseqs, gi, bs, enforce_
               actual=ex)
 
 
-def _check_tables(log: _Log, col: _Collector, st, sseqs, bt):
+def _check_tables(log: EventLog, col: _Collector, st, sseqs, bt):
     rows = list(bt or [])
     if len(rows) < len(sseqs):
         col.fail("inputs.block_tables", f"step {st}: block_tables has {len(rows)} rows for "
@@ -885,7 +733,7 @@ class _Expect:
                                      f"{_where(step, request)}, {fld}: {what}", "expect"))
 
 
-def _check_expectations(log: _Log, case: Case, col: _Collector) -> None:
+def _check_expectations(log: EventLog, case: Case, col: _Collector) -> None:
     x = _Expect(col)
     n_steps = len(log.steps)
     for e in case.expect or []:
@@ -968,7 +816,7 @@ def _check_expectations(log: _Log, case: Case, col: _Collector) -> None:
                 x.cmp(st, None, "free", e["free"], ap.get("free_blocks"))
 
 
-def _check_case_requests(log: _Log, case: Case, col: _Collector) -> None:
+def _check_case_requests(log: EventLog, case: Case, col: _Collector) -> None:
     """The log ran the case's requests, with their max_tokens, and `after` was respected."""
     added = {log.rid(e): (i, e) for i, e in log.added}
     for r in case.requests:
@@ -1022,19 +870,19 @@ def validate(events: list[dict], case: Case | None = None, *, block_size: int | 
             schema_bad += 1
             if schema_bad <= _MAX_FAILURES_PER_NAME:
                 st = e.get("step") if isinstance(e, dict) else None
-                col.checks.append(Check("schema", False, st if _is_int(st) else None, None, None,
+                col.checks.append(Check("schema", False, st if is_int(st) else None, None, None,
                                         None, None, f"event #{i + 1} "
                                         f"({e.get('event') if isinstance(e, dict) else '?'}): "
                                         f"{'; '.join(probs)}", "schema"))
     if not schema_bad:
         col.checks.append(Check("schema", True, message=f"schema: {len(events)} events are v1",
                                 kind="schema"))
-    log = _Log(events)
+    log = EventLog(events)
     rs, cfg = log.run_start, log.config
     eng = case.engine if case is not None else {}
-    bs = block_size or (rs.get("block_size") if _is_int(rs.get("block_size")) else None) \
+    bs = block_size or (rs.get("block_size") if is_int(rs.get("block_size")) else None) \
         or _cfg_int(cfg, "kvcache_block_size") or _cfg_int(eng, "kvcache_block_size")
-    nb = num_kvcache_blocks or (rs.get("num_kvcache_blocks") if _is_int(rs.get("num_kvcache_blocks")) else None)
+    nb = num_kvcache_blocks or (rs.get("num_kvcache_blocks") if is_int(rs.get("num_kvcache_blocks")) else None)
     if nb is None:
         for src in (cfg, eng):
             v = _cfg_int(src, "num_kvcache_blocks")
@@ -1052,128 +900,3 @@ def validate(events: list[dict], case: Case | None = None, *, block_size: int | 
     run = next((e.get("run") for e in log.events if e.get("run") is not None), None)
     return Report(checks=checks, run=run, steps=len(log.steps),
                   case=case.name if case is not None else None)
-
-
-# ----------------------------------------------------------------------------- tables
-
-def _fmt_sched(log: _Log, s: dict) -> str:
-    return (f"{log.rid(s)} {s.get('num_tokens')}/{s.get('num_cached_tokens')}/"
-            f"{s.get('num_scheduled_tokens')}/{len(s.get('block_table') or [])}")
-
-
-def _fmt_after(log: _Log, a: dict) -> str:
-    acc = "acc" if a.get("accepted") else "discarded"
-    return (f"{log.rid(a)} {a.get('num_tokens')}/{a.get('num_cached_tokens')}/"
-            f"{a.get('num_completion_tokens')} {a.get('status')} "
-            f"{len(a.get('block_table') or [])} {acc}")
-
-
-def _fmt_inputs(phase: str, sseqs: list[dict], gi: dict | None) -> str:
-    if gi is None:
-        return "-"
-    T = gi.get("num_input_ids")
-    if phase == "prefill":
-        parts = [s.get("num_scheduled_tokens") or 0 for s in sseqs]
-        return (f"T={T} pos {format_positions(gi.get('positions'), parts)} "
-                f"cu_q {gi.get('cu_seqlens_q')} cu_k {gi.get('cu_seqlens_k')}")
-    return f"T={T} pos {gi.get('positions')} ctx {gi.get('context_lens')}"
-
-
-def steps_table(events: list[dict]) -> list[dict]:
-    """One row per step, in EXPECTED.md's notation.
-
-    Keys: step, phase, waiting, running (request ids before scheduling), before_free,
-    scheduled ("ID total/cached/scheduled/blocks; ..."), inputs ("T=.. pos .. cu_q .. cu_k .."
-    or "T=.. pos [..] ctx [..]"), preempted ("C" or "-"), after ("ID total/cached/outputs STATUS
-    blocks acc|discarded; ..."), free, execution, graph_batch, tokens ({request: token_id} of
-    accepted tokens).
-    """
-    log = _Log(list(events or []))
-    rows = []
-    for st in sorted(log.steps):
-        sched = log.one(st, "scheduled") or {}
-        sseqs = [s for s in sched.get("seqs") or [] if isinstance(s, dict)]
-        phase = sched.get("phase")
-        gi = log.one(st, "gpu_inputs")
-        ap = log.one(st, "after_postprocess") or {}
-        aseqs = [a for a in ap.get("seqs") or [] if isinstance(a, dict)]
-        b = log.one(st, "before_schedule")
-        pre = [log.rid(p) for p in log.all(st, "preempted")]
-        rows.append({
-            "step": st,
-            "phase": phase,
-            "waiting": log.rids(b.get("waiting")) if b else None,
-            "running": log.rids(b.get("running")) if b else None,
-            "before_free": b.get("free_blocks") if b else None,
-            "scheduled": "; ".join(_fmt_sched(log, s) for s in sseqs) or "-",
-            "inputs": _fmt_inputs(phase, sseqs, gi),
-            "preempted": ", ".join(pre) or "-",
-            "after": "; ".join(_fmt_after(log, a) for a in aseqs) or "-",
-            "free": ap.get("free_blocks"),
-            "execution": gi.get("execution") if gi else None,
-            "graph_batch": gi.get("graph_batch") if gi else None,
-            "tokens": {log.rid(a): a.get("token_id") for a in aseqs if a.get("accepted")},
-        })
-    return rows
-
-
-TSV_COLUMNS = ("step", "phase", "request_id", "seq_id", "total", "cached", "scheduled", "outputs",
-               "status", "blocks", "accepted", "token_id", "free_blocks", "note")
-
-
-def tsv_rows(events: list[dict]) -> list[dict]:
-    """Rows of write_tsv: one per step and scheduled (or preempted) sequence, after-step values."""
-    log = _Log(list(events or []))
-    rows = []
-    for st in sorted(log.steps):
-        sched = log.one(st, "scheduled") or {}
-        phase = sched.get("phase")
-        ap = log.one(st, "after_postprocess") or {}
-        free = ap.get("free_blocks")
-        after = {a.get("seq_id"): a for a in ap.get("seqs") or [] if isinstance(a, dict)}
-        seen = set()
-        for s in sched.get("seqs") or []:
-            if not isinstance(s, dict):
-                continue
-            sid = s.get("seq_id")
-            seen.add(sid)
-            a = after.get(sid, {})
-            acc = a.get("accepted")
-            rows.append({
-                "step": st, "phase": phase, "request_id": log.rid(s), "seq_id": sid,
-                "total": a.get("num_tokens"), "cached": a.get("num_cached_tokens"),
-                "scheduled": s.get("num_scheduled_tokens"), "outputs": a.get("num_completion_tokens"),
-                "status": a.get("status"), "blocks": len(a.get("block_table") or []) if a else None,
-                "accepted": None if acc is None else int(bool(acc)), "token_id": a.get("token_id"),
-                "free_blocks": free, "note": "discarded" if acc is False else "",
-            })
-        for a in after.values():     # reported but not scheduled (if the engine lists more)
-            if a.get("seq_id") in seen:
-                continue
-            rows.append({
-                "step": st, "phase": phase, "request_id": log.rid(a), "seq_id": a.get("seq_id"),
-                "total": a.get("num_tokens"), "cached": a.get("num_cached_tokens"), "scheduled": 0,
-                "outputs": a.get("num_completion_tokens"), "status": a.get("status"),
-                "blocks": len(a.get("block_table") or []), "accepted": None, "token_id": None,
-                "free_blocks": free, "note": "not scheduled",
-            })
-        for p in log.all(st, "preempted"):
-            rows.append({
-                "step": st, "phase": phase, "request_id": log.rid(p), "seq_id": p.get("seq_id"),
-                "total": None, "cached": 0, "scheduled": 0, "outputs": None, "status": "WAITING",
-                "blocks": 0, "accepted": None, "token_id": None, "free_blocks": free,
-                "note": "preempted",
-            })
-    return rows
-
-
-def write_tsv(events: list[dict], path) -> Path:
-    """Write tsv_rows(events) as a tab-separated file with a header (TSV_COLUMNS)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with p.open("w", encoding="utf-8", newline="") as f:
-        w = csv.writer(f, delimiter="\t", lineterminator="\n")
-        w.writerow(TSV_COLUMNS)
-        for r in tsv_rows(events):
-            w.writerow(["" if r[c] is None else r[c] for c in TSV_COLUMNS])
-    return p
