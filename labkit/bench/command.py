@@ -318,6 +318,14 @@ _default.__doc__ = run.__doc__
 app.callback(invoke_without_command=True)(_default)
 
 
+# ------------------------------------------------------------------------------------ load
+
+from labkit.bench.load_command import load as _load  # noqa: E402
+
+app.command("load", help="Online load bench: requests on a schedule at `labkit serve`; ttft/tpot/itl/e2el, "
+                         "throughput, goodput.")(_load)
+
+
 # ------------------------------------------------------------------------------------ compare
 
 @app.command("compare")

@@ -140,6 +140,7 @@ class EngineWorker:
         self._paused = threading.Event()
         self._ids = itertools.count()
         self._stats: dict = {}
+        self._device_info: dict = {}
         # Owner-thread state.
         self._pending: collections.deque[RequestHandle] = collections.deque()
         self._live: dict[str, RequestHandle] = {}
@@ -232,6 +233,14 @@ class EngineWorker:
         try:
             self.llm = LLM(self.model, **self.engine_kwargs)
             self.tokenizer = self.llm.tokenizer
+            # For load clients, in /health: the evidence kind of a measurement, the ids a prompt may use.
+            dev = self.llm.model_runner.device
+            self._device_info = {"device": str(dev), "device_name": None,
+                                 "vocab_size": self.llm.config.hf_config.vocab_size}
+            if dev.type == "cuda":
+                import torch
+
+                self._device_info["device_name"] = torch.cuda.get_device_name(dev)
             self.max_model_len = self.llm.config.max_model_len
             self.total_blocks = self.llm.scheduler.block_manager.num_free_blocks
             self._snapshot()
@@ -396,4 +405,5 @@ class EngineWorker:
         sched = llm.scheduler
         self._stats = {"steps": self.num_steps, "max_batch": self.max_batch, "live": len(self._live),
                        "pending": len(self._pending), "waiting": len(sched.waiting), "running": len(sched.running),
-                       "free_blocks": sched.block_manager.num_free_blocks, "total_blocks": self.total_blocks}
+                       "free_blocks": sched.block_manager.num_free_blocks, "total_blocks": self.total_blocks,
+                       **self._device_info}
