@@ -21,6 +21,8 @@ from labkit import shapes as shapes_cmd
 from labkit import smoke as smoke_cmd
 from labkit.trace import command as trace_cmd
 from labkit.bench import command as bench_cmd
+from labkit import notes as notes_cmd
+from labkit import patch as patch_cmd
 from labkit.logits import command as logits_cmd
 from labkit.serve import command as serve_cmd
 from labkit.errors import LabkitError
@@ -50,8 +52,7 @@ def _root(
     """Exit codes: 0 pass, 1 a check failed, 2 could not run (bad input, missing model/GPU/package)."""
 
 
-# Commands, one line each. Later ones (trace, logits-check, bench, serve, report, patch, notes)
-# follow the same pattern.
+# Commands, one line each.
 app.command("doctor", help="Check Python, torch, GPU, optional kernels, the model and disk.")(doctor_cmd.run)
 app.command("smoke", help="Load the engine and generate a couple of tokens: the main job.")(smoke_cmd.run)
 app.add_typer(model_cmd.app, name="model", help="Make, fetch and inspect model folders.")
@@ -60,6 +61,8 @@ app.add_typer(trace_cmd.app, name="trace", help="Run a traced case, show every s
 app.add_typer(bench_cmd.app, name="bench", help="Offline throughput bench (engine or HF baseline); compare two runs.")
 app.add_typer(logits_cmd.app, name="logits-check", help="Teacher-forced logits of the engine against Transformers.")
 app.add_typer(serve_cmd.app, name="serve", help="Serve the engine over OpenAI-shaped HTTP; `serve client` sends a request.")
+app.add_typer(patch_cmd.app, name="patch", help="List, apply and revert the experiment and fault patches in patches/.")
+app.add_typer(notes_cmd.app, name="notes", help="Start a lab note from a template (trace, logits, bench), facts filled in.")
 
 
 def _one_line(text: object) -> str:
