@@ -23,6 +23,7 @@ from labkit.trace import command as trace_cmd
 from labkit.bench import command as bench_cmd
 from labkit import notes as notes_cmd
 from labkit import patch as patch_cmd
+from labkit import report as report_cmd
 from labkit.logits import command as logits_cmd
 from labkit.serve import command as serve_cmd
 from labkit.errors import LabkitError
@@ -61,6 +62,7 @@ app.add_typer(trace_cmd.app, name="trace", help="Run a traced case, show every s
 app.add_typer(bench_cmd.app, name="bench", help="Offline throughput bench (engine or HF baseline); compare two runs.")
 app.add_typer(logits_cmd.app, name="logits-check", help="Teacher-forced logits of the engine against Transformers.")
 app.add_typer(serve_cmd.app, name="serve", help="Serve the engine over OpenAI-shaped HTTP; `serve client` sends a request.")
+app.command("report", help="Gather runs/ into an evidence archive: Markdown summary, sha256 manifest, .tar.gz.")(report_cmd.run)
 app.add_typer(patch_cmd.app, name="patch", help="List, apply and revert the experiment and fault patches in patches/.")
 app.add_typer(notes_cmd.app, name="notes", help="Start a lab note from a template (trace, logits, bench), facts filled in.")
 
