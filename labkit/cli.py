@@ -59,7 +59,7 @@ app.command("smoke", help="Load the engine and generate a couple of tokens: the 
 app.add_typer(model_cmd.app, name="model", help="Make, fetch and inspect model folders.")
 app.command("shapes", help="Per-rank tensor-parallel shapes from config.json; --check compares with the engine.")(shapes_cmd.run)
 app.add_typer(trace_cmd.app, name="trace", help="Run a traced case, show every step, check expected states.")
-app.add_typer(bench_cmd.app, name="bench", help="Offline throughput bench (engine or HF baseline); compare two runs.")
+app.add_typer(bench_cmd.app, name="bench", help="Offline throughput (engine or HF baseline), online load against serve, and B/A comparisons.")
 app.add_typer(logits_cmd.app, name="logits-check", help="Teacher-forced logits of the engine against Transformers.")
 app.add_typer(serve_cmd.app, name="serve", help="Serve the engine over OpenAI-shaped HTTP; `serve client` sends a request.")
 app.command("report", help="Gather runs/ into an evidence archive: Markdown summary, sha256 manifest, .tar.gz.")(report_cmd.run)

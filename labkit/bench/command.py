@@ -29,7 +29,7 @@ from labkit.errors import LabkitError
 from labkit.output import (Device, device_info, envelope, evidence_for, finish, resolve_device, runs_dir,
                            write_json)
 
-app = typer.Typer(help="Offline throughput bench (engine or HF baseline); compare two runs.",
+app = typer.Typer(help="Offline throughput (engine or HF baseline), online load against serve, and B/A comparisons.",
                   invoke_without_command=True, no_args_is_help=False)
 
 
