@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
-#   bash scripts/gpu_session.sh [evidence|perf|all]
+#   bash scripts/gpu_session.sh [evidence|perf|all|tp]
 # Measured on one H200 (docs/perf.md): evidence ~2 minutes, perf ~7 (3.5 of them the Transformers baseline);
 # `all` is ~9.5, close to a 10-minute device call: two calls (evidence, perf) are safer.
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
@@ -9,6 +9,8 @@
 # perf:     labkit bench nano (graph) and fixed (graph, eager, compare), then gpu_check's before/after of
 #           the custom kernels (nano + batch-1), then the Transformers baseline on the nano workload and the
 #           engine/baseline ratio, one at a time (each takes the GPU's memory). perf-hf: the baseline alone.
+# tp:       issue 7 on a two-GPU kind (nvidia-h200-x2): shapes --check, the tp logits suite eager and graph,
+#           every trace case with --tp 2, bench nano and fixed at TP=1 and TP=2 with `compare --variable tp`.
 # Logs and JSON go to $OUT (the device tool's output folder).
 set -u
 cd "$(dirname "$0")/.."
@@ -59,6 +61,21 @@ if [ "$what" = perf ] || [ "$what" = all ]; then
 fi
 if [ "$what" = perf ] || [ "$what" = all ] || [ "$what" = perf-hf ]; then
   step 400 python3 -m labkit bench --workload nano --backend hf --hf-batch 256 --model $M --device cuda --repeats 1 --out $OUT/bench-nano-hf.json
+fi
+if [ "$what" = tp ]; then
+  R=$OUT/runs
+  step 300 python3 -m labkit shapes --tp 2 --check --device cuda --model $M --out $R/shapes-tp2.json
+  step 300 $LC run --suite tp --execution eager $BF --out $R/lc-tp-eager
+  step 300 $LC run --suite tp --execution graph $BF --out $R/lc-tp-graph
+  for c in A B B-seqs1 C chunk D lifecycle prefix preempt refs balanced; do
+    step 180 python3 -m labkit trace --case $c --tp 2 --model $M --device cuda -q --out $R/trace-tp2-$c
+  done
+  for wl in nano fixed; do
+    for tp in 1 2; do
+      step 200 python3 -m labkit bench --workload $wl --tp $tp --model $M --device cuda --graph --out $OUT/bench-$wl-tp$tp.json
+    done
+    step 30 python3 -m labkit bench compare $OUT/bench-$wl-tp1.json $OUT/bench-$wl-tp2.json --variable tp --out $OUT/compare-$wl-tp.json
+  done
 fi
 if [ -f $OUT/bench-nano-hf.json ] && [ -f $OUT/bench-nano-graph.json ]; then
   step 30 python3 -m labkit bench compare $OUT/bench-nano-hf.json $OUT/bench-nano-graph.json --variable backend --out $OUT/compare-backend.json
