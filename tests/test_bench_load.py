@@ -131,3 +131,16 @@ def test_bench_load_arrivals_file_and_bad_inputs(tiny_model, tmp_path, capsys, m
     assert code == 2 and "cannot reach" in err and len(err.strip().splitlines()) == 1
     code, _, err = run_cli(["bench", "load", "--slo", "speed:3", "--device", "cpu"], capsys)
     assert code == 2 and "--slo" in err
+
+
+def test_max_concurrency_one_sends_each_request_after_the_previous_finished(tiny_model, tmp_path):
+    server = L.SpawnedServer(["--model", tiny_model, "--device", "cpu"], tmp_path / "server.log", 120)
+    try:
+        arr = [L.Arrival(t=0.0, prompt=[101 + i, 102, 103], max_tokens=4, id=f"r{i}") for i in range(3)]
+        outs = L.run_load(server.url, arr, temperature=0.0, ignore_eos=True, max_concurrency=1)
+    finally:
+        server.close()
+    assert all(o.ok and o.output_tokens == 4 for o in outs)
+    spans = sorted((o.sent_ns, o.done_ns) for o in outs)
+    assert all(prev[1] <= nxt[0] for prev, nxt in zip(spans, spans[1:]))  # never two in flight
+    assert server.proc.returncode is not None  # the server was shut down
