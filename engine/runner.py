@@ -11,7 +11,7 @@ import torch
 from .backends import load_backend
 from .config import Config
 from .context import Context, reset_context, set_context
-from .device import resolve_attention_backend, resolve_device, resolve_dtype
+from .device import num_sms, resolve_attention_backend, resolve_device, resolve_dtype
 from .distributed import all_reduce_min, set_tp
 from .layers import fused
 from .layers.attention import Attention
@@ -358,7 +358,7 @@ class ModelRunner:
         gv["slot_mapping"].fill_(-1)
         self.graph_max_bs, self.graph_max_blocks = max_bs, max_blocks
         self.graph_bs = [b for b in [1, 2, 4, 8] if b <= max_bs] + list(range(16, max_bs + 1, 16))
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        sms = num_sms(dev, 0)
         self.graph_splits = {bs: num_splits_for(bs, self.num_kv_heads, cfg.max_model_len, sms) for bs in self.graph_bs}
         pool = None
         for bs in reversed(self.graph_bs):

@@ -191,10 +191,8 @@ def run(
     files: set[Path] = set()
     for r in results:
         p = r["path"]
-        siblings = p.parent.iterdir() if p.parent != root else [p.with_suffix(s) for s in (".md",)] + [p]
-        for f in siblings:
-            if f.is_file() and (with_logs or f.suffix not in LOG_SUFFIXES) and f.exists():
-                files.add(f)
+        siblings = p.parent.iterdir() if p.parent != root else [p.with_suffix(".md")]
+        files.update(f for f in siblings if f.is_file() and (with_logs or f.suffix not in LOG_SUFFIXES))
         files.add(p)
 
     def rel(p: Path) -> str:

@@ -11,10 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-
-def _precision(dtype: torch.dtype) -> str:
-    # float32 inputs must not silently drop to TF32 on tensor cores: the reference is exact float32.
-    return "ieee" if dtype == torch.float32 else "tf32"
+from . import dot_precision
 
 
 @triton.jit
@@ -126,7 +123,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         q, k_cache, v_cache, block_tables, context_lens, acc, ml,
         q.stride(0), q.stride(1), block_tables.stride(0), scale * log2e,
         NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_PRECISION=_precision(q.dtype),
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),
         PAGE_TILES=page_tiles, **launch,
     )
     _decode_merge_kernel[(batch, num_heads)](

@@ -10,10 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-
-def _precision(dtype: torch.dtype) -> str:
-    # float32 inputs must not silently drop to TF32 on tensor cores: the reference is exact float32.
-    return "ieee" if dtype == torch.float32 else "tf32"
+from . import dot_precision
 
 
 @triton.jit
@@ -101,6 +98,6 @@ def varlen_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: t
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         caches[3], scale * 1.4426950408889634,
         NUM_KV_HEADS=num_kv_heads, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged, DOT_PRECISION=_precision(q.dtype),
+        BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged, DOT_PRECISION=dot_precision(q.dtype),
     )
     return out

@@ -82,8 +82,8 @@ def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seed: int, b
     if num_chunks is None:
         num_chunks = num_chunks_for(rows, vocab, block, num_sms(logits.device, 132))
     # Whole BLOCKs per chunk, so chunk boundaries never split a block of loads.
-    chunk = -(-(-(-vocab // num_chunks)) // block) * block
-    num_chunks = -(-vocab // chunk)
+    chunk = triton.cdiv(triton.cdiv(vocab, num_chunks), block) * block
+    num_chunks = triton.cdiv(vocab, chunk)
     best = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
     idx = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
     _gumbel_chunk_kernel[(rows, num_chunks)](logits, logits.stride(0), temperatures, best, idx, seed, vocab, chunk,

@@ -15,21 +15,13 @@ import triton
 import triton.language as tl
 
 from ..device import num_sms
+from . import dot_precision
 
 # The largest M the tiling is meant for (one BLOCK_M tile); larger M still works, one tile per 16 rows.
 MAX_SMALL_M = 16
 _BLOCK_M = 16
 _REDUCE_BLOCK = 256
 _DEFAULT_SMS = 132  # H200; used off-CUDA, where the heuristic is only exercised, not timed
-
-def _num_sms(device: torch.device) -> int:
-    return num_sms(device, _DEFAULT_SMS)
-
-
-def _precision(dtype: torch.dtype) -> str:
-    # float32 must not drop to TF32 on tensor cores; for 16-bit inputs the argument is ignored.
-    return "ieee" if dtype == torch.float32 else "tf32"
-
 
 @triton.jit
 def _small_gemm_kernel(
@@ -128,7 +120,7 @@ def small_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     N = w.shape[0]
     if bias is not None:
         assert bias.shape == (N,) and bias.stride(0) == 1
-    cfg = small_gemm_config(M, N, K, _num_sms(x.device))
+    cfg = small_gemm_config(M, N, K, num_sms(x.device, _DEFAULT_SMS))
     block_n = block_n or cfg["block_n"]
     block_k = block_k or cfg["block_k"]
     split_k = split_k or cfg["split_k"]
@@ -147,7 +139,7 @@ def small_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     _small_gemm_kernel[grid](
         x, w, b, y, part, M, N, K, x.stride(0), w.stride(0), y.stride(0), tiles_per_split,
         HAS_BIAS=bias is not None, SPLIT_K=split_k, EVEN_K=K % block_k == 0,
-        BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=_precision(x.dtype),
+        BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=dot_precision(x.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )
     if split_k > 1:

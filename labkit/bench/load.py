@@ -20,7 +20,6 @@ import math
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.config import free_port
 from labkit.bench.workloads import Workload, draw
 from labkit.errors import LabkitError
 
@@ -300,12 +300,6 @@ def outcome_record(o: Outcome) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ the server
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class SpawnedServer:
     """`labkit serve` in a child process on a free loopback port; its output goes to `log_path`."""

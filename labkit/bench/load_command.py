@@ -11,6 +11,7 @@ errors are counted in the JSON), 2 when it could not run.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from pathlib import Path
 from typing import Any, Optional
@@ -165,8 +166,6 @@ def _id_range(w) -> tuple[int, int]:
 
 
 def _jsonl(rec: dict) -> str:
-    import json
-
     return json.dumps(rec) + "\n"
 
 
