@@ -13,6 +13,7 @@ from .config import Config
 from .context import Context, reset_context, set_context
 from .device import num_sms, resolve_attention_backend, resolve_device, resolve_dtype
 from .distributed import all_reduce_min, set_tp
+from .kv_layout import pool_shape
 from .layers import fused
 from .layers.attention import Attention
 from .loader import load_model
@@ -182,8 +183,10 @@ class ModelRunner:
             raise ValueError(
                 f"gpu_memory_utilization: no memory is left for the KV cache ({block_bytes} bytes a block); "
                 "raise gpu_memory_utilization or lower max_num_batched_tokens")
-        self.kv_cache = torch.zeros(2, hf.num_hidden_layers, cfg.num_kvcache_blocks, self.block_size,
-                                    self.num_kv_heads, self.head_dim, dtype=self.dtype, device=self.device)
+        # Head-major inside a block (engine/kv_layout.py): one head's rows of a block are contiguous.
+        shape = pool_shape(hf.num_hidden_layers, cfg.num_kvcache_blocks, self.block_size, self.num_kv_heads,
+                           self.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         for i, layer in enumerate(self.attn_layers):
             layer.k_cache = self.kv_cache[0, i]
             layer.v_cache = self.kv_cache[1, i]

@@ -158,6 +158,8 @@ def _check_model_dir(model_dir: Optional[Path], preset: Optional[str]) -> Path:
 
 def compare(expected: dict, ranks: list[dict], num_blocks: int, block_size: int) -> list[dict]:
     """One check per (rank, item): the table against what the engine allocated."""
+    from engine.kv_layout import pool_shape
+
     checks = []
 
     def check(rank, what, want, got):
@@ -177,8 +179,8 @@ def compare(expected: dict, ranks: list[dict], num_blocks: int, block_size: int)
         check(rank, "kv heads", expected["heads"]["kv"]["rank"], r["num_kv_heads"])
         check(rank, "head_dim", expected["heads"]["head_dim"], r["head_dim"])
         check(rank, "kv bytes per token", expected["kv_bytes_per_token"]["rank"], r["kv_bytes_per_token"])
-        pool = [2, expected["num_hidden_layers"], num_blocks, block_size, expected["heads"]["kv"]["rank"],
-                expected["heads"]["head_dim"]]
+        pool = list(pool_shape(expected["num_hidden_layers"], num_blocks, block_size, expected["heads"]["kv"]["rank"],
+                               expected["heads"]["head_dim"]))
         check(rank, "kv pool", pool, r["kv_cache"])
     return checks
 

@@ -141,7 +141,7 @@ def kernel_bench():
     for batch, ctx in ((256, 800), (256, 2048), (32, 4096), (8, 16384), (1, 1024)):
         bs = 256
         nblk = batch * (-(-ctx // bs))
-        kc = torch.randn(nblk, bs, 8, 128, device="cuda", dtype=torch.bfloat16)
+        kc = torch.randn(nblk, 8, bs, 128, device="cuda", dtype=torch.bfloat16)
         vc = torch.randn_like(kc)
         tables = torch.randperm(nblk, device="cuda", dtype=torch.int32).view(batch, -1)
         lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
@@ -173,7 +173,7 @@ def kernel_sweep():
     res = {}
     for batch, ctx in ((256, 800), (32, 4096)):
         nblk = batch * (-(-ctx // 256))
-        kc = torch.randn(nblk, 256, 8, 128, device="cuda", dtype=torch.bfloat16)
+        kc = torch.randn(nblk, 8, 256, 128, device="cuda", dtype=torch.bfloat16)
         vc = torch.randn_like(kc)
         tables = torch.randperm(nblk, device="cuda", dtype=torch.int32).view(batch, -1)
         lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
@@ -333,39 +333,16 @@ def profile_bs1(llm):
 
 
 def _cuda_ms(fn, reps=50):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+    from engine.kernels.timing import events_ms
+
+    return events_ms(fn, reps)
 
 
 def _graph_us(fn, reps=20):
     """Per-call device time of `fn` replayed from a CUDA graph of `reps` calls (no launch overhead)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(7):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[3] * 1000 / reps
+    from engine.kernels.timing import graph_ms
+
+    return graph_ms(fn, calls=reps, replays=7) * 1000
 
 
 def gemv_graph_sweep():

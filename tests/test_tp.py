@@ -359,7 +359,7 @@ def test_shapes_check_on_tiny_compares_every_rank(tiny_model, tmp_path):
     data = json.loads(out.read_text())
     assert data["evidence"] == "cpu-executed" and data["passed"] is True and out.with_suffix(".md").is_file()
     assert [r["rank"] for r in data["ranks"]] == [0, 1] and all(c["passed"] for c in data["checks"])
-    assert data["ranks"][1]["kv_cache"] == [2, 2, 4, 16, 1, 32]
+    assert data["ranks"][1]["kv_cache"] == [2, 2, 4, 1, 16, 32]
 
 
 def test_shapes_check_catches_a_mismatch():
@@ -368,7 +368,7 @@ def test_shapes_check_catches_a_mismatch():
 
     expected = per_rank_shapes(preset_config("tiny"), 2)
     rank = {"rank": 0, "tp_size": 2, "layers_uniform": True, "num_heads": 2, "num_kv_heads": 2, "head_dim": 32,
-            "kv_bytes_per_token": 512, "kv_cache": [2, 2, 4, 16, 1, 32],
+            "kv_bytes_per_token": 512, "kv_cache": [2, 2, 4, 1, 16, 32],
             "params": {k: v["rank"] for k, v in expected["params"].items()}}
     bad = [c for c in compare(expected, [rank, {**rank, "rank": 1}], 4, 16) if not c["passed"]]
     assert [(c["rank"], c["what"]) for c in bad] == [(0, "kv heads"), (1, "kv heads")]

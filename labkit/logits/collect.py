@@ -304,11 +304,12 @@ def _read_kv(llm, inputs: dict, seqs, phase: str, kv: dict, request_index: dict,
     if not (len(slots) == len(positions) == len(owners)):
         raise RuntimeError(f"step {step}: slot_mapping ({len(slots)}), positions ({len(positions)}) and "
                            f"sequences ({len(owners)}) do not line up")
-    pool = llm.model_runner.kv_cache  # [2, layers, blocks, block_size, kv_heads, head_dim]
-    flat = pool.flatten(2, 3)
-    idx = torch.tensor(slots, dtype=torch.long, device=flat.device)
+    from engine.kv_layout import read_slots
+
+    pool = llm.model_runner.kv_cache
+    rows = read_slots(pool, torch.tensor(slots, dtype=torch.long, device=pool.device))  # [2, layers, n, kv, d]
     for which, key in ((0, "k"), (1, "v")):
-        kv[key].append(flat[which][:, idx].transpose(0, 1).float().cpu().numpy())
+        kv[key].append(rows[which].transpose(0, 1).float().cpu().numpy())
     kv["request"] += [request_index[o] for o in owners]
     kv["position"] += list(positions)
     kv["step"] += [step] * len(slots)
