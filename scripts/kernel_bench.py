@@ -4,8 +4,9 @@
     python scripts/kernel_bench.py --dry-run --out /tmp/kernel_bench.json         # CPU: Triton's interpreter
 
 Decode (engine/kernels/decode_attention.py), Qwen3-0.6B geometry (16 q heads, 8 KV heads, head_dim 128, bf16,
-block 256, one layer's pool), every sequence at the same context, blocks placed at random in the pool:
-  (a) the default launch against the torch reference backend, max abs error, at 256 x 800 and 256 x 2048;
+block 256, one layer's pool, blocks placed at random in it), at 256 x 800, 256 x 2048 and "256 nano-mix" (the
+contexts of a full nano decode batch: prompt plus part of the output, mean 809, max 1,835):
+  (a) every launch against the torch reference backend, max abs error (the default's decides the exit code);
   (b) a sweep of launch knobs, each timed as 20 calls in one CUDA graph (as the engine runs it); effective TB/s =
       K+V bytes of the contexts / time. Ceilings on the same bytes: a device copy (bytes read + written / time,
       PERF-NOTES' definition) and a read-only reduction. The same kernel on the old token-major pool is the
@@ -42,10 +43,23 @@ REPLAYS = 9
 
 def geometry(dry: bool) -> dict:
     if dry:
-        return {"heads": 4, "kv_heads": 2, "head_dim": 32, "block_size": 64, "shapes": [(2, 40), (2, 100)],
+        return {"heads": 4, "kv_heads": 2, "head_dim": 32, "block_size": 64,
+                "shapes": {"2x40": [40] * 2, "2x100": [100] * 2, "3 mixed": [5, 70, 33]},
                 "prefill_prompts": [23, 9, 17], "prefill_budget": 40}
     return {"heads": 16, "kv_heads": 8, "head_dim": 128, "block_size": BLOCK_SIZE_GPU,
-            "shapes": [(256, 800), (256, 2048)], "prefill_prompts": None, "prefill_budget": 16384}
+            "shapes": {"256x800": [800] * 256, "256x2048": [2048] * 256, "256 nano-mix": nano_decode_lengths()},
+            "prefill_prompts": None, "prefill_budget": 16384}
+
+
+def nano_decode_lengths() -> list[int]:
+    """256 contexts as a full nano decode batch has them: each prompt plus part of its output (mean 809)."""
+    import random
+
+    from labkit.bench.workloads import draw, load_workload
+
+    d = draw(load_workload("nano"))
+    rng = random.Random(14)
+    return [len(p) + rng.randint(1, m) for p, m in zip(d.prompts, d.max_tokens)]
 
 
 def decode_configs(dry: bool, sweep: bool = True) -> list[dict]:
@@ -54,10 +68,16 @@ def decode_configs(dry: bool, sweep: bool = True) -> list[dict]:
     if not sweep:
         return [default]
     if dry:
-        return [default, {"block_n": 32, "splits": 2}, {"layout": "token-major"}, {"name": "default (again)"}]
+        return [default, {"block_n": 32, "splits": 2}, {"tma": True, "block_n": 32}, {"layout": "token-major"},
+                {"name": "default (again)"}]
+    # 128-row tiles at 4 stages want 256 KiB of shared memory (Hopper has 227): left out.
+    from engine.kernels.decode_attention import DEFAULTS
+
     grid = [{"block_n": n, "num_warps": w, "num_stages": s}
-            for n in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)]
-    return [default, *grid, {"splits": 2}, {"splits": 3}, {"page_tiles": False},
+            for n in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4) if n * s <= 384]
+    grid = [g for g in grid if any(DEFAULTS.get(k) != v for k, v in g.items())]  # the default is timed anyway
+    tma = [{"tma": True, "block_n": n, "num_stages": s} for n, s in ((64, 3), (64, 4), (128, 2))]
+    return [default, *grid, *tma, {"splits": 2}, {"splits": 3}, {"page_tiles": False},
             {"layout": "token-major"}, {"name": "default (again)"}]
 
 
@@ -105,28 +125,34 @@ class Timer:
 # decode
 
 
-def decode_inputs(torch, geo: dict, batch: int, ctx: int, dtype, device, seed: int = 0):
+def decode_inputs(torch, geo: dict, lengths: list[int], dtype, device, seed: int = 0):
+    """One layer's pool holding len(lengths) sequences, their blocks at random places, and one query each."""
     from engine.context import Context
 
     bs, kvh, hd = geo["block_size"], geo["kv_heads"], geo["head_dim"]
-    per_seq = -(-ctx // bs)
-    nblk = batch * per_seq
+    per_seq = [-(-n // bs) for n in lengths]
+    nblk, width = sum(per_seq), max(per_seq)
     gen = torch.Generator(device=device).manual_seed(seed)
     k = torch.randn(nblk, kvh, bs, hd, generator=gen, device=device).to(dtype)
     v = torch.randn(nblk, kvh, bs, hd, generator=gen, device=device).to(dtype)
-    q = torch.randn(batch, geo["heads"], hd, generator=gen, device=device).to(dtype)
-    tables = torch.randperm(nblk, generator=gen, device=device).to(torch.int32).view(batch, per_seq)
-    lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
-    context = Context(is_prefill=False, context_lens=lens, block_tables=tables, context_lens_host=[ctx] * batch)
+    q = torch.randn(len(lengths), geo["heads"], hd, generator=gen, device=device).to(dtype)
+    perm = torch.randperm(nblk, generator=gen, device=device).to(torch.int32).tolist()
+    rows, at = [], 0
+    for m in per_seq:
+        rows.append(perm[at:at + m] + [-1] * (width - m))
+        at += m
+    tables = torch.tensor(rows, dtype=torch.int32, device=device)
+    lens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    context = Context(is_prefill=False, context_lens=lens, block_tables=tables, context_lens_host=list(lengths))
     return {"q": q, "k": k, "v": v, "tables": tables, "lens": lens, "ctx": context,
-            "kv_bytes": 2 * batch * ctx * kvh * hd * k.element_size()}
+            "kv_bytes": 2 * sum(lengths) * kvh * hd * k.element_size()}
 
 
 def run_decode(torch, cfg: dict, inp: dict, splits: int, scale: float, old_layout: dict):
     """A closure running one decode call with cfg's knobs."""
     from engine.kernels.decode_attention import paged_decode
 
-    knobs = {k: v for k, v in cfg.items() if k in ("block_n", "num_warps", "num_stages", "page_tiles")}
+    knobs = {k: v for k, v in cfg.items() if k in ("block_n", "num_warps", "num_stages", "page_tiles", "tma")}
     n_splits = cfg.get("splits", splits)
     if cfg.get("layout") == "token-major":
         if "k" not in old_layout:  # the same values, stored [blocks, block_size, kv_heads, head_dim]
@@ -164,12 +190,12 @@ def bench_decode(torch, timer: Timer, geo: dict, dtype, device, sms: int, dry: b
 
     scale = geo["head_dim"] ** -0.5
     out = {"defaults": dict(DEFAULTS), "shapes": {}}
-    for batch, ctx in geo["shapes"]:
-        key = f"{batch}x{ctx}"
-        inp = decode_inputs(torch, geo, batch, ctx, dtype, device)
+    for key, lengths in geo["shapes"].items():
+        inp = decode_inputs(torch, geo, lengths, dtype, device)
         ref = torch_ref.decode(inp["q"], inp["k"], inp["v"], inp["ctx"], scale).float()
-        splits = num_splits_for(batch, geo["kv_heads"], ctx, sms)
-        shape = {"batch": batch, "context": ctx, "kv_bytes": inp["kv_bytes"], "heuristic_splits": splits,
+        splits = num_splits_for(len(lengths), geo["kv_heads"], max(lengths), sms)
+        shape = {"batch": len(lengths), "mean_context": sum(lengths) / len(lengths), "max_context": max(lengths),
+                 "kv_bytes": inp["kv_bytes"], "heuristic_splits": splits,
                  "ceilings": ceilings(torch, timer, inp["kv_bytes"], dtype, device), "configs": []}
         old_layout: dict = {}
         for cfg in decode_configs(dry, sweep):
@@ -186,7 +212,8 @@ def bench_decode(torch, timer: Timer, geo: dict, dtype, device, sms: int, dry: b
             shape["configs"].append(row)
             _progress(f"decode {key} {row['config']}: " + (f"{row['TBps']:.2f} TB/s, err {row['max_abs_err']:.2e}"
                                                           if "TBps" in row else row["error"]))
-        shape["sdpa_contiguous"] = sdpa_decode(torch, timer, inp, scale, ref, dry)
+        if len(set(lengths)) == 1:  # dense SDPA needs equal lengths
+            shape["sdpa_contiguous"] = sdpa_decode(torch, timer, inp, scale, ref, dry)
         out["shapes"][key] = shape
         del inp, ref, old_layout
         if device == "cuda":
@@ -218,8 +245,12 @@ def sdpa_decode(torch, timer: Timer, inp: dict, scale: float, ref, dry: bool) ->
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
         try:
             err = (call().squeeze(2).float() - ref).abs().max().item()
-            ms = timer.graph(call)
-            res[backend.name.lower()] = {"ms": ms, "TBps": inp["kv_bytes"] / ms / 1e9, "max_abs_err": err}
+            try:
+                ms, how = timer.graph(call), "graph"
+            except RuntimeError:  # a backend that cannot be captured: eager, launch included
+                ms, how = timer.eager(call), "eager"
+            res[backend.name.lower()] = {"ms": ms, "TBps": inp["kv_bytes"] / ms / 1e9, "max_abs_err": err,
+                                         "timed": how}
         except Exception as exc:  # not every backend takes GQA or these shapes
             res[backend.name.lower()] = {"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:200]}
     del k, v
@@ -312,24 +343,21 @@ def _undense(torch, out, lengths):
 
 
 def _varlen_attn(torch):
-    """torch's varlen flash attention, if this torch has it: a function (q, k, v, cu, max_len, scale) -> out."""
+    """torch's varlen flash attention, if this torch has it: (function(q, k, v, cu, max_len, scale), whether k and
+    v must have as many heads as q)."""
     import inspect
 
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
-        return None
+        return None, False
     params = inspect.signature(varlen_attn).parameters
-    kw = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
-    gqa = "enable_gqa" in params
+    causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    gqa = {"enable_gqa": True} if "enable_gqa" in params else {}
 
-    def call(q, k, v, cu, max_len, scale, group):
-        if gqa:
-            extra = {"enable_gqa": True}
-        else:
-            k, v, extra = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), {}
-        return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **kw, **extra)
-    return call
+    def call(q, k, v, cu, max_len, scale):
+        return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **causal, **gqa)
+    return call, not gqa
 
 
 def bench_prefill(torch, timer: Timer, geo: dict, dtype, device, dry: bool) -> dict:
@@ -362,11 +390,13 @@ def bench_prefill(torch, timer: Timer, geo: dict, dtype, device, dry: bool) -> d
                 return torch.nn.functional.scaled_dot_product_attention(*dense[i], is_causal=True, scale=scale)
         methods[f"sdpa {backend.name.lower()} (padded)"] = (sdpa, lambda i, out: _undense(torch, out,
                                                                                          inputs[i]["lengths"]))
-    varlen = None if dry else _varlen_attn(torch)
+    varlen, expand = (None, False) if dry else _varlen_attn(torch)
     if varlen is not None:
+        reps = group if expand else 1
+        kv = [(i["k"].repeat_interleave(reps, 1), i["v"].repeat_interleave(reps, 1)) for i in inputs]
+
         def var(i):
-            inp = inputs[i]
-            return varlen(inp["q"], inp["k"], inp["v"], inp["cu"], max(inp["lengths"]), scale, group)
+            return varlen(inputs[i]["q"], *kv[i], inputs[i]["cu"], max(inputs[i]["lengths"]), scale)
         methods["torch varlen_attn (flash)"] = (var, None)
 
     ours_out = [ours(i) for i in range(len(inputs))]
@@ -412,12 +442,13 @@ def markdown(log: dict) -> str:
         for key, s in dec["shapes"].items():
             c = s["ceilings"]
             sdpa_txt = "; ".join(f"{name} {r['TBps']:.2f} TB/s" if "TBps" in r else f"{name} {r['error'][:60]}"
-                                 for name, r in s["sdpa_contiguous"].items())
-            lines += [f"## decode {key} ({s['kv_bytes'] / 1e6:.0f} MB of K/V, heuristic splits "
-                      f"{s['heuristic_splits']})", "",
+                                 for name, r in s.get("sdpa_contiguous", {}).items()) or "not run (unequal lengths)"
+            lines += [f"## decode {key} ({s['kv_bytes'] / 1e6:.0f} MB of K/V, mean context {s['mean_context']:.0f}, "
+                      f"heuristic splits {s['heuristic_splits']})", "",
                       f"ceilings: copy {c['copy_TBps']:.2f} TB/s (read+write), read-only sum {c['read_TBps']:.2f} "
                       f"TB/s; SDPA on contiguous K/V: {sdpa_txt}", "",
-                      "| config | splits | ms | TB/s | of copy | max abs err |", "| --- | --- | --- | --- | --- | --- |"]
+                      "| config | splits | ms | TB/s | of copy | max abs err |",
+                      "| --- | --- | --- | --- | --- | --- |"]
             for r in s["configs"]:
                 if "error" in r:
                     lines.append(f"| {r['config']} | | | | | {r['error'][:80]} |")

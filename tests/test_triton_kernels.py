@@ -90,10 +90,13 @@ def _decode_case(dtype, block_size, lengths, heads, kv_heads, head_dim=32):
 def test_paged_decode_matches_reference(dtype, tol, block_size, lengths, splits, heads, kv_heads):
     q, k_cache, v_cache, tables, ctx_lens, ref = _decode_case(dtype, block_size, lengths, heads, kv_heads)
     scale = q.shape[-1] ** -0.5
-    # Tiles inside a block (when 16 divides it), tiles across blocks, per-row lookups inside a block.
+    # Tiles inside a block (when 16 divides it), tiles across blocks, per-row lookups inside a block, tiles
+    # copied through tensor descriptors.
     tilings = [dict(block_n=16)]
     if dtype == torch.float32:  # the interpreter is slow: the other tilings once per shape
-        tilings += [dict(block_n=32)] + ([dict(block_n=16, page_tiles=False)] if block_size % 16 == 0 else [])
+        tilings.append(dict(block_n=32))
+        if block_size % 16 == 0:
+            tilings += [dict(block_n=16, page_tiles=False), dict(block_n=16, tma=True)]
     for knobs in tilings:
         out = paged_decode(q, k_cache, v_cache, tables, ctx_lens, scale, splits, **knobs)
         assert (out.float() - ref.float()).abs().max().item() < tol, knobs
@@ -127,6 +130,9 @@ def test_paged_decode_refuses_bad_knobs():
         paged_decode(q, k_cache, v_cache, tables, ctx_lens, 0.2, 1, block_n=32, page_tiles=True)
     with pytest.raises(ValueError, match="num_splits"):
         paged_decode(q, k_cache, v_cache, tables, ctx_lens, 0.2, 0)
+    with pytest.raises(ValueError, match="tma"):  # descriptors need the contiguous pool
+        paged_decode(q, token_major(token_major(k_cache).contiguous()), v_cache, tables, ctx_lens, 0.2, 1,
+                     block_n=16, tma=True)
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 3e-5), (HALF, 3e-2)])

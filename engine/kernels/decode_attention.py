@@ -17,6 +17,8 @@ Launch knobs (see DEFAULTS and scripts/kernel_bench.py, which sweeps them on the
   page_tiles  when block_size % block_n == 0 a tile never straddles a block: one block-table read per tile and
               addresses the compiler knows are contiguous (default: on whenever it applies);
   num_warps, num_stages  Triton's warps per program and software-pipelining depth (loads in flight);
+  tma         page tiles copied by Hopper's tensor-memory engine (host tensor descriptors over the pool seen as
+              [blocks * kv_heads * block_size, head_dim]) instead of per-thread loads;
   num_splits  programs per (sequence, KV head); the runner picks it per graph bucket with num_splits_for.
 """
 from __future__ import annotations
@@ -34,11 +36,12 @@ DEFAULTS = {"block_n": 64, "num_warps": 4, "num_stages": 3}
 
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, acc_ptr, ml_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, k_desc, v_desc, block_tables_ptr, context_lens_ptr, out_ptr, acc_ptr, ml_ptr,
     num_splits, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
     stride_block, stride_head, stride_row, scale_log2,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, PAGE_TILES: tl.constexpr, PARTIALS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGE_TILES: tl.constexpr, TMA: tl.constexpr, PARTIALS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -65,22 +68,33 @@ def _decode_split_kernel(
     for n in range(start, end, BLOCK_N):
         offs = n + rows
         nmask = offs < end
-        if PAGE_TILES:
-            # The tile lies inside one block: one table read, then BLOCK_N consecutive rows of this head.
-            block = tl.load(table + n // BLOCK_SIZE).to(tl.int64)
-            row_off = block * stride_block + head_base + (n % BLOCK_SIZE + rows) * stride_row
+        if TMA:
+            # The pool as a 2-D [blocks * kv_heads * block_size, head_dim] tensor: the tile is one box of it,
+            # copied by the tensor-memory engine. Rows past `end` hold other positions of this block.
+            block = tl.load(table + n // BLOCK_SIZE)
+            first_row = (block * tl.num_programs(1) + kvh) * BLOCK_SIZE + n % BLOCK_SIZE
+            k = k_desc.load([first_row, 0])
         else:
-            block = tl.load(table + offs // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
-            row_off = block * stride_block + head_base + (offs % BLOCK_SIZE) * stride_row
-        kv_off = row_off[:, None] + d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
+            if PAGE_TILES:
+                # The tile lies inside one block: one table read, then BLOCK_N consecutive rows of this head.
+                block = tl.load(table + n // BLOCK_SIZE).to(tl.int64)
+                row_off = block * stride_block + head_base + (n % BLOCK_SIZE + rows) * stride_row
+            else:
+                block = tl.load(table + offs // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+                row_off = block * stride_block + head_base + (offs % BLOCK_SIZE) * stride_row
+            kv_off = row_off[:, None] + d[None, :]
+            k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
         s = tl.where(nmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
+        if TMA:
+            v = v_desc.load([first_row, 0])
+            v = tl.where(nmask[:, None], v, tl.zeros_like(v))  # p = 0 on those rows, but 0 * NaN is not 0
+        else:
+            v = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -130,21 +144,25 @@ def num_splits_for(batch: int, num_kv_heads: int, max_context: int, num_sms: int
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, scale: float, num_splits: int, out: torch.Tensor | None = None,
                  block_n: int | None = None, page_tiles: bool | None = None, num_warps: int | None = None,
-                 num_stages: int | None = None) -> torch.Tensor:
+                 num_stages: int | None = None, tma: bool | None = None) -> torch.Tensor:
     """q: [batch, heads, head_dim]; caches [num_blocks, kv_heads, block_size, head_dim] with head_dim contiguous
     (any other strides, equal for K and V); block_tables [batch, max_blocks] int32 (-1 padded); context_lens
     [batch] int32 (0 = padding row: its output is zeros). Knobs left None take DEFAULTS; page_tiles None means
-    "whenever block_size % block_n == 0"."""
+    "whenever block_size % block_n == 0"; tma (page tiles of contiguous caches only) loads tiles through tensor
+    descriptors (Hopper's bulk tensor copies; Triton's interpreter emulates them)."""
     batch, num_heads, head_dim = q.shape
     _, num_kv_heads, block_size, _ = k_cache.shape
     group = num_heads // num_kv_heads
     block_n = DEFAULTS["block_n"] if block_n is None else block_n
     num_warps = DEFAULTS["num_warps"] if num_warps is None else num_warps
     num_stages = DEFAULTS["num_stages"] if num_stages is None else num_stages
+    tma = DEFAULTS.get("tma", False) if tma is None else tma
     if page_tiles is None:
         page_tiles = block_size % block_n == 0
     elif page_tiles and block_size % block_n:
         raise ValueError(f"page_tiles needs block_size ({block_size}) to be a multiple of block_n ({block_n})")
+    if tma and not (page_tiles and k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("tma needs page tiles (block_size a multiple of block_n) and contiguous caches")
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be 1..{MAX_SPLITS}, got {num_splits}")
     if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
@@ -159,13 +177,20 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         ml = torch.empty(batch, num_heads, num_splits, 2, dtype=torch.float32, device=q.device)
     else:
         acc = ml = out  # never touched when PARTIALS is false
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        k_desc = TensorDescriptor.from_tensor(k_cache.view(-1, head_dim), [block_n, head_dim])
+        v_desc = TensorDescriptor.from_tensor(v_cache.view(-1, head_dim), [block_n, head_dim])
+    else:
+        k_desc, v_desc = k_cache, v_cache  # never read when TMA is false
     log2e = 1.4426950408889634
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, acc, ml,
+        q, k_cache, v_cache, k_desc, v_desc, block_tables, context_lens, out, acc, ml,
         num_splits, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * log2e,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_N=block_n, PAGE_TILES=page_tiles, PARTIALS=partials, DOT_PRECISION=dot_precision(q.dtype),
+        BLOCK_N=block_n, PAGE_TILES=page_tiles, TMA=tma, PARTIALS=partials, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )
     if partials:
