@@ -166,14 +166,15 @@ def test_custom_percentiles_and_std_on_known_values():
 
 
 def test_peak_output_throughput_counts_tokens_per_1s_bucket():
-    # r0 sent at 0 s: events at 0.1 (1 token), 0.6 (3, coalesced), 1.1 (1), 1.6 s (2).
-    # r1 sent at 0.5 s: events at 0.7 (2) and 1.6 s (5). Buckets from 0 s: [0, 1) 1 + 3 + 2 = 6, [1, 2) 1 + 2 + 5 = 8.
-    r0 = _outcome(0, ttft=100.0, e2el=1700.0, tokens=7, itl=[500.0] * 3, chunks=[1, 3, 1, 2])
-    r1 = _outcome(1, ttft=200.0, e2el=1200.0, tokens=7, itl=[900.0], chunks=[2, 5], t0=500_000_000)
+    # r0 sent at 0 s: events at 0.90 (1 token), 1.05 (3, coalesced), 1.95 s (2).
+    # r1 sent at 0.5 s: events at 1.02 (2) and 1.62 s (5).
+    # Buckets from the first request sent (0 s): [0, 1) holds 1 token, [1, 2) holds 3 + 2 + 2 + 5 = 12.
+    r0 = _outcome(0, ttft=900.0, e2el=2000.0, tokens=6, itl=[150.0, 900.0], chunks=[1, 3, 2])
+    r1 = _outcome(1, ttft=520.0, e2el=1200.0, tokens=7, itl=[600.0], chunks=[2, 5], t0=500_000_000)
     failed = _outcome(2, None, None, 0, error="HTTP 503: overloaded", t0=0)
     s = M.summarize([r0, r1, failed], {})
-    assert s["max_output_tokens_per_s"] == pytest.approx(8.0)
-    assert M.max_output_tokens_per_s([r0]) == pytest.approx(4.0)  # [0, 1): 1 + 3
+    assert s["max_output_tokens_per_s"] == pytest.approx(12.0)
+    assert M.max_output_tokens_per_s([r0]) == pytest.approx(5.0)  # [1, 2): 3 + 2
     assert M.summarize([failed], {})["max_output_tokens_per_s"] is None
 
 
@@ -246,6 +247,9 @@ def test_sse_reader_counts_coalesced_tokens_and_handles_any_split():
     b'{"id": "x", "choices": [{"index": 0, "finish_reason": "stop", "text": "", "token_ids": [9]}]}',
     b'{"id": "x", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}',
     b'{"error": {"message": "the \\"token_ids\\": [1, 2] ...", "code": 500}}',
+    # vLLM's continuous usage stats: a token event that carries usage too (read in full, for prompt_tokens).
+    b'{"choices":[{"index":0,"finish_reason":null,"text":"a","token_ids":[5]}],"usage":{"prompt_tokens":3}}',
+    b'{"error": {"message": "x"}, "choices": [{"index": 0, "finish_reason": null, "token_ids": [1]}]}',
     b'{"id": "x", "choices": [{"index": 0, "finish_reason": null, "text": "\\"token_ids\\": [1, 2]", '
     b'"token_ids": [4]}]}',
 ])
