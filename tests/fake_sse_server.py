@@ -58,14 +58,11 @@ class _Open:
 
 
 class FakeServer:
-    def __init__(self, health: dict | None = None, tokens_per_step: int = 1, step_ms: float = 0.0,
-                 health_status: int = 200):
+    def __init__(self, health: dict | None = None, tokens_per_step: int = 1, step_ms: float = 0.0):
         self.health = DEFAULT_HEALTH if health is None else health
-        self.health_status = health_status
         self.tokens_per_step = tokens_per_step
         self.step_s = step_ms / 1000
         self.completions = 0          # requests served: tests check who got how many
-        self.coalesced_events = 0     # events that carried held-back tokens
         self._open: list[_Open] = []
         self._wake: asyncio.Event | None = None
 
@@ -79,8 +76,6 @@ class FakeServer:
                 s.left -= n
                 s.held += n
                 if s.writer.transport.get_write_buffer_size() < _BACKLOG or s.left == 0:
-                    if s.held > n:
-                        self.coalesced_events += 1
                     s.writer.write(token_event(s.held))
                     s.held = 0
                 if s.left == 0:
@@ -109,8 +104,8 @@ class FakeServer:
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 if method == "GET" and path == "/health":
                     data = json.dumps(self.health).encode()
-                    writer.write(b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                                 % (self.health_status, len(data), data))
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(data), data))
                 elif method == "POST" and path == "/v1/completions":
                     await self._complete(json.loads(body), writer)
                 else:

@@ -6,11 +6,9 @@ Arrivals come from a workload (its requests, spaced by a Poisson process of --ra
 line: {"t": seconds from the start, "prompt_len": N | "prompt_ids": [...] | "prompt": "text",
 "max_tokens": M, "id": optional label}.
 
-Metrics follow vLLM's benchmark_serving: ttft (first token), tpot ((e2el - ttft) / (tokens - 1), requests
-with more than one token), itl (every gap between streamed tokens), e2el (request sent to last token), in ms
-with mean / median / p90 / p99; request_throughput, output_throughput and total_token_throughput over the
-benchmark's duration (first request sent to last response); goodput: requests per second meeting every
---slo bound (ttft:MS, tpot:MS, e2el:MS).
+Each arrival goes to one endpoint (round-robin in arrival order over --endpoints); every endpoint's /health
+gives the run its provenance (device, evidence kind, model). The metrics over the outcomes are in
+load_metrics.py; docs/bench-load.md describes the whole command.
 """
 from __future__ import annotations
 
@@ -150,7 +148,10 @@ def client_name(choice: str | None = None) -> str:
     import importlib.util
 
     if choice in (None, "auto"):
-        return "aiohttp" if importlib.util.find_spec("aiohttp") is not None else "httpx"
+        for name in CLIENTS:
+            if importlib.util.find_spec(name) is not None:
+                return name
+        raise LabkitError("the load bench needs aiohttp or httpx: pip install 'labkit[serve]'")
     if choice not in CLIENTS:
         raise LabkitError(f"--client: expected auto, {' or '.join(CLIENTS)}, got {choice!r}")
     if importlib.util.find_spec(choice) is None:
@@ -403,7 +404,10 @@ class SpawnedServer:
 
 def server_info(base_url: str) -> dict:
     """What GET /health says about the server; LabkitError (exit 2) when it cannot be reached or is not ready."""
-    import httpx
+    try:
+        import httpx
+    except ImportError:
+        raise LabkitError("the load bench needs httpx: pip install 'labkit[serve]'") from None
 
     try:
         r = httpx.get(base_url.rstrip("/") + "/health", timeout=10.0)

@@ -35,11 +35,6 @@ from labkit.model import resolve_model
 from labkit.options import Policy
 from labkit.output import Device, device_info, envelope, finish, resolve_device, runs_dir, write_json
 
-# Flags that configure the server this command starts (refused with --url).
-SERVER_FLAGS = ("--model", "--device", "--eager/--graph", "--tp", "--max-num-seqs", "--budget", "--max-model-len",
-                "--policy", "--max-queue")
-
-
 def load(
     workload: str = typer.Option("fixed", "--workload", "-w",
                                  help="Requests (and temperature / ignore_eos) from a bench workload: nano, fixed "
