@@ -263,3 +263,27 @@ def test_the_plan_names_every_lab_of_the_seeds_with_commands_that_exist():
     with pytest.raises(LabkitError, match="evidence must be one of"):
         parse({"labs": [{"id": "x", "title": "t", "evidence": "vibes", "command": "c", "results": [{"file": "*"}]}]},
               "plan")
+
+
+def test_json_flag_prints_the_result_of_every_command_that_prints_one(lab_runs, tiny_model, tmp_path, capsys):
+    def as_json(args):
+        code, out, err = run_cli([*args, "--json"], capsys)
+        assert code == 0, (args, err)
+        return json.loads(out)  # stdout holds the JSON alone
+
+    tiny = ["--model", tiny_model, "--device", "cpu"]
+    assert as_json(["trace", "--case", "A", *tiny, "--out", tmp_path / "trace-A"])["case"] == "A"
+    replay = as_json(["trace", "check", str(lab_runs / "trace-chunk" / "events.jsonl"), "--case", "chunk",
+                      "--out", tmp_path / "replay.json"])
+    assert replay["command"] == "trace check" and replay["passed"] is True
+    bench = as_json(["bench", "--workload", "fixed", "--num-requests", "1", "--warmup", "0", "--repeats", "1", *tiny,
+                     "--out", tmp_path / "b.json"])
+    assert bench["command"] == "bench" and len(bench["runs"]) == 1
+    cmp = as_json(["bench", "compare", str(lab_runs / "bench-eager.json"), str(lab_runs / "bench-graph.json"),
+                   "--variable", "eager", "--out", tmp_path / "c.json"])
+    assert cmp["command"] == "bench compare" and cmp["variable"] == "eager"
+    shapes = as_json(["shapes", "--tp", "2", "--preset", "qwen3-0.6b", "--out", tmp_path / "s.json"])
+    assert shapes["verdict"] == "RECORDED" and shapes["table"]["heads"]["q"]["rank"] == 8
+    if shutil.which("git"):
+        patches = as_json(["patch", "list"])
+        assert patches and {"name", "kind", "state"} <= set(patches[0])

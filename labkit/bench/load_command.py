@@ -26,7 +26,8 @@ from labkit.bench import load as L
 from labkit.bench.workloads import fold_to_vocab, load_workload
 from labkit.errors import LabkitError
 from labkit.options import Policy
-from labkit.output import Device, envelope, evidence_for, finish, resolve_device, runs_dir, write_json
+from labkit.output import (JSON_OPTION, Device, envelope, evidence_for, finish, print_json, resolve_device, runs_dir,
+                           write_json)
 
 # Flags that configure the server this command starts (refused with --url).
 SERVER_FLAGS = ("--model", "--device", "--eager/--graph", "--tp", "--max-num-seqs", "--budget", "--max-model-len",
@@ -64,6 +65,7 @@ def load(
                                           help="Seconds to wait for the started server."),
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds a request may take."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSON path (default: runs/bench-load-NAME.json)."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Send requests on a schedule to `labkit serve` and report ttft / tpot / itl / e2el and throughput."""
     slo_ms = L.parse_slo(slo)
@@ -88,7 +90,7 @@ def load(
         source = {"workload": w.params(), "rate": rate if math.isfinite(rate) else "inf", "seed": seed}
         name = f"{w.name}-{'inf' if not math.isfinite(rate) else f'{rate:g}'}"
 
-    console = Console()
+    console = Console(quiet=as_json)
     server = None
     model_dir = None
     json_path = out if out is not None else runs_dir() / f"bench-load-{name}.json"
@@ -152,6 +154,8 @@ def load(
     requests_path.write_text("".join(_jsonl(L.outcome_record(o)) for o in outcomes), encoding="utf-8")
     json_path.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
     print_summary(result, console)
+    if as_json:
+        print_json(result)
     console.print(f"wrote {json_path}, {json_path.with_suffix('.md')} and {requests_path}")
     if summary["failed"]:
         console.print(Text(f"{summary['failed']} of {summary['requests']} requests failed: "

@@ -106,23 +106,32 @@ def _finite(values: list[Any]) -> list[float]:
     return [float(v) if isinstance(v, (int, float)) and math.isfinite(v) else float("nan") for v in values]
 
 
+def _row_verdict(row: dict) -> str | None:
+    return row.get("verdict") or row.get("status")
+
+
 def logits_rows(check: dict) -> bytes:
-    """Each row's max |diff| and rel-L2 against the check's gates, coloured by the row's status."""
+    """Each row's distances (to the reference, and to a float32 truth where the check records one) against the
+    check's gates, coloured by the row's verdict."""
     rows = check.get("rows") or []
     th = check.get("thresholds") or {}
-    fig, axes = _subplots(1, 2, height=2.8, width=9.0)
-    colors = [STATUS_COLORS.get(r.get("status"), "#8172b2") for r in rows]
+    keys = [k for k in ("max_abs", "rel_l2") if any(k in r for r in rows)]
+    keys += sorted({k for r in rows for k, v in r.items()
+                    if "truth" in k and isinstance(v, (int, float)) and not isinstance(v, bool)} - set(keys))
+    keys = keys or ["max_abs"]
+    fig, axes = _subplots(1, len(keys), height=2.8, width=4.5 * len(keys))
+    colors = [STATUS_COLORS.get(_row_verdict(r), "#8172b2") for r in rows]
     x = list(range(len(rows)))
-    for ax, key, gate, label in ((axes[0][0], "max_abs", th.get("max_abs"), "max |diff|"),
-                                 (axes[0][1], "rel_l2", th.get("rel_l2"), "rel-L2")):
+    for ax, key in zip(axes[0], keys):
         ys = _finite([r.get(key) for r in rows])
         ax.scatter(x, [max(y, 1e-12) for y in ys], c=colors, s=14)
-        if isinstance(gate, (int, float)) and gate > 0:
+        gate = th.get(key)
+        if isinstance(gate, (int, float)) and not isinstance(gate, bool) and gate > 0:
             ax.axhline(gate, color="#c44e52", linestyle="--", linewidth=1, label=f"gate {gate:g}")
             ax.legend(fontsize=7)
         ax.set_yscale("log")
         ax.set_xlabel("row")
-        ax.set_title(f"{label} per row (exact zeros at the bottom)", fontsize=9)
+        ax.set_title(f"{key} per row (exact zeros at the bottom)", fontsize=9)
     fig.suptitle(f"logits-check {check.get('suite')}: {check.get('verdict')}", fontsize=10)
     return _png(fig)
 

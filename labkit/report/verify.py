@@ -168,6 +168,10 @@ def _close(a, b) -> bool:
     return a == b
 
 
+def _row_verdicts(check: dict) -> list:
+    return [r.get("verdict") or r.get("status") for r in check.get("rows") or [] if isinstance(r, dict)]
+
+
 def _rejudge_logits(base: Path, runs_root: str | None, tmp: Path, v: Verification) -> None:
     from labkit.logits import command as logits_cmd
 
@@ -193,7 +197,7 @@ def _rejudge_logits(base: Path, runs_root: str | None, tmp: Path, v: Verificatio
         stated_s, again_s = d.get("summary") or {}, again.get("summary") or {}
         if again.get("verdict") != d.get("verdict"):
             v.differ(name, f"re-judged from its arrays: {again.get('verdict')}, the file says {d.get('verdict')}")
-        elif [r.get("status") for r in again.get("rows") or []] != [r.get("status") for r in d.get("rows") or []]:
+        elif _row_verdicts(again) != _row_verdicts(d):
             v.differ(name, "re-judged from its arrays: row statuses differ from the file's")
         else:
             for key in ("worst_max_abs", "worst_rel_l2"):
