@@ -133,6 +133,8 @@ def test_report_on_an_empty_folder_is_all_missing(tmp_path, capsys):
     assert {v["verdict"] for v in _labs(tmp_path / "report").values()} == {"MISSING"}
     code, _, err = run_cli(["report", "--runs", tmp_path / "missing"], capsys)
     assert code == 2 and "not a folder" in err
+    code, _, err = run_cli(["report", "--runs", tmp_path / "empty", "--out", tmp_path], capsys)
+    assert code == 2 and "would hold the results" in err
 
 
 def test_report_without_matplotlib_still_writes_the_markdown(lab_runs, tmp_path, capsys, monkeypatch):

@@ -45,6 +45,9 @@ def report(
     if not root.is_dir():
         raise LabkitError(f"report: {root} is not a folder of results")
     dest = (out if out is not None else root / "report").resolve()
+    if dest == root or dest in root.parents:
+        raise LabkitError(f"report: --out {dest} would hold the results it reports on; give a folder inside or "
+                          "beside the runs folder (default: RUNS/report)")
     labs = load_plan()
     gathered = gather(root, exclude=dest)
     attach(gathered, root)

@@ -7,6 +7,8 @@ import io
 import math
 from typing import Any
 
+import numpy as np
+
 PHASE_COLORS = {"prefill": "#4c72b0", "prefill chunk (no output)": "#a1b7da", "decode": "#55a868"}
 STATUS_COLORS = {"PASS": "#55a868", "REVIEW": "#dd8452", "FAIL": "#c44e52"}
 
@@ -21,6 +23,13 @@ def unavailable() -> str | None:
     except Exception as exc:  # ImportError, or a broken install
         return f"matplotlib is not available ({type(exc).__name__}: {exc}); install it with pip install 'labkit[plot]'"
     return None
+
+
+def close_all() -> None:
+    """Close every figure (one that failed half-way is never passed to _png)."""
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
 
 
 def _png(fig) -> bytes:
@@ -165,6 +174,10 @@ def load_distributions(records: list[dict], title: str) -> bytes:
     for ax, values, label in ((axes[0][0], ttft, "TTFT (ms), per request"), (axes[0][1], itl, "ITL (ms), every gap")):
         if values:
             ax.hist(values, bins=min(30, max(5, len(values) // 3)), color="#4c72b0")
+            for q, style in ((50, "--"), (99, ":")):
+                v = float(np.percentile(values, q))
+                ax.axvline(v, color="#c44e52", linestyle=style, linewidth=1, label=f"p{q} {v:.1f}")
+            ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, "no values", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(f"{label}: n={len(values)}", fontsize=9)

@@ -34,6 +34,7 @@ def pictures(gathered: Gathered) -> tuple[list[Picture], str | None]:
             pic = _picture(r)
         except Exception as exc:  # noqa: BLE001 - a result with odd content loses its picture, not the report
             pic = Picture(f"{r.kind}: {r.rel}", r.rel, None, f"could not draw it ({type(exc).__name__}: {exc})")
+            figures.close_all()
         if pic is not None:
             out.append(pic)
     return out, None

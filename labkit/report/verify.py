@@ -100,6 +100,10 @@ def _check_files(base: Path, manifest: dict, v: Verification) -> None:
             v.differ(name, "in the archive but not in the manifest")
 
 
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
 def _results(base: Path, command: str) -> list[tuple[Path, dict]]:
     out = []
     for path in sorted((base / "runs").rglob("*.json")):
@@ -123,14 +127,14 @@ def _revalidate_traces(base: Path, tmp: Path, v: Verification) -> None:
     from labkit.trace import command as trace_cmd
 
     for path, d in _results(base, "trace"):
-        files = d.get("files") if isinstance(d.get("files"), dict) else {}
-        log = path.parent / Path(str(files.get("events") or "events.jsonl")).name
+        log = path.parent / Path(str(_dict(d.get("files")).get("events") or "events.jsonl")).name
         name = log.relative_to(base).as_posix()
         if not log.is_file():
             v.differ(path.relative_to(base).as_posix(), "its event log is not in the archive: cannot re-validate")
             continue
         out = tmp / f"replay-{v.traces}.json"
-        args = ["check", str(log), "--out", str(out)] + (["--case", str(d["case"])] if d.get("case") else [])
+        case = d.get("case")
+        args = ["check", str(log), "--out", str(out)] + (["--case", case] if isinstance(case, str) and case else [])
         v.traces += 1
         try:
             _invoke(trace_cmd.app, args)
@@ -140,7 +144,7 @@ def _revalidate_traces(base: Path, tmp: Path, v: Verification) -> None:
             continue
         stated, again = _verdict(path, d), _verdict(out, replay)
         if stated != again:
-            first = ((replay.get("report") or {}).get("first_failure") or {}).get("message")
+            first = _dict(_dict(replay.get("report")).get("first_failure")).get("message")
             v.differ(name, f"re-validated against case {d.get('case')}: {again}, its check.json says {stated}"
                      + (f" (first failure: {first})" if first else ""))
 
@@ -169,7 +173,8 @@ def _close(a, b) -> bool:
 
 
 def _row_verdicts(check: dict) -> list:
-    return [r.get("verdict") or r.get("status") for r in check.get("rows") or [] if isinstance(r, dict)]
+    rows = check.get("rows")
+    return [r.get("verdict") or r.get("status") for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
 def _rejudge_logits(base: Path, runs_root: str | None, tmp: Path, v: Verification) -> None:
@@ -177,15 +182,15 @@ def _rejudge_logits(base: Path, runs_root: str | None, tmp: Path, v: Verificatio
 
     for path, d in _results(base, "logits-check compare"):
         name = path.relative_to(base).as_posix()
-        sides = [_collection(base, runs_root, path, (d.get(s) or {}).get("prefix")) for s in ("lhs", "rhs")]
+        sides = [_collection(base, runs_root, path, _dict(d.get(s)).get("prefix")) for s in ("lhs", "rhs")]
         if None in sides:
             v.differ(name, "its logits collections (PREFIX.json + .npz) are not in the archive: cannot re-judge")
             continue
-        th = d.get("thresholds") or {}
-        given = th.get("given") or {}
+        th = _dict(d.get("thresholds"))
+        given = _dict(th.get("given"))
         args = ["compare", "--lhs", str(sides[0]), "--rhs", str(sides[1]), "--out", str(tmp / f"logits-{v.logits}.json")]
         for key, flag in (("max_abs", "--max-abs"), ("rel_l2", "--rel-l2"), ("kv_max_abs", "--kv-max-abs")):
-            if given.get(key):
+            if given.get(key) and isinstance(th.get(key), (int, float)):
                 args += [flag, repr(th[key])]
         v.logits += 1
         try:
@@ -194,14 +199,14 @@ def _rejudge_logits(base: Path, runs_root: str | None, tmp: Path, v: Verificatio
         except (LabkitError, OSError, ValueError) as exc:
             v.differ(name, f"could not re-judge from its arrays: {exc}")
             continue
-        stated_s, again_s = d.get("summary") or {}, again.get("summary") or {}
+        stated_s, again_s = _dict(d.get("summary")), _dict(again.get("summary"))
         if again.get("verdict") != d.get("verdict"):
             v.differ(name, f"re-judged from its arrays: {again.get('verdict')}, the file says {d.get('verdict')}")
         elif _row_verdicts(again) != _row_verdicts(d):
             v.differ(name, "re-judged from its arrays: row statuses differ from the file's")
         else:
             for key in ("worst_max_abs", "worst_rel_l2"):
-                a, b = (again_s.get(key) or {}).get("value"), (stated_s.get(key) or {}).get("value")
+                a, b = _dict(again_s.get(key)).get("value"), _dict(stated_s.get(key)).get("value")
                 if not _close(a, b):
                     v.differ(name, f"re-judged from its arrays: {key} {a}, the file says {b}")
                     break
