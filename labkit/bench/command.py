@@ -26,8 +26,8 @@ from labkit.bench import compare as cmp
 from labkit.bench.offline import Stepper
 from labkit.bench.workloads import Workload, draw, list_workloads, load_workload
 from labkit.errors import LabkitError
-from labkit.output import (Device, device_info, envelope, evidence_for, finish, resolve_device, runs_dir,
-                           write_json)
+from labkit.output import (JSON_OPTION, Device, device_info, envelope, evidence_for, finish, print_json, resolve_device,
+                           runs_dir, write_json)
 
 app = typer.Typer(help="Offline throughput (engine or HF baseline), online load against serve, and B/A comparisons.",
                   invoke_without_command=True, no_args_is_help=False)
@@ -100,9 +100,10 @@ def run(
     out: Optional[Path] = typer.Option(None, "--out", help="JSON path (default: runs/bench-WORKLOAD-BACKEND[-MODE].json); "
                                                            "a .md twin is written beside it."),
     list_: bool = typer.Option(False, "--list", help="List the shipped workloads and exit."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Run a workload through the engine (or transformers) and report throughput."""
-    console = Console()
+    console = Console(quiet=as_json)
     if list_:
         for name in list_workloads():
             w = load_workload(name)
@@ -154,6 +155,8 @@ def run(
     md_path.write_text(markdown(result), encoding="utf-8")
     print_result(result, console)
     console.print(f"wrote {json_path} and {md_path}")
+    if as_json:
+        print_json(result)
     raise typer.Exit(0)
 
 
@@ -336,6 +339,7 @@ def compare_cmd(
                                  help="What differs: eager, tp, backend, attention, policy, block_size, budget, "
                                       "max_num_seqs, dtype, code, ... or a config key (engine.max_model_len)."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSON path (default: runs/bench-compare-VARIABLE.json)."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """B/A ratio of median output tok/s (and per-metric ratios) of two runs differing in one variable."""
     da, db = cmp.load_bench(a), cmp.load_bench(b)
@@ -351,7 +355,7 @@ def compare_cmd(
     write_json(json_path, result)
     md_path.write_text(cmp.markdown(result), encoding="utf-8")
 
-    console = Console()
+    console = Console(quiet=as_json)
     table = Table(title=f"labkit bench compare --variable {variable}", title_justify="left")
     for col in ("metric", "A", "B", "B/A"):
         table.add_column(col, justify="right" if col != "metric" else "left")
@@ -367,4 +371,6 @@ def compare_cmd(
     if res["same_value"]:
         console.print(Text("note: the variable has the same value in both runs", style="yellow"))
     console.print(f"wrote {json_path} and {md_path}")
+    if as_json:
+        print_json(result)
     raise typer.Exit(0)

@@ -34,7 +34,8 @@ from labkit.bench.workloads import fold_to_vocab, load_workload
 from labkit.errors import LabkitError
 from labkit.model import resolve_model
 from labkit.options import Policy
-from labkit.output import Device, device_info, envelope, finish, resolve_device, runs_dir, write_json
+from labkit.output import (JSON_OPTION, Device, device_info, envelope, finish, print_json, resolve_device, runs_dir,
+                           write_json)
 
 def load(
     workload: str = typer.Option("fixed", "--workload", "-w",
@@ -76,6 +77,7 @@ def load(
                                           help="Seconds to wait for the started server."),
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds a request may take."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSON path (default: runs/bench-load-NAME.json)."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Send requests on a schedule to `labkit serve` and report ttft / tpot / itl / e2el and throughput."""
     slo_ms = M.parse_slo(slo)
@@ -103,7 +105,7 @@ def load(
         source = {"workload": w.params(), "rate": rate if math.isfinite(rate) else "inf", "seed": seed}
         name = f"{w.name}-{'inf' if not math.isfinite(rate) else f'{rate:g}'}"
 
-    console = Console()
+    console = Console(quiet=as_json)
     server = None
     model_dir = None
     json_path = out if out is not None else runs_dir() / f"bench-load-{name}.json"
@@ -154,6 +156,8 @@ def load(
     requests_path.write_text("".join(_jsonl(M.outcome_record(o)) for o in outcomes), encoding="utf-8")
     json_path.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
     print_summary(result, console)
+    if as_json:
+        print_json(result)
     console.print(f"wrote {json_path}, {json_path.with_suffix('.md')} and {requests_path}")
     if client_info["busy"] is not None and client_info["busy"] > 0.8:
         console.print(f"warning: the client was busy {client_info['busy']:.0%} of the run ({client_lib}): it may "

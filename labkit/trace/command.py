@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from labkit.errors import LabkitError
-from labkit.output import (EXIT_FAIL, EXIT_PASS, Device, envelope, evidence_for, finish, resolve_device, runs_dir,
-                           write_json)
+from labkit.output import (EXIT_FAIL, EXIT_PASS, JSON_OPTION, Device, envelope, evidence_for, finish, print_json,
+                           resolve_device, runs_dir, write_json)
 from labkit.trace.cases import list_cases, load_case
 from labkit.trace.events import read_jsonl
 from labkit.trace.tables import steps_table, write_tsv
@@ -72,10 +72,11 @@ def trace(
                                      help="Override tensor_parallel_size (events and shapes are rank 0's)."),
     list_: bool = typer.Option(False, "--list", help="List the shipped cases and exit."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step table."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
-    console = Console()
+    console = Console(quiet=as_json)
     if list_:
         for name in list_cases():
             c = load_case(name)
@@ -105,7 +106,9 @@ def trace(
              "wall_s": run.wall_s, "steps": report.steps}
     if perfetto is not None:
         extra["files_perfetto"] = str(write_perfetto(run.events, perfetto))
-    _outputs(out_dir, run.events, report, env, extra)
+    result = _outputs(out_dir, run.events, report, env, extra)
+    if as_json:
+        print_json(result)
     _print_report(report, console)
     console.print(f"log: {out_dir / 'events.jsonl'}   table: {out_dir / 'steps.tsv'}   check: {out_dir / 'check.json'}"
                   + (f"   perfetto: {perfetto}" if perfetto else ""))
@@ -145,9 +148,10 @@ def check(
     log: Path = typer.Argument(..., help="A saved events.jsonl."),
     case: Optional[str] = typer.Option(None, "--case", help="Judge against this case's expectations too."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where to write check.json (default: beside the log)."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Re-validate a saved log without running a model."""
-    console = Console()
+    console = Console(quiet=as_json)
     if not log.is_file():
         raise LabkitError(f"trace check: no such log {log}")
     events = read_jsonl(log)
@@ -159,5 +163,7 @@ def check(
     result = finish(env, passed=report.ok, judged=report.judged, report=report.to_dict(), log=str(log),
                     case=the_case.name if the_case else None)
     write_json(out or log.with_name("check-replay.json"), result)
+    if as_json:
+        print_json(result)
     _print_report(report, console)
     raise typer.Exit(EXIT_PASS if report.ok else EXIT_FAIL)
