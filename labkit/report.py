@@ -66,6 +66,8 @@ def _bench(d: dict) -> tuple[str, str]:
 
 
 def _compare(d: dict) -> tuple[str, str]:
+    if d.get("headline"):  # says "within noise" instead of a ratio the spread cannot support
+        return "ok", f"--variable {d.get('variable')}: {d['headline']}"
     r = d.get("ratio")
     return "ok", f"--variable {d.get('variable')}: B/A {_f(r, '.3f')}x"
 
