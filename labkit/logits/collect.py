@@ -17,6 +17,7 @@ forward over each request's whole path, step -1).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -381,7 +382,7 @@ def collect_hf(suite: Suite, model_dir: str | Path, *, device: str = "cpu", dtyp
     rows, logits_rows = [], []
     kv = {"k": [], "v": [], "request": [], "position": [], "case": []}
     request_index = {rid: i for i, rid in enumerate(path)}
-    with torch.inference_mode():
+    with torch.inference_mode(), _strict_float32():
         for case_no, case in enumerate(suite.cases):
             for r in case.requests:
                 p = path[r.id]
@@ -403,7 +404,8 @@ def collect_hf(suite: Suite, model_dir: str | Path, *, device: str = "cpu", dtyp
         dtype=dtype,
         device_used=str(device),
         config={"implementation": f"transformers {transformers.__version__} Qwen3ForCausalLM",
-                "attn_implementation": "eager", "use_cache": False, "dtype": dtype, "tensor_parallel_size": 1},
+                "attn_implementation": "eager", "use_cache": False, "dtype": dtype, "tensor_parallel_size": 1,
+                "float32_matmul": "highest (no TF32), whatever the process had set"},
         rows=rows,
         steps=[],
         code_path={"hf full recompute": len(rows)},
@@ -422,6 +424,24 @@ def collect_hf(suite: Suite, model_dir: str | Path, *, device: str = "cpu", dtyp
                       "layout": "[token, layer, kv_head, head_dim]", "source": "transformers cache, one forward",
                       "requests": list(request_index), "cases": [c.name for c in suite.cases]}
     return Collection(meta, arrays)
+
+
+@contextlib.contextmanager
+def _strict_float32():
+    """float32 matmuls and convolutions in full float32 (no TF32) while Transformers computes: a float32 truth
+    must not inherit a reduced precision that something else in the process (a benchmark, the engine) chose."""
+    import torch
+
+    before = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
+              torch.backends.cudnn.allow_tf32)
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[1], before[2]
 
 
 def _hf_kv(model, ids: list[int], device, kv: dict) -> None:

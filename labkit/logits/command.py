@@ -62,7 +62,7 @@ _SUITE_HELP = ("Suite: " + ", ".join(f"{s.name} ({s.rows} rows)" for s in SUITES
 def _console() -> Console:
     console = Console(highlight=False)
     if not console.is_terminal:  # logs and pipes: wide enough for the worst-rows table
-        console = Console(highlight=False, width=120)
+        console = Console(highlight=False, width=150)
     return console
 
 
