@@ -3,7 +3,7 @@
     labkit bench --workload fixed                        # same as `labkit bench run --workload fixed`
     labkit bench --workload nano --num-requests 8 --device cpu
     labkit bench --workload nano --backend hf --hf-batch 64
-    labkit bench compare runs/A.json runs/B.json --variable eager
+    labkit bench compare runs/A.json runs/B.json --variable eager   # spread, bootstrap interval, "within noise"
 
 Writes runs/bench-WORKLOAD-BACKEND[-eager|-graph].json (or --out FILE) and a Markdown twin
 (.md beside it), and prints a table. Exit 0 on success, 2 when it cannot run.
@@ -333,17 +333,21 @@ app.command("load", help="Online load bench: requests on a schedule at `labkit s
 
 @app.command("compare")
 def compare_cmd(
-    a: Path = typer.Argument(..., metavar="A.json", help="The baseline bench JSON."),
-    b: Path = typer.Argument(..., metavar="B.json", help="The bench JSON with the variable changed."),
+    a: Path = typer.Argument(..., metavar="A.json", help="The baseline bench (or bench load) JSON."),
+    b: Path = typer.Argument(..., metavar="B.json", help="The same with the variable changed."),
     variable: str = typer.Option(..., "--variable", "-v",
                                  help="What differs: eager, tp, backend, attention, policy, block_size, budget, "
-                                      "max_num_seqs, dtype, code, ... or a config key (engine.max_model_len)."),
+                                      "max_num_seqs, dtype, code, ... (load runs: also rate, max_concurrency, "
+                                      "server) or a config key (engine.max_model_len)."),
+    allow_single: bool = typer.Option(False, "--allow-single", help="Compare even when a side has a single "
+                                      "repeat (or completed request): the ratio then has no interval."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSON path (default: runs/bench-compare-VARIABLE.json)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """B/A ratio of median output tok/s (and per-metric ratios) of two runs differing in one variable."""
+    """B/A of median output tok/s (load runs: median e2el) with each side's spread and a bootstrap interval;
+    "within noise" when the interval holds 1.0."""
     da, db = cmp.load_bench(a), cmp.load_bench(b)
-    res = cmp.compare(da, db, variable, a_name=str(a), b_name=str(b))
+    res = cmp.compare(da, db, variable, a_name=str(a), b_name=str(b), allow_single=allow_single)
     evidence = cmp.weakest_evidence(da, db)
     env = envelope("bench compare", device="cpu", model_dir=None, evidence=evidence)
     env["device"] = da.get("device")
@@ -356,18 +360,31 @@ def compare_cmd(
     md_path.write_text(cmp.markdown(result), encoding="utf-8")
 
     console = Console(quiet=as_json)
-    table = Table(title=f"labkit bench compare --variable {variable}", title_justify="left")
+    if not console.is_terminal:  # logs and pipes: wide enough for the spread table on one line per metric
+        console = Console(width=140, quiet=as_json)
+    if res["values"]["a"]:
+        fields = Table(title=f"labkit bench compare --variable {variable}", title_justify="left")
+        for col in ("field", "A", "B"):
+            fields.add_column(col, justify="right" if col != "field" else "left")
+        for k in res["values"]["a"]:
+            fields.add_row(Text(k, style="cyan"), Text(cmp._fmt(res["values"]["a"][k])),
+                           Text(cmp._fmt(res["values"]["b"][k])))
+        console.print(fields)
+    table = Table(title=f"spread over the {res['samples_are']} (min / median / max) and B/A of the medians",
+                  title_justify="left")
     for col in ("metric", "A", "B", "B/A"):
         table.add_column(col, justify="right" if col != "metric" else "left")
-    for k in res["values"]["a"]:
-        table.add_row(Text(k, style="cyan"), Text(cmp._fmt(res["values"]["a"][k])),
-                      Text(cmp._fmt(res["values"]["b"][k])), "")
-    for name, mt in res["metrics"].items():
-        table.add_row(name, cmp._short(mt["a"]), cmp._short(mt["b"]),
-                      "-" if mt["ratio"] is None else f"{mt['ratio']:.3f}")
+    for mt in res["metrics"].values():
+        table.add_row(mt["label"], cmp._spread_text(mt["a"]), cmp._spread_text(mt["b"]), mt["text"])
     console.print(table)
-    headline = "n/a" if res["ratio"] is None else f"{res['ratio']:.3f}x"
-    console.print(Text.assemble("B/A median output tok/s: ", (headline, "bold"), f"  ({evidence})"))
+    once = Table(title="measured once per run (no spread, no interval)", title_justify="left")
+    for col in ("figure", "A", "B", "B/A"):
+        once.add_column(col, justify="right" if col != "figure" else "left")
+    for name, mt in res["single_measurements"].items():
+        once.add_row(name, cmp._short(mt["a"]), cmp._short(mt["b"]), "-" if mt["ratio"] is None else f"{mt['ratio']:.3f}")
+    console.print(once)
+    style = "bold" if res["within_noise"] is False else "bold yellow"
+    console.print(Text.assemble((res["headline"], style), f"  ({evidence})"))
     if res["same_value"]:
         console.print(Text("note: the variable has the same value in both runs", style="yellow"))
     console.print(f"wrote {json_path} and {md_path}")

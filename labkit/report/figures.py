@@ -161,8 +161,9 @@ def compare_repeats(cmp: dict) -> bytes:
     ax.set_xlim(-0.6, 1.6)
     ax.set_ylabel("output tok/s")
     ratio = cmp.get("ratio")
+    said = cmp.get("headline") or (f"B/A {ratio:.3f}x" if isinstance(ratio, (int, float)) else "")
     ax.set_title(f"--variable {cmp.get('variable')}: every repeat, median as a bar"
-                 + (f" (B/A {ratio:.3f}x)" if isinstance(ratio, (int, float)) else ""), fontsize=9)
+                 + (f" ({said})" if said else ""), fontsize=9)
     return _png(fig)
 
 

@@ -181,6 +181,8 @@ def _bench(d: dict) -> tuple[str, str]:
 
 
 def _compare(d: dict) -> tuple[str, str]:
+    if d.get("headline"):  # says "within noise" instead of a ratio the spread cannot support
+        return _carried(d) or "RECORDED", f"--variable {d.get('variable')}: {d['headline']}"
     return _carried(d) or "RECORDED", f"--variable {d.get('variable')}: B/A {_num(d.get('ratio'), '.3f')}x"
 
 
