@@ -182,16 +182,22 @@ def _rejudge_logits(base: Path, runs_root: str | None, tmp: Path, v: Verificatio
 
     for path, d in _results(base, "logits-check compare"):
         name = path.relative_to(base).as_posix()
-        sides = [_collection(base, runs_root, path, _dict(d.get(s)).get("prefix")) for s in ("lhs", "rhs")]
+        names = ["lhs", "rhs"] + [s for s in ("truth", "reference") if _dict(d.get(s)).get("prefix")]
+        sides = [_collection(base, runs_root, path, _dict(d.get(s)).get("prefix")) for s in names]
         if None in sides:
             v.differ(name, "its logits collections (PREFIX.json + .npz) are not in the archive: cannot re-judge")
             continue
+        args = ["compare", "--out", str(tmp / f"logits-{v.logits}.json")]
+        for side, prefix in zip(names, sides):
+            args += [f"--{side}", str(prefix)]
         th = _dict(d.get("thresholds"))
-        given = _dict(th.get("given"))
-        args = ["compare", "--lhs", str(sides[0]), "--rhs", str(sides[1]), "--out", str(tmp / f"logits-{v.logits}.json")]
-        for key, flag in (("max_abs", "--max-abs"), ("rel_l2", "--rel-l2"), ("kv_max_abs", "--kv-max-abs")):
-            if given.get(key) and isinstance(th.get(key), (int, float)):
-                args += [flag, repr(th[key])]
+        if _dict(d.get("gate")).get("rule") == "fixed":
+            # The same gate, and the thresholds the user gave (defaults are re-derived from the dtype).
+            args += ["--gate", "fixed"]
+            given = _dict(th.get("given"))
+            for key, flag in (("max_abs", "--max-abs"), ("rel_l2", "--rel-l2"), ("kv_max_abs", "--kv-max-abs")):
+                if given.get(key) and isinstance(th.get(key), (int, float)):
+                    args += [flag, repr(th[key])]
         v.logits += 1
         try:
             _invoke(logits_cmd.app, args)
