@@ -79,7 +79,7 @@ def test_report_accounts_for_every_lab_of_the_plan(lab_runs, tmp_path, capsys):
     # The archive holds what verify needs: event logs, logits arrays, provenance; files are 0644 like the Markdown.
     manifest = json.loads((out / "manifest.json").read_text())
     files = {f["file"]: f for f in manifest["files"]}
-    assert {"runs/trace-chunk/events.jsonl", "runs/logits-prefix/engine.npz", "runs/logits-prefix/hf.npz",
+    assert {"runs/trace-chunk/events.jsonl", "runs/logits-prefix/engine.npz", "runs/logits-prefix/hf-float32.npz",
             "provenance/engine.diff", "provenance/packages.txt", "report.html", "report.md"} <= set(files)
     f = files["runs/logits-prefix/check.json"]
     assert f["sha256"] == hashlib.sha256((lab_runs / "logits-prefix" / "check.json").read_bytes()).hexdigest()
