@@ -131,6 +131,13 @@ class LLMEngine:
     def is_finished(self) -> bool:
         return self.scheduler.is_finished()
 
+    def stats(self) -> dict:
+        """Queue and pool figures between steps (a StepResult carries the same after each step)."""
+        sched = self.scheduler
+        bm = sched.block_manager
+        return {"waiting": len(sched.waiting), "running": len(sched.running), "free_blocks": bm.num_free_blocks,
+                "num_blocks": bm.num_blocks}
+
     def abort(self, seq_id: int) -> bool:
         """Cancel a request between steps; its KV blocks return to the pool. False if already finished."""
         seq = self._seqs.get(seq_id)
