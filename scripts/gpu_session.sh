@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
-#   bash scripts/gpu_session.sh [evidence|perf|all|tp]
+#   bash scripts/gpu_session.sh [evidence|perf|all|tp|serve]
 # Measured on one H200 (docs/perf.md): evidence ~2 minutes, perf ~7 (3.5 of them the Transformers baseline);
 # `all` is ~9.5, close to a 10-minute device call: two calls (evidence, perf) are safer.
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
@@ -11,10 +11,14 @@
 #           engine/baseline ratio, one at a time (each takes the GPU's memory). perf-hf: the baseline alone.
 # tp:       issue 7 on a two-GPU kind (nvidia-h200-x2): shapes --check, the tp logits suite eager and graph,
 #           every trace case with --tp 2, bench nano and fixed at TP=1 and TP=2 with `compare --variable tp`.
+# serve:    issue 11's bar: offline nano (3 repeats), then `bench load --workload nano` at rate inf and at
+#           rate 16 (a fresh server each), then a rate-inf load on a server with py-spy --gil recording it and
+#           its engine core; with .old/ (a `git archive` of an earlier commit) the same load on that server.
+#           Needs fastapi/uvicorn/pyzmq/py-spy wheels installed on PYTHONPATH first (docs/perf.md says how).
 # Logs and JSON go to $OUT (the device tool's output folder).
 set -u
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-runs/gpu-session}
 mkdir -p "$OUT/logs"
 export RUNS_DIR=$OUT/runs
@@ -76,6 +80,30 @@ if [ "$what" = tp ]; then
     done
     step 30 python3 -m labkit bench compare $OUT/bench-$wl-tp1.json $OUT/bench-$wl-tp2.json --variable tp --out $OUT/compare-$wl-tp.json
   done
+fi
+if [ "$what" = serve ]; then
+  LOAD="python3 -m labkit bench load --workload nano --model $M --device cuda --graph"
+  step 300 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 3 --out $OUT/bench-nano.json
+  step 300 $LOAD --rate inf --out $OUT/load-nano-inf.json
+  step 300 $LOAD --rate 16 --out $OUT/load-nano-r16.json
+  # The profile: our own server, py-spy on it and (--subprocesses) its engine core, GIL holders only.
+  port=8391
+  python3 -m labkit serve --model $M --device cuda --port $port --log-level warning > $OUT/logs/serve-profiled.log 2>&1 &
+  spid=$!
+  for _ in $(seq 300); do curl -sf localhost:$port/health > /dev/null && break; sleep 1; done
+  py-spy record --gil --subprocesses --rate 200 --format raw --pid $spid -o $OUT/logs/pyspy-gil.txt --duration 30 \
+    > $OUT/logs/pyspy.log 2>&1 &
+  pyspy=$!
+  sleep 2
+  step 120 python3 -m labkit bench load --workload nano --url http://127.0.0.1:$port --out $OUT/load-nano-inf-profiled.json
+  curl -s localhost:$port/health > $OUT/logs/health-after-profile.json
+  curl -s localhost:$port/metrics > $OUT/logs/metrics-after-profile.txt
+  wait $pyspy
+  kill -TERM $spid; wait $spid; echo "serve exit code $?" >> $OUT/logs/serve-profiled.log
+  if [ -d .old ]; then
+    PYTHONPATH=$PWD/.old${PYTHONPATH#$PWD} step 300 $LOAD --rate inf --out $OUT/load-nano-inf-old.json
+  fi
+  for f in $OUT/load-*.json $OUT/bench-nano.json; do cp $f $OUT/logs/; done
 fi
 if [ -f $OUT/bench-nano-hf.json ] && [ -f $OUT/bench-nano-graph.json ]; then
   step 30 python3 -m labkit bench compare $OUT/bench-nano-hf.json $OUT/bench-nano-graph.json --variable backend --out $OUT/compare-backend.json
