@@ -28,8 +28,11 @@ right away, in both directions.
 
 Start-up. Rank 0 waits for each worker to join the group and then to build its runner, polling the
 worker processes all along (inside the rendezvous too: rendezvous.WatchedStore), so a worker that dies
-at any point of start-up is reported within a fraction of a second, with its rank, exit code and, if it
-raised, its error; the waits themselves are bounded by rendezvous.start_timeout_s. A failed start
+during start-up is reported within a fraction of a second, with its rank, exit code and, if it raised,
+its error; the waits themselves are bounded by rendezvous.start_timeout_s. (On gloo that holds at any
+point, since a collective with a dead peer fails at once; NCCL connects at the first collective, in the
+runner build, and a worker dying after it joined but before that collective leaves rank 0 waiting in
+NCCL.) A failed start
 cleans up like a failed call (below): no process group, worker, shared memory or atexit hook is left,
 and the next engine in the process starts normally. Test hook: LABKIT_TP_WORKER_FAIL=STAGE[:exit] in
 rank 0's environment makes every worker raise (or, with `:exit`, vanish with exit code 3) at STAGE:
