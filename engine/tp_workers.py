@@ -76,6 +76,9 @@ _ERROR_CALL = 0xFFFFFFFF  # call number of a reply slot holding a worker's dying
 # or NVSHMEM; on shared lab hosts a program using it can take the GPUs out of service.
 NCCL_SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 FAIL_ENV = "LABKIT_TP_WORKER_FAIL"  # test hook, see the module docstring
+# What a worker does after each start-up message on its `done` pipe ("joined", "ready": then it serves calls).
+_JOINING = "joining the process group"
+_STAGE_AFTER = {b"j": "building the model runner", b"r": None}
 _FAIL_EXIT_CODE = 3
 
 
@@ -269,6 +272,7 @@ class TensorParallel:
         self.wake: list = []  # rank 0's write ends, one per worker
         self.done: list = []  # rank 0's read ends
         self._pending: list[bool] = []  # a `done` is owed by this worker
+        self._stages: list[str | None] = []  # what each worker is doing during start-up (None: serving calls)
         self.shm = None
         self.channel: _Channel | None = None
         self.store = None
@@ -276,7 +280,6 @@ class TensorParallel:
         self.call_no = 0
         self.closed = False
         self.broken: str | None = None
-        self.stage: str | None = "joining the process group"  # None once the engine is up
         if dist.is_initialized():
             raise ValueError("tensor_parallel_size: this process already has a torch.distributed process group "
                              "(another tensor-parallel engine still running?); exit it first or run this engine "
@@ -307,8 +310,7 @@ class TensorParallel:
                 init_group(backend, store, n, 0, self.start_timeout_s)
             except Exception as exc:
                 raise self.fail("joining the process group", exc) from exc
-            self._wait_done("joining the process group", self.start_timeout_s)
-            self.stage = "building the model runner"
+            self._wait_done(_JOINING, self.start_timeout_s)
             self._pending = [True] * (n - 1)  # each worker's "ready"
         except BaseException:
             self.shutdown(graceful=False)
@@ -324,6 +326,7 @@ class TensorParallel:
             self.wake.append(wake_w)
             self.done.append(done_r)
             self._pending.append(True)  # its "joined"
+            self._stages.append(_JOINING)
             p = ctx.Process(target=_worker_main, name=f"labkit-tp{rank}",
                             args=(worker_config, rank, self.backend, self.shm_name, wake_r, done_w))
             try:
@@ -348,11 +351,22 @@ class TensorParallel:
         if self._dead():
             raise RuntimeError("a tensor parallel worker died during the rendezvous")
 
+    def _received(self, rank: int, message: bytes) -> None:
+        if message in _STAGE_AFTER:
+            self._stages[rank - 1] = _STAGE_AFTER[message]
+
     def _death_message(self, dead: list[tuple[int, int]]) -> str:
         rank, code = dead[0]
+        # How far it got by its own account: rank 0 may not have read its last messages yet (a worker
+        # can finish joining and die while rank 0 is still inside init_process_group).
+        try:
+            while self.done[rank - 1].poll():
+                self._received(rank, self.done[rank - 1].recv_bytes())
+        except (EOFError, OSError):
+            pass
         msg = f"tensor parallel worker rank {rank} died (exit code {code})"
-        if self.stage is not None:
-            msg += f" while {self.stage}"
+        if self._stages[rank - 1] is not None:
+            msg += f" while {self._stages[rank - 1]}"
         call_no, reply = self.channel.read_reply(rank) if self.channel is not None else (0, None)
         if call_no == _ERROR_CALL and isinstance(reply, tuple) and reply[0] == "error":
             msg += f": {reply[1]}"
@@ -360,8 +374,9 @@ class TensorParallel:
 
     def fail(self, what: str, exc: BaseException | None = None) -> RuntimeError:
         """Tear everything down after a failure and return the error to raise."""
-        # A worker killed mid-collective closes its sockets a moment before it can be reaped.
-        dead = self._dead(grace_s=1.0 if exc is not None else 0.0)
+        # A worker that dies closes its sockets (failing our collective) a moment before it can be reaped;
+        # a loaded machine can stretch that moment.
+        dead = self._dead(grace_s=3.0 if exc is not None else 0.0)
         if dead:
             msg = self._death_message(dead)
         elif exc is not None:
@@ -401,7 +416,7 @@ class TensorParallel:
             while True:
                 try:
                     if conn.poll(0.05):
-                        conn.recv_bytes()
+                        self._received(rank, conn.recv_bytes())
                         break
                 except (EOFError, OSError):
                     raise self._raise_dead(self._dead(grace_s=5.0) or [(rank, None)]) from None
@@ -465,7 +480,6 @@ class TensorParallel:
         set_group_timeout(self.timeout_s)
         if self._watched is not None:
             self._watched.unwatch()
-        self.stage = None
 
     # --- exit -------------------------------------------------------------------------------------
     def shutdown(self, graceful: bool = True) -> None:
