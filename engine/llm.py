@@ -17,13 +17,13 @@ from transformers import AutoTokenizer
 
 from .config import Config
 from .device import resolve_device
-from .distributed import TensorParallel, rank_memory, reset_rank_memory
 from .request_limits import RequestLimits
 from .runner import ModelRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
-from .step_result import SeqStep, StepFailed, StepResult
+from .step_result import StepFailed, StepResult
+from .tp_workers import TensorParallel, rank_memory, reset_rank_memory
 
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(Config)} - {"model", "hf_config", "eos"}
 
@@ -57,8 +57,9 @@ class LLMEngine:
                                  f"got {config.kvcache_block_size}")
             if self._tp is not None:
                 self._tp.wait_ready()
-        except Exception as exc:
-            if self._tp is None or isinstance(exc, ValueError) or self._tp.broken is not None:
+        except BaseException as exc:  # Ctrl-C too: a half-started engine must not keep its workers
+            if self._tp is None or not isinstance(exc, Exception) or isinstance(exc, ValueError) \
+                    or self._tp.broken is not None:
                 if self._tp is not None:
                     self._tp.shutdown(graceful=False)
                 raise
