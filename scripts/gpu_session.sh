@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
-#   bash scripts/gpu_session.sh [evidence|perf|all|tp|serve]
+#   bash scripts/gpu_session.sh [evidence|perf|all|tp|kernels|serve|serve-profile]
 # Measured on one H200 (docs/perf.md): evidence ~2 minutes, perf ~7 (3.5 of them the Transformers baseline);
 # `all` is ~9.5, close to a 10-minute device call: two calls (evidence, perf) are safer.
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
@@ -11,9 +11,12 @@
 #           engine/baseline ratio, one at a time (each takes the GPU's memory). perf-hf: the baseline alone.
 # tp:       issue 7 on a two-GPU kind (nvidia-h200-x2): shapes --check, the tp logits suite eager and graph,
 #           every trace case with --tp 2, bench nano and fixed at TP=1 and TP=2 with `compare --variable tp`.
+# kernels:  scripts/kernel_bench.py (decode TB/s at 256x800 / 256x2048 / nano mix, knob sweep, prefill vs SDPA)
+#           and the kernel tests on the GPU.
 # serve:    issue 11's bar: offline nano (3 repeats), then `bench load --workload nano` at rate inf and at
-#           rate 16 (a fresh server each), then a rate-inf load on a server with py-spy --gil recording it and
-#           its engine core; with .old/ (a `git archive` of an earlier commit) the same load on that server.
+#           rate 16 (a fresh server each). serve-profile: a rate-inf load on a server with py-spy --gil
+#           recording it and its engine core; with .old/ (a `git archive` of an earlier commit) the same load
+#           on that commit's server.
 #           Needs fastapi/uvicorn/pyzmq/py-spy wheels installed on PYTHONPATH first (docs/perf.md says how).
 # Logs and JSON go to $OUT (the device tool's output folder).
 set -u
@@ -81,12 +84,19 @@ if [ "$what" = tp ]; then
     step 30 python3 -m labkit bench compare $OUT/bench-$wl-tp1.json $OUT/bench-$wl-tp2.json --variable tp --out $OUT/compare-$wl-tp.json
   done
 fi
+if [ "$what" = kernels ]; then
+  step 300 python3 scripts/kernel_bench.py --out $OUT/logs/kernel_bench.json
+  step 200 python3 -m pytest -q tests/test_triton_kernels.py tests/test_small_gemm.py tests/test_qk_norm_rope_kernel.py
+fi
+LOAD="python3 -m labkit bench load --workload nano --model $M --device cuda --graph"
 if [ "$what" = serve ]; then
-  LOAD="python3 -m labkit bench load --workload nano --model $M --device cuda --graph"
   step 300 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 3 --out $OUT/bench-nano.json
   step 300 $LOAD --rate inf --out $OUT/load-nano-inf.json
   step 300 $LOAD --rate 16 --out $OUT/load-nano-r16.json
-  # The profile: our own server, py-spy on it and (--subprocesses) its engine core, GIL holders only.
+  for f in $OUT/load-*.json $OUT/bench-nano.json; do cp $f $OUT/logs/; done
+fi
+if [ "$what" = serve-profile ]; then
+  # Our own server, py-spy on it and (--subprocesses) its engine core, GIL holders only.
   port=8391
   python3 -m labkit serve --model $M --device cuda --port $port --log-level warning > $OUT/logs/serve-profiled.log 2>&1 &
   spid=$!

@@ -282,7 +282,8 @@ FULL_HEALTH = {"status": "ok", "model_name": "qwen3-fake", "model": {"path": "/m
 def test_provenance_comes_from_the_servers_health_with_url(tmp_path, capsys):
     fake = start_in_thread(health=FULL_HEALTH)
     out = tmp_path / "gpu.json"
-    code, stdout, err = run_cli(["bench", "load", "--url", fake.url, "--num-requests", "2", "--out", out], capsys)
+    code, stdout, err = run_cli(["bench", "load", "--url", fake.url, "--num-requests", "2", "--no-warmup",
+                                 "--out", out], capsys)
     assert code == 0, err + stdout
     r = json.loads(out.read_text())
     assert r["evidence"] == "gpu-measured"            # the client ran on a CPU; the server measured on a GPU
@@ -298,6 +299,22 @@ def test_provenance_comes_from_the_servers_health_with_url(tmp_path, capsys):
     r = json.loads(out.read_text())
     assert r["evidence"] == "cpu-executed" and r["model"]["config_sha256"] is None and r["device"]["type"] == "cpu"
     assert r["servers"][0]["health"] == {"status": "ok", "device": "cpu", "vocab_size": 1000}
+
+
+def test_warm_up_requests_go_first_and_are_not_counted(tmp_path, capsys):
+    fake = start_in_thread(health=FULL_HEALTH)
+    out = tmp_path / "warm.json"
+    code, stdout, err = run_cli(["bench", "load", "--url", fake.url, "--num-requests", "3", "--out", out], capsys)
+    assert code == 0, err + stdout
+    r = json.loads(out.read_text())
+    warm = r["config"]["warmup"]
+    assert warm["requests"] >= 1 and warm["failed"] == 0
+    assert fake.completions == 3 + warm["requests"] and r["metrics"]["completed"] == 3
+    cold = start_in_thread(health=FULL_HEALTH)
+    code, stdout, err = run_cli(["bench", "load", "--url", cold.url, "--num-requests", "3", "--no-warmup",
+                                 "--out", out], capsys)
+    assert code == 0, err + stdout
+    assert cold.completions == 3 and json.loads(out.read_text())["config"]["warmup"] is None
 
 
 def test_endpoints_serving_different_models_are_refused_unless_allowed(tmp_path, capsys):

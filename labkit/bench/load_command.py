@@ -30,7 +30,7 @@ from rich.text import Text
 
 from labkit.bench import load as L
 from labkit.bench import load_metrics as M
-from labkit.bench.workloads import fold_to_vocab, load_workload
+from labkit.bench.workloads import draw_warmup, fold_to_vocab, load_workload
 from labkit.errors import LabkitError
 from labkit.model import resolve_model
 from labkit.options import Policy
@@ -76,6 +76,8 @@ def load(
     startup_timeout: float = typer.Option(600.0, "--startup-timeout", min=1.0,
                                           help="Seconds to wait for the started server."),
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds a request may take."),
+    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Before timing, send the workload's warm-up "
+                                "requests (its own random prompts, short outputs) so compile caches are warm."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSON path (default: runs/bench-load-NAME.json)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -128,8 +130,9 @@ def load(
         with Progress(SpinnerColumn(), TextColumn("requests"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=Console(stderr=True), transient=True,
                       disable=not Console(stderr=True).is_terminal) as progress:
-            task = progress.add_task("requests", total=len(reqs))
             importlib.import_module(client_lib)   # its import is not the run's work: keep it off the clock
+            warmed = _warm_up(w, urls, prov, client_lib, timeout) if warmup else None
+            task = progress.add_task("requests", total=len(reqs))
             cpu0, wall0 = time.process_time(), time.perf_counter()
             outcomes = L.run_load(urls, reqs, temperature=w.temperature, ignore_eos=w.ignore_eos,
                                   max_concurrency=max_concurrency, timeout_s=timeout,
@@ -141,7 +144,7 @@ def load(
 
     summary = M.summarize(outcomes, slo_ms, pcts)
     config = {"source": source, "requests": len(reqs), "prompt_ids_folded": folded, "temperature": w.temperature,
-              "ignore_eos": w.ignore_eos, "max_concurrency": max_concurrency,
+              "ignore_eos": w.ignore_eos, "max_concurrency": max_concurrency, "warmup": warmed,
               "server": ({"url": urls[0]} if url is not None else {"endpoints": urls} if endpoints is not None
                          else {"started": True, **{k: v for k, v in server_args.items() if v is not None}})}
     # The client's share of the run: CPU seconds near the wall time mean the client, not the server, set the pace.
@@ -199,6 +202,23 @@ def _start_server(model_dir: Path, device: Device, max_queue, n_requests: int, t
         args += ["--policy", policy.value]
     console.print(f"starting labkit serve ({dev}) ... log: {log_path}", style="dim")
     return L.SpawnedServer(args, log_path, startup_timeout)
+
+
+def _warm_up(w, urls: list[str], prov: dict, client_lib: str, timeout: float) -> dict:
+    """The workload's warm-up draw, all at once (at least one request per endpoint), untimed. Its prompts come
+    from their own random stream, so the timed requests never find them in the prefix cache."""
+    d = draw_warmup(w, 0)
+    n = max(len(d.prompts), len(urls))
+    reqs = [L.Arrival(t=0.0, prompt=list(d.prompts[i % len(d.prompts)]), max_tokens=d.max_tokens[i % len(d.prompts)],
+                      id=f"warmup{i}") for i in range(n)]
+    _fold_prompts(reqs, [s["health"].get("vocab_size") for s in prov["servers"]])
+    t0 = time.perf_counter()
+    outcomes = L.run_load(urls, reqs, temperature=w.temperature, ignore_eos=w.ignore_eos, timeout_s=timeout,
+                          client=client_lib)
+    failed = [o for o in outcomes if not o.ok]
+    if len(failed) == len(outcomes):
+        raise LabkitError(f"every warm-up request failed ({failed[0].error}): is the server healthy?", 2)
+    return {"requests": n, "failed": len(failed), "wall_s": time.perf_counter() - t0}
 
 
 def _fold_prompts(reqs: list, vocab_sizes: list) -> bool:
