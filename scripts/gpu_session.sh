@@ -45,18 +45,13 @@ if [ "$what" = evidence ] || [ "$what" = all ]; then
   done
   step 180 python3 -m labkit trace --case lifecycle --model $M --device cuda -q --shapes --out $R/trace-shapes &
   wait
-  step 200 $LC run --suite baseline --attention torch $BF --out $R/lc-baseline-torch &
-  step 200 $LC run --suite baseline --attention triton --execution eager $BF --out $R/lc-baseline-triton-eager &
-  step 200 $LC run --suite baseline --attention triton --execution graph $BF --out $R/lc-baseline-triton-graph &
-  step 240 $LC run --suite kv --attention triton --execution graph --ref-execution eager $BF --out $R/lc-kv &
-  (
-    step 200 $LC collect --suite graph --backend engine --attention triton --execution graph $BF --out $R/lc-graph/triton-graph &
-    step 200 $LC collect --suite graph --backend engine --attention triton --execution eager $BF --out $R/lc-graph/triton-eager &
-    step 200 $LC collect --suite graph --backend engine --attention torch --execution eager $BF --out $R/lc-graph/torch-eager &
-    wait
-    step 60 $LC compare --lhs $R/lc-graph/triton-graph --rhs $R/lc-graph/triton-eager --out $R/lc-graph/graph-vs-eager.json
-    step 60 $LC compare --lhs $R/lc-graph/triton-eager --rhs $R/lc-graph/torch-eager --out $R/lc-graph/triton-vs-torch.json
-  ) &
+  # Judged by the float32-anchored gate (docs/logits-check.md): each run also collects Transformers in
+  # float32 (the truth) and in bf16 (the noise yardstick).
+  step 300 $LC run --suite baseline --attention torch $BF --out $R/lc-baseline-torch &
+  step 300 $LC run --suite baseline --attention triton --execution eager $BF --out $R/lc-baseline-triton-eager &
+  step 300 $LC run --suite baseline --attention triton --execution graph $BF --out $R/lc-baseline-triton-graph &
+  step 300 $LC run --suite graph --attention triton --execution graph $BF --out $R/lc-graph &
+  step 300 $LC run --suite kv --attention triton --execution graph --ref-execution eager $BF --out $R/lc-kv &
   wait
 fi
 if [ "$what" = perf ] || [ "$what" = all ]; then
@@ -92,6 +87,7 @@ LOAD="python3 -m labkit bench load --workload nano --model $M --device cuda --gr
 if [ "$what" = serve ]; then
   step 300 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 3 --out $OUT/bench-nano.json
   step 300 $LOAD --rate inf --out $OUT/load-nano-inf.json
+  step 300 $LOAD --rate inf --out $OUT/load-nano-inf-2.json
   step 300 $LOAD --rate 16 --out $OUT/load-nano-r16.json
   for f in $OUT/load-*.json $OUT/bench-nano.json; do cp $f $OUT/logs/; done
 fi
@@ -101,7 +97,7 @@ if [ "$what" = serve-profile ]; then
   python3 -m labkit serve --model $M --device cuda --port $port --log-level warning > $OUT/logs/serve-profiled.log 2>&1 &
   spid=$!
   for _ in $(seq 300); do curl -sf localhost:$port/health > /dev/null && break; sleep 1; done
-  py-spy record --gil --subprocesses --rate 200 --format raw --pid $spid -o $OUT/logs/pyspy-gil.txt --duration 30 \
+  PATH=$PATH:/tmp/site/bin py-spy record --gil --subprocesses --rate 200 --format raw --pid $spid -o $OUT/logs/pyspy-gil.txt --duration 30 \
     > $OUT/logs/pyspy.log 2>&1 &
   pyspy=$!
   sleep 2
@@ -111,7 +107,14 @@ if [ "$what" = serve-profile ]; then
   wait $pyspy
   kill -TERM $spid; wait $spid; echo "serve exit code $?" >> $OUT/logs/serve-profiled.log
   if [ -d .old ]; then
-    PYTHONPATH=$PWD/.old${PYTHONPATH#$PWD} step 300 $LOAD --rate inf --out $OUT/load-nano-inf-old.json
+    # The earlier commit's server (run from its own folder: `python -m` puts the cwd first on sys.path),
+    # measured by today's client.
+    (cd .old && PYTHONPATH=$PWD:/tmp/site exec python3 -m labkit serve --model $M --device cuda \
+      --port $((port + 1)) --log-level warning) > $OUT/logs/serve-old.log 2>&1 &
+    opid=$!
+    for _ in $(seq 300); do curl -sf localhost:$((port + 1))/health > /dev/null && break; sleep 1; done
+    step 120 python3 -m labkit bench load --workload nano --url http://127.0.0.1:$((port + 1)) --out $OUT/load-nano-inf-old.json
+    kill -INT $opid; wait $opid
   fi
   for f in $OUT/load-*.json $OUT/bench-nano.json; do cp $f $OUT/logs/; done
 fi

@@ -29,9 +29,9 @@ import triton.language as tl
 
 from . import dot_precision
 
-# The configuration the engine launches. Measured 2026-11-29 on the old layout as the best within noise
-# (docs/perf.md); scripts/kernel_bench.py re-decides it for the head-major layout.
-DEFAULTS = {"block_n": 64, "num_warps": 4, "num_stages": 3}
+# The configuration the engine launches. From the H200 sweep of scripts/kernel_bench.py (docs/perf.md, 2026-11-30): best mean TB/s over 256x800,
+# 256x2048 and the nano mix, +0.2 TB/s over block_n 64 / 3 stages.
+DEFAULTS = {"block_n": 128, "num_warps": 4, "num_stages": 2}
 
 
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
