@@ -18,6 +18,7 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.config import Config
 from engine.sequence import Sequence
+from engine.step_result import StepFailed
 from labkit.trace.cases import list_cases, load_case
 from labkit.trace.run import run_case
 from labkit.trace.validate import validate
@@ -291,8 +292,9 @@ def test_a_call_larger_than_the_shared_memory_is_refused(tiny_model):
     name = llm.config.shm_name
     try:
         llm.add_request([100 + i % 1900 for i in range(1500)], SamplingParams(max_tokens=1))
-        with pytest.raises(ValueError, match=r"shm_size: the 'run' call needs \d+ bytes .*shm_size=8192"):
+        with pytest.raises(StepFailed, match=r"shm_size: the 'run' call needs \d+ bytes .*shm_size=8192") as info:
             llm.step()
+        assert not info.value.fatal and llm.is_finished()  # the request was taken out, its blocks freed
     finally:
         llm.exit()
     assert not _shm_exists(name)
