@@ -69,7 +69,7 @@ def test_profile_cpu_writes_trace_and_a_table_that_adds_up(tiny_model, small, ru
     wall = table["wall_ms"]
     assert wall > 0
     host = {r["part"]: r for r in table["host"]}
-    assert list(host) == [k for k, _ in prof.HOST_ROWS]
+    assert list(host) == [k for k, _, _ in prof.HOST_ROWS]
     assert _within(sum(r["ms"] for r in table["host"]), wall)
     for part in ("scheduling", "input_prep", "forward", "sampling", "postprocess", "between"):
         assert host[part]["ms"] > 0, part
@@ -79,7 +79,7 @@ def test_profile_cpu_writes_trace_and_a_table_that_adds_up(tiny_model, small, ru
     assert all(c["ok"] for c in table["checks"]) and len(table["checks"]) == 1
     assert table["gpu"] is None and "n/a" in table["gpu_note"]
     md = Path(files["profile_md"]).read_text()
-    assert "scheduling (engine::schedule)" in md and "n/a" in md
+    assert "| scheduling |" in md and "engine::schedule" in md and "n/a" in md
     assert "profile: host phase" in stdout and str(trace_path) in stdout.replace("\n", "")
     # The bench half is unchanged by the profiled run: its repeats, and decode ms/token from step timing.
     assert len(bench["runs"]) == 2 and bench["profile"]["window"]["steps"] == 4
@@ -152,15 +152,18 @@ def _x(name, cat, ts, dur, tid=1, **args):
 
 def _gpu_trace():
     """Two steps (a prefill 0-100 us, a decode 110-160 us) with engine ranges, a sync, and kernels on two
-    streams (tid 20, 21) that overlap for 10 us; one memcpy; one kernel nobody knows."""
+    streams (tid 20, 21) that overlap for 10 us; a copy each way (only the one to the host is a wait); one
+    kernel nobody knows."""
     host = [
         _x("labkit::step 3", "user_annotation", 0, 100),
         _x("engine::schedule", "user_annotation", 2, 8),
         _x("engine::prepare", "user_annotation", 10, 5),
         _x("engine::forward", "user_annotation", 15, 40),
         _x("engine::upload", "user_annotation", 16, 4),
+        _x("cudaMemcpyAsync", "cuda_runtime", 17, 2, correlation=11),        # to the device: not a wait
         _x("engine::sample", "user_annotation", 55, 40),
-        _x("cudaStreamSynchronize", "cuda_runtime", 60, 30),
+        _x("cudaMemcpyAsync", "cuda_runtime", 60, 28, correlation=12),       # to pageable host memory: a wait
+        _x("cudaStreamSynchronize", "cuda_runtime", 88, 2),
         _x("engine::postprocess", "user_annotation", 95, 3),
         _x("labkit::step 4", "user_annotation", 110, 50),
         _x("engine::forward", "user_annotation", 115, 20),
@@ -169,7 +172,8 @@ def _gpu_trace():
         _x("some other thread", "user_annotation", 0, 160, tid=2),
     ]
     gpu = [
-        _x("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 20, 5, tid=20),
+        _x("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 20, 5, tid=20, correlation=11),
+        _x("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", 85, 1, tid=20, correlation=12),
         _x("_prefill_kernel", "kernel", 25, 20, tid=20),
         _x("nvjet_tst_64x8_64x16_4x1_v_bz_TNT", "kernel", 45, 20, tid=20),
         _x("triton_red_fused_add_mean_mul_pow_rsqrt_0", "kernel", 55, 20, tid=21),   # overlaps 55-65
@@ -188,14 +192,14 @@ def test_gpu_partition_on_a_made_up_trace():
     t = prof.analyze(_gpu_trace(), STEPS, cuda=True)
     assert t["wall_ms"] == pytest.approx(0.160)
     gpu = {r["part"]: r["ms"] * 1000 for r in t["gpu"]}  # in us
-    assert gpu["copy_memset"] == pytest.approx(5)
+    assert gpu["copy_memset"] == pytest.approx(5 + 1)
     assert gpu["attention_prefill"] == pytest.approx(20)
     assert gpu["gemm"] == pytest.approx(10 + 5)            # 45-55 alone, 55-65 shared with the norm kernel
     assert gpu["norm_rope_act"] == pytest.approx(5 + 10)
     assert gpu["sampler"] == pytest.approx(10)
     assert gpu["attention_decode"] == pytest.approx(15 + 5)
     assert gpu["other"] == pytest.approx(5)
-    busy = 5 + 20 + 20 + 10 + 10 + 15 + 5 + 5              # the union of the intervals
+    busy = 5 + 20 + 20 + 10 + 10 + 1 + 15 + 5 + 5          # the union of the intervals
     assert gpu["idle"] == pytest.approx(160 - busy)
     assert t["gpu_busy_ms"] * 1000 == pytest.approx(busy)
     assert all(c["ok"] for c in t["checks"]) and len(t["checks"]) == 3
@@ -204,7 +208,7 @@ def test_gpu_partition_on_a_made_up_trace():
     assert by_phase["attention_decode"]["decode"] * 1000 == pytest.approx(20)
     idle = {r["part"]: r["ms"] * 1000 for r in t["gpu_idle_by_host"]}
     assert idle["scheduling"] == pytest.approx(8) and idle["between"] == pytest.approx(10)
-    assert idle["gpu_wait"] == pytest.approx(5)                       # 85-90 waiting, no kernel left
+    assert idle["gpu_wait"] == pytest.approx(4)                       # 86-90 waiting, no kernel left
     assert [k["name"] for k in t["unclassified"]] == ["mystery_kernel_v2"]
     merge = next(k for k in t["top_kernels"] if k["name"] == "_decode_merge_kernel")
     assert merge["ms"] * 1000 == pytest.approx(5) and merge["calls"] == 1   # the part inside the window
@@ -219,14 +223,14 @@ def test_host_partition_on_a_made_up_trace():
     assert host["input_prep"] == pytest.approx(5 + 4)       # prepare, and upload nested in forward
     assert host["forward"] == pytest.approx(36 + 20)
     assert host["sampling"] == pytest.approx(40 - 30)
-    assert host["gpu_wait"] == pytest.approx(30)
+    assert host["gpu_wait"] == pytest.approx(28 + 2)        # the copy to the host, then the sync
     assert host["postprocess"] == pytest.approx(3)
     assert host["between"] == pytest.approx(10)
     assert host["step_rest"] == pytest.approx(100 - 8 - 5 - 40 - 40 - 3 + 50 - 20)
     assert sum(host.values()) == pytest.approx(160)
     md = prof.markdown({**t, "workload": "x", "files": {"trace": "t.json"}, "tolerance": "1 us",
                         "kernel_families": [{"family": f, "pattern": p} for f, p in prof.KERNEL_FAMILIES]})
-    assert "mystery_kernel_v2" in md and "attention, decode" in md
+    assert "mystery_kernel_v2" in md and "| attention, decode |" in md
 
 
 @pytest.mark.parametrize("name, family", [

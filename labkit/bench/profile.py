@@ -17,7 +17,7 @@ wall = from the start of the window's first step to the end of its last. Every i
     preparation (engine::prepare: the host lists; engine::upload: their copy to the device), forward
     (engine::forward: kernel launches or graph replay; on the CPU the model's compute itself), sampling
     (engine::sample), postprocess (engine::postprocess), waiting on the GPU (CUDA synchronize calls and
-    blocking copies, wherever they happen), the rest of step() (the engine's Python around the phases)
+    device-to-host copies, wherever they happen), the rest of step() (the engine's Python around the phases)
     and between steps (the bench's loop and the profiler's step marker);
   - GPU (CUDA runs): the kernel family running at that instant (KERNEL_FAMILIES, matched on the kernel's
     name, first pattern wins; memcpy and memset activities are "copies / memset"; instants where kernels
@@ -51,35 +51,38 @@ CHECK_TOLERANCE_FRACTION = 1e-4
 TOP_KERNELS = 15
 TOP_UNCLASSIFIED = 10
 
-# Host rows: (key, label); the engine range names that map to each.
-HOST_ROWS: tuple[tuple[str, str], ...] = (
-    ("scheduling", "scheduling (engine::schedule)"),
-    ("input_prep", "input preparation (engine::prepare, engine::upload)"),
-    ("forward", "forward (engine::forward): kernel launches or graph replay; on the CPU the compute"),
-    ("sampling", "sampling (engine::sample)"),
-    ("postprocess", "postprocess (engine::postprocess)"),
-    ("gpu_wait", "waiting on the GPU (synchronize, blocking copies)"),
-    ("step_rest", "rest of step(): the engine's Python around the phases"),
-    ("between", "between steps (bench loop, profiler step marker)"),
+# Host rows: (key, label, what it holds).
+HOST_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("scheduling", "scheduling", "engine::schedule (Scheduler.schedule)"),
+    ("input_prep", "input preparation", "engine::prepare (the host lists), engine::upload (their copy to the device)"),
+    ("forward", "forward", "engine::forward: kernel launches or the graph replay, and the LM head; on a CPU the "
+                           "compute itself"),
+    ("sampling", "sampling", "engine::sample"),
+    ("postprocess", "postprocess", "engine::postprocess (Scheduler.postprocess)"),
+    ("gpu_wait", "waiting on the GPU", "CUDA synchronize calls and device-to-host memcpy calls, in whichever phase"),
+    ("step_rest", "rest of step()", "LLMEngine.step's own Python around the phases (labkit::step minus the above)"),
+    ("between", "between steps", "the bench's loop and the profiler's step marker"),
 )
 ENGINE_RANGES = {"engine::schedule": "scheduling", "engine::prepare": "input_prep", "engine::upload": "input_prep",
                  "engine::forward": "forward", "engine::sample": "sampling", "engine::postprocess": "postprocess"}
-# CUDA runtime/driver calls during which the host thread may wait for the device: synchronizes, and memcpy
-# calls (a copy to pageable host memory returns only when it is done; the other copies return at once).
-GPU_WAIT = re.compile(r"Synchronize|^cudaMemcpy|^cuMemcpy")
+# CUDA runtime/driver calls during which the host thread waits for the device: synchronizes, and memcpy calls
+# whose copy (the GPU activity with the same correlation id) goes device to host: a copy to pageable memory
+# returns only when it is done, after the kernels before it. Host-to-device copies return at once.
+GPU_SYNC = re.compile(r"Synchronize")
+HOST_COPY = re.compile(r"^cu(da)?Memcpy")
 
 # GPU rows, in the order the table shows them; "idle" closes the partition.
-FAMILIES: tuple[tuple[str, str], ...] = (
-    ("attention_decode", "attention, decode"),
-    ("attention_prefill", "attention, prefill"),
-    ("gemm", "GEMM (cuBLAS, Triton GEMV)"),
-    ("norm_rope_act", "norms / RoPE / activation (and other elementwise)"),
-    ("sampler", "sampler"),
-    ("kv_write", "KV write"),
-    ("copy_memset", "copies / memset"),
-    ("other", "other"),
+FAMILIES: tuple[tuple[str, str, str], ...] = (
+    ("attention_decode", "attention, decode", ""),
+    ("attention_prefill", "attention, prefill", ""),
+    ("gemm", "GEMM", "cuBLAS and our Triton GEMV"),
+    ("norm_rope_act", "norms / RoPE / act.", "and any other elementwise or reduce kernel"),
+    ("sampler", "sampler", ""),
+    ("kv_write", "KV write", ""),
+    ("copy_memset", "copies / memset", ""),
+    ("other", "other", "see the unclassified kernels"),
 )
-IDLE = ("idle", "idle: no kernel running")
+IDLE = ("idle", "idle", "no kernel or copy running on any stream")
 # (family, pattern): matched case-insensitively against the kernel name, in this order; the first match wins.
 # Our Triton kernels go by their function names (engine/kernels/*.py); torch.compile'd pieces of
 # engine/layers/fused.py (norms, RoPE, SiLU-and-mul) are inductor's triton_{poi,red,per}_fused_* kernels.
@@ -206,6 +209,11 @@ def _step_index(name: str) -> int | None:
     return None
 
 
+def _correlation(e: dict):
+    args = e.get("args")
+    return args.get("correlation") if isinstance(args, dict) else None
+
+
 def analyze(trace: dict, steps: list[StepTime], cuda: bool) -> dict:
     """The table (module doc) from a Chrome trace of the window and the run's steps (their phases)."""
     events = _events(trace)
@@ -224,6 +232,8 @@ def analyze(trace: dict, steps: list[StepTime], cuda: bool) -> dict:
         return (s, e) if e > s else None
 
     steps_iv = [_Interval(s, e, st.phase) for s, e, st in window]
+    to_host = {_correlation(e) for e in events if e.get("cat") == "gpu_memcpy" and "DtoH" in str(e.get("name"))}
+    to_host.discard(None)
     host_iv: list[_Interval] = []
     for e in events:
         if (e.get("pid"), e.get("tid")) != thread:
@@ -232,7 +242,8 @@ def analyze(trace: dict, steps: list[StepTime], cuda: bool) -> dict:
         label = None
         if cat == "user_annotation":
             label = ENGINE_RANGES.get(name) or ("step_rest" if _step_index(name) in by_index else None)
-        elif cat in ("cuda_runtime", "cuda_driver") and GPU_WAIT.search(name):
+        elif cat in ("cuda_runtime", "cuda_driver") and (
+                GPU_SYNC.search(name) or (HOST_COPY.search(name) and _correlation(e) in to_host)):
             label = "gpu_wait"
         span = clip(float(e["ts"]), float(e["ts"]) + float(e["dur"])) if label else None
         if span:
@@ -321,9 +332,9 @@ def _sweep(w0: float, w1: float, steps: list[_Interval], host: list[_Interval], 
     return host_acc, gpu_acc, idle_by_host
 
 
-def _rows(rows: tuple[tuple[str, str], ...], acc: dict, whole: float, phases: bool = True) -> list[dict]:
+def _rows(rows: tuple[tuple[str, str, str], ...], acc: dict, whole: float, phases: bool = True) -> list[dict]:
     out = []
-    for key, label in rows:
+    for key, label, _ in rows:
         parts = acc.get(key, {})
         us = sum(parts.values())
         row = {"part": key, "label": label, "ms": us / 1000, "pct": 100 * us / whole if whole else 0.0}
@@ -466,6 +477,7 @@ def markdown(t: dict) -> str:
               + "; ".join(f"{c['check']}: {'ok' if c['ok'] else 'NOT OK'} ({c['diff_ms']:+.4f} ms)" for c in t["checks"]),
               "", "## Host: what the Python thread was doing", "", head.format(what="host phase", whole="wall")]
     lines += _row_lines(t["host"], steps)
+    lines += ["", "Host phases: " + "; ".join(f"**{label}**: {what}" for _, label, what in HOST_ROWS) + "."]
     lines += ["", "## GPU: what the device was running", ""]
     if t["gpu"] is None:
         lines.append(t["gpu_note"] or "n/a")
@@ -474,6 +486,8 @@ def markdown(t: dict) -> str:
             lines += [t["gpu_note"], ""]
         lines.append(head.format(what="kernel family", whole="wall"))
         lines += _row_lines(t["gpu"], steps)
+        notes = [f"**{label}**: {what}" for _, label, what in FAMILIES + (IDLE,) if what]
+        lines += ["", "Families by kernel name (patterns at the end); " + "; ".join(notes) + "."]
         lines += ["", "## GPU idle, by what the host was doing meanwhile", "",
                   "| host phase | ms | % of idle |", "| --- | --- | --- |"]
         lines += _row_lines(t["gpu_idle_by_host"], steps, phases=False)
