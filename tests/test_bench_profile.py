@@ -296,3 +296,21 @@ def test_engine_ranges_cost_no_record_function_without_a_profiler(monkeypatch):
         assert work(torch.ones(1)).item() == 2
     assert calls == ["engine::test"]
     assert any(e.name == "engine::test" for e in p.events())
+
+
+def test_large_traces_are_gzipped_and_the_table_is_written(tmp_path, monkeypatch):
+    src = tmp_path / "work" / "trace.json"
+    src.parent.mkdir()
+    src.write_text(json.dumps(_gpu_trace()))
+    out = tmp_path / "bench.json"
+    out.with_suffix(".trace.json").write_text("stale")  # an earlier run's plain trace must not stay beside it
+    monkeypatch.setattr(prof, "GZIP_OVER_BYTES", 0)
+    run = prof.ProfiledRun(src, STEPS, prof.ProfileRequest(2, 2), ["cpu", "cuda"])
+    table = prof.finish_profile(run, out, {"workload": "made-up"})
+    trace = Path(table["files"]["trace"])
+    assert trace.name == "bench.trace.json.gz" and not out.with_suffix(".trace.json").exists()
+    assert prof.load_trace(trace) == _gpu_trace()
+    assert not src.parent.exists()  # the temporary copy is gone
+    on_disk = json.loads(out.with_suffix(".profile.json").read_text())
+    assert on_disk["workload"] == "made-up" and on_disk["gpu"] is not None and all(c["ok"] for c in on_disk["checks"])
+    assert out.with_suffix(".profile.md").read_text().startswith("# labkit bench --profile: made-up")
