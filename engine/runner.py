@@ -18,6 +18,7 @@ from .layers import fused
 from .layers.attention import Attention
 from .loader import load_model
 from .models.qwen3 import Qwen3ForCausalLM
+from .profiling import phase
 from .sampling import Sampler
 from .sequence import Sequence
 
@@ -244,6 +245,7 @@ class ModelRunner:
         # Pageable memory on purpose: pinning a fresh tensor costs more than the small copy it speeds up.
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
+    @phase("engine::upload")
     def _upload(self, dtype: torch.dtype, **parts) -> dict[str, torch.Tensor]:
         """Several host lists (a list of equal-length rows for 2-D) in one host-to-device copy."""
         flat: list[int] = []
@@ -285,9 +287,11 @@ class ModelRunner:
         ))
 
     # --- execution ------------------------------------------------------------------------------
+    @phase("engine::prepare")
     def prepare(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
         return self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
 
+    @phase("engine::forward")
     @torch.inference_mode()
     def forward_logits(self, inputs: StepInputs, is_prefill: bool) -> torch.Tensor:
         """Logits of each sequence's last position for this step: [num_seqs, vocab] (None off rank 0)."""
@@ -310,6 +314,7 @@ class ModelRunner:
             t = t.pin_memory()
         return t.to(self.device, non_blocking=True)
 
+    @phase("engine::sample")
     @torch.inference_mode()
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         temps = [s.temperature for s in seqs]
@@ -378,6 +383,7 @@ class ModelRunner:
             torch.cuda.synchronize()
             reset_context()
 
+    @phase("engine::upload")
     def _stage_graph_inputs(self, inputs: StepInputs) -> None:
         """Fill the pinned host mirror of the graph inputs and upload it in one asynchronous copy."""
         if self._stage_copied is not None:

@@ -6,9 +6,11 @@
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
 #           (baseline: torch eager, triton eager, triton graph against Transformers; graph suite graph vs
 #           eager and triton vs torch; kv suite), run as parallel processes (each uses a small KV pool);
-# perf:     labkit bench nano (graph) and fixed (graph, eager, compare), then gpu_check's before/after of
-#           the custom kernels (nano + batch-1), then the Transformers baseline on the nano workload and the
-#           engine/baseline ratio, one at a time (each takes the GPU's memory). perf-hf: the baseline alone.
+# perf:     labkit bench nano (graph) and fixed (graph, eager, compare), then the custom kernels' before/after
+#           (nano and batch1 with --no-custom-kernels, `compare --variable custom_kernels`), profiles of nano
+#           and batch1 (`--profile`: table + trace, into reports.tgz), then the Transformers baseline on the
+#           nano workload and the engine/baseline ratio, one at a time (each takes the GPU's memory).
+#           perf-hf: the baseline alone.
 # tp:       issue 7 on a two-GPU kind (nvidia-h200-x2): shapes --check, the tp logits suite eager and graph,
 #           every trace case with --tp 2, bench nano and fixed at TP=1 and TP=2 with `compare --variable tp`.
 # kernels:  scripts/kernel_bench.py (decode TB/s at 256x800 / 256x2048 / nano mix, knob sweep, prefill vs SDPA)
@@ -59,7 +61,14 @@ if [ "$what" = perf ] || [ "$what" = all ]; then
   step 90 python3 -m labkit bench --workload fixed --model $M --device cuda --graph --out $OUT/bench-fixed-graph.json
   step 90 python3 -m labkit bench --workload fixed --model $M --device cuda --eager --out $OUT/bench-fixed-eager.json
   step 30 python3 -m labkit bench compare $OUT/bench-fixed-eager.json $OUT/bench-fixed-graph.json --variable eager --out $OUT/compare-eager.json
-  GPU_CHECK_CUSTOM=1 step 200 python3 scripts/gpu_check.py --skip-correct --model $M --out $OUT/gpu_check.json
+  P=$OUT/runs/perf; mkdir -p $P
+  step 150 python3 -m labkit bench --workload nano --model $M --device cuda --graph --no-custom-kernels --repeats 2 --out $P/bench-nano-graph-no-custom.json
+  step 30 python3 -m labkit bench compare $P/bench-nano-graph-no-custom.json $OUT/bench-nano-graph.json --variable custom_kernels --out $P/compare-nano-custom-kernels.json
+  step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --out $P/bench-batch1.json
+  step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --no-custom-kernels --out $P/bench-batch1-no-custom.json
+  step 30 python3 -m labkit bench compare $P/bench-batch1-no-custom.json $P/bench-batch1.json --variable custom_kernels --out $P/compare-batch1-custom-kernels.json
+  step 150 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 1 --profile --profile-steps 64 --out $P/profile-nano.json
+  step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --repeats 3 --profile --profile-steps 64 --out $P/profile-batch1.json
 fi
 if [ "$what" = perf ] || [ "$what" = all ] || [ "$what" = perf-hf ]; then
   step 400 python3 -m labkit bench --workload nano --backend hf --hf-batch 256 --model $M --device cuda --repeats 1 --out $OUT/bench-nano-hf.json
@@ -122,6 +131,6 @@ if [ -f $OUT/bench-nano-hf.json ] && [ -f $OUT/bench-nano-graph.json ]; then
   step 30 python3 -m labkit bench compare $OUT/bench-nano-hf.json $OUT/bench-nano-graph.json --variable backend --out $OUT/compare-backend.json
 fi
 # The device returns a limited number of files: keep the reports (not the event logs and logits arrays) in one.
-tar czf $OUT/reports.tgz -C $OUT logs $(cd $OUT && ls -d runs/*/*.json runs/*/*.md runs/*/*/*.json runs/*/*/*.md 2>/dev/null | grep -v events) 2>/dev/null
+tar czf $OUT/reports.tgz -C $OUT logs $(cd $OUT && ls -d runs/*/*.json runs/*/*.md runs/*/*.json.gz runs/*/*/*.json runs/*/*/*.md 2>/dev/null | grep -v events) 2>/dev/null
 rm -rf $OUT/logs $OUT/runs
 echo "done: $OUT"

@@ -14,8 +14,9 @@ interval spans roughly the two sides' ranges: it says "within noise" unless the 
 A side with a single sample has no spread: the comparison is refused (exit 2) unless --allow-single, and
 then says it has no interval.
     offline (`labkit bench`): the samples are the timed repeats; headline median output tok/s; also
-        total and request throughput and wall time. init, warm-up, graph capture, KV blocks and peak memory
-        are measured once per run and are shown as single measurements.
+        total and request throughput and wall time (and decode ms per token for step-timed workloads). init,
+        warm-up, graph capture, KV blocks and peak memory are measured once per run and are shown as single
+        measurements.
     load (`labkit bench load`): the samples are the completed requests (from the run's .requests.jsonl);
         headline median e2el (ms, lower is better), also ttft and tpot. Both runs send the same requests
         on the same schedule (the config check), so each request's latency is a draw of the same process,
@@ -65,6 +66,7 @@ VARIABLES: dict[str, tuple[str, ...]] = {
     "num_kvcache_blocks": ("engine.num_kvcache_blocks", "engine.kvcache_memory_bytes"),
     "kvcache_memory_bytes": ("engine.num_kvcache_blocks", "engine.kvcache_memory_bytes"),
     "engine_seed": ("engine.seed",),
+    "custom_kernels": ("engine.custom_kernels",),
     "dtype": ("dtype",),
     "device": ("device.*",),
     "model": ("model_config_sha256",),
@@ -114,7 +116,9 @@ SAMPLED = {
     "offline": {"output_throughput": ("output_throughput", "output tok/s", True),
                 "total_token_throughput": ("total_token_throughput", "total tok/s", True),
                 "request_throughput": ("request_throughput", "requests/s", True),
-                "wall_s": ("wall_s", "wall s", False)},
+                "wall_s": ("wall_s", "wall s", False),
+                # Step-timed workloads only (timing: steps, e.g. batch1); absent elsewhere (n 0, no ratio).
+                "decode_ms_per_token": ("decode_ms_per_token", "decode ms/token", False)},
     "load": {"e2el_ms": ("e2el_ms", "e2el ms", False),
              "ttft_ms": ("ttft_ms", "ttft ms", False),
              "tpot_ms": ("tpot_ms", "tpot ms", False)},
