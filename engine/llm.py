@@ -82,7 +82,7 @@ class LLMEngine:
         if self.tracer is not None:
             self.tracer.emit("run_start", **self._run_start_fields())
             if getattr(self.tracer, "shapes", False):
-                from .shapes import register_shape_hooks
+                from .model_shapes import register_shape_hooks
 
                 self._shape_hooks = register_shape_hooks(self.model_runner.model, self.tracer)
 
@@ -242,7 +242,7 @@ class LLMEngine:
 
     def shapes_per_rank(self) -> list[dict]:
         """What each rank really allocated: parameter shapes (layer 0 + the rest) and the KV pool."""
-        from .shapes import rank_shapes
+        from .model_shapes import rank_shapes
 
         mine = rank_shapes(self.model_runner)
         return [mine] + (self._tp.call("shapes", reply=True) if self._tp is not None else [])

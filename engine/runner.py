@@ -116,7 +116,7 @@ class ModelRunner:
         for layer in self.attn_layers:
             layer.backend = backend
         self.sampler = Sampler(config.seed, self.device)
-        # One-pass Triton Gumbel-max (engine/kernels/sampling.py) instead of the torch sampler's passes
+        # One-pass Triton Gumbel-max (engine/kernels/gumbel_sampler.py) instead of the torch sampler's passes
         # over the logits ("auto": on CUDA); top-k/top-p batches keep the torch sampler.
         self.fused_sampler = config.sampler == "triton" or (config.sampler == "auto" and self.device.type == "cuda")
         self._sample_calls = 0
@@ -320,7 +320,7 @@ class ModelRunner:
         temps = [s.temperature for s in seqs]
         temperatures = self._to_device_async(temps, torch.float32)
         if self.fused_sampler and not any(s.top_k > 0 or s.top_p < 1.0 for s in seqs):
-            from .kernels.sampling import gumbel_argmax
+            from .kernels.gumbel_sampler import gumbel_argmax
 
             self._sample_calls += 1
             return gumbel_argmax(logits, temperatures, self.config.seed * 1_000_003 + self._sample_calls).tolist()

@@ -68,7 +68,7 @@ from .distributed import set_tp
 from .rendezvous import (WatchedStore, connect_store, destroy_group, init_group, serve_store, set_group_timeout,
                          socket_env, start_timeout_s)
 from .runner import ModelRunner
-from .shapes import rank_shapes
+from .model_shapes import rank_shapes
 
 HEADER_BYTES = 16
 _ERROR_CALL = 0xFFFFFFFF  # call number of a reply slot holding a worker's dying words

@@ -14,9 +14,9 @@ def test_no_tracer_means_no_event_work(tiny_model, monkeypatch):
 
     for name in ("_trace_schedule", "_trace_postprocess", "_run_start_fields"):
         monkeypatch.setattr(LLMEngine, name, boom)
-    import engine.shapes
+    import engine.model_shapes
 
-    monkeypatch.setattr(engine.shapes, "register_shape_hooks", boom)
+    monkeypatch.setattr(engine.model_shapes, "register_shape_hooks", boom)
     llm = LLM(tiny_model, enforce_eager=True, max_model_len=256, kvcache_block_size=16, num_kvcache_blocks=16,
               max_num_batched_tokens=32)
     outs = llm.generate([[100] * 40, [200] * 7], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),

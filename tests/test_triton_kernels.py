@@ -170,7 +170,7 @@ def test_varlen_prefill_matches_reference(dtype, tol, paged, block_size):
 
 
 def test_gumbel_argmax_greedy_rows_are_argmax_and_sampled_rows_follow_the_distribution():
-    from engine.kernels.sampling import gumbel_argmax
+    from engine.kernels.gumbel_sampler import gumbel_argmax
 
     g = torch.Generator().manual_seed(7)
     logits = (torch.randn(3, 300, generator=g) * 3).to(DEVICE)
@@ -189,7 +189,7 @@ def test_gumbel_argmax_greedy_rows_are_argmax_and_sampled_rows_follow_the_distri
 
 
 def test_gumbel_argmax_draw_does_not_depend_on_how_the_vocabulary_is_split():
-    from engine.kernels.sampling import gumbel_argmax
+    from engine.kernels.gumbel_sampler import gumbel_argmax
 
     g = torch.Generator().manual_seed(11)
     logits = (torch.randn(4, 1000, generator=g) * 2).to(DEVICE)
@@ -203,7 +203,7 @@ def test_gumbel_argmax_draw_does_not_depend_on_how_the_vocabulary_is_split():
 
 
 def test_gumbel_argmax_all_minus_inf_row_gives_index_zero_like_torch():
-    from engine.kernels.sampling import gumbel_argmax
+    from engine.kernels.gumbel_sampler import gumbel_argmax
 
     logits = torch.full((1, 300), float("-inf"), device=DEVICE)
     assert gumbel_argmax(logits, torch.zeros(1, device=DEVICE), seed=1, block=64, num_chunks=4).tolist() == [0]
