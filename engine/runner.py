@@ -8,13 +8,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .backends import load_backend
 from .config import Config
 from .context import Context, reset_context, set_context
-from .device import num_sms, resolve_attention_backend, resolve_device, resolve_dtype
+from .device import num_sms, resolve_device, resolve_dtype
 from .distributed import all_reduce_min, set_tp
+from .kernel_choice import choose_kernels
 from .kv_layout import pool_shape
-from .layers import fused
 from .layers.attention import Attention
 from .loader import load_model
 from .models.qwen3 import Qwen3ForCausalLM
@@ -95,30 +94,18 @@ class ModelRunner:
         self.block_size = config.kvcache_block_size
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, hf)
-        self.attention_backend = resolve_attention_backend(config.attention_backend, self.device)
-        backend = load_backend(self.attention_backend)
-        self.backend = backend
+        # Every kernel decision (attention backend, compiled ops, our Triton kernels, sampler), made once here.
+        self.kernels = choose_kernels(config, self.device)
+        self.attention_backend = self.kernels.attention
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.compiled = bool(config.torch_compile) and self.device.type == "cuda" and not config.enforce_eager
-        fused.set_compile(self.compiled)
-        fused.set_custom_kernels(bool(config.custom_kernels) and self.device.type == "cuda")
-        try:
-            with _default_dtype_device(self.dtype, self.device):
-                self.model = Qwen3ForCausalLM(hf)
-        finally:
-            fused.set_compile(False)
-            fused.set_custom_kernels(False)
+        with _default_dtype_device(self.dtype, self.device):
+            self.model = Qwen3ForCausalLM(hf, self.kernels)
         load_model(self.model, config.model)
         # Buffers computed on the CPU for exactness (the RoPE table) follow the parameters to the device.
         self.model.to(self.device).eval()
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        for layer in self.attn_layers:
-            layer.backend = backend
         self.sampler = Sampler(config.seed, self.device)
-        # One-pass Triton Gumbel-max (engine/kernels/gumbel_sampler.py) instead of the torch sampler's passes
-        # over the logits ("auto": on CUDA); top-k/top-p batches keep the torch sampler.
-        self.fused_sampler = config.sampler == "triton" or (config.sampler == "auto" and self.device.type == "cuda")
         self._sample_calls = 0
         self.num_kv_heads = self.attn_layers[0].num_kv_heads
         self.head_dim = self.attn_layers[0].head_dim
@@ -128,7 +115,7 @@ class ModelRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_bs: list[int] = []
         self.graph_capture_seconds = None
-        if self.device.type == "cuda" and not config.enforce_eager and getattr(backend, "GRAPH_SAFE", False):
+        if self.device.type == "cuda" and not config.enforce_eager and self.kernels.graph_safe:
             t0 = time.perf_counter()
             self.capture_cudagraph()
             self.graph_capture_seconds = time.perf_counter() - t0
@@ -217,7 +204,7 @@ class ModelRunner:
         if cu_k[-1] > cu_q[-1]:  # some sequence attends to a cached prefix
             block_tables = self._block_tables(seqs)
         kernel_tables = block_tables
-        if kernel_tables is None and getattr(self.backend, "NEEDS_PREFILL_BLOCK_TABLES", False) and seqs[0].block_table:
+        if kernel_tables is None and self.kernels.prefill_block_tables and seqs[0].block_table:
             kernel_tables = self._block_tables(seqs)
         return StepInputs(input_ids, positions, slot_mapping, cu_q, cu_k, max_q, max_k, None, block_tables,
                           kernel_tables)
@@ -319,7 +306,9 @@ class ModelRunner:
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         temps = [s.temperature for s in seqs]
         temperatures = self._to_device_async(temps, torch.float32)
-        if self.fused_sampler and not any(s.top_k > 0 or s.top_p < 1.0 for s in seqs):
+        # One-pass Triton Gumbel-max instead of the torch sampler's passes over the logits; top-k/top-p batches
+        # keep the torch sampler.
+        if self.kernels.gumbel_sampler and not any(s.top_k > 0 or s.top_p < 1.0 for s in seqs):
             from .kernels.gumbel_sampler import gumbel_argmax
 
             self._sample_calls += 1

@@ -50,10 +50,14 @@ def test_custom_kernels_in_the_model_match_transformers(tiny_model, hf_logits, m
     on CUDA, and the GEMV only while a CUDA graph is captured, so both switches are forced here."""
     import torch
 
-    from engine.kernels import small_gemm
-    from engine.layers import fused
+    import dataclasses
 
-    monkeypatch.setattr(fused, "custom_kernels_enabled", lambda: True)
+    import engine.runner
+    from engine.kernels import small_gemm
+
+    choose = engine.runner.choose_kernels
+    monkeypatch.setattr(engine.runner, "choose_kernels",
+                        lambda *a: dataclasses.replace(choose(*a), custom_kernels=True))
     llm = _llm(tiny_model, "triton", max_num_batched_tokens=16)
     monkeypatch.undo()
     calls = []

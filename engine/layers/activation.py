@@ -5,9 +5,9 @@ from . import fused
 
 
 class SiluAndMul(nn.Module):
-    def __init__(self):
+    def __init__(self, kernels):
         super().__init__()
-        self._fn = fused.get(fused.silu_and_mul)
+        self._fn = kernels.elementwise(fused.silu_and_mul)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._fn(x)

@@ -8,7 +8,7 @@ from ..context import get_context
 
 
 class Attention(nn.Module):
-    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int):
+    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int, backend):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim
@@ -17,7 +17,7 @@ class Attention(nn.Module):
         # Views into the runner's KV pool, [num_blocks, num_kv_heads, block_size, head_dim] (engine/kv_layout.py);
         # empty during warm-up.
         self.k_cache = self.v_cache = torch.tensor([])
-        self.backend = None  # set by the runner (engine.backends)
+        self.backend = backend  # a module of engine/backends (the engine's KernelChoice.backend)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_context()

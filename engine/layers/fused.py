@@ -1,34 +1,15 @@
 """The small elementwise pieces of a decoder layer as plain functions, optionally torch.compile'd.
 
 Eagerly each is 3-10 tiny kernels; at decode batch sizes a kernel costs a few microseconds however little
-it does, so 28 layers of them dominate a step. torch.compile fuses each function into one kernel. The
-runner turns compilation on (CUDA only, `Config.torch_compile`) before it builds the model; layers pick
-their functions at construction, so engines built without it keep the plain versions."""
+it does, so 28 layers of them dominate a step. torch.compile fuses each function into one kernel. Whether a
+layer uses the compiled or the plain function is the engine's KernelChoice (engine/kernel_choice.py), which
+layers consult when they are built."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-_COMPILE = False
-_CUSTOM = False
 _compiled: dict = {}
-# The largest row count (tokens in a step) the Triton GEMV serves; above it cuBLAS's tiles fill the GPU.
-SMALL_GEMM_MAX_ROWS = 16
-
-
-def set_compile(enabled: bool) -> None:
-    global _COMPILE
-    _COMPILE = enabled
-
-
-def set_custom_kernels(enabled: bool) -> None:
-    """Our Triton kernels (decode-sized GEMV, fused q/k norm + RoPE) for layers built from now on."""
-    global _CUSTOM
-    _CUSTOM = enabled
-
-
-def custom_kernels_enabled() -> bool:
-    return _CUSTOM
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -63,10 +44,8 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos_sin: torch.Tensor):
     return rope(rms_norm(q, q_weight, eps), cos, sin), rope(rms_norm(k, k_weight, eps), cos, sin)
 
 
-def get(fn):
-    """`fn`, compiled when compilation is on (one compiled wrapper per function per process)."""
-    if not _COMPILE:
-        return fn
+def compiled(fn):
+    """`fn` torch.compile'd (one compiled wrapper per function per process)."""
     if fn not in _compiled:
         import torch._inductor.config as inductor_config
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed import all_reduce, tp_rank, tp_size
-from . import fused
+from ..kernel_choice import SMALL_GEMM_MAX_ROWS
 
 
 def _divide(numerator: int, denominator: int, what: str) -> int:
@@ -17,7 +17,9 @@ def _divide(numerator: int, denominator: int, what: str) -> int:
 
 
 class LinearBase(nn.Module):
-    def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None):
+    """`kernels`: the engine's KernelChoice (custom_kernels: our GEMV for decode-sized batches)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None, kernels):
         super().__init__()
         self.tp_dim = tp_dim
         self.tp_rank = tp_rank()
@@ -31,12 +33,12 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
         # Decode-sized batches in CUDA graphs: our split-K GEMV keeps every SM reading the weight where
         # cuBLAS's tiles leave most idle (docs/perf.md); chosen at construction, like the compiled ops.
-        self._small_gemm = fused.custom_kernels_enabled()
+        self._small_gemm = kernels.custom_kernels
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         # Only inside CUDA graphs: launched eagerly from Python, two Triton launches cost more host time
         # than cuBLAS's one, and an eager step is host-bound at these sizes anyway.
-        if self._small_gemm and x.shape[0] <= fused.SMALL_GEMM_MAX_ROWS and x.dim() == 2 \
+        if self._small_gemm and x.shape[0] <= SMALL_GEMM_MAX_ROWS and x.dim() == 2 \
                 and torch.cuda.is_current_stream_capturing():
             from ..kernels.small_gemm import small_matmul
 
@@ -47,22 +49,11 @@ class LinearBase(nn.Module):
         raise NotImplementedError
 
 
-class ReplicatedLinear(LinearBase):
-    def __init__(self, input_size: int, output_size: int, bias: bool = False):
-        super().__init__(input_size, output_size, bias, None)
-
-    def weight_loader(self, param, loaded):
-        param.data.copy_(loaded)
-
-    def forward(self, x):
-        return self.matmul(x)
-
-
 class ColumnParallelLinear(LinearBase):
     """Output features split across ranks; no communication."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False):
-        super().__init__(input_size, _divide(output_size, tp_size(), "output size"), bias, 0)
+    def __init__(self, input_size: int, output_size: int, kernels, bias: bool = False):
+        super().__init__(input_size, _divide(output_size, tp_size(), "output size"), bias, 0, kernels)
 
     def weight_loader(self, param, loaded):
         shard = param.data.size(self.tp_dim)
@@ -75,9 +66,9 @@ class ColumnParallelLinear(LinearBase):
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel projections stored as one (gate_up)."""
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False):
+    def __init__(self, input_size: int, output_sizes: list[int], kernels, bias: bool = False):
         self.output_sizes = output_sizes
-        super().__init__(input_size, sum(output_sizes), bias)
+        super().__init__(input_size, sum(output_sizes), kernels, bias)
 
     def weight_loader(self, param, loaded, shard_id: int):
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
@@ -89,14 +80,14 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections as one matrix; each rank holds its heads of each."""
 
-    def __init__(self, hidden_size: int, head_size: int, total_num_heads: int, total_num_kv_heads: int,
+    def __init__(self, hidden_size: int, head_size: int, total_num_heads: int, total_num_kv_heads: int, kernels,
                  bias: bool = False):
         size = tp_size()
         self.head_size = head_size
         self.num_heads = _divide(total_num_heads, size, "num_attention_heads")
         self.num_kv_heads = _divide(total_num_kv_heads, size, "num_key_value_heads")
         output_size = (total_num_heads + 2 * total_num_kv_heads) * head_size
-        super().__init__(hidden_size, output_size, bias)
+        super().__init__(hidden_size, output_size, kernels, bias)
 
     def weight_loader(self, param, loaded, shard_id: str):
         q = self.num_heads * self.head_size
@@ -109,8 +100,8 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(LinearBase):
     """Input features split across ranks; partial results are summed with an all-reduce."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False):
-        super().__init__(_divide(input_size, tp_size(), "input size"), output_size, bias, 1)
+    def __init__(self, input_size: int, output_size: int, kernels, bias: bool = False):
+        super().__init__(_divide(input_size, tp_size(), "input size"), output_size, bias, 1, kernels)
 
     def weight_loader(self, param, loaded):
         if param.data.dim() == 1:  # bias: added once, on rank 0's partial sum

@@ -7,14 +7,15 @@ from . import fused
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm; with `residual` it first adds it (the fused add used between sublayers) and returns both."""
+    """RMSNorm; with `residual` it first adds it (the fused add used between sublayers) and returns both.
+    `kernels`: the engine's KernelChoice (compiled or plain elementwise functions)."""
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6):
+    def __init__(self, hidden_size: int, eps: float, kernels):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
-        self._norm = fused.get(fused.rms_norm)
-        self._add_norm = fused.get(fused.add_rms_norm)
+        self._norm = kernels.elementwise(fused.rms_norm)
+        self._add_norm = kernels.elementwise(fused.add_rms_norm)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..kernel_choice import KernelChoice
 from ..layers import fused
 from ..layers.activation import SiluAndMul
 from ..layers.attention import Attention
@@ -24,26 +25,28 @@ def _rope_theta(config) -> float:
 
 
 class Qwen3Attention(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, kernels: KernelChoice):
         super().__init__()
         hidden = config.hidden_size
         self.head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
         self.qkv_proj = QKVParallelLinear(hidden, self.head_dim, config.num_attention_heads,
-                                          config.num_key_value_heads, bias=getattr(config, "attention_bias", False))
+                                          config.num_key_value_heads, kernels,
+                                          bias=getattr(config, "attention_bias", False))
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, hidden,
+        self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, hidden, kernels,
                                         bias=getattr(config, "attention_bias", False))
         self.rotary_emb = RotaryEmbedding(self.head_dim, config.max_position_embeddings, _rope_theta(config))
-        self.attn = Attention(self.num_heads, self.head_dim, self.head_dim ** -0.5, self.num_kv_heads)
-        self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.attn = Attention(self.num_heads, self.head_dim, self.head_dim ** -0.5, self.num_kv_heads,
+                              kernels.backend)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels)
         # Per-head q/k RMSNorm and RoPE in one function: our single Triton kernel (CUDA, custom kernels
         # on), else torch.compile's fusion of it, else plain torch.
-        self._qk_norm_rope = fused.get(fused.qk_norm_rope)
-        self._qk_kernel = fused.custom_kernels_enabled()
+        self._qk_norm_rope = kernels.elementwise(fused.qk_norm_rope)
+        self._qk_kernel = kernels.custom_kernels
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
@@ -67,25 +70,25 @@ class Qwen3Attention(nn.Module):
 
 
 class Qwen3MLP(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, kernels: KernelChoice):
         super().__init__()
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"model: hidden_act {config.hidden_act!r} is not supported (only silu)")
-        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2)
-        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size)
-        self.act_fn = SiluAndMul()
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2, kernels)
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, kernels)
+        self.act_fn = SiluAndMul(kernels)
 
     def forward(self, x):
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, kernels: KernelChoice):
         super().__init__()
-        self.self_attn = Qwen3Attention(config)
-        self.mlp = Qwen3MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = Qwen3Attention(config, kernels)
+        self.mlp = Qwen3MLP(config, kernels)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
 
     def forward(self, positions, hidden, residual):
         if residual is None:
@@ -99,11 +102,11 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, kernels: KernelChoice):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList([Qwen3DecoderLayer(config) for _ in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList([Qwen3DecoderLayer(config, kernels) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
 
     def forward(self, input_ids, positions):
         hidden = self.embed_tokens(input_ids)
@@ -124,9 +127,9 @@ class Qwen3ForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, config):
+    def __init__(self, config, kernels: KernelChoice):
         super().__init__()
-        self.model = Qwen3Model(config)
+        self.model = Qwen3Model(config, kernels)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
