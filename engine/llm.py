@@ -345,11 +345,16 @@ class LLMEngine:
             {"seq_id": s.seq_id, "request_id": s.request_id, "num_tokens": s.num_tokens,
              "num_cached_tokens": s.num_cached_tokens, "num_scheduled_tokens": s.num_scheduled_tokens,
              "block_table": list(s.block_table)} for s in seqs])
+        # The event keeps nano-vLLM's rule: a prefill has block tables only when it reads a cached prefix (the
+        # triton backend is handed them in every prefill).
+        tables = inputs.block_tables
+        if is_prefill and inputs.cu_seqlens_k[-1] == inputs.cu_seqlens_q[-1]:
+            tables = None
         tracer.emit("gpu_inputs", num_input_ids=len(inputs.input_ids), positions=inputs.positions,
                     slot_mapping=inputs.slot_mapping, cu_seqlens_q=inputs.cu_seqlens_q,
                     cu_seqlens_k=inputs.cu_seqlens_k, max_seqlen_q=inputs.max_seqlen_q,
                     max_seqlen_k=inputs.max_seqlen_k, context_lens=inputs.context_lens,
-                    block_tables=inputs.block_tables, execution=inputs.execution, graph_batch=inputs.graph_batch)
+                    block_tables=tables, execution=inputs.execution, graph_batch=inputs.graph_batch)
 
     def _trace_postprocess(self, seqs, token_ids, accepted, held):
         bm = self.scheduler.block_manager

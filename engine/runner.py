@@ -36,10 +36,9 @@ class StepInputs:
     max_seqlen_q: int | None = None
     max_seqlen_k: int | None = None
     context_lens: list[int] | None = None
+    # Each sequence's blocks, rows padded with -1: in decode, in a prefill that reads a cached prefix, and in
+    # every prefill for a backend that reads all keys through the pool (KernelChoice.prefill_block_tables).
     block_tables: list[list[int]] | None = None
-    # Prefill block tables for backends that read every key through the pool (triton), even
-    # when nothing is cached; `block_tables` keeps nano's meaning (only with a cached prefix).
-    kernel_block_tables: list[list[int]] | None = None
     execution: str = "eager"
     graph_batch: int | None = None
 
@@ -68,7 +67,7 @@ def fill_graph_inputs(a, inputs: StepInputs, max_bs: int, max_blocks: int) -> in
     a[2 * max_bs + bs:2 * max_bs + bucket] = -1
     a[3 * max_bs:3 * max_bs + bs] = inputs.context_lens
     a[3 * max_bs + bs:3 * max_bs + bucket] = 0
-    tables = inputs.kernel_block_tables
+    tables = inputs.block_tables
     a[4 * max_bs:4 * max_bs + bs * max_blocks].reshape(bs, max_blocks)[:, :len(tables[0])] = tables
     return 4 * max_bs + bs * max_blocks
 
@@ -201,13 +200,11 @@ class ModelRunner:
             if seq.block_table:  # warm-up sequences have none
                 slot_mapping.extend(self._slots(seq, start, end))
         block_tables = None
-        if cu_k[-1] > cu_q[-1]:  # some sequence attends to a cached prefix
+        # Some sequence attends to a cached prefix, or the backend pages every prefill (not warm-up's, which
+        # has no pool yet).
+        if cu_k[-1] > cu_q[-1] or (self.kernels.prefill_block_tables and seqs[0].block_table):
             block_tables = self._block_tables(seqs)
-        kernel_tables = block_tables
-        if kernel_tables is None and self.kernels.prefill_block_tables and seqs[0].block_table:
-            kernel_tables = self._block_tables(seqs)
-        return StepInputs(input_ids, positions, slot_mapping, cu_q, cu_k, max_q, max_k, None, block_tables,
-                          kernel_tables)
+        return StepInputs(input_ids, positions, slot_mapping, cu_q, cu_k, max_q, max_k, None, block_tables)
 
     def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
         input_ids = [seq.last_token for seq in seqs]
@@ -216,8 +213,7 @@ class ModelRunner:
         bs = self.block_size
         slot_mapping = [seq.block_table[-1] * bs + seq.last_block_num_tokens - 1 for seq in seqs]
         tables = self._block_tables(seqs)
-        inputs = StepInputs(input_ids, positions, slot_mapping, context_lens=context_lens, block_tables=tables,
-                            kernel_block_tables=tables)
+        inputs = StepInputs(input_ids, positions, slot_mapping, context_lens=context_lens, block_tables=tables)
         if self.graphs and len(seqs) <= self.graph_bs[-1]:
             inputs.execution = "graph"
             inputs.graph_batch = next(b for b in self.graph_bs if b >= len(seqs))
@@ -258,7 +254,7 @@ class ModelRunner:
     def _set_context(self, inputs: StepInputs, is_prefill: bool):
         t = self._upload(torch.int32, cu_seqlens_q=inputs.cu_seqlens_q, cu_seqlens_k=inputs.cu_seqlens_k,
                          slot_mapping=inputs.slot_mapping, context_lens=inputs.context_lens,
-                         block_tables=inputs.kernel_block_tables)
+                         block_tables=inputs.block_tables)
         set_context(Context(
             is_prefill=is_prefill,
             cu_seqlens_q=t.get("cu_seqlens_q"),

@@ -70,3 +70,18 @@ def test_custom_kernels_in_the_model_match_transformers(tiny_model, hf_logits, m
     rows = _teacher_forced(llm, [a, _prompt(9, 93)], max_tokens=3)
     assert calls  # decode steps (2 rows) and the 9-token prefill went through the GEMV
     _check(rows, hf_logits, 6)
+
+
+def test_triton_prefill_is_paged_but_the_event_keeps_nanos_block_tables(tiny_model):
+    """The triton backend reads every prefill key through the pool, so the runner hands it block tables in a
+    prefill without a cached prefix; the gpu_inputs event still records null there, as nano-vLLM has none."""
+    from engine.trace import ListTracer
+
+    tracer = ListTracer()
+    llm = _llm(tiny_model, "triton", tracer=tracer)
+    llm.add_request(_prompt(20, 5), SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    result = llm.step()
+    assert result.phase == "prefill" and [len(row) for row in result.inputs.block_tables] == [2]
+    event = [e for e in tracer.events if e["event"] == "gpu_inputs"][-1]
+    assert event["step"] == 1 and event["block_tables"] is None
+    llm.exit()

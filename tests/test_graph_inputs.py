@@ -9,7 +9,7 @@ from engine.runner import StepInputs, fill_graph_inputs, graph_input_views
 
 def _decode(ids, positions, slots, ctx, tables, bucket):
     return StepInputs(input_ids=ids, positions=positions, slot_mapping=slots, context_lens=ctx,
-                      block_tables=tables, kernel_block_tables=tables, execution="graph", graph_batch=bucket)
+                      block_tables=tables, execution="graph", graph_batch=bucket)
 
 
 def _upload(host, n):
