@@ -78,19 +78,46 @@ class LLMEngine:
         atexit.register(self._atexit)
         if self._tp is not None:
             weakref.finalize(self, self._tp.shutdown)
-        self._shape_hooks = []
         if self.tracer is not None:
             self.tracer.emit("run_start", **self._run_start_fields())
             if getattr(self.tracer, "shapes", False):
                 from .model_shapes import register_shape_hooks
 
-                self._shape_hooks = register_shape_hooks(self.model_runner.model, self.tracer)
+                register_shape_hooks(self.model_runner.model, self.tracer)
 
-    # --- requests -------------------------------------------------------------------------------
+    # --- what this engine resolved its settings to (rank 0's; every rank resolves the same) -------------
     @property
     def device(self) -> torch.device:
         return self.model_runner.device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model_runner.dtype
+
+    @property
+    def attention_backend(self) -> str:
+        """The backend in use ("auto" resolved): "flash_attn", "triton" or "torch"."""
+        return self.model_runner.attention_backend
+
+    @property
+    def execution(self) -> str:
+        """How decode steps run: "graph" when CUDA graphs were captured, else "eager"."""
+        return self.model_runner.execution
+
+    @property
+    def graph_capture_seconds(self) -> float | None:
+        """Time spent capturing CUDA graphs at start-up (part of init_seconds); None when none were captured."""
+        return self.model_runner.graph_capture_seconds
+
+    def read_kv(self, slots: list[int]) -> torch.Tensor:
+        """K and V as written in the KV pool at the given slots: [2, layers, len(slots), kv_heads, head_dim]
+        on the engine's device (rank 0's heads under tensor parallel)."""
+        from .kv_layout import read_slots
+
+        pool = self.model_runner.kv_cache
+        return read_slots(pool, torch.tensor(slots, dtype=torch.long, device=pool.device))
+
+    # --- requests -------------------------------------------------------------------------------
     @property
     def limits(self) -> RequestLimits:
         """What a request may ask of this engine (a server validates with the same object)."""
@@ -179,17 +206,12 @@ class LLMEngine:
                         running=[s.seq_id for s in sched.running], free_blocks=bm.num_free_blocks)
         queries, hits = bm.prefix_queries, bm.prefix_hits
         seqs, is_prefill = sched.schedule()
+        runner = self.model_runner
+        # The tracer sees the runner's inputs before the forward pass (its model_shape hooks fire during it).
+        on_inputs = None if tracer is None else functools.partial(self._trace_schedule, seqs, is_prefill)
         try:
-            inputs = self.model_runner.prepare(seqs, is_prefill)
-            if tracer is not None:
-                self._trace_schedule(seqs, is_prefill, inputs)
-            runner = self.model_runner
-            if choose_tokens is None:
-                token_ids = self._on_all_ranks("run", (seqs, is_prefill), lambda: runner.run(seqs, is_prefill, inputs))
-            else:
-                logits = self._on_all_ranks("forward_logits", (inputs, is_prefill),
-                                            lambda: runner.forward_logits(inputs, is_prefill))
-                token_ids = list(choose_tokens(seqs, logits))
+            token_ids, inputs = self._on_all_ranks(
+                "run", (seqs, is_prefill), lambda: runner.run(seqs, is_prefill, on_inputs, choose_tokens))
         except Exception as exc:
             raise self._step_failed(seqs, exc) from exc
         if tracer is not None:

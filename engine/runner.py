@@ -20,6 +20,7 @@ from .models.qwen3 import Qwen3ForCausalLM
 from .profiling import phase
 from .sampling import Sampler
 from .sequence import Sequence
+from .staging import Staging
 
 # A CPU KV pool takes at most this much memory unless num_kvcache_blocks / kvcache_memory_bytes say otherwise.
 DEFAULT_CPU_KV_BYTES = 512 << 20
@@ -103,6 +104,7 @@ class ModelRunner:
         load_model(self.model, config.model)
         # Buffers computed on the CPU for exactness (the RoPE table) follow the parameters to the device.
         self.model.to(self.device).eval()
+        self.staging = Staging(self.device)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.sampler = Sampler(config.seed, self.device)
         self._sample_calls = 0
@@ -145,6 +147,7 @@ class ModelRunner:
         for seq in seqs:
             seq.num_scheduled_tokens = seq_len
         self.run(seqs, True)
+        self.staging.release()  # its buffers come back after the KV pool is sized, as other step tensors do
         torch.cuda.empty_cache()
 
     def allocate_kv_cache(self):
@@ -224,37 +227,23 @@ class ModelRunner:
         width = max(len(seq.block_table) for seq in seqs)
         return [seq.block_table + [-1] * (width - len(seq.block_table)) for seq in seqs]
 
-    def _to_device(self, values, dtype=torch.int64) -> torch.Tensor:
-        # Pageable memory on purpose: pinning a fresh tensor costs more than the small copy it speeds up.
-        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+    # --- execution ------------------------------------------------------------------------------
+    @phase("engine::prepare")
+    def prepare(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
+        return self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
 
-    @phase("engine::upload")
-    def _upload(self, dtype: torch.dtype, **parts) -> dict[str, torch.Tensor]:
-        """Several host lists (a list of equal-length rows for 2-D) in one host-to-device copy."""
-        flat: list[int] = []
-        shapes = {}
-        for name, values in parts.items():
-            if values is None:
-                continue
-            if values and isinstance(values[0], list):
-                shapes[name] = (len(values), len(values[0]))
-                for row in values:
-                    flat.extend(row)
-            else:
-                shapes[name] = (len(values),)
-                flat.extend(values)
-        buf = self._to_device(flat, dtype)
-        out, at = {}, 0
-        for name, shape in shapes.items():
-            n = shape[0] * (shape[1] if len(shape) == 2 else 1)
-            out[name] = buf[at:at + n].view(shape)
-            at += n
-        return out
-
-    def _set_context(self, inputs: StepInputs, is_prefill: bool):
-        t = self._upload(torch.int32, cu_seqlens_q=inputs.cu_seqlens_q, cu_seqlens_k=inputs.cu_seqlens_k,
-                         slot_mapping=inputs.slot_mapping, context_lens=inputs.context_lens,
-                         block_tables=inputs.block_tables)
+    @phase("engine::forward")
+    @torch.inference_mode()
+    def forward_logits(self, inputs: StepInputs, is_prefill: bool) -> torch.Tensor:
+        """Logits of each sequence's last position for this step: [num_seqs, vocab] (None off rank 0)."""
+        set_tp(self.rank, self.world_size)
+        if inputs.execution == "graph":
+            return self._replay(inputs)
+        i32, i64 = torch.int32, torch.int64
+        t = self.staging.upload(input_ids=(inputs.input_ids, i64), positions=(inputs.positions, i64),
+                                cu_seqlens_q=(inputs.cu_seqlens_q, i32), cu_seqlens_k=(inputs.cu_seqlens_k, i32),
+                                slot_mapping=(inputs.slot_mapping, i32), context_lens=(inputs.context_lens, i32),
+                                block_tables=(inputs.block_tables, i32))
         set_context(Context(
             is_prefill=is_prefill,
             cu_seqlens_q=t.get("cu_seqlens_q"),
@@ -268,61 +257,46 @@ class ModelRunner:
             cu_seqlens_k_host=inputs.cu_seqlens_k,
             context_lens_host=inputs.context_lens,
         ))
-
-    # --- execution ------------------------------------------------------------------------------
-    @phase("engine::prepare")
-    def prepare(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
-        return self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
-
-    @phase("engine::forward")
-    @torch.inference_mode()
-    def forward_logits(self, inputs: StepInputs, is_prefill: bool) -> torch.Tensor:
-        """Logits of each sequence's last position for this step: [num_seqs, vocab] (None off rank 0)."""
-        set_tp(self.rank, self.world_size)
-        if inputs.execution == "graph":
-            return self._replay(inputs)
-        self._set_context(inputs, is_prefill)
         try:
-            ids = self._upload(torch.int64, input_ids=inputs.input_ids, positions=inputs.positions)
-            hidden = self.model(ids["input_ids"], ids["positions"])
+            hidden = self.model(t["input_ids"], t["positions"])
             return self.model.compute_logits(hidden)
         finally:
             reset_context()
-
-    def _to_device_async(self, values, dtype) -> torch.Tensor:
-        # Pinned, so the copy does not wait for the forward pass still running on the device: the sampler's
-        # launches overlap it and the step's only wait is fetching the ids.
-        t = torch.tensor(values, dtype=dtype)
-        if self.device.type == "cuda":
-            t = t.pin_memory()
-        return t.to(self.device, non_blocking=True)
 
     @phase("engine::sample")
     @torch.inference_mode()
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         temps = [s.temperature for s in seqs]
-        temperatures = self._to_device_async(temps, torch.float32)
+        top_k = any(s.top_k > 0 for s in seqs)
+        top_p = any(s.top_p < 1.0 for s in seqs)
+        # Copied while the forward pass may still run: the step's only wait is fetching the sampled ids.
+        dev = self.staging.upload(temperatures=(temps, torch.float32),
+                                  top_ks=([s.top_k for s in seqs] if top_k else None, torch.int64),
+                                  top_ps=([s.top_p for s in seqs] if top_p else None, torch.float32))
+        temperatures = dev["temperatures"]
         # One-pass Triton Gumbel-max instead of the torch sampler's passes over the logits; top-k/top-p batches
         # keep the torch sampler.
-        if self.kernels.gumbel_sampler and not any(s.top_k > 0 or s.top_p < 1.0 for s in seqs):
+        if self.kernels.gumbel_sampler and not (top_k or top_p):
             from .kernels.gumbel_sampler import gumbel_argmax
 
             self._sample_calls += 1
             return gumbel_argmax(logits, temperatures, self.config.seed * 1_000_003 + self._sample_calls).tolist()
         greedy = sum(t <= 0 for t in temps)
         greedy_rows = "all" if greedy == len(temps) else ("none" if greedy == 0 else "some")
-        top_ks = top_ps = None
-        if any(s.top_k > 0 for s in seqs):
-            top_ks = self._to_device_async([s.top_k for s in seqs], torch.int64)
-        if any(s.top_p < 1.0 for s in seqs):
-            top_ps = self._to_device_async([s.top_p for s in seqs], torch.float32)
-        return self.sampler(logits, temperatures, top_ks, top_ps, greedy_rows).tolist()
+        return self.sampler(logits, temperatures, dev.get("top_ks"), dev.get("top_ps"), greedy_rows).tolist()
 
-    def run(self, seqs: list[Sequence], is_prefill: bool, inputs: StepInputs | None = None) -> list[int]:
-        if inputs is None:
-            inputs = self.prepare(seqs, is_prefill)
+    def run(self, seqs: list[Sequence], is_prefill: bool, on_inputs=None,
+            choose_tokens=None) -> tuple[list[int] | None, StepInputs]:
+        """One step on this rank: build the inputs, run the model and, on rank 0 (where the logits are
+        gathered), pick the tokens: sampled, or `choose_tokens(seqs, logits)`'s. Returns (tokens or None,
+        the inputs). `on_inputs(inputs)` sees the inputs before the forward pass (the engine's tracer)."""
+        inputs = self.prepare(seqs, is_prefill)
+        if on_inputs is not None:
+            on_inputs(inputs)
         logits = self.forward_logits(inputs, is_prefill)
-        return self.sample(seqs, logits) if self.rank == 0 else None  # logits are gathered on rank 0
+        if self.rank != 0:
+            return None, inputs
+        return (self.sample(seqs, logits) if choose_tokens is None else list(choose_tokens(seqs, logits))), inputs
 
     # --- CUDA graphs ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -331,8 +305,8 @@ class ModelRunner:
         a batch larger than the largest bucket runs eagerly.
 
         Every graph input lives in one int32 device buffer laid out [ids | positions | slots | context
-        lengths | block tables] (graph_input_views), mirrored by a pinned host buffer: a step fills the
-        host copy and uploads it with a single asynchronous copy, instead of one copy kernel per input."""
+        lengths | block tables] (graph_input_views); a step fills it through the staging buffer with a single
+        asynchronous copy, instead of one copy kernel per input."""
         from .kernels.decode_attention import num_splits_for
 
         cfg = self.config
@@ -342,11 +316,9 @@ class ModelRunner:
         hidden = cfg.hf_config.hidden_size
         dev = self.device
         size = 4 * max_bs + max_bs * max_blocks
-        self._stage_dev = torch.zeros(size, dtype=torch.int32, device=dev)
-        self._stage_host = torch.zeros(size, dtype=torch.int32, pin_memory=True)
-        self._stage_np = self._stage_host.numpy()
-        self._stage_copied = None  # event: the last upload has left the host buffer
-        self.graph_vars = gv = graph_input_views(self._stage_dev, max_bs, max_blocks)
+        self._graph_inputs = torch.zeros(size, dtype=torch.int32, device=dev)
+        self.staging.reserve(self._graph_inputs.numel() * self._graph_inputs.element_size())
+        self.graph_vars = gv = graph_input_views(self._graph_inputs, max_bs, max_blocks)
         gv["outputs"] = torch.zeros(max_bs, hidden, dtype=self.dtype, device=dev)
         gv["slot_mapping"].fill_(-1)
         self.graph_max_bs, self.graph_max_blocks = max_bs, max_blocks
@@ -368,19 +340,9 @@ class ModelRunner:
             torch.cuda.synchronize()
             reset_context()
 
-    @phase("engine::upload")
-    def _stage_graph_inputs(self, inputs: StepInputs) -> None:
-        """Fill the pinned host mirror of the graph inputs and upload it in one asynchronous copy."""
-        if self._stage_copied is not None:
-            self._stage_copied.synchronize()  # never overwrite host memory a pending copy still reads
-        n = fill_graph_inputs(self._stage_np, inputs, self.graph_max_bs, self.graph_max_blocks)
-        self._stage_dev[:n].copy_(self._stage_host[:n], non_blocking=True)
-        if self._stage_copied is None:
-            self._stage_copied = torch.cuda.Event()
-        self._stage_copied.record()
-
     def _replay(self, inputs: StepInputs) -> torch.Tensor:
-        self._stage_graph_inputs(inputs)
+        self.staging.upload_into(self._graph_inputs, lambda host: fill_graph_inputs(
+            host, inputs, self.graph_max_bs, self.graph_max_blocks))
         self.graphs[inputs.graph_batch].replay()
         set_context(Context(is_prefill=False))
         try:
@@ -391,7 +353,8 @@ class ModelRunner:
     def exit(self):
         self.graphs = {}
         self.graph_vars = None
-        self._stage_dev = self._stage_host = self._stage_np = self._stage_copied = None
+        self._graph_inputs = None
+        self.staging.release()
         for layer in self.attn_layers:
             layer.k_cache = layer.v_cache = torch.tensor([])
         self.kv_cache = None

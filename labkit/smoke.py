@@ -142,7 +142,7 @@ def run(
         checks = judge(got["outs"], got["token_ids"], max_tokens, vocab_size(llm), kv_blocks)
         ran_on = str(getattr(llm.config, "device", dev))
         # --graph is a request; the engine may fall back to eager (on the CPU it must).
-        execution = getattr(getattr(llm, "model_runner", None), "execution", None)
+        execution = llm.execution
     finally:
         if callable(getattr(llm, "exit", None)):
             llm.exit()

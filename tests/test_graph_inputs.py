@@ -1,10 +1,12 @@
-"""The decode graphs' input staging (one flat buffer, one copy), checked on the host: what the graph reads
-through its views after fill_graph_inputs, including padding rows and a smaller batch after a larger one."""
+"""The decode graphs' input staging (one flat buffer, one copy through engine/staging.py), checked on the host:
+what the graph reads through its views after fill_graph_inputs, including padding rows and a smaller batch
+after a larger one."""
 from __future__ import annotations
 
 import torch
 
 from engine.runner import StepInputs, fill_graph_inputs, graph_input_views
+from engine.staging import Staging
 
 
 def _decode(ids, positions, slots, ctx, tables, bucket):
@@ -12,28 +14,31 @@ def _decode(ids, positions, slots, ctx, tables, bucket):
                       block_tables=tables, execution="graph", graph_batch=bucket)
 
 
-def _upload(host, n):
-    dev = torch.full_like(host, 12345)  # stale device memory: only the uploaded prefix may be trusted
-    dev[:n] = host[:n]
-    return dev
-
-
 def test_views_see_the_step_and_padding_rows_write_nothing():
     max_bs, max_blocks = 8, 5
-    host = torch.zeros(4 * max_bs + max_bs * max_blocks, dtype=torch.int32)
-    step = _decode([11, 12, 13], [300, 4, 77], [1299, 515, 2076], [301, 5, 78],
-                   [[4, 2], [2, -1], [8, -1]], bucket=4)
-    n = fill_graph_inputs(host.numpy(), step, max_bs, max_blocks)
-    v = graph_input_views(_upload(host, n), max_bs, max_blocks)
+    staging = Staging(torch.device("cpu"))
+    # Stale device memory: only the uploaded prefix may be trusted.
+    dev = torch.full((4 * max_bs + max_bs * max_blocks,), 12345, dtype=torch.int32)
+    v = graph_input_views(dev, max_bs, max_blocks)
+    copied = []
+
+    def upload(step):
+        def fill(host):
+            copied.append(fill_graph_inputs(host, step, max_bs, max_blocks))
+            return copied[-1]
+        staging.upload_into(dev, fill)
+
+    upload(_decode([11, 12, 13], [300, 4, 77], [1299, 515, 2076], [301, 5, 78], [[4, 2], [2, -1], [8, -1]],
+                   bucket=4))
     assert v["input_ids"][:3].tolist() == [11, 12, 13]
     assert v["positions"][:3].tolist() == [300, 4, 77]
     assert v["slot_mapping"][:4].tolist() == [1299, 515, 2076, -1]  # the padding row writes no KV
     assert v["context_lens"][:4].tolist() == [301, 5, 78, 0]  # ... and attends to nothing
     assert v["block_tables"][:3, :2].tolist() == [[4, 2], [2, -1], [8, -1]]
 
-    smaller = _decode([21], [9], [2057], [10], [[8]], bucket=1)
-    n2 = fill_graph_inputs(host.numpy(), smaller, max_bs, max_blocks)
-    assert n2 < n  # the copy shrinks with the batch
-    v = graph_input_views(_upload(host, n2), max_bs, max_blocks)
+    assert (dev[copied[0]:] == 12345).all()  # the copy stops after the last table row in use
+
+    upload(_decode([21], [9], [2057], [10], [[8]], bucket=1))
+    assert copied[1] < copied[0]  # the copy shrinks with the batch
     assert v["input_ids"][:1].tolist() == [21] and v["slot_mapping"][:1].tolist() == [2057]
     assert v["context_lens"][:1].tolist() == [10] and v["block_tables"][0, 0].item() == 8

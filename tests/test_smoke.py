@@ -124,6 +124,7 @@ class FakeLLM:
             encode=lambda text: list(range(len(text.split()))),
         )
         self.token_ids, self.fail, self.exited = token_ids, fail, False
+        self.execution = "eager"
 
     def generate(self, prompts, params, use_tqdm=False):
         if self.fail:

@@ -4,8 +4,8 @@ What is timed, and what is not:
 
 - init: the `LLM(...)` constructor (the engine's own `llm.init_seconds`; `init_wall_s` is the
   constructor's wall time seen from here). Graph capture is reported apart as `graph_capture_s`
-  when the runner exposes `graph_capture_seconds` (it is part of init when the engine captures
-  while it loads).
+  (`llm.graph_capture_seconds`, part of init: the engine captures while it loads; null when it
+  captured none).
 - warm-up: `warmup.rounds` calls of `generate` before timing, each on its own random stream.
 - each timed repeat: the wall seconds of one `llm.generate(prompts, params, use_tqdm=False)`
   call, bracketed by `torch.cuda.synchronize()` on a GPU. output_throughput = output tokens
@@ -245,8 +245,7 @@ def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: d
     init_wall_s = time.perf_counter() - start
     stepper.advance()
     try:
-        runner = llm.model_runner
-        run_device = str(getattr(runner, "device", device))
+        run_device = str(llm.device)
         vocab = int(llm.config.hf_config.vocab_size)
         folded = False
 
@@ -276,7 +275,7 @@ def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: d
             stepper.advance()
         overall_before = peak_now(run_device)
         # Tensor parallel workers measure themselves and answer over the engine's control channel.
-        per_rank = getattr(llm, "peak_memory_per_rank", None) if int(llm.config.tensor_parallel_size) > 1 else None
+        per_rank = llm.peak_memory_per_rank if int(llm.config.tensor_parallel_size) > 1 else None
         workers_before = per_rank()[1:] if per_rank else None
         reset_peak(run_device)
         if per_rank:
@@ -305,17 +304,17 @@ def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: d
 
         cfg = llm.config
         engine_rec = {f: getattr(cfg, f, None) for f in RECORDED_ENGINE_FIELDS}
-        engine_rec["attention_backend"] = getattr(runner, "attention_backend", cfg.attention_backend)
+        engine_rec["attention_backend"] = llm.attention_backend
         # The pool size actually used is a result (kv_blocks); the config keeps what was asked.
         engine_rec["num_kvcache_blocks"] = kwargs.get("num_kvcache_blocks", -1)
-        graph_capture = getattr(runner, "graph_capture_seconds", None)
+        graph_capture = llm.graph_capture_seconds
         return {
-            "dtype": _dtype_name(getattr(runner, "dtype", cfg.dtype)),
+            "dtype": _dtype_name(llm.dtype),
             "run_device": run_device,
             "engine": engine_rec,
             "engine_requested": {k: v for k, v in kwargs.items()},
-            "execution": getattr(runner, "execution", None),
-            "init_s": float(getattr(llm, "init_seconds", init_wall_s)),
+            "execution": llm.execution,
+            "init_s": float(llm.init_seconds),
             "init_wall_s": init_wall_s,
             "graph_capture_s": None if graph_capture is None else float(graph_capture),
             "warmup_s": sum(r["wall_s"] for r in warmup_rounds),

@@ -190,9 +190,8 @@ def collect_engine(suite: Suite, model_dir: str | Path, *, device: str = "cpu", 
         except ValueError as exc:
             raise _engine_error(exc, tp) from exc
         try:
-            runner = llm.model_runner
-            facts = {"execution": runner.execution, "attention_backend": runner.attention_backend,
-                     "dtype": str(runner.dtype).replace("torch.", ""), "device": str(runner.device)}
+            facts = {"execution": llm.execution, "attention_backend": llm.attention_backend,
+                     "dtype": str(llm.dtype).replace("torch.", ""), "device": str(llm.device)}
             if runner_facts and facts != runner_facts:
                 raise RuntimeError(f"engine setting changed between cases: {runner_facts} vs {facts}")
             runner_facts = facts
@@ -292,8 +291,6 @@ def _drive(llm, case, path, choose, SamplingParams) -> None:
 
 def _read_kv(llm, inputs: dict, seqs, phase: str, kv: dict, request_index: dict, step: int, case_no: int) -> None:
     """The K and V every layer wrote this step: the pool read at the step's slot_mapping."""
-    import torch
-
     slots = inputs["slot_mapping"]
     positions = inputs["positions"]
     owners: list[str] = []
@@ -306,10 +303,7 @@ def _read_kv(llm, inputs: dict, seqs, phase: str, kv: dict, request_index: dict,
     if not (len(slots) == len(positions) == len(owners)):
         raise RuntimeError(f"step {step}: slot_mapping ({len(slots)}), positions ({len(positions)}) and "
                            f"sequences ({len(owners)}) do not line up")
-    from engine.kv_layout import read_slots
-
-    pool = llm.model_runner.kv_cache
-    rows = read_slots(pool, torch.tensor(slots, dtype=torch.long, device=pool.device))  # [2, layers, n, kv, d]
+    rows = llm.read_kv(slots)  # [2, layers, n, kv, d]
     for which, key in ((0, "k"), (1, "v")):
         kv[key].append(rows[which].transpose(0, 1).float().cpu().numpy())
     kv["request"] += [request_index[o] for o in owners]
