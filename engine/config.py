@@ -31,15 +31,10 @@ class Config:
     attention_backend: str = "auto"
     scheduling_policy: str = "prefill_first"
     dtype: str = "auto"
-    # torch.compile the small fused ops (norms, RoPE, SiLU*up) when running CUDA graphs (the fast
-    # path); eager runs and the CPU skip it and its start-up cost.
-    torch_compile: bool = True
     # Our Triton kernels on CUDA for what cuBLAS/inductor do slowly at decode sizes: a split-K GEMV for
     # matmuls of <= 16 rows and one fused q/k RMSNorm + RoPE kernel (False: cuBLAS + compiled torch ops).
+    # The rest of the kernel choices follow from the device and enforce_eager (engine/kernel_choice.py).
     custom_kernels: bool = True
-    # "torch": softmax + exponential noise + argmax; "triton": the one-pass Gumbel-max kernel;
-    # "auto": triton on CUDA, torch elsewhere (measured faster on the H200: docs/perf.md).
-    sampler: str = "auto"
     # KV pool budget when the pool is not sized from free GPU memory (CPU, or set explicitly).
     kvcache_memory_bytes: int = -1
     seed: int = 0
@@ -75,7 +70,6 @@ class Config:
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         _choice("dtype", self.dtype, DTYPES)
-        _choice("sampler", self.sampler, ("auto", "torch", "triton"))
         if self.hf_config is None:
             from transformers import AutoConfig
 

@@ -57,6 +57,6 @@ def choose_kernels(config, device: torch.device) -> KernelChoice:
     attention = resolve_attention_backend(config.attention_backend, device)
     load_backend(attention)  # imported now, before the model is built under a default device and dtype
     return KernelChoice(attention=attention,
-                        compile_fused=bool(config.torch_compile) and cuda and not config.enforce_eager,
+                        compile_fused=cuda and not config.enforce_eager,
                         custom_kernels=cuda and bool(config.custom_kernels),
-                        gumbel_sampler=config.sampler == "triton" or (config.sampler == "auto" and cuda))
+                        gumbel_sampler=cuda)

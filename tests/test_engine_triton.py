@@ -18,6 +18,20 @@ def _llm(model, backend, **kw):
     return LLM(model, **args)
 
 
+def _llm_choosing(monkeypatch, model, backend, choice: dict, **kw):
+    """An engine whose kernel choice is forced (the runner makes these CUDA-only choices itself)."""
+    import dataclasses
+
+    import engine.runner
+
+    choose = engine.runner.choose_kernels
+    monkeypatch.setattr(engine.runner, "choose_kernels", lambda *a: dataclasses.replace(choose(*a), **choice))
+    try:
+        return _llm(model, backend, **kw)
+    finally:
+        monkeypatch.setattr(engine.runner, "choose_kernels", choose)
+
+
 def test_triton_greedy_equals_torch_backend(tiny_model):
     prompts = [_prompt(n, 70 + n) for n in (4, 29, 150)]
     sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
@@ -33,15 +47,24 @@ def test_triton_logits_match_transformers_with_chunks_and_prefix_hits(tiny_model
     _check(rows, hf_logits, 6)
 
 
-def test_triton_sampler_in_the_engine(tiny_model):
+def test_triton_sampler_in_the_engine(tiny_model, monkeypatch):
     prompts = [_prompt(12, 5), _prompt(7, 6)]
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     hot = SamplingParams(temperature=0.8, max_tokens=6, ignore_eos=True)
     base = [o["token_ids"] for o in _llm(tiny_model, "torch").generate(prompts, greedy, use_tqdm=False)]
-    fused = _llm(tiny_model, "torch", sampler="triton")
-    assert [o["token_ids"] for o in fused.generate(prompts, greedy, use_tqdm=False)] == base
-    a = [o["token_ids"] for o in _llm(tiny_model, "torch", sampler="triton", seed=4).generate(prompts, hot, use_tqdm=False)]
-    b = [o["token_ids"] for o in _llm(tiny_model, "torch", sampler="triton", seed=4).generate(prompts, hot, use_tqdm=False)]
+
+    def gumbel(**kw):
+        return _llm_choosing(monkeypatch, tiny_model, "torch", {"gumbel_sampler": True}, **kw)
+
+    from engine.kernels import gumbel_sampler
+
+    calls = []
+    real = gumbel_sampler.gumbel_argmax
+    monkeypatch.setattr(gumbel_sampler, "gumbel_argmax", lambda *a: calls.append(1) or real(*a))
+    assert [o["token_ids"] for o in gumbel().generate(prompts, greedy, use_tqdm=False)] == base
+    assert calls  # the steps did go through the Triton sampler
+    a = [o["token_ids"] for o in gumbel(seed=4).generate(prompts, hot, use_tqdm=False)]
+    b = [o["token_ids"] for o in gumbel(seed=4).generate(prompts, hot, use_tqdm=False)]
     assert a == b and all(len(x) == 6 for x in a)
 
 
@@ -50,16 +73,9 @@ def test_custom_kernels_in_the_model_match_transformers(tiny_model, hf_logits, m
     on CUDA, and the GEMV only while a CUDA graph is captured, so both switches are forced here."""
     import torch
 
-    import dataclasses
-
-    import engine.runner
     from engine.kernels import small_gemm
 
-    choose = engine.runner.choose_kernels
-    monkeypatch.setattr(engine.runner, "choose_kernels",
-                        lambda *a: dataclasses.replace(choose(*a), custom_kernels=True))
-    llm = _llm(tiny_model, "triton", max_num_batched_tokens=16)
-    monkeypatch.undo()
+    llm = _llm_choosing(monkeypatch, tiny_model, "triton", {"custom_kernels": True}, max_num_batched_tokens=16)
     calls = []
     real = small_gemm.small_matmul
     monkeypatch.setattr(small_gemm, "small_matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
