@@ -39,7 +39,9 @@ def _f(v: Any, spec: str = ",.1f") -> str:
 def _trace(d: dict) -> tuple[str, str]:
     rep = d.get("report") or {}
     first = rep.get("first_failure") or {}
-    if not d.get("judged"):
+    if d.get("verdict"):   # trace results carry their verdict (CHANGED included) since issue 12
+        verdict = d["verdict"]
+    elif not d.get("judged"):
         verdict = "RECORDED"
     else:
         verdict = "PASS" if d.get("passed") else "FAIL"
