@@ -279,6 +279,32 @@ def short_test(node: str) -> str:
     return node.removeprefix("tests/").replace(".py::", "::")
 
 
+def caught_by_summary(r: dict) -> str:
+    """A short "caught by" for the docs table: the cases (with their failed invariants) and the tests."""
+    parts = []
+    for case, what in r["cases"].items():
+        inv = [w for w in what if not w.endswith("expectation(s)")]
+        parts.append(f"{case} ({', '.join(inv) or 'expectations'})" if inv else f"{case} (expectations)")
+    if len(parts) > 3:
+        parts = parts[:3] + [f"{len(r['cases']) - 3} more cases"]
+    tests = [short_test(t).split("[")[0] for t in r["tests"]]
+    tests = list(dict.fromkeys(tests))
+    if tests:
+        parts.append(", ".join(tests[:2]) + (f" +{len(tests) - 2} tests" if len(tests) > 2 else ""))
+    return "; ".join(parts) or "-"
+
+
+def markdown(data: dict) -> str:
+    """The docs/evidence.md table of a result file."""
+    lines = ["| id | file | mutation | result | caught by (cases: failed invariants; tests) |",
+             "| --- | --- | --- | --- | --- |"]
+    for r in data["results"]:
+        change = f"`{r.get('old', '').strip()}` -> `{r.get('new', '').strip()}`".replace("|", "\\|")
+        by = r["why"] if r["status"] in ("EQUIVALENT", "NOT APPLICABLE") else caught_by_summary(r)
+        lines.append(f"| {r['id']} | {r['file']} | {r['what']}: {change} | {r['status']} | {by} |")
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- main
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,10 +313,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the mutations and exit")
     ap.add_argument("--out", type=Path, default=None, help="result JSON (default: runs/mutate/mutate.json)")
     ap.add_argument("--skip-baseline", action="store_true", help="do not check the unmutated tree first")
+    ap.add_argument("--markdown", type=Path, metavar="JSON", help="print a result file as a Markdown table")
     ap.add_argument("--cases-worker", nargs=2, metavar=("OUT", "MODEL"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.cases_worker:
         cases_worker(Path(args.cases_worker[0]), args.cases_worker[1])
+        return 0
+    if args.markdown:
+        print(markdown(json.loads(args.markdown.read_text())))
         return 0
     chosen = [m for m in MUTATIONS if not args.only or m.id in args.only]
     if args.list or not chosen:
