@@ -188,6 +188,8 @@ def prove_cmd(
         table.add_row(p.patch, p.check or "-", _run_cell(p.clean), _run_cell(p.patched),
                       f"[{'green' if p.result == 'CAUGHT' else 'red'}]{p.result}[/]", p.why[:160])
     console.print(table)
+    if facts["note"]:
+        console.print(f"note: {facts['note']}")
     result = finish(env, verdict=verdict, passed=verdict == "PASS", proofs=[p.to_dict() for p in proofs],
                     wall_s=round(wall, 1), **facts)
     path = write_json((out or runs_dir() / "patch-prove") / "prove.json", result)

@@ -192,7 +192,8 @@ def _trace_outcome(check_json: Path) -> tuple[list[str], str]:
         report = json.loads(check_json.read_text(encoding="utf-8"))["report"]
     except (OSError, ValueError, KeyError):
         return [], ""
-    failed = [c for c in report.get("checks", []) if not c.get("ok") and c.get("kind") != "expect"]
+    # what gates under --expect-changes: not the case's states, not nano's policy rules
+    failed = [c for c in report.get("checks", []) if not c.get("ok") and c.get("kind") not in ("expect", "policy")]
     names = sorted({c["name"] for c in failed})
     first = failed[0]["message"] if failed else f"verdict {report.get('verdict')}"
     return names, first
@@ -267,7 +268,13 @@ def prove(entries, root: Path, model: Path, work: Path, jobs: int, progress=None
                 proof.patched = patched[proof.patch].result()
                 judge(proof, specs[proof.patch])
     facts = {"engine_source": "git HEAD" if source == "git" else "copy of engine/ as found (no git checkout)",
-             "commit": head, "checks_from": str(root)}
+             "commit": head, "checks_from": str(root), "note": None}
+    if source == "git":
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "engine"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+        if dirty:
+            facts["note"] = ("engine/ in the checkout differs from HEAD (a patch applied?): the proof uses "
+                             "HEAD's engine, as the patches are written against it")
     return proofs, facts
 
 

@@ -299,7 +299,8 @@ def markdown(data: dict) -> str:
     lines = ["| id | file | mutation | result | caught by (cases: failed invariants; tests) |",
              "| --- | --- | --- | --- | --- |"]
     for r in data["results"]:
-        change = f"`{r.get('old', '').strip()}` -> `{r.get('new', '').strip()}`".replace("|", "\\|")
+        old, new = (" ".join(r.get(k, "").split()) for k in ("old", "new"))   # two-line pieces on one row
+        change = f"`{old}` -> `{new}`".replace("|", "\\|")
         by = r["why"] if r["status"] in ("EQUIVALENT", "NOT APPLICABLE") else caught_by_summary(r)
         lines.append(f"| {r['id']} | {r['file']} | {r['what']}: {change} | {r['status']} | {by} |")
     return "\n".join(lines)
