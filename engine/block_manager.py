@@ -46,6 +46,9 @@ class BlockManager:
         self.hash_to_block_id: dict[int, int] = {}
         self.free_block_ids: deque[int] = deque(range(num_blocks))
         self.used_block_ids: set[int] = set()
+        # Prefix cache statistics, in tokens, over every first-time allocation (vLLM's queries / hits).
+        self.prefix_queries = 0
+        self.prefix_hits = 0
 
     @staticmethod
     def compute_hash(token_ids: list[int], prefix: int = -1) -> int:
@@ -109,6 +112,8 @@ class BlockManager:
                 self.used_block_ids.add(block_id)
             seq.block_table.append(block_id)
         seq.num_cached_tokens = num_cached_blocks * self.block_size
+        self.prefix_queries += seq.num_tokens
+        self.prefix_hits += seq.num_cached_tokens
         for _ in range(seq.num_blocks - num_cached_blocks):
             seq.block_table.append(self._allocate_block(self.free_block_ids[0]).block_id)
 

@@ -43,8 +43,9 @@ class Config:
     # KV pool budget when the pool is not sized from free GPU memory (CPU, or set explicitly).
     kvcache_memory_bytes: int = -1
     seed: int = 0
-    # Instance isolation: None picks a free port / a unique shared-memory name, so two engines on one
-    # host never share a rendezvous address or a control channel.
+    # Instance isolation: None picks a free loopback port (bound when the workers start; the engine's
+    # config then holds it) / a unique shared-memory name, so two engines on one host never share a
+    # rendezvous address or a control channel.
     dist_init_addr: str | None = None
     shm_name: str | None = None
     # Tensor parallel control channel (rank 0 -> workers) and the collective timeout: a worker that stops
@@ -104,12 +105,8 @@ class Config:
         if isinstance(self.dist_timeout_s, bool) or not isinstance(self.dist_timeout_s, (int, float)) \
                 or not self.dist_timeout_s > 0:
             raise ValueError(f"dist_timeout_s: must be a number of seconds > 0, got {self.dist_timeout_s!r}")
-        if self.dist_init_addr is None:
-            self.dist_init_addr = f"127.0.0.1:{free_port()}"
-        host, sep, port = str(self.dist_init_addr).rpartition(":")
-        if not isinstance(self.dist_init_addr, str) or not sep or not host or not port.isdigit() \
-                or not 0 < int(port) < 65536:
-            raise ValueError(f"dist_init_addr: expected HOST:PORT, got {self.dist_init_addr!r}")
+        if self.dist_init_addr is not None:
+            split_host_port(self.dist_init_addr)  # None: the engine binds a free loopback port when it starts
         if self.shm_name is None:
             self.shm_name = f"labkit-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         if not isinstance(self.shm_name, str) or not self.shm_name or "/" in self.shm_name:
@@ -121,6 +118,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def split_host_port(addr) -> tuple[str, int]:
+    """("host", port) from "HOST:PORT" or "[IPv6]:PORT"; port 0 means any free port."""
+    host, sep, port = str(addr).rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not isinstance(addr, str) or not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"dist_init_addr: expected HOST:PORT, got {addr!r}")
+    return host, int(port)
 
 
 def _positive_int(name: str, value) -> None:

@@ -17,11 +17,13 @@ from transformers import AutoTokenizer
 
 from .config import Config
 from .device import resolve_device
-from .distributed import TensorParallel, rank_memory, reset_rank_memory
+from .request_limits import RequestLimits
 from .runner import ModelRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .step_result import StepFailed, StepResult
+from .tp_workers import TensorParallel, rank_memory, reset_rank_memory
 
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(Config)} - {"model", "hf_config", "eos"}
 
@@ -55,13 +57,15 @@ class LLMEngine:
                                  f"got {config.kvcache_block_size}")
             if self._tp is not None:
                 self._tp.wait_ready()
-        except Exception as exc:
-            if self._tp is None or isinstance(exc, ValueError) or self._tp.broken is not None:
+        except BaseException as exc:  # Ctrl-C too: a half-started engine must not keep its workers
+            if self._tp is None or not isinstance(exc, Exception) or isinstance(exc, ValueError) \
+                    or self._tp.broken is not None:
                 if self._tp is not None:
                     self._tp.shutdown(graceful=False)
                 raise
             raise self._tp.fail("building the model runner", exc) from exc
         self.scheduler = Scheduler(config)
+        self._limits = self.limits
         self.init_seconds = time.perf_counter() - t0
         self._seq_ids = count()
         self._seqs: dict[int, Sequence] = {}
@@ -87,30 +91,24 @@ class LLMEngine:
     def device(self) -> torch.device:
         return self.model_runner.device
 
+    @property
+    def limits(self) -> RequestLimits:
+        """What a request may ask of this engine (a server validates with the same object)."""
+        cfg = self.config
+        return RequestLimits(max_model_len=cfg.max_model_len, vocab_size=cfg.hf_config.vocab_size,
+                             block_size=cfg.kvcache_block_size, num_blocks=cfg.num_kvcache_blocks)
+
     def _encode(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt: empty string")
             return self.tokenizer.encode(prompt)
-        if not isinstance(prompt, (list, tuple)) or not prompt:
-            raise ValueError(f"prompt: expected a non-empty string or list of token ids, got {type(prompt).__name__}"
-                             + (" (empty)" if isinstance(prompt, (list, tuple)) else ""))
-        vocab = self.config.hf_config.vocab_size
-        for t in prompt:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise ValueError(f"prompt: token id {t!r} is not an integer in [0, {vocab})")
-        return list(prompt)
+        if not isinstance(prompt, (list, tuple)):
+            raise ValueError(f"prompt: expected a non-empty string or list of token ids, got {type(prompt).__name__}")
+        return self._limits.check_token_ids(prompt)
 
     def _check_fits(self, token_ids: list[int], sp: SamplingParams) -> None:
-        cfg = self.config
-        if len(token_ids) > cfg.max_model_len:
-            raise ValueError(f"prompt: {len(token_ids)} tokens is longer than max_model_len={cfg.max_model_len}")
-        # The last sampled token never needs KV.
-        longest = min(len(token_ids) + sp.max_tokens - 1, cfg.max_model_len)
-        need = -(-longest // cfg.kvcache_block_size)
-        if need > cfg.num_kvcache_blocks:
-            raise ValueError(f"prompt: the request needs up to {need} KV blocks (prompt {len(token_ids)} + "
-                             f"max_tokens {sp.max_tokens}) but the pool has {cfg.num_kvcache_blocks}")
+        self._limits.check(token_ids, sp)
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
                     request_id: str | None = None) -> int:
@@ -133,6 +131,13 @@ class LLMEngine:
 
     def is_finished(self) -> bool:
         return self.scheduler.is_finished()
+
+    def stats(self) -> dict:
+        """Queue and pool figures between steps (a StepResult carries the same after each step)."""
+        sched = self.scheduler
+        bm = sched.block_manager
+        return {"waiting": len(sched.waiting), "running": len(sched.running), "free_blocks": bm.num_free_blocks,
+                "num_blocks": bm.num_blocks}
 
     def abort(self, seq_id: int) -> bool:
         """Cancel a request between steps; its KV blocks return to the pool. False if already finished."""
@@ -158,39 +163,64 @@ class LLMEngine:
         self._seqs.pop(seq_id, None)
 
     # --- the step -------------------------------------------------------------------------------
-    def step(self, choose_tokens=None):
-        """One engine step. Returns ([(seq_id, completion_token_ids) for sequences that finished],
-        num_tokens), num_tokens > 0 for a prefill step (tokens computed), < 0 for decode (-batch).
+    def step(self, choose_tokens=None) -> StepResult:
+        """One engine step: schedule, run the model, sample, postprocess. Returns what it did (StepResult).
 
         `choose_tokens(seqs, logits) -> list[int]` replaces the sampler (teacher forcing, logits capture);
-        `logits` holds each scheduled sequence's last-position row, chunk candidates included."""
+        `logits` holds each scheduled sequence's last-position row, chunk candidates included.
+        An exception after scheduling takes the step's sequences out of the engine and raises StepFailed."""
         self.step_count += 1
         tracer = self.tracer
+        sched = self.scheduler
+        bm = sched.block_manager
         if tracer is not None:
             tracer.step = self.step_count
-            tracer.emit("before_schedule", waiting=[s.seq_id for s in self.scheduler.waiting],
-                        running=[s.seq_id for s in self.scheduler.running],
-                        free_blocks=self.scheduler.block_manager.num_free_blocks)
-        seqs, is_prefill = self.scheduler.schedule()
-        inputs = self.model_runner.prepare(seqs, is_prefill)
-        if tracer is not None:
-            self._trace_schedule(seqs, is_prefill, inputs)
-        runner = self.model_runner
-        if choose_tokens is None:
-            token_ids = self._on_all_ranks("run", (seqs, is_prefill), lambda: runner.run(seqs, is_prefill, inputs))
-        else:
-            logits = self._on_all_ranks("forward_logits", (inputs, is_prefill),
-                                        lambda: runner.forward_logits(inputs, is_prefill))
-            token_ids = list(choose_tokens(seqs, logits))
+            tracer.emit("before_schedule", waiting=[s.seq_id for s in sched.waiting],
+                        running=[s.seq_id for s in sched.running], free_blocks=bm.num_free_blocks)
+        queries, hits = bm.prefix_queries, bm.prefix_hits
+        seqs, is_prefill = sched.schedule()
+        try:
+            inputs = self.model_runner.prepare(seqs, is_prefill)
+            if tracer is not None:
+                self._trace_schedule(seqs, is_prefill, inputs)
+            runner = self.model_runner
+            if choose_tokens is None:
+                token_ids = self._on_all_ranks("run", (seqs, is_prefill), lambda: runner.run(seqs, is_prefill, inputs))
+            else:
+                logits = self._on_all_ranks("forward_logits", (inputs, is_prefill),
+                                            lambda: runner.forward_logits(inputs, is_prefill))
+                token_ids = list(choose_tokens(seqs, logits))
+        except Exception as exc:
+            raise self._step_failed(seqs, exc) from exc
         if tracer is not None:
             tracer.emit("sampled", tokens=[{"seq_id": s.seq_id, "token_id": t} for s, t in zip(seqs, token_ids)])
         held = {s.seq_id: list(s.block_table) for s in seqs} if tracer is not None else None
-        accepted = self.scheduler.postprocess(seqs, token_ids)
+        computed = [s.num_scheduled_tokens for s in seqs]
+        accepted = sched.postprocess(seqs, token_ids)
         if tracer is not None:
             self._trace_postprocess(seqs, token_ids, accepted, held)
-        outputs = [(seq.seq_id, seq.completion_token_ids) for seq in seqs if seq.is_finished]
-        num_tokens = len(inputs.input_ids) if is_prefill else -len(seqs)
-        return outputs, num_tokens
+        return StepResult(
+            step=self.step_count, phase="prefill" if is_prefill else "decode",
+            seq_ids=[s.seq_id for s in seqs], request_ids=[s.request_id for s in seqs],
+            num_scheduled_tokens=computed, num_cached_tokens=[s.num_cached_tokens for s in seqs],
+            num_tokens=[s.num_tokens for s in seqs],
+            token_ids=[int(t) if acc else None for t, acc in zip(token_ids, accepted)],
+            finish_reasons=[s.finish_reason for s in seqs], preempted=[s.seq_id for s in sched.preempted],
+            inputs=inputs, num_waiting=len(sched.waiting), num_running=len(sched.running),
+            num_free_blocks=bm.num_free_blocks, num_blocks=bm.num_blocks,
+            prefix_cache_queries=bm.prefix_queries - queries, prefix_cache_hits=bm.prefix_hits - hits)
+
+    def _step_failed(self, seqs, exc: Exception) -> StepFailed:
+        """Take a failed step's sequences out (blocks back to the pool) and say whether the engine survives."""
+        fatal = self._tp is not None and (self._tp.broken is not None or self._tp.closed)
+        for seq in seqs:
+            seq.num_scheduled_tokens = 0
+            if not fatal:
+                self.scheduler.abort(seq)
+                seq.finish_reason = "error"
+        what = "the engine cannot continue" if fatal else f"its {len(seqs)} sequence(s) were aborted"
+        return StepFailed(f"step {self.step_count} failed ({type(exc).__name__}: {exc}); {what}",
+                          [s.seq_id for s in seqs], [s.request_id for s in seqs], fatal)
 
     def _on_all_ranks(self, method: str, args: tuple, local):
         """`local()` here; with tensor parallel, `method(*args)` on every worker's runner first."""
@@ -242,17 +272,18 @@ class LLMEngine:
         prefill_tps = decode_tps = 0.0
         while not self.is_finished():
             t = time.perf_counter()
-            outputs, num_tokens = self.step()
+            result = self.step()
             dt = max(time.perf_counter() - t, 1e-9)
-            if num_tokens > 0:
-                prefill_tps = num_tokens / dt
+            if result.phase == "prefill":
+                prefill_tps = result.num_computed_tokens / dt
             else:
-                decode_tps = -num_tokens / dt
+                decode_tps = result.batch_size / dt
             if use_tqdm:
                 pbar.set_postfix({"Prefill": f"{int(prefill_tps)}tok/s", "Decode": f"{int(decode_tps)}tok/s"})
-            for seq_id, token_ids in outputs:
-                results[seq_id] = token_ids
-                pbar.update(1)
+            for seq_id, reason in zip(result.seq_ids, result.finish_reasons):
+                if reason is not None:
+                    results[seq_id] = self._seqs[seq_id].completion_token_ids
+                    pbar.update(1)
         pbar.close()
         outs = []
         for seq_id in seq_ids:

@@ -13,10 +13,12 @@ from .config import Config
 from .context import Context, reset_context, set_context
 from .device import num_sms, resolve_attention_backend, resolve_device, resolve_dtype
 from .distributed import all_reduce_min, set_tp
+from .kv_layout import pool_shape
 from .layers import fused
 from .layers.attention import Attention
 from .loader import load_model
 from .models.qwen3 import Qwen3ForCausalLM
+from .profiling import phase
 from .sampling import Sampler
 from .sequence import Sequence
 
@@ -182,8 +184,10 @@ class ModelRunner:
             raise ValueError(
                 f"gpu_memory_utilization: no memory is left for the KV cache ({block_bytes} bytes a block); "
                 "raise gpu_memory_utilization or lower max_num_batched_tokens")
-        self.kv_cache = torch.zeros(2, hf.num_hidden_layers, cfg.num_kvcache_blocks, self.block_size,
-                                    self.num_kv_heads, self.head_dim, dtype=self.dtype, device=self.device)
+        # Head-major inside a block (engine/kv_layout.py): one head's rows of a block are contiguous.
+        shape = pool_shape(hf.num_hidden_layers, cfg.num_kvcache_blocks, self.block_size, self.num_kv_heads,
+                           self.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         for i, layer in enumerate(self.attn_layers):
             layer.k_cache = self.kv_cache[0, i]
             layer.v_cache = self.kv_cache[1, i]
@@ -241,6 +245,7 @@ class ModelRunner:
         # Pageable memory on purpose: pinning a fresh tensor costs more than the small copy it speeds up.
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
+    @phase("engine::upload")
     def _upload(self, dtype: torch.dtype, **parts) -> dict[str, torch.Tensor]:
         """Several host lists (a list of equal-length rows for 2-D) in one host-to-device copy."""
         flat: list[int] = []
@@ -282,9 +287,11 @@ class ModelRunner:
         ))
 
     # --- execution ------------------------------------------------------------------------------
+    @phase("engine::prepare")
     def prepare(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
         return self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
 
+    @phase("engine::forward")
     @torch.inference_mode()
     def forward_logits(self, inputs: StepInputs, is_prefill: bool) -> torch.Tensor:
         """Logits of each sequence's last position for this step: [num_seqs, vocab] (None off rank 0)."""
@@ -307,6 +314,7 @@ class ModelRunner:
             t = t.pin_memory()
         return t.to(self.device, non_blocking=True)
 
+    @phase("engine::sample")
     @torch.inference_mode()
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         temps = [s.temperature for s in seqs]
@@ -375,6 +383,7 @@ class ModelRunner:
             torch.cuda.synchronize()
             reset_context()
 
+    @phase("engine::upload")
     def _stage_graph_inputs(self, inputs: StepInputs) -> None:
         """Fill the pinned host mirror of the graph inputs and upload it in one asynchronous copy."""
         if self._stage_copied is not None:

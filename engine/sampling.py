@@ -1,6 +1,7 @@
 """Sampling parameters and the on-device sampler."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -15,8 +16,9 @@ class SamplingParams:
     top_p: float = 1.0  # 1.0: off
 
     def __post_init__(self):
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ValueError(f"temperature: must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
+                or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature: must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:

@@ -11,6 +11,7 @@ from collections import deque
 
 from .block_manager import BlockManager
 from .config import Config
+from .profiling import phase
 from .sequence import Sequence, SequenceStatus
 
 
@@ -34,6 +35,7 @@ class Scheduler:
     def add(self, seq: Sequence):
         self.waiting.append(seq)
 
+    @phase("engine::schedule")
     def schedule(self) -> tuple[list[Sequence], bool]:
         self.preempted = []
         if self.policy == "balanced" and self.last_phase_prefill and self.running:
@@ -123,6 +125,7 @@ class Scheduler:
         seq.finish_reason = "abort"
         return True
 
+    @phase("engine::postprocess")
     def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[bool]:
         """Fold the step's computed tokens into each sequence; accept its sampled token only when the
         whole known sequence is now computed (a chunk's candidate is discarded). Returns accepted flags."""

@@ -23,7 +23,8 @@ from labkit.trace import command as trace_cmd
 from labkit.bench import command as bench_cmd
 from labkit import notes as notes_cmd
 from labkit import patch as patch_cmd
-from labkit import report as report_cmd
+from labkit import principles as principles_cmd
+from labkit.report import command as report_cmd
 from labkit.logits import command as logits_cmd
 from labkit.serve import command as serve_cmd
 from labkit.errors import LabkitError
@@ -62,9 +63,10 @@ app.add_typer(trace_cmd.app, name="trace", help="Run a traced case, show every s
 app.add_typer(bench_cmd.app, name="bench", help="Offline throughput (engine or HF baseline), online load against serve, and B/A comparisons.")
 app.add_typer(logits_cmd.app, name="logits-check", help="Teacher-forced logits of the engine against Transformers.")
 app.add_typer(serve_cmd.app, name="serve", help="Serve the engine over OpenAI-shaped HTTP; `serve client` sends a request.")
-app.command("report", help="Gather runs/ into an evidence archive: Markdown summary, sha256 manifest, .tar.gz.")(report_cmd.run)
+app.add_typer(report_cmd.app, name="report", help="Every lab of the plan with its verdict: report.md/.html, manifest, archive; `verify` re-checks one.")
 app.add_typer(patch_cmd.app, name="patch", help="List, apply and revert the experiment and fault patches in patches/.")
-app.add_typer(notes_cmd.app, name="notes", help="Start a lab note from a template (trace, logits, bench), facts filled in.")
+app.add_typer(notes_cmd.app, name="notes", help="Lab notes in notes/: one per lab of the plan (init), or from a template (new).")
+app.add_typer(principles_cmd.app, name="principles", help="The seeds' CPU principle labs (no engine), each checked against the seeds' values.")
 
 
 def _one_line(text: object) -> str:

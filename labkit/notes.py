@@ -1,11 +1,14 @@
-"""`labkit notes`: start a lab note from a template in notes/, with the facts a note needs to count as
-evidence (date, machine, commit) already filled in.
+"""`labkit notes`: lab notes in notes/ (tracked by git, unlike runs/), one per lab of the plan
+(workloads/labs.yaml) or one per question from a template in notes/templates/.
 
-    labkit notes list                              # the templates
+    labkit notes init                              # notes/LAB.md for every lab of the plan: its command, the
+                                                   # evidence it needs, its questions, TODO markers
+    labkit notes list                              # the templates, and every lab's note: none / N TODO / written
     labkit notes new trace --title "why does R2 wait in step 3?"
-                                                   # -> runs/notes/2026-11-29-trace-why-does-r2-wait-in-step-3.md
+                                                   # -> notes/2026-11-29-trace-why-does-r2-wait-in-step-3.md
 
-Exit 0 on success, 2 on an unknown template or when the note file already exists (never overwritten).
+A note is never overwritten: `init` keeps every note that exists, `new` refuses an existing path. The report
+lists the notes that still hold TODO. Exit 0 on success, 2 on an unknown template, lab or an existing note.
 """
 from __future__ import annotations
 
@@ -19,13 +22,44 @@ from rich.console import Console
 from rich.table import Table
 
 from labkit.errors import LabkitError
-from labkit.output import device_info, git_dirty, git_head, project_root, runs_dir
+from labkit.output import device_info, git_dirty, git_head, project_root
 
-app = typer.Typer(help="Start a lab note from a template (trace, logits, bench), facts filled in.", no_args_is_help=True)
+app = typer.Typer(help="Lab notes in notes/: one per lab of the plan (init), or one from a template (new).",
+                  no_args_is_help=True)
+
+TODO = "TODO"
+
+
+def notes_dir() -> Path:
+    return project_root() / "notes"
 
 
 def templates() -> dict[str, Path]:
-    return {p.stem: p for p in sorted((project_root() / "notes").glob("*.md")) if p.stem.lower() != "readme"}
+    return {p.stem: p for p in sorted((notes_dir() / "templates").glob("*.md"))}
+
+
+def lab_note_path(lab_id: str) -> Path:
+    return notes_dir() / f"{lab_id}.md"
+
+
+def user_notes() -> list[Path]:
+    """Every note a user writes or fills in (notes/*.md but the README)."""
+    return [p for p in sorted(notes_dir().glob("*.md")) if p.stem.lower() != "readme"]
+
+
+def todo_count(path: Path) -> int:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").count(TODO)
+    except OSError:
+        return 0
+
+
+def note_state(path: Path) -> str:
+    """none / N TODO / written."""
+    if not path.is_file():
+        return "none"
+    n = todo_count(path)
+    return f"{n} TODO" if n else "written"
 
 
 def _slug(text: str) -> str:
@@ -51,35 +85,111 @@ def render(template: str, title: str | None, today: str, machine_text: str, comm
     return "\n".join(lines) + "\n"
 
 
+def lab_note(lab) -> str:
+    """The note a lab of the plan starts from: what to run, what evidence counts, its questions, TODO markers."""
+    command = "\n".join(f"      {line}" for line in lab.command.strip().splitlines())
+    lines = [
+        f"# {lab.title}",
+        "",
+        f"Lab `{lab.id}` (seeds: {lab.seed}). Evidence it needs: {lab.evidence}. Replace every {TODO} with what",
+        "you observed. Where you did not run something, write \"not run\" and why, never the expected value.",
+        "",
+        f"- Date, machine (GPU or CPU), commit: {TODO}",
+        "- Command(s):",
+        "",
+        command,
+        "",
+        f"- Result file(s) under runs/ and their verdicts: {TODO}",
+        "",
+        "## Prediction (before running)",
+        "",
+        TODO,
+        "",
+        "## Questions",
+        "",
+    ]
+    for i, q in enumerate(lab.questions, 1):
+        lines += [f"{i}. {q}", "", f"   {TODO}", ""]
+    lines += ["## Conclusion", "",
+              f"- What the result shows (evidence kind, file, figure, under which conditions): {TODO}",
+              f"- What it does not show: {TODO}", ""]
+    return "\n".join(lines)
+
+
+def _write_new(path: Path, text: str) -> None:
+    # "x": never overwrite, even when the file appears between the check and the write.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("x", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+@app.command("init")
+def init_cmd(
+    lab: Optional[list[str]] = typer.Option(None, "--lab", help="Only this lab (repeatable; default: every lab)."),
+) -> None:
+    """Write notes/LAB.md for every lab of the plan that has no note yet (existing notes are kept as they are)."""
+    from labkit.report.plan import load_plan
+
+    labs = load_plan()
+    if lab:
+        known = {x.id for x in labs}
+        unknown = [x for x in lab if x not in known]
+        if unknown:
+            raise LabkitError(f"notes: no lab {', '.join(map(repr, unknown))} in the plan (known: {', '.join(sorted(known))})")
+        labs = [x for x in labs if x.id in lab]
+    wrote, kept = [], []
+    for x in labs:
+        path = lab_note_path(x.id)
+        try:
+            _write_new(path, lab_note(x))
+            wrote.append(path)
+        except FileExistsError:
+            kept.append(path)
+    console = Console()
+    console.print(f"wrote {len(wrote)} note(s) into {notes_dir()}; kept {len(kept)} that exist"
+                  + (f" ({', '.join(p.name for p in kept[:8])}{' ...' if len(kept) > 8 else ''})" if kept else ""))
+
+
 @app.command("list")
 def list_cmd() -> None:
-    """The note templates and what each is for."""
-    table = Table(title=f"note templates in {project_root() / 'notes'}", title_justify="left")
+    """The templates, and the note of every lab of the plan with its state."""
+    from labkit.report.plan import load_plan
+
+    console = Console()
+    table = Table(title=f"note templates in {notes_dir() / 'templates'} (labkit notes new NAME)", title_justify="left")
     table.add_column("template")
     table.add_column("title line")
     for name, path in templates().items():
         first = path.read_text(encoding="utf-8").splitlines()[:1]
         table.add_row(name, first[0].lstrip("# ") if first else "")
-    Console().print(table)
+    console.print(table)
+    labs = Table(title="lab notes (labkit notes init)", title_justify="left")
+    for col in ("lab", "note", "state"):
+        labs.add_column(col)
+    for x in load_plan():
+        path = lab_note_path(x.id)
+        labs.add_row(x.id, str(path.relative_to(project_root())), note_state(path))
+    console.print(labs)
 
 
 @app.command("new")
 def new_cmd(
     kind: str = typer.Argument(..., help="Template: trace, logits or bench (labkit notes list)."),
     title: Optional[str] = typer.Option(None, "--title", help="The question or change the note is about."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Note path (default: runs/notes/DATE-KIND-TITLE.md)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Note path (default: notes/DATE-KIND-TITLE.md)."),
 ) -> None:
     """Copy a template to a new note with today's date, this machine and the commit filled in."""
     found = templates()
     if kind not in found:
         raise LabkitError(f"notes: no template {kind!r} (known: {', '.join(found) or 'none'})")
     today = _dt.date.today().isoformat()
-    path = out if out is not None else runs_dir() / "notes" / f"{today}-{kind}-{_slug(title or kind)}.md"
-    if path.exists():
-        raise LabkitError(f"notes: {path} already exists; choose another --title or --out (notes are never overwritten)")
+    path = out if out is not None else notes_dir() / f"{today}-{kind}-{_slug(title or kind)}.md"
     head = git_head()
     commit = "commit unknown" if head is None else f"commit {head[:12]}" + (" (dirty)" if git_dirty() else "")
     text = render(found[kind].read_text(encoding="utf-8"), title, today, machine(), commit)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    try:
+        _write_new(path, text)
+    except FileExistsError:
+        raise LabkitError(f"notes: {path} already exists; choose another --title or --out "
+                          "(notes are never overwritten)") from None
     Console().print(f"wrote {path}")

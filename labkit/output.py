@@ -24,6 +24,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import typer
+
 from labkit import __version__
 from labkit.errors import LabkitError
 
@@ -250,12 +252,33 @@ def _jsonable(obj: Any) -> Any:
     return str(obj)
 
 
+def _umask() -> int:
+    # Linux shows the umask in /proc without changing it; os.umask() must set one to read it, which would
+    # race with files other threads (the server's) create meanwhile.
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode open() gives a new file (0644 under the usual umask 022): results are as readable as the
+    Markdown written beside them, not 0600 as a temporary file would leave them."""
+    return 0o666 & ~_umask()
+
+
 def write_json(path: str | Path, data: Any) -> Path:
-    """Write atomically, so a crash or a reader never sees half a file."""
+    """Write atomically, so a crash or a reader never sees half a file; mode as for any new file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=2, default=_jsonable)
             fh.write("\n")
@@ -272,3 +295,13 @@ def write_json(path: str | Path, data: Any) -> Path:
 def runs_dir() -> Path:
     """Where outputs go: $RUNS_DIR (env.sh sets it) or ./runs."""
     return Path(os.environ.get("RUNS_DIR") or "runs")
+
+
+# `--json` on every command that prints a result: the same option everywhere, and stdout then holds the
+# result JSON alone (the command builds its rich Console with quiet=as_json).
+JSON_OPTION = typer.Option(False, "--json", help="Print the result JSON on stdout instead of the summary.")
+
+
+def print_json(result: Any) -> None:
+    sys.stdout.write(json.dumps(result, indent=2, default=_jsonable) + "\n")
+    sys.stdout.flush()

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from labkit.errors import LabkitError
-from labkit.output import project_root
+from labkit.output import JSON_OPTION, print_json, project_root
 
 app = typer.Typer(help="List, apply and revert the experiment and fault patches in patches/.", no_args_is_help=True)
 
@@ -94,8 +94,11 @@ def _first_error(proc: subprocess.CompletedProcess) -> str:
 
 
 @app.command("list")
-def list_cmd() -> None:
+def list_cmd(as_json: bool = JSON_OPTION) -> None:
     """Every patch with its kind, what it changes, and whether it is applied now."""
+    if as_json:
+        print_json([{"name": e.name[:-6], "kind": e.kind, "state": state(e), "what": e.what, "how": e.how} for e in index()])
+        return
     table = Table(title=f"patches in {patch_dir()}", title_justify="left")
     for col in ("patch", "kind", "state"):
         table.add_column(col, no_wrap=True)

@@ -24,8 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from labkit.errors import LabkitError
-from labkit.output import EXIT_FAIL, EXIT_PASS, Device, envelope, evidence_for, finish, resolve_device, runs_dir, \
-    write_json
+from labkit.output import EXIT_FAIL, EXIT_PASS, JSON_OPTION, Device, envelope, evidence_for, finish, print_json, \
+    resolve_device, runs_dir, write_json
 
 _ITEMSIZE = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 _DIVISIBLE = ("num_attention_heads", "num_key_value_heads", "vocab_size", "intermediate_size")
@@ -158,6 +158,8 @@ def _check_model_dir(model_dir: Optional[Path], preset: Optional[str]) -> Path:
 
 def compare(expected: dict, ranks: list[dict], num_blocks: int, block_size: int) -> list[dict]:
     """One check per (rank, item): the table against what the engine allocated."""
+    from engine.kv_layout import pool_shape
+
     checks = []
 
     def check(rank, what, want, got):
@@ -177,8 +179,8 @@ def compare(expected: dict, ranks: list[dict], num_blocks: int, block_size: int)
         check(rank, "kv heads", expected["heads"]["kv"]["rank"], r["num_kv_heads"])
         check(rank, "head_dim", expected["heads"]["head_dim"], r["head_dim"])
         check(rank, "kv bytes per token", expected["kv_bytes_per_token"]["rank"], r["kv_bytes_per_token"])
-        pool = [2, expected["num_hidden_layers"], num_blocks, block_size, expected["heads"]["kv"]["rank"],
-                expected["heads"]["head_dim"]]
+        pool = list(pool_shape(expected["num_hidden_layers"], num_blocks, block_size, expected["heads"]["kv"]["rank"],
+                               expected["heads"]["head_dim"]))
         check(rank, "kv pool", pool, r["kv_cache"])
     return checks
 
@@ -265,11 +267,12 @@ def run(
                                                       "every rank's parameters and KV pool with the table."),
     device: Device = typer.Option(Device.cpu, "--device", help="Where --check builds the engine."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSON path (default: runs/shapes-tpN.json)."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Per-rank tensor-parallel shapes from config.json (static); --check compares with the engine."""
     cfg, model_dir, source = _load_config(model, preset)
     expected = per_rank_shapes(cfg, tp)
-    console = Console()
+    console = Console(quiet=as_json)
     dev = resolve_device(device) if check else "cpu"
     build_dir = _check_model_dir(model_dir, preset) if check else None
     env = envelope("shapes", device=dev, model_dir=build_dir or model_dir,
@@ -289,9 +292,13 @@ def run(
         style = "green" if passed else "red"
         console.print(f"[{style}]check: {sum(c['passed'] for c in checks)}/{len(checks)} agree "
                       f"({len(ranks)} ranks on {engine['device']})[/{style}]")
-    result = finish(env, passed=passed, **results)
+    # Without --check nothing is compared: the table is recorded, not judged.
+    verdict = ("PASS" if passed else "FAIL") if check else "RECORDED"
+    result = finish(env, verdict=verdict, passed=passed, **results)
     path = write_json(out or runs_dir() / f"shapes-tp{tp}.json", result)
     md = path.with_suffix(".md")
     md.write_text(markdown(result), encoding="utf-8")
     console.print(f"wrote {path} and {md}")
+    if as_json:
+        print_json(result)
     raise typer.Exit(EXIT_PASS if passed else EXIT_FAIL)

@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
-#   bash scripts/gpu_session.sh [evidence|perf|all|tp]
+#   bash scripts/gpu_session.sh [evidence|perf|all|tp|kernels|serve|serve-profile]
 # Measured on one H200 (docs/perf.md): evidence ~2 minutes, perf ~7 (3.5 of them the Transformers baseline);
 # `all` is ~9.5, close to a 10-minute device call: two calls (evidence, perf) are safer.
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
 #           (baseline: torch eager, triton eager, triton graph against Transformers; graph suite graph vs
 #           eager and triton vs torch; kv suite), run as parallel processes (each uses a small KV pool);
-# perf:     labkit bench nano (graph) and fixed (graph, eager, compare), then gpu_check's before/after of
-#           the custom kernels (nano + batch-1), then the Transformers baseline on the nano workload and the
-#           engine/baseline ratio, one at a time (each takes the GPU's memory). perf-hf: the baseline alone.
+# perf:     labkit bench nano (graph) and fixed (graph, eager, compare), then the custom kernels' before/after
+#           (nano and batch1 with --no-custom-kernels, `compare --variable custom_kernels`), profiles of nano
+#           and batch1 (`--profile`: table + trace, into reports.tgz), then the Transformers baseline on the
+#           nano workload and the engine/baseline ratio, one at a time (each takes the GPU's memory).
+#           perf-hf: the baseline alone.
 # tp:       issue 7 on a two-GPU kind (nvidia-h200-x2): shapes --check, the tp logits suite eager and graph,
 #           every trace case with --tp 2, bench nano and fixed at TP=1 and TP=2 with `compare --variable tp`.
+# kernels:  scripts/kernel_bench.py (decode TB/s at 256x800 / 256x2048 / nano mix, knob sweep, prefill vs SDPA)
+#           and the kernel tests on the GPU.
+# serve:    issue 11's bar: offline nano (3 repeats), then `bench load --workload nano` at rate inf and at
+#           rate 16 (a fresh server each). serve-profile: a rate-inf load on a server with py-spy --gil
+#           recording it and its engine core; with .old/ (a `git archive` of an earlier commit) the same load
+#           on that commit's server.
+#           Needs fastapi/uvicorn/pyzmq/py-spy wheels installed on PYTHONPATH first (docs/perf.md says how).
 # Logs and JSON go to $OUT (the device tool's output folder).
 set -u
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-runs/gpu-session}
 mkdir -p "$OUT/logs"
 export RUNS_DIR=$OUT/runs
@@ -38,18 +47,13 @@ if [ "$what" = evidence ] || [ "$what" = all ]; then
   done
   step 180 python3 -m labkit trace --case lifecycle --model $M --device cuda -q --shapes --out $R/trace-shapes &
   wait
-  step 200 $LC run --suite baseline --attention torch $BF --out $R/lc-baseline-torch &
-  step 200 $LC run --suite baseline --attention triton --execution eager $BF --out $R/lc-baseline-triton-eager &
-  step 200 $LC run --suite baseline --attention triton --execution graph $BF --out $R/lc-baseline-triton-graph &
-  step 240 $LC run --suite kv --attention triton --execution graph --ref-execution eager $BF --out $R/lc-kv &
-  (
-    step 200 $LC collect --suite graph --backend engine --attention triton --execution graph $BF --out $R/lc-graph/triton-graph &
-    step 200 $LC collect --suite graph --backend engine --attention triton --execution eager $BF --out $R/lc-graph/triton-eager &
-    step 200 $LC collect --suite graph --backend engine --attention torch --execution eager $BF --out $R/lc-graph/torch-eager &
-    wait
-    step 60 $LC compare --lhs $R/lc-graph/triton-graph --rhs $R/lc-graph/triton-eager --out $R/lc-graph/graph-vs-eager.json
-    step 60 $LC compare --lhs $R/lc-graph/triton-eager --rhs $R/lc-graph/torch-eager --out $R/lc-graph/triton-vs-torch.json
-  ) &
+  # Judged by the float32-anchored gate (docs/logits-check.md): each run also collects Transformers in
+  # float32 (the truth) and in bf16 (the noise yardstick).
+  step 300 $LC run --suite baseline --attention torch $BF --out $R/lc-baseline-torch &
+  step 300 $LC run --suite baseline --attention triton --execution eager $BF --out $R/lc-baseline-triton-eager &
+  step 300 $LC run --suite baseline --attention triton --execution graph $BF --out $R/lc-baseline-triton-graph &
+  step 300 $LC run --suite graph --attention triton --execution graph $BF --out $R/lc-graph &
+  step 300 $LC run --suite kv --attention triton --execution graph --ref-execution eager $BF --out $R/lc-kv &
   wait
 fi
 if [ "$what" = perf ] || [ "$what" = all ]; then
@@ -57,7 +61,14 @@ if [ "$what" = perf ] || [ "$what" = all ]; then
   step 90 python3 -m labkit bench --workload fixed --model $M --device cuda --graph --out $OUT/bench-fixed-graph.json
   step 90 python3 -m labkit bench --workload fixed --model $M --device cuda --eager --out $OUT/bench-fixed-eager.json
   step 30 python3 -m labkit bench compare $OUT/bench-fixed-eager.json $OUT/bench-fixed-graph.json --variable eager --out $OUT/compare-eager.json
-  GPU_CHECK_CUSTOM=1 step 200 python3 scripts/gpu_check.py --skip-correct --model $M --out $OUT/gpu_check.json
+  P=$OUT/runs/perf; mkdir -p $P
+  step 150 python3 -m labkit bench --workload nano --model $M --device cuda --graph --no-custom-kernels --repeats 2 --out $P/bench-nano-graph-no-custom.json
+  step 30 python3 -m labkit bench compare $P/bench-nano-graph-no-custom.json $OUT/bench-nano-graph.json --variable custom_kernels --out $P/compare-nano-custom-kernels.json
+  step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --out $P/bench-batch1.json
+  step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --no-custom-kernels --out $P/bench-batch1-no-custom.json
+  step 30 python3 -m labkit bench compare $P/bench-batch1-no-custom.json $P/bench-batch1.json --variable custom_kernels --out $P/compare-batch1-custom-kernels.json
+  step 150 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 1 --profile --profile-steps 64 --out $P/profile-nano.json
+  step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --repeats 3 --profile --profile-steps 64 --out $P/profile-batch1.json
 fi
 if [ "$what" = perf ] || [ "$what" = all ] || [ "$what" = perf-hf ]; then
   step 400 python3 -m labkit bench --workload nano --backend hf --hf-batch 256 --model $M --device cuda --repeats 1 --out $OUT/bench-nano-hf.json
@@ -77,10 +88,49 @@ if [ "$what" = tp ]; then
     step 30 python3 -m labkit bench compare $OUT/bench-$wl-tp1.json $OUT/bench-$wl-tp2.json --variable tp --out $OUT/compare-$wl-tp.json
   done
 fi
+if [ "$what" = kernels ]; then
+  step 300 python3 scripts/kernel_bench.py --out $OUT/logs/kernel_bench.json
+  step 200 python3 -m pytest -q tests/test_triton_kernels.py tests/test_small_gemm.py tests/test_qk_norm_rope_kernel.py
+fi
+LOAD="python3 -m labkit bench load --workload nano --model $M --device cuda --graph"
+if [ "$what" = serve ]; then
+  step 300 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 3 --out $OUT/bench-nano.json
+  step 300 $LOAD --rate inf --out $OUT/load-nano-inf.json
+  step 300 $LOAD --rate inf --out $OUT/load-nano-inf-2.json
+  step 300 $LOAD --rate 16 --out $OUT/load-nano-r16.json
+  for f in $OUT/load-*.json $OUT/bench-nano.json; do cp $f $OUT/logs/; done
+fi
+if [ "$what" = serve-profile ]; then
+  # Our own server, py-spy on it and (--subprocesses) its engine core, GIL holders only.
+  port=8391
+  python3 -m labkit serve --model $M --device cuda --port $port --log-level warning > $OUT/logs/serve-profiled.log 2>&1 &
+  spid=$!
+  for _ in $(seq 300); do curl -sf localhost:$port/health > /dev/null && break; sleep 1; done
+  PATH=$PATH:/tmp/site/bin py-spy record --gil --subprocesses --rate 200 --format raw --pid $spid -o $OUT/logs/pyspy-gil.txt --duration 30 \
+    > $OUT/logs/pyspy.log 2>&1 &
+  pyspy=$!
+  sleep 2
+  step 120 python3 -m labkit bench load --workload nano --url http://127.0.0.1:$port --out $OUT/load-nano-inf-profiled.json
+  curl -s localhost:$port/health > $OUT/logs/health-after-profile.json
+  curl -s localhost:$port/metrics > $OUT/logs/metrics-after-profile.txt
+  wait $pyspy
+  kill -TERM $spid; wait $spid; echo "serve exit code $?" >> $OUT/logs/serve-profiled.log
+  if [ -d .old ]; then
+    # The earlier commit's server (run from its own folder: `python -m` puts the cwd first on sys.path),
+    # measured by today's client.
+    (cd .old && PYTHONPATH=$PWD:/tmp/site exec python3 -m labkit serve --model $M --device cuda \
+      --port $((port + 1)) --log-level warning) > $OUT/logs/serve-old.log 2>&1 &
+    opid=$!
+    for _ in $(seq 300); do curl -sf localhost:$((port + 1))/health > /dev/null && break; sleep 1; done
+    step 120 python3 -m labkit bench load --workload nano --url http://127.0.0.1:$((port + 1)) --out $OUT/load-nano-inf-old.json
+    kill -INT $opid; wait $opid
+  fi
+  for f in $OUT/load-*.json $OUT/bench-nano.json; do cp $f $OUT/logs/; done
+fi
 if [ -f $OUT/bench-nano-hf.json ] && [ -f $OUT/bench-nano-graph.json ]; then
   step 30 python3 -m labkit bench compare $OUT/bench-nano-hf.json $OUT/bench-nano-graph.json --variable backend --out $OUT/compare-backend.json
 fi
 # The device returns a limited number of files: keep the reports (not the event logs and logits arrays) in one.
-tar czf $OUT/reports.tgz -C $OUT logs $(cd $OUT && ls -d runs/*/*.json runs/*/*.md runs/*/*/*.json runs/*/*/*.md 2>/dev/null | grep -v events) 2>/dev/null
+tar czf $OUT/reports.tgz -C $OUT logs $(cd $OUT && ls -d runs/*/*.json runs/*/*.md runs/*/*.json.gz runs/*/*/*.json runs/*/*/*.md 2>/dev/null | grep -v events) 2>/dev/null
 rm -rf $OUT/logs $OUT/runs
 echo "done: $OUT"

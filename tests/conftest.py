@@ -44,17 +44,6 @@ def hf_logits(hf_model):
 # Without a GPU, Triton kernels run in Triton's interpreter; it must be chosen before triton is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    try:
-        import triton.runtime.interpreter as _interp
+    from engine.kernels.interpreter import patch_interpreter
 
-        # Triton 3.6's interpreter turns a loaded scalar (a 1-element array) into a loop bound with
-        # int(array), which numpy >= 2.4 refuses; take the element instead. Interpreter only.
-        _patch_tensor = _interp._patch_lang_tensor
-
-        def _patch_lang_tensor(tensor, scope):
-            _patch_tensor(tensor, scope)
-            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-        _interp._patch_lang_tensor = _patch_lang_tensor
-    except ImportError:
-        pass
+    patch_interpreter()

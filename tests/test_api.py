@@ -25,14 +25,16 @@ def test_generate_text_and_ids_in_prompt_order(llm):
 
 def test_step_api(llm):
     seq_id = llm.add_request([101, 102, 103], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
-    finished = []
-    steps = 0
+    results = []
     while not llm.is_finished():
-        outputs, num_tokens = llm.step()
-        assert (num_tokens == 3) if steps == 0 else (num_tokens == -1)
-        finished += outputs
-        steps += 1
-    assert steps == 3 and finished[0][0] == seq_id and len(finished[0][1]) == 3
+        results.append(llm.step())
+    assert [r.phase for r in results] == ["prefill", "decode", "decode"]
+    assert [r.num_computed_tokens for r in results] == [3, 1, 1] and all(r.batch_size == 1 for r in results)
+    new = [t for r in results for t in r.token_ids]
+    assert all(isinstance(t, int) for t in new) and len(new) == 3
+    assert [r.finish_reasons[0] for r in results] == [None, None, "length"]
+    assert llm.get_sequence(seq_id).completion_token_ids == new
+    assert results[-1].finished[0].seq_id == seq_id and results[-1].num_running == 0
 
 
 def test_per_prompt_sampling_params(llm):

@@ -1,5 +1,4 @@
-"""`labkit bench`: workload draws, the engine and HF runs end to end on the tiny model, compare."""
-import copy
+"""`labkit bench`: workload draws, the engine and HF runs end to end on the tiny model (compare: test_bench_compare.py)."""
 import json
 import random
 import statistics
@@ -8,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from labkit import cli
-from labkit.bench import compare as cmp
 from labkit.bench.workloads import draw, draw_repeat, draw_warmup, load_workload, parse_workload
 from labkit.errors import LabkitError
 
@@ -164,94 +162,3 @@ def test_bench_hf_end_to_end(tiny_model, runs, capsys):
     assert data["config"]["engine"] is None and data["kv_blocks"] is None
     assert data["config"]["hf"] == {"batch": 3, "attn_implementation": "sdpa"}
     assert data["runs"][0]["batches"] == 2 and data["hf"]["sampling"]["top_k"] == 0
-
-
-# ------------------------------------------------------------------------------ compare
-
-def _synthetic(tok_s: float, **engine) -> dict:
-    eng = {"enforce_eager": True, "attention_backend": "triton", "tensor_parallel_size": 1, "max_num_seqs": 512,
-           "max_num_batched_tokens": 16384, "kvcache_block_size": 256, "scheduling_policy": "prefill_first"}
-    eng.update(engine)
-    return {
-        "command": "bench", "evidence": "gpu-measured", "device": {"type": "cuda", "name": "NVIDIA H200"},
-        "model": {"path": "/m", "config_sha256": "abc"}, "execution": "eager" if eng["enforce_eager"] else "graph",
-        "config": {"backend": "engine", "workload": {"name": "nano", "requests": 256, "seed": 0},
-                   "model_config_sha256": "abc", "device": {"type": "cuda", "name": "NVIDIA H200"},
-                   "dtype": "bfloat16", "engine": eng, "hf": None},
-        "median": {"output_throughput": tok_s, "total_token_throughput": 2 * tok_s, "request_throughput": 1.0,
-                   "wall_s": 100.0 / tok_s},
-        "runs": [{"repeat": 0, "output_throughput": tok_s}],
-        "init_s": 10.0, "warmup_s": 1.0, "graph_capture_s": None, "kv_blocks": 1000,
-        "peak_memory": {"max_bytes": 2 ** 30},
-    }
-
-
-def _write(tmp_path, name, data):
-    p = tmp_path / name
-    p.write_text(json.dumps(data))
-    return p
-
-
-def test_compare_ratio_on_synthetic_runs(tmp_path, runs, capsys):
-    a = _write(tmp_path, "a.json", _synthetic(8000.0))
-    b = _write(tmp_path, "b.json", _synthetic(12000.0, enforce_eager=False))
-    code, out, err = run_cli(["bench", "compare", a, b, "--variable", "eager"], capsys)
-    assert code == 0, err
-    res = json.loads((runs / "bench-compare-eager.json").read_text())
-    assert res["command"] == "bench compare" and res["evidence"] == "gpu-measured"
-    assert res["ratio"] == pytest.approx(1.5)
-    assert res["metrics"]["total_token_throughput"]["ratio"] == pytest.approx(1.5)
-    assert res["metrics"]["wall_s"]["ratio"] == pytest.approx(8000 / 12000)
-    assert res["metrics"]["graph_capture_s"]["ratio"] is None
-    assert res["differing"] == ["engine.enforce_eager"]
-    assert res["a"]["config"]["engine"]["enforce_eager"] is True
-    assert res["b"]["config"]["engine"]["enforce_eager"] is False
-    assert (runs / "bench-compare-eager.md").is_file() and "1.500x" in out
-
-
-def test_compare_refuses_two_differing_fields_and_unknown_variables(tmp_path, runs, capsys):
-    a = _write(tmp_path, "a.json", _synthetic(8000.0))
-    b = _write(tmp_path, "b.json", _synthetic(12000.0, enforce_eager=False, max_num_seqs=256))
-    code, _, err = run_cli(["bench", "compare", a, b, "--variable", "eager"], capsys)
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "engine.max_num_seqs" in lines[0] and "eager" in lines[0]
-    code, _, err = run_cli(["bench", "compare", a, a, "--variable", "nonsense"], capsys)
-    assert code == 2 and "nonsense" in err and len(err.strip().splitlines()) == 1
-    not_bench = _write(tmp_path, "x.json", {"command": "smoke"})
-    code, _, err = run_cli(["bench", "compare", a, not_bench, "--variable", "eager"], capsys)
-    assert code == 2 and "not a `labkit bench` result" in err
-    assert not (runs / "bench-compare-eager.json").exists()
-
-
-def test_compare_variable_mapping():
-    a = _synthetic(100.0)
-    tp = _synthetic(150.0, tensor_parallel_size=2)
-    assert cmp.compare(a, tp, "tp")["ratio"] == pytest.approx(1.5)
-    assert cmp.compare(a, tp, "engine.tensor_parallel_size")["differing"] == ["engine.tensor_parallel_size"]
-    with pytest.raises(LabkitError, match="tensor_parallel_size"):
-        cmp.compare(a, tp, "attention")
-    hf = copy.deepcopy(a)
-    hf["config"].update(backend="hf", engine=None, hf={"batch": 64, "attn_implementation": "sdpa"})
-    res = cmp.compare(a, hf, "backend")
-    assert "backend" in res["differing"] and res["ratio"] == pytest.approx(1.0)
-    same = cmp.compare(a, _synthetic(110.0), "code")
-    assert same["same_value"] and same["ratio"] == pytest.approx(1.1)
-    other_model = copy.deepcopy(a)
-    other_model["config"]["model_config_sha256"] = "def"
-    with pytest.raises(LabkitError, match="model_config_sha256"):
-        cmp.compare(a, other_model, "eager")
-
-
-def test_compare_allows_different_repeats_and_warmup_and_lists_them():
-    a = _synthetic(700.0)
-    a["config"]["workload"] = {"name": "nano", "repeats": 1, "warmup": {"rounds": 1, "requests": 8}}
-    b = copy.deepcopy(a)
-    b["config"]["workload"].update(repeats=3, warmup={"rounds": 2, "requests": 8})
-    b["median"]["output_throughput"] = 21000.0
-    res = cmp.compare(a, b, "code")
-    assert res["ratio"] == pytest.approx(30.0)
-    assert res["measurement_differs"] == {"workload.repeats": {"a": 1, "b": 3},
-                                          "workload.warmup.rounds": {"a": 1, "b": 2}}
-    b["config"]["workload"]["name"] = "fixed"  # what is measured differs: still refused
-    with pytest.raises(LabkitError, match="workload.name"):
-        cmp.compare(a, b, "code")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    """A copy of engine/, patches/ and notes/ as the project root, outside any git checkout."""
+    """A copy of engine/, patches/, notes/ and workloads/ as the project root, outside any git checkout."""
     root = tmp_path / "proj"
-    for part in ("engine", "patches", "notes"):
+    for part in ("engine", "patches", "notes", "workloads"):
         shutil.copytree(REPO / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setenv("LAB_ROOT", str(root))
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
@@ -67,8 +68,9 @@ def test_patch_refuses_unknown_and_conflicting_patches(project, capsys):
 def test_notes_new_fills_the_facts_and_never_overwrites(project, capsys, tmp_path):
     code, out, err = run_cli(["notes", "new", "trace", "--title", "Why does R2 wait in step 3?"], capsys)
     assert code == 0, err
-    notes = list((tmp_path / "runs" / "notes").glob("*.md"))
+    notes = list((project / "notes").glob("*-trace-*.md"))  # notes/ is tracked; runs/ is not
     assert len(notes) == 1 and notes[0].name.endswith("-trace-why-does-r2-wait-in-step-3.md")
+    assert not (tmp_path / "runs" / "notes").exists()
     text = notes[0].read_text()
     assert text.startswith("# Trace note: Why does R2 wait in step 3?")
     date_line = next(line for line in text.splitlines() if line.startswith("- Date"))
@@ -79,3 +81,38 @@ def test_notes_new_fills_the_facts_and_never_overwrites(project, capsys, tmp_pat
     assert code == 2 and "trace" in err
     code, out, _ = run_cli(["notes", "list"], capsys)
     assert code == 0 and {"bench", "logits", "trace"} <= set(out.split())
+
+
+def test_notes_init_writes_one_note_per_lab_and_keeps_what_a_user_wrote(project, capsys, tmp_path):
+    from labkit.report.plan import load_plan
+
+    labs = load_plan()
+    mine = project / "notes" / "trace-chunk.md"
+    mine.write_text("# my own chunk note, no markers left\n")
+    code, out, err = run_cli(["notes", "init"], capsys)
+    assert code == 0, err
+    assert mine.read_text() == "# my own chunk note, no markers left\n"
+    for lab in labs:
+        text = (project / "notes" / f"{lab.id}.md").read_text()
+        if lab.id != "trace-chunk":
+            assert text.startswith(f"# {lab.title}") and "TODO" in text and lab.command.splitlines()[0] in text
+            assert all(q in text for q in lab.questions)
+    before = (project / "notes" / "trace-A.md").read_text()
+    (project / "notes" / "trace-A.md").write_text(before.replace("TODO", "observed: R1 4/3 after step 1", 1))
+    edited = (project / "notes" / "trace-A.md").read_text()
+    code, out, _ = run_cli(["notes", "init"], capsys)
+    assert code == 0 and f"kept {len(labs)}" in " ".join(out.split())
+    assert (project / "notes" / "trace-A.md").read_text() == edited
+    code, _, err = run_cli(["notes", "init", "--lab", "no-such-lab"], capsys)
+    assert code == 2 and "no-such-lab" in err
+    # The report lists the notes that still hold TODO, and gives each lab its note's state.
+    (tmp_path / "runs").mkdir(exist_ok=True)
+    code, _, err = run_cli(["report", "--runs", tmp_path / "runs", "--out", tmp_path / "report"], capsys)
+    assert code == 0, err
+    md = (tmp_path / "report" / "report.md").read_text()
+    todo = md.split("## Notes still holding TODO", 1)[1].split("##", 1)[0]
+    assert "notes/trace-A.md" in todo and "notes/trace-chunk.md" not in todo
+    assert re.search(r"\| trace-chunk \| MISSING \|[^\n]*\| written \|", md)
+    assert re.search(r"\| trace-B \| MISSING \|[^\n]*\| \d+ TODO \|", md)
+    with tarfile.open(tmp_path / "report" / "evidence.tar.gz") as tar:
+        assert "evidence/notes/trace-chunk.md" in tar.getnames()

@@ -1,67 +1,291 @@
-"""`labkit report`: results under runs/ gathered into a summary, a sha256 manifest and an archive."""
+"""`labkit report` over a runs/ folder made by real commands (trace, logits-check, bench on CPU, tiny model):
+every lab of the plan accounted for, UNREADABLE files, pictures, and `report verify` on changed archives."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
+import shutil
+import stat
+import sys
 import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
 
 from .helpers import run_cli
 
-
-def _env(command, evidence="cpu-executed", head="a" * 40, dirty=False, **fields):
-    return {"command": command, "argv": [], "versions": {}, "device": {"type": "cpu", "name": "X"}, "model": {},
-            "git_head": head, "git_dirty": dirty, "started_at": "t", "evidence": evidence, **fields}
-
-
-def _write(path, data):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data))
+# What the real commands below produce; every other lab of the plan must be MISSING.
+PRODUCED = {"trace-chunk": "PASS", "logits-prefix": "PASS", "graph-vs-eager": "RECORDED",
+            "bench-offline": "RECORDED", "principles-slots": "PASS"}
 
 
-def test_report_summarises_each_kind_and_archives_with_a_manifest(tmp_path, capsys, tiny_model):
-    runs = tmp_path / "runs"
-    _write(runs / "bench-nano-engine-graph.json", _env("bench", "gpu-measured", status="ok", backend="engine",
-                                                       execution="graph", workload={"name": "nano"},
-                                                       median={"output_throughput": 21819.0}, runs=[{}, {}, {}]))
-    (runs / "bench-nano-engine-graph.md").write_text("# twin")
-    _write(runs / "lc" / "check.json", _env("logits-check compare", verdict="FAIL", suite="baseline",
-                                            summary={"rows": 15, "top1_agree": 14, "worst_max_abs": {"value": 0.7},
-                                                     "worst_rel_l2": {"value": 0.03}}))
-    (runs / "lc" / "engine.npz").write_bytes(b"arrays")
-    _write(runs / "lc" / "engine.json", _env("logits-check collect --backend engine"))  # an input, not a result
-    _write(runs / "cmp.json", _env("bench compare", head="b" * 40, dirty=True, variable="eager", ratio=13.08))
-    _write(runs / "not-ours.json", {"hello": 1})
-    code, out, err = run_cli(["trace", "--case", "chunk", "--model", tiny_model, "--device", "cpu", "-q",
-                              "--out", runs / "trace-chunk"], capsys)
+@pytest.fixture(scope="module")
+def lab_runs(tmp_path_factory, tiny_model):
+    """runs/ made by the real commands, once for this module."""
+    runs = tmp_path_factory.mktemp("lab") / "runs"
+
+    def cli(args):
+        from labkit import cli as labkit_cli
+
+        with pytest.raises(SystemExit) as done:
+            labkit_cli.main([str(a) for a in args])
+        assert done.value.code in (0, None), args
+
+    tiny = ["--model", tiny_model, "--device", "cpu"]
+    cli(["trace", "--case", "chunk", *tiny, "-q", "--out", runs / "trace-chunk"])
+    cli(["logits-check", "run", "--suite", "prefix", *tiny, "--out", runs / "logits-prefix"])
+    bench = ["bench", "--workload", "fixed", "--num-requests", "2", "--warmup", "0", "--repeats", "2", *tiny]
+    cli([*bench, "--eager", "--out", runs / "bench-eager.json"])
+    cli([*bench, "--graph", "--out", runs / "bench-graph.json"])
+    cli(["bench", "compare", runs / "bench-eager.json", runs / "bench-graph.json", "--variable", "eager",
+         "--out", runs / "compare-eager.json"])
+    cli(["principles", "slots", "--out", runs / "principles" / "slots.json"])
+    return runs
+
+
+def _report(runs: Path, out: Path, capsys, *extra):
+    code, stdout, err = run_cli(["report", "--runs", runs, "--out", out, *extra], capsys)
+    return code, stdout, err
+
+
+def _labs(out: Path) -> dict:
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {lab["lab"]: lab for lab in manifest["labs"]}
+
+
+def test_report_accounts_for_every_lab_of_the_plan(lab_runs, tmp_path, capsys):
+    out = tmp_path / "report"
+    code, _, err = _report(lab_runs, out, capsys, "--title", "test report")
     assert code == 0, err
-    code, out, err = run_cli(["report", "--runs", runs, "--title", "test report"], capsys)
-    assert code == 0, err
-    md = (runs / "report" / "report.md").read_text()
+    labs = _labs(out)
+    produced = {k: v["verdict"] for k, v in labs.items() if v["verdict"] != "MISSING"}
+    assert produced == PRODUCED
+    assert len(labs) >= 30 and all("not run" in v["headline"] for k, v in labs.items() if k not in PRODUCED)
+    chunk = labs["trace-chunk"]
+    assert chunk["evidence"] == "cpu-executed" and chunk["evidence_needed"] == "gpu-measured" and chunk["evidence_short"]
+    assert re.fullmatch(r"[0-9a-f]{10}( \(dirty\))?", chunk["commit"]) and chunk["device"] != "-"
+    md = (out / "report.md").read_text()
     assert md.startswith("# test report")
-    assert "21,819.0 output tok/s" in md and "| FAIL | suite baseline: 15 rows, worst max-abs 0.7" in md
-    assert "B/A 13.080x" in md and "| PASS | case chunk" in md and "not-ours" not in md
-    assert "engine.json" not in md  # a logits collection is an input of its compare
-    assert re.search(r"results come from [23] commits", md) and "uncommitted" in md and "GPU measurements sit next to CPU" in md
-    manifest = json.loads((runs / "report" / "manifest.json").read_text())
-    assert manifest["command"] == "report" and manifest["evidence"] == "cpu-executed"  # the weakest result's kind
+    assert re.search(r"\| trace-chunk \| PASS \| cpu-executed \(needs gpu-measured\) \| case chunk, 4 steps", md)
+    assert re.search(r"\| logits-prefix \| PASS \| .*suite prefix: 6 rows", md)
+    assert re.search(r"\| trace-A \| MISSING \| - \(needs gpu-measured\) \| not run", md)
+    assert "| graph-vs-eager | RECORDED |" in md and "B/A" in md
+    # Only CPU evidence for labs that need a GPU: the caveats say so.
+    assert "need gpu-measured evidence but have only weaker results" in md and "no result was measured on a GPU" in md
+    assert "`labkit trace --case A`" in md  # how to produce what is missing
+    # The archive holds what verify needs: event logs, logits arrays, provenance; files are 0644 like the Markdown.
+    manifest = json.loads((out / "manifest.json").read_text())
     files = {f["file"]: f for f in manifest["files"]}
-    assert "bench-nano-engine-graph.md" in files and "lc/check.json" in files and "trace-chunk/check.json" in files
-    assert "lc/engine.npz" not in files and "trace-chunk/events.jsonl" not in files  # logs only with --with-logs
-    f = files["lc/check.json"]
-    assert f["sha256"] == hashlib.sha256((runs / "lc" / "check.json").read_bytes()).hexdigest()
-    with tarfile.open(runs / "report" / "evidence.tar.gz") as tar:
-        names = set(tar.getnames())
-    assert {"evidence/report.md", "evidence/manifest.json", "evidence/lc/check.json"} <= names
-    code, _, err = run_cli(["report", "--runs", runs, "--with-logs", "--out", tmp_path / "full"], capsys)
+    assert {"runs/trace-chunk/events.jsonl", "runs/logits-prefix/engine.npz", "runs/logits-prefix/hf-float32.npz",
+            "provenance/engine.diff", "provenance/packages.txt", "report.html", "report.md"} <= set(files)
+    f = files["runs/logits-prefix/check.json"]
+    assert f["sha256"] == hashlib.sha256((lab_runs / "logits-prefix" / "check.json").read_bytes()).hexdigest()
+    assert any(line.startswith("numpy==") for line in (out / "provenance" / "packages.txt").read_text().splitlines())
+    assert isinstance(manifest["provenance"]["patches"], list)
+    for p in (lab_runs / "trace-chunk" / "check.json", lab_runs / "bench-eager.json", out / "manifest.json"):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o644, p
+    html = (out / "report.html").read_text()
+    assert html.count('src="data:image/png;base64,') == 3  # trace, logits check, bench comparison
+    assert "<script" not in html and "http://" not in html and "https://" not in html
+
+
+def test_report_json_prints_the_manifest(lab_runs, tmp_path, capsys):
+    code, stdout, err = _report(lab_runs, tmp_path / "r", capsys, "--json")
     assert code == 0, err
-    files = {f["file"] for f in json.loads((tmp_path / "full" / "manifest.json").read_text())["files"]}
-    assert "lc/engine.npz" in files and "trace-chunk/events.jsonl" in files
+    data = json.loads(stdout)
+    assert data["command"] == "report" and {lab["lab"] for lab in data["labs"]} >= set(PRODUCED)
 
 
-def test_report_with_nothing_to_report_exits_2(tmp_path, capsys):
+def test_unreadable_results_are_listed_with_their_reason_and_exit_1(lab_runs, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    shutil.copytree(lab_runs / "trace-chunk", runs / "trace-chunk")
+    whole = (lab_runs / "bench-eager.json").read_text()
+    (runs / "bench-x.json").write_text(whole[: len(whole) // 2])
+    (runs / "random.json").write_bytes(bytes(range(256)) * 4)
+    (runs / "empty.json").write_text("")
+    (runs / "list.json").write_text("[1, 2, 3]")
+    (runs / "deep.json").write_text("[" * 200000 + "]" * 200000)
+    (runs / "no-evidence.json").write_text(json.dumps({"command": "bench", "status": "ok"}))
+    (runs / "perfetto.json").write_text(json.dumps({"traceEvents": []}))  # another tool's file: not a result
+    code, _, err = _report(runs, tmp_path / "report", capsys)
+    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "UNREADABLE" in err
+    md = (tmp_path / "report" / "report.md").read_text()
+    section = md.split("## UNREADABLE", 1)[1].split("##", 1)[0]
+    reasons = {
+        "bench-x.json": "looks truncated", "random.json": "not UTF-8", "empty.json": "empty file",
+        "list.json": "a JSON list", "deep.json": "nested too deeply", "no-evidence.json": "evidence None",
+    }
+    for name, why in reasons.items():
+        assert re.search(rf"\| `{re.escape(name)}` \| [^\n]*{re.escape(why)}", section), (name, section)
+    assert "perfetto.json" not in section and "`perfetto.json`" in md
+    assert "| trace-chunk | PASS |" in md  # the readable result is still reported
+    assert "could not be read" in md
+
+
+def test_report_on_an_empty_folder_is_all_missing(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    code, _, err = run_cli(["report", "--runs", tmp_path / "empty"], capsys)
-    assert code == 2 and "no labkit results" in err
+    code, _, err = _report(tmp_path / "empty", tmp_path / "report", capsys)
+    assert code == 0, err
+    assert {v["verdict"] for v in _labs(tmp_path / "report").values()} == {"MISSING"}
     code, _, err = run_cli(["report", "--runs", tmp_path / "missing"], capsys)
     assert code == 2 and "not a folder" in err
+    code, _, err = run_cli(["report", "--runs", tmp_path / "empty", "--out", tmp_path], capsys)
+    assert code == 2 and "would hold the results" in err
+
+
+def test_report_without_matplotlib_still_writes_the_markdown(lab_runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    code, _, err = _report(lab_runs, tmp_path / "report", capsys)
+    assert code == 0, err
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "No pictures: matplotlib is not available" in md and "| trace-chunk | PASS |" in md
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert "matplotlib is not available" in html and "<img" not in html
+
+
+# --- report verify -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def archive(lab_runs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("archive")
+    from labkit import cli as labkit_cli
+
+    with pytest.raises(SystemExit) as done:
+        labkit_cli.main(["report", "--runs", str(lab_runs), "--out", str(out)])
+    assert done.value.code in (0, None)
+    return out / "evidence.tar.gz"
+
+
+def _members(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def _rewrite(src: Path, dest: Path, changes: dict[str, bytes], update_manifest: bool) -> Path:
+    """A copy of the archive with some members replaced (and the manifest's sha256 made to agree)."""
+    members = _members(src)
+    members.update({f"evidence/{k}": v for k, v in changes.items()})
+    if update_manifest:
+        manifest = json.loads(members["evidence/manifest.json"])
+        for entry in manifest["files"]:
+            if entry["file"] in changes:
+                entry["sha256"] = hashlib.sha256(changes[entry["file"]]).hexdigest()
+                entry["bytes"] = len(changes[entry["file"]])
+        members["evidence/manifest.json"] = json.dumps(manifest).encode()
+    with tarfile.open(dest, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return dest
+
+
+def test_verify_passes_on_the_archive_as_written(archive, capsys):
+    code, out, err = run_cli(["report", "verify", str(archive)], capsys)
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "1 trace log(s) re-validated" in flat and "1 logits check(s) re-judged" in flat and "PASS" in flat
+
+
+def test_verify_names_a_file_with_one_byte_changed(archive, tmp_path, capsys):
+    name = "runs/logits-prefix/check.md"
+    data = bytearray(_members(archive)[f"evidence/{name}"])
+    data[10] ^= 0x01
+    bad = _rewrite(archive, tmp_path / "bad.tar.gz", {name: bytes(data)}, update_manifest=False)
+    code, _, err = run_cli(["report", "verify", str(bad)], capsys)
+    assert code == 1 and f"{name} differs: sha256" in err and len(err.strip().splitlines()) == 1
+    raw = bytearray(archive.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # a byte of the compressed archive itself
+    (tmp_path / "raw.tar.gz").write_bytes(bytes(raw))
+    code, _, err = run_cli(["report", "verify", str(tmp_path / "raw.tar.gz")], capsys)
+    assert code == 1 and " differs: " in err  # the gzip stream, or the member the flipped byte landed in
+    code, _, err = run_cli(["report", "verify", str(tmp_path / "none.tar.gz")], capsys)
+    assert code == 2 and "no such archive" in err
+
+
+def test_verify_revalidates_an_edited_event_log_against_its_case(archive, tmp_path, capsys):
+    name = "runs/trace-chunk/events.jsonl"
+    lines = _members(archive)[f"evidence/{name}"].decode().splitlines()
+    edited = []
+    for line in lines:
+        e = json.loads(line)
+        if e["event"] == "scheduled" and e["step"] == 1:
+            e["seqs"][0]["num_scheduled_tokens"] = 511   # the case expects 512
+        edited.append(json.dumps(e))
+    # The manifest agrees with the edit, so only re-validating the log can notice it.
+    bad = _rewrite(archive, tmp_path / "bad.tar.gz", {name: ("\n".join(edited) + "\n").encode()}, update_manifest=True)
+    code, _, err = run_cli(["report", "verify", str(bad)], capsys)
+    assert code == 1 and f"{name} differs: re-validated against case chunk: FAIL, its check.json says PASS" in err
+
+
+def test_verify_rejudges_a_logits_check_from_its_arrays(archive, tmp_path, capsys):
+    name = "runs/logits-prefix/engine.npz"
+    with np.load(io.BytesIO(_members(archive)[f"evidence/{name}"])) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["logits"] = arrays["logits"].copy()
+    arrays["logits"][2] += 1.0   # one row off by far more than the gate
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    bad = _rewrite(archive, tmp_path / "bad.tar.gz", {name: buf.getvalue()}, update_manifest=True)
+    code, _, err = run_cli(["report", "verify", str(bad)], capsys)
+    assert code == 1 and "runs/logits-prefix/check.json differs: re-judged from its arrays: FAIL, the file says PASS" in err
+
+
+def test_the_plan_names_every_lab_of_the_seeds_with_commands_that_exist():
+    import typer.main
+
+    from labkit import cli, principles
+    from labkit.errors import LabkitError
+    from labkit.report.plan import load_plan, parse
+    from labkit.trace.cases import list_cases
+
+    labs = load_plan()
+    ids = {lab.id for lab in labs}
+    assert {f"trace-{c}" for c in list_cases()} | {f"principles-{n}" for n in principles.LABS} <= ids
+    assert {"environment", "runner-shapes", "logits-baseline", "logits-graph", "logits-prefix", "logits-kv", "logits-tp",
+            "graph-vs-eager", "bench-offline", "bench-hf", "load-policies", "tp-shapes", "replicas-vs-tp",
+            "service-lifecycle"} <= ids
+    commands = set(typer.main.get_command(cli.app).commands)
+    written = {"trace", "logits-check compare", "bench", "bench compare", "bench load", "shapes", "smoke", "doctor"}
+    written |= {f"principles {n}" for n in principles.LABS}
+    for lab in labs:
+        for line in lab.command.splitlines():
+            words = line.split()
+            assert words[0] == "labkit" and words[1] in commands, (lab.id, line)
+        for slot in lab.slots:
+            assert slot.match.get("command") in written or lab.producer, (lab.id, slot.match)
+    with pytest.raises(LabkitError, match="lab x: `title` must be a non-empty string"):
+        parse({"labs": [{"id": "x", "evidence": "cpu-executed", "command": "labkit trace", "results": [{"file": "*"}]}]},
+              "plan")
+    with pytest.raises(LabkitError, match="evidence must be one of"):
+        parse({"labs": [{"id": "x", "title": "t", "evidence": "vibes", "command": "c", "results": [{"file": "*"}]}]},
+              "plan")
+
+
+def test_json_flag_prints_the_result_of_every_command_that_prints_one(lab_runs, tiny_model, tmp_path, capsys):
+    def as_json(args):
+        code, out, err = run_cli([*args, "--json"], capsys)
+        assert code == 0, (args, err)
+        return json.loads(out)  # stdout holds the JSON alone
+
+    tiny = ["--model", tiny_model, "--device", "cpu"]
+    assert as_json(["trace", "--case", "A", *tiny, "--out", tmp_path / "trace-A"])["case"] == "A"
+    replay = as_json(["trace", "check", str(lab_runs / "trace-chunk" / "events.jsonl"), "--case", "chunk",
+                      "--out", tmp_path / "replay.json"])
+    assert replay["command"] == "trace check" and replay["passed"] is True
+    bench = as_json(["bench", "--workload", "fixed", "--num-requests", "1", "--warmup", "0", "--repeats", "1", *tiny,
+                     "--out", tmp_path / "b.json"])
+    assert bench["command"] == "bench" and len(bench["runs"]) == 1
+    cmp = as_json(["bench", "compare", str(lab_runs / "bench-eager.json"), str(lab_runs / "bench-graph.json"),
+                   "--variable", "eager", "--out", tmp_path / "c.json"])
+    assert cmp["command"] == "bench compare" and cmp["variable"] == "eager"
+    shapes = as_json(["shapes", "--tp", "2", "--preset", "qwen3-0.6b", "--out", tmp_path / "s.json"])
+    assert shapes["verdict"] == "RECORDED" and shapes["table"]["heads"]["q"]["rank"] == 8
+    if shutil.which("git"):
+        patches = as_json(["patch", "list"])
+        assert patches and {"name", "kind", "state"} <= set(patches[0])

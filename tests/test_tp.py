@@ -1,7 +1,9 @@
 """Tensor parallel on the CPU (gloo): TP=2 against TP=1 on the tiny model, every traced case with two
-ranks, a killed worker, two engines side by side, the shared-memory limit, and `labkit shapes`."""
+ranks, a killed worker, a worker dying at start-up (and the engines after it), sockets on loopback only,
+two engines side by side, the shared-memory limit, and `labkit shapes`."""
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
@@ -11,13 +13,19 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from engine import LLM, SamplingParams
-from engine.config import Config
+from engine.config import Config, free_port
+from engine.distributed import tp_size
+from engine.rendezvous import START_TIMEOUT_FLOOR_S
+from engine.tp_workers import FAIL_ENV, TensorParallel
 from engine.sequence import Sequence
+from engine.step_result import StepFailed
 from labkit.trace.cases import list_cases, load_case
 from labkit.trace.run import run_case
 from labkit.trace.validate import validate
@@ -49,6 +57,54 @@ def _shm_exists(name: str) -> bool:
     return os.path.exists(f"/dev/shm/{name}")
 
 
+def listening_addresses(pid: int) -> list[str]:
+    """"HOST:PORT" of every TCP socket process `pid` listens on (its /proc fd links matched against the
+    kernel's socket tables)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for row in f.read().splitlines()[1:]:
+                cols = row.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # 0A: TCP_LISTEN
+                    found.append(_proc_address(cols[1]))
+    return found
+
+
+def _proc_address(hex_addr: str) -> str:
+    import ipaddress
+
+    host, port = hex_addr.split(":")
+    raw = bytes.fromhex(host)
+    # /proc prints the address as 32-bit words in host (little-endian) order.
+    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    ip = ipaddress.ip_address(raw)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return f"{ip}:{int(port, 16)}"
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    return ipaddress.ip_address(address.rpartition(":")[0]).is_loopback
+
+
+def _nothing_listens_on(addr: str) -> bool:
+    import socket
+
+    host, _, port = addr.rpartition(":")
+    with socket.socket() as s:
+        return s.connect_ex((host, int(port))) != 0
+
+
 def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -67,10 +123,12 @@ def test_tp2_greedy_tokens_equal_tp1(tiny_model, tp1_tokens):
         mem = llm.peak_memory_per_rank()
         assert [m["rank"] for m in mem] == [0, 1] and all(m["peak_bytes"] > 0 for m in mem)
         pids = [p.pid for p in llm._tp.procs]
+        addr = llm.config.dist_init_addr  # the free loopback port the engine bound
+        assert addr.startswith("127.0.0.1:") and not _nothing_listens_on(addr)
     finally:
         llm.exit()
     llm.exit()  # idempotent
-    assert not _shm_exists(name) and all(_gone(pid) for pid in pids)
+    assert not _shm_exists(name) and all(_gone(pid) for pid in pids) and _nothing_listens_on(addr)
 
 
 def _forced_logits(llm, prompts, steps=4):
@@ -191,21 +249,27 @@ _RANK0 = textwrap.dedent("""
     from engine import LLM
     if __name__ == "__main__":
         llm = LLM(sys.argv[1], tensor_parallel_size=2, **json.loads(sys.argv[2]))
-        print(json.dumps({"shm_name": llm.config.shm_name, "pids": [p.pid for p in llm._tp.procs]}), flush=True)
+        print(json.dumps({"shm_name": llm.config.shm_name, "pids": [p.pid for p in llm._tp.procs],
+                          "addr": llm.config.dist_init_addr}), flush=True)
         time.sleep(120)
 """)
 
 
-def test_workers_leave_when_rank_0_is_killed(tiny_model, tmp_path):
+def test_an_engine_listens_on_loopback_only_and_its_workers_leave_when_rank_0_is_killed(tiny_model, tmp_path):
+    # Rank 0 in a process of its own, so that every listening socket there is the engine's.
     script = tmp_path / "rank0.py"
     script.write_text(_RANK0)
     rank0 = subprocess.Popen([sys.executable, str(script), tiny_model, json.dumps(SMALL)], stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True, cwd=REPO)
     try:
         info = json.loads(rank0.stdout.readline())
+        listening = {pid: listening_addresses(pid) for pid in [rank0.pid] + info["pids"]}
     finally:
         rank0.kill()
         rank0.wait()
+    # The rendezvous store on rank 0, gloo's sockets on every rank: all on loopback, none on *:PORT.
+    assert info["addr"] in listening[rank0.pid] and all(listening.values()), listening
+    assert all(_is_loopback(a) for addrs in listening.values() for a in addrs), listening
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:  # the worker sees its pipe close; Python's resource tracker unlinks
         if all(_gone(pid) for pid in info["pids"]) and not _shm_exists(info["shm_name"]):
@@ -222,6 +286,57 @@ def test_a_worker_error_is_quoted(tiny_model):
     finally:
         llm.exit()
     assert not _shm_exists(llm.config.shm_name)
+
+
+# A worker failing at start-up, through FAIL_ENV (engine/tp_workers.py): vanishing before it reaches the
+# store, vanishing once there (rank 0 is then inside init_process_group, waiting for its address), and
+# raising while it builds its runner (rank 0 is then in a collective with it).
+_START_FAILURES = {
+    "start:exit": r"died \(exit code 3\) while joining the process group$",
+    "join:exit": r"died \(exit code 3\) while joining the process group$",
+    "runner": rf"died \(exit code 1\) while building the model runner: RuntimeError: {FAIL_ENV}=runner: failing",
+}
+
+
+def _fails_to_start_and_leaves_nothing(tiny_model, monkeypatch, hook: str) -> str:
+    """Start a TP=2 engine whose worker fails at `hook`; check the error and that nothing is left behind.
+    Returns the rendezvous address it used."""
+    excepthook = sys.excepthook
+    addr, shm = f"127.0.0.1:{free_port()}", f"labkit-test-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv(FAIL_ENV, hook)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"^tensor parallel worker rank 1 {_START_FAILURES[hook]}"):
+        LLM(tiny_model, tensor_parallel_size=2, dist_init_addr=addr, shm_name=shm, **SMALL)
+    monkeypatch.delenv(FAIL_ENV)
+    # Not by a timeout (the start-up one is START_TIMEOUT_FLOOR_S, 300 s, for the default dist_timeout_s of
+    # 60 s): the time is the worker's spawn and imports, 1-20 s depending on the machine's load.
+    assert time.monotonic() - t0 < START_TIMEOUT_FLOOR_S / 3
+    assert not dist.is_initialized() and tp_size() == 1
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("labkit-tp")]
+    assert not _shm_exists(shm) and _nothing_listens_on(addr)
+    # Nothing holds on to the failed engine's handle (an atexit hook would, until the interpreter exits).
+    gc.collect()
+    assert not [o for o in gc.get_objects() if type(o) is TensorParallel and o.shm_name == shm]
+    assert sys.excepthook is excepthook
+    return addr
+
+
+@pytest.mark.parametrize("hook", ["start:exit", "runner"])
+def test_a_worker_dying_at_start_up_is_reported_at_once_and_leaves_nothing(tiny_model, monkeypatch, hook):
+    _fails_to_start_and_leaves_nothing(tiny_model, monkeypatch, hook)
+
+
+def test_after_a_failed_start_the_next_engines_start_and_generate(tiny_model, tp1_tokens, monkeypatch):
+    # torch numbers the default group before creating it and kept the number of a failed one: the next TP
+    # engine in the process then looked for its fresh workers under another name until the timeout, and
+    # so did every later one.
+    addr = _fails_to_start_and_leaves_nothing(tiny_model, monkeypatch, "join:exit")
+    for tp in (2, 1):
+        llm = LLM(tiny_model, tensor_parallel_size=tp, dist_init_addr=addr, **SMALL)  # the port is free again
+        try:
+            assert [o["token_ids"] for o in llm.generate(_prompts(), GREEDY, use_tqdm=False)] == tp1_tokens
+        finally:
+            llm.exit()
 
 
 _OTHER_ENGINE = textwrap.dedent("""
@@ -273,6 +388,8 @@ def test_an_address_or_name_in_use_is_refused_before_any_worker_starts(tiny_mode
         addr = f"127.0.0.1:{taken.getsockname()[1]}"
         with pytest.raises(ValueError, match=f"dist_init_addr: {addr} is already in use"):
             LLM(tiny_model, tensor_parallel_size=2, dist_init_addr=addr, **SMALL)
+    with pytest.raises(ValueError, match="dist_init_addr: cannot listen on 192.0.2.1:0"):  # not this host's
+        LLM(tiny_model, tensor_parallel_size=2, dist_init_addr="192.0.2.1:0", **SMALL)
     from multiprocessing.shared_memory import SharedMemory
 
     shm = SharedMemory(create=True, size=4096)
@@ -291,8 +408,9 @@ def test_a_call_larger_than_the_shared_memory_is_refused(tiny_model):
     name = llm.config.shm_name
     try:
         llm.add_request([100 + i % 1900 for i in range(1500)], SamplingParams(max_tokens=1))
-        with pytest.raises(ValueError, match=r"shm_size: the 'run' call needs \d+ bytes .*shm_size=8192"):
+        with pytest.raises(StepFailed, match=r"shm_size: the 'run' call needs \d+ bytes .*shm_size=8192") as info:
             llm.step()
+        assert not info.value.fatal and llm.is_finished()  # the request was taken out, its blocks freed
     finally:
         llm.exit()
     assert not _shm_exists(name)
@@ -305,11 +423,14 @@ def test_config_checks_divisibility_and_picks_unique_isolation(tiny_model):
         Config(tiny_model, tensor_parallel_size=3)
     with pytest.raises(ValueError, match="shm_size: must be at least"):
         Config(tiny_model, tensor_parallel_size=2, shm_size=4096)
-    with pytest.raises(ValueError, match="dist_init_addr"):
-        Config(tiny_model, dist_init_addr="nowhere")
+    for bad in ("nowhere", "127.0.0.1:65536", ":80", "[::1]"):
+        with pytest.raises(ValueError, match="dist_init_addr: expected HOST:PORT"):
+            Config(tiny_model, dist_init_addr=bad)
+    assert Config(tiny_model, dist_init_addr="[::1]:0").dist_init_addr == "[::1]:0"
     a, b = Config(tiny_model, tensor_parallel_size=2), Config(tiny_model, tensor_parallel_size=2)
     assert a.shm_name != b.shm_name and a.shm_name.startswith(f"labkit-{os.getpid()}-")
-    assert a.dist_init_addr.startswith("127.0.0.1:") and a.shm_size == 1 << 20 and a.dist_timeout_s == 60
+    # No port is picked (and left to race) in Config: the engine binds one when it starts.
+    assert a.dist_init_addr is None and a.shm_size == 1 << 20 and a.dist_timeout_s == 60
 
 
 def test_sequences_travel_compactly():
@@ -359,7 +480,7 @@ def test_shapes_check_on_tiny_compares_every_rank(tiny_model, tmp_path):
     data = json.loads(out.read_text())
     assert data["evidence"] == "cpu-executed" and data["passed"] is True and out.with_suffix(".md").is_file()
     assert [r["rank"] for r in data["ranks"]] == [0, 1] and all(c["passed"] for c in data["checks"])
-    assert data["ranks"][1]["kv_cache"] == [2, 2, 4, 16, 1, 32]
+    assert data["ranks"][1]["kv_cache"] == [2, 2, 4, 1, 16, 32]
 
 
 def test_shapes_check_catches_a_mismatch():
@@ -368,7 +489,7 @@ def test_shapes_check_catches_a_mismatch():
 
     expected = per_rank_shapes(preset_config("tiny"), 2)
     rank = {"rank": 0, "tp_size": 2, "layers_uniform": True, "num_heads": 2, "num_kv_heads": 2, "head_dim": 32,
-            "kv_bytes_per_token": 512, "kv_cache": [2, 2, 4, 16, 1, 32],
+            "kv_bytes_per_token": 512, "kv_cache": [2, 2, 4, 1, 16, 32],
             "params": {k: v["rank"] for k, v in expected["params"].items()}}
     bad = [c for c in compare(expected, [rank, {**rank, "rank": 1}], 4, 16) if not c["passed"]]
     assert [(c["rank"], c["what"]) for c in bad] == [(0, "kv heads"), (1, "kv heads")]

@@ -43,8 +43,9 @@ def test_cli_case_with_a_wrong_expectation_fails_naming_it(tiny_model, tmp_path)
             entry["after"]["A"]["cached"] = 699  # the truth is 700
     bad = tmp_path / "chunk-wrong.yaml"
     bad.write_text(yaml.safe_dump(data))
+    # --no-expect-changes: judged strictly whatever state the checkout's engine/ is in (an edit, a merge)
     res = _labkit("trace", "--case", str(bad), "--model", tiny_model, "--device", "cpu", "--out", str(tmp_path / "o"),
-                  "-q")
+                  "-q", "--no-expect-changes")
     assert res.returncode == 1, res.stdout + res.stderr
     text = " ".join(res.stdout.split())
     assert "step 2" in text and "A" in text and "cached" in text and "699" in text and "700" in text

@@ -1,6 +1,10 @@
 """flash-attn's kernels, used when the package is installed (it needs block sizes that are multiples of 256).
 
-Not exercised on the lent H200 (flash-attn is not installed there): the triton backend is the measured path."""
+Not exercised on the lent H200 (flash-attn is not installed there): the triton backend is the measured path.
+
+flash-attn's paged API wants caches [num_blocks, block_size, kv_heads, head_dim]; the pool is head-major inside a
+block (engine/kv_layout.py), so this backend hands it the token_major view: same memory, no copy. flash-attn takes
+the row and head strides from the tensor, and only the last dimension must be contiguous."""
 from __future__ import annotations
 
 import torch
@@ -8,6 +12,7 @@ from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
 from ..context import Context
 from ..kernels.kv_write import store_kvcache as _store
+from ..kv_layout import token_major
 
 NEEDS_PREFILL_BLOCK_TABLES = False
 GRAPH_SAFE = True
@@ -19,13 +24,14 @@ def store_kvcache(k, v, k_cache, v_cache, slot_mapping):
 
 def prefill(q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
     if ctx.block_tables is not None:  # a cached prefix: read keys from the pool
-        k, v = k_cache, v_cache
+        k, v = token_major(k_cache), token_major(v_cache)
     return flash_attn_varlen_func(q, k, v, max_seqlen_q=ctx.max_seqlen_q, cu_seqlens_q=ctx.cu_seqlens_q,
                                   max_seqlen_k=ctx.max_seqlen_k, cu_seqlens_k=ctx.cu_seqlens_k,
                                   softmax_scale=scale, causal=True, block_table=ctx.block_tables)
 
 
 def decode(q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
-    out = flash_attn_with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=ctx.context_lens,
-                                  block_table=ctx.block_tables, softmax_scale=scale, causal=True)
+    out = flash_attn_with_kvcache(q.unsqueeze(1), token_major(k_cache), token_major(v_cache),
+                                  cache_seqlens=ctx.context_lens, block_table=ctx.block_tables, softmax_scale=scale,
+                                  causal=True)
     return out.squeeze(1)

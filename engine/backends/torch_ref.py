@@ -1,11 +1,12 @@
 """The reference attention backend: plain PyTorch over the paged KV pool. Runs on CPU and GPU; the fast
 backends are checked against it. It gathers K/V through the block tables explicitly, so it is slow but
-easy to read."""
+easy to read. The pool's layout (engine/kv_layout.py) is handled only through its token-major view."""
 from __future__ import annotations
 
 import torch
 
 from ..context import Context
+from ..kv_layout import token_major
 
 NEEDS_PREFILL_BLOCK_TABLES = False
 GRAPH_SAFE = False  # boolean indexing and host-side lengths: not capturable
@@ -14,19 +15,23 @@ GRAPH_SAFE = False  # boolean indexing and host-side lengths: not capturable
 def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   slot_mapping: torch.Tensor) -> None:
     """k, v: [tokens, kv_heads, head_dim]; slot -1 marks a row that must not be written (graph padding)."""
-    flat_k = k_cache.view(-1, *k_cache.shape[2:])
-    flat_v = v_cache.view(-1, *v_cache.shape[2:])
+    block_size = k_cache.shape[2]
     valid = slot_mapping >= 0
-    slots = slot_mapping[valid]
-    flat_k[slots] = k[valid].to(flat_k.dtype)
-    flat_v[slots] = v[valid].to(flat_v.dtype)
+    slots = slot_mapping[valid].long()
+    # Writing through the token-major view puts each row where the pool's layout wants it.
+    token_major(k_cache)[slots // block_size, slots % block_size] = k[valid].to(k_cache.dtype)
+    token_major(v_cache)[slots // block_size, slots % block_size] = v[valid].to(v_cache.dtype)
+
+
+def _rows(cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Rows at (block, offset) pairs of any shape S: [*S, kv_heads, head_dim]."""
+    return token_major(cache)[blocks.long(), offsets]
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    block_size = cache.shape[1]
+    block_size = cache.shape[2]
     pos = torch.arange(length, device=cache.device)
-    slots = block_table[pos // block_size].long() * block_size + pos % block_size
-    return cache.view(-1, *cache.shape[2:])[slots]
+    return _rows(cache, block_table[pos // block_size], pos % block_size)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -63,17 +68,17 @@ def prefill(q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tens
 def decode(q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
     """One query per sequence over its whole context, batched by padding to the longest context."""
     batch, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    block_size = k_cache.shape[1]
+    _, num_kv_heads, block_size, _ = k_cache.shape
     max_len = max(ctx.context_lens_host) if ctx.context_lens_host else int(ctx.context_lens.max())
     max_len = max(max_len, 1)
     pos = torch.arange(max_len, device=q.device)
     block_idx = (pos // block_size).clamp(max=ctx.block_tables.shape[1] - 1)
-    slots = ctx.block_tables[:, block_idx].long() * block_size + pos % block_size
-    valid = (pos.unsqueeze(0) < ctx.context_lens.unsqueeze(1)) & (slots >= 0)
-    slots = torch.where(valid, slots, 0)
-    k = k_cache.view(-1, num_kv_heads, head_dim)[slots].float()  # [B, L, KV, D]
-    v = v_cache.view(-1, num_kv_heads, head_dim)[slots].float()
+    blocks = ctx.block_tables[:, block_idx]
+    valid = (pos.unsqueeze(0) < ctx.context_lens.unsqueeze(1)) & (blocks >= 0)
+    blocks = torch.where(valid, blocks, 0)
+    offsets = (pos % block_size).expand(batch, max_len)
+    k = _rows(k_cache, blocks, offsets).float()  # [B, L, KV, D]
+    v = _rows(v_cache, blocks, offsets).float()
     qg = q.float().view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     scores = torch.einsum("bkgd,blkd->bkgl", qg, k) * scale
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))

@@ -13,6 +13,7 @@ from ..kernels.prefill_attention import varlen_prefill
 NEEDS_PREFILL_BLOCK_TABLES = True
 GRAPH_SAFE = True
 
+
 def _sms(device: torch.device) -> int:
     return num_sms(device, 8)
 
@@ -31,6 +32,7 @@ def prefill(q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tens
 def decode(q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
     splits = ctx.num_splits
     if splits is None:
-        longest = max(ctx.context_lens_host) if ctx.context_lens_host else k_cache.shape[0] * k_cache.shape[1]
-        splits = num_splits_for(q.shape[0], k_cache.shape[2], longest, _sms(q.device))
+        num_blocks, num_kv_heads, block_size, _ = k_cache.shape  # engine/kv_layout.py
+        longest = max(ctx.context_lens_host) if ctx.context_lens_host else num_blocks * block_size
+        splits = num_splits_for(q.shape[0], num_kv_heads, longest, _sms(q.device))
     return paged_decode(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale, splits)

@@ -1,9 +1,25 @@
 """Paged decode attention (one query token per sequence), flash-decoding style.
 
 Grid: (sequence, kv head, split). A program serves every query head of its KV head (GQA), so each KV
-byte is read once per step; long contexts are split across programs and merged by a second kernel.
-The number of splits is fixed by the caller (CUDA graphs need a fixed grid); each program works out
-its share of the sequence's actual context length on the device, so nothing syncs with the host.
+byte is read once per step; long contexts are split across programs and merged by a second kernel (with one
+split the program normalises and writes the output itself: no merge launch, no float32 partials).
+The number of splits is fixed by the caller (CUDA graphs need a fixed grid) and is a run-time argument, so a
+new split count compiles nothing; each program works out its share of the sequence's actual context length on
+the device, so nothing syncs with the host.
+
+The caches are [num_blocks, kv_heads, block_size, head_dim] (engine/kv_layout.py): a tile of BLOCK_N rows of one
+head inside one block is one contiguous run of BLOCK_N * head_dim elements. The kernel takes the cache strides, so
+it reads any layout whose head_dim is contiguous (kernel_bench.py times the old token-major layout through the
+same code).
+
+Launch knobs (see DEFAULTS and scripts/kernel_bench.py, which sweeps them on the device):
+  block_n     rows of K/V per loop iteration (a power of two >= 16);
+  page_tiles  when block_size % block_n == 0 a tile never straddles a block: one block-table read per tile and
+              addresses the compiler knows are contiguous (default: on whenever it applies);
+  num_warps, num_stages  Triton's warps per program and software-pipelining depth (loads in flight);
+  tma         page tiles copied by Hopper's tensor-memory engine (host tensor descriptors over the pool seen as
+              [blocks * kv_heads * block_size, head_dim]) instead of per-thread loads;
+  num_splits  programs per (sequence, KV head); the runner picks it per graph bucket with num_splits_for.
 """
 from __future__ import annotations
 
@@ -13,28 +29,33 @@ import triton.language as tl
 
 from . import dot_precision
 
+# The configuration the engine launches. From the H200 sweep of scripts/kernel_bench.py (docs/perf.md, 2026-11-30): best mean TB/s over 256x800,
+# 256x2048 and the nano mix, +0.2 TB/s over block_n 64 / 3 stages.
+DEFAULTS = {"block_n": 128, "num_warps": 4, "num_stages": 2}
 
-@triton.jit
+
+@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
-    acc_ptr, ml_ptr,
-    stride_qb, stride_qh, stride_bt, scale_log2,
-    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PAGE_TILES: tl.constexpr,
+    q_ptr, k_cache_ptr, v_cache_ptr, k_desc, v_desc, block_tables_ptr, context_lens_ptr, out_ptr, acc_ptr, ml_ptr,
+    num_splits, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
+    stride_block, stride_head, stride_row, scale_log2,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGE_TILES: tl.constexpr, TMA: tl.constexpr, PARTIALS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + b)
-    # Each split covers a whole number of BLOCK_N tiles.
+    # Each split covers a whole number of BLOCK_N tiles (so with PAGE_TILES it starts on a tile boundary).
     tiles = tl.cdiv(ctx, BLOCK_N)
-    tiles_per_split = tl.cdiv(tiles, NUM_SPLITS)
+    tiles_per_split = tl.cdiv(tiles, num_splits)
     start = split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, ctx)
 
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, HEAD_DIM)
+    rows = tl.arange(0, BLOCK_N)
     heads = kvh * GROUP + g
     gmask = g < GROUP
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
@@ -42,45 +63,62 @@ def _decode_split_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    row_stride = NUM_KV_HEADS * HEAD_DIM
+    table = block_tables_ptr + b * stride_bt
+    head_base = kvh * stride_head
     for n in range(start, end, BLOCK_N):
-        offs = n + tl.arange(0, BLOCK_N)
+        offs = n + rows
         nmask = offs < end
-        if PAGE_TILES:
-            # A tile never straddles a page (BLOCK_SIZE % BLOCK_N == 0): one table read, contiguous rows.
-            page = tl.load(block_tables_ptr + b * stride_bt + n // BLOCK_SIZE).to(tl.int64)
-            slot = page * BLOCK_SIZE + n % BLOCK_SIZE + tl.arange(0, BLOCK_N)
+        if TMA:
+            # The pool as a 2-D [blocks * kv_heads * block_size, head_dim] tensor: the tile is one box of it,
+            # copied by the tensor-memory engine. Rows past `end` hold other positions of this block.
+            block = tl.load(table + n // BLOCK_SIZE)
+            first_row = (block * tl.num_programs(1) + kvh) * BLOCK_SIZE + n % BLOCK_SIZE
+            k = k_desc.load([first_row, 0])
         else:
-            page = tl.load(block_tables_ptr + b * stride_bt + offs // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
-            slot = page * BLOCK_SIZE + offs % BLOCK_SIZE
-        kv_off = slot[:, None] * row_stride + kvh * HEAD_DIM + d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
+            if PAGE_TILES:
+                # The tile lies inside one block: one table read, then BLOCK_N consecutive rows of this head.
+                block = tl.load(table + n // BLOCK_SIZE).to(tl.int64)
+                row_off = block * stride_block + head_base + (n % BLOCK_SIZE + rows) * stride_row
+            else:
+                block = tl.load(table + offs // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+                row_off = block * stride_block + head_base + (offs % BLOCK_SIZE) * stride_row
+            kv_off = row_off[:, None] + d[None, :]
+            k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
         s = tl.where(nmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
+        if TMA:
+            v = v_desc.load([first_row, 0])
+            v = tl.where(nmask[:, None], v, tl.zeros_like(v))  # p = 0 on those rows, but 0 * NaN is not 0
+        else:
+            v = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    base = (b * NUM_KV_HEADS * GROUP + heads) * NUM_SPLITS + split
-    tl.store(acc_ptr + base[:, None] * HEAD_DIM + d[None, :], acc, mask=gmask[:, None])
-    tl.store(ml_ptr + base * 2, m_i, mask=gmask)
-    tl.store(ml_ptr + base * 2 + 1, l_i, mask=gmask)
+    if PARTIALS:
+        base = (b * tl.num_programs(1) * GROUP + heads) * num_splits + split
+        tl.store(acc_ptr + base[:, None] * HEAD_DIM + d[None, :], acc, mask=gmask[:, None])
+        tl.store(ml_ptr + base * 2, m_i, mask=gmask)
+        tl.store(ml_ptr + base * 2 + 1, l_i, mask=gmask)
+    else:
+        # One split: this program saw every key. A padded row (context 0) has l = 0 and writes zeros.
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
 
 
-@triton.jit
-def _decode_merge_kernel(acc_ptr, ml_ptr, out_ptr, stride_ob, stride_oh,
-                         NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                         SPLITS_PAD: tl.constexpr):
+@triton.jit(do_not_specialize=["num_splits"])
+def _decode_merge_kernel(acc_ptr, ml_ptr, out_ptr, num_splits, stride_ob, stride_oh,
+                         NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, SPLITS_PAD)
-    smask = s < NUM_SPLITS
+    smask = s < num_splits
     d = tl.arange(0, HEAD_DIM)
-    base = (b * NUM_HEADS + h) * NUM_SPLITS
+    base = (b * NUM_HEADS + h) * num_splits
     m = tl.load(ml_ptr + (base + s) * 2, mask=smask, other=float("-inf"))
     l = tl.load(ml_ptr + (base + s) * 2 + 1, mask=smask, other=0.0)
     m_max = tl.max(m, axis=0)
@@ -93,41 +131,71 @@ def _decode_merge_kernel(acc_ptr, ml_ptr, out_ptr, stride_ob, stride_oh,
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
 
-def num_splits_for(batch: int, num_kv_heads: int, max_context: int, num_sms: int, block_n: int = 64) -> int:
+MAX_SPLITS = 64
+
+
+def num_splits_for(batch: int, num_kv_heads: int, max_context: int, num_sms: int,
+                   block_n: int = DEFAULTS["block_n"]) -> int:
     """Enough programs to fill the GPU about twice, but never more splits than tiles of the longest context."""
     want = -(-2 * num_sms // max(1, batch * num_kv_heads))
-    return max(1, min(want, -(-max_context // block_n), 64))
+    return max(1, min(want, -(-max_context // block_n), MAX_SPLITS))
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, scale: float, num_splits: int, out: torch.Tensor | None = None,
-                 block_n: int = 64, page_tiles: bool = False, num_warps: int | None = None,
-                 num_stages: int | None = None) -> torch.Tensor:
-    """page_tiles, num_warps, num_stages: tuning knobs (page_tiles needs block_size % block_n == 0); the
-    defaults are the configuration measured in docs/perf.md."""
-    """q: [batch, heads, head_dim]; caches [num_blocks, block_size, kv_heads, head_dim];
-    block_tables [batch, max_blocks] int32 (-1 padded); context_lens [batch] int32 (0 = padding row)."""
+                 block_n: int | None = None, page_tiles: bool | None = None, num_warps: int | None = None,
+                 num_stages: int | None = None, tma: bool | None = None) -> torch.Tensor:
+    """q: [batch, heads, head_dim]; caches [num_blocks, kv_heads, block_size, head_dim] with head_dim contiguous
+    (any other strides, equal for K and V); block_tables [batch, max_blocks] int32 (-1 padded); context_lens
+    [batch] int32 (0 = padding row: its output is zeros). Knobs left None take DEFAULTS; page_tiles None means
+    "whenever block_size % block_n == 0"; tma (page tiles of contiguous caches only) loads tiles through tensor
+    descriptors (Hopper's bulk tensor copies; Triton's interpreter emulates them)."""
     batch, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
+    _, num_kv_heads, block_size, _ = k_cache.shape
     group = num_heads // num_kv_heads
+    block_n = DEFAULTS["block_n"] if block_n is None else block_n
+    num_warps = DEFAULTS["num_warps"] if num_warps is None else num_warps
+    num_stages = DEFAULTS["num_stages"] if num_stages is None else num_stages
+    tma = DEFAULTS.get("tma", False) if tma is None else tma
+    if page_tiles is None:
+        page_tiles = block_size % block_n == 0
+    elif page_tiles and block_size % block_n:
+        raise ValueError(f"page_tiles needs block_size ({block_size}) to be a multiple of block_n ({block_n})")
+    if tma and not (page_tiles and k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("tma needs page tiles (block_size a multiple of block_n) and contiguous caches")
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be 1..{MAX_SPLITS}, got {num_splits}")
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
+        raise ValueError(f"K and V caches need equal strides and a contiguous head_dim, got {k_cache.stride()} "
+                         f"and {v_cache.stride()}")
     assert q.stride(-1) == 1 and block_tables.stride(-1) == 1
-    acc = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-    ml = torch.empty(batch, num_heads, num_splits, 2, dtype=torch.float32, device=q.device)
     if out is None:
         out = torch.empty_like(q)
+    partials = num_splits > 1
+    if partials:
+        acc = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        ml = torch.empty(batch, num_heads, num_splits, 2, dtype=torch.float32, device=q.device)
+    else:
+        acc = ml = out  # never touched when PARTIALS is false
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        k_desc = TensorDescriptor.from_tensor(k_cache.view(-1, head_dim), [block_n, head_dim])
+        v_desc = TensorDescriptor.from_tensor(v_cache.view(-1, head_dim), [block_n, head_dim])
+    else:
+        k_desc, v_desc = k_cache, v_cache  # never read when TMA is false
     log2e = 1.4426950408889634
-    if page_tiles and block_size % block_n:
-        raise ValueError(f"page_tiles needs block_size ({block_size}) to be a multiple of block_n ({block_n})")
-    launch = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, acc, ml,
-        q.stride(0), q.stride(1), block_tables.stride(0), scale * log2e,
-        NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=num_splits, DOT_PRECISION=dot_precision(q.dtype),
-        PAGE_TILES=page_tiles, **launch,
+        q, k_cache, v_cache, k_desc, v_desc, block_tables, context_lens, out, acc, ml,
+        num_splits, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * log2e,
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        BLOCK_N=block_n, PAGE_TILES=page_tiles, TMA=tma, PARTIALS=partials, DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=num_warps, num_stages=num_stages,
     )
-    _decode_merge_kernel[(batch, num_heads)](
-        acc, ml, out, out.stride(0), out.stride(1),
-        NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits),
-    )
+    if partials:
+        _decode_merge_kernel[(batch, num_heads)](
+            acc, ml, out, num_splits, out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits),
+        )
     return out

@@ -3,7 +3,9 @@
 Grid: (query tile, sequence, query head). Query rows of sequence i are this step's new positions
 [k_len - q_len, k_len); their keys are positions [0, k_len) read through the block table, so a cached
 prefix and a chunk's earlier part cost no recomputation. With PAGED false (warm-up, no pool yet) the keys
-are this step's own k/v rows."""
+are this step's own k/v rows.
+
+The pool is [num_blocks, kv_heads, block_size, head_dim] (engine/kv_layout.py); the kernel takes its strides."""
 from __future__ import annotations
 
 import torch
@@ -16,8 +18,9 @@ from . import dot_precision
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_q_ptr, cu_k_ptr, out_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bt, scale_log2,
-    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bt,
+    stride_block, stride_head, stride_row, scale_log2,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
@@ -43,14 +46,13 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     # Keys beyond the tile's last query position are masked for every row: stop there.
     k_end = tl.minimum(k_len, offset + (tile + 1) * BLOCK_M)
-    row_stride = NUM_KV_HEADS * HEAD_DIM
     for n in range(0, k_end, BLOCK_N):
         n_idx = n + tl.arange(0, BLOCK_N)
         n_mask = n_idx < k_end
         if PAGED:
-            page = tl.load(block_tables_ptr + seq * stride_bt + n_idx // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-            slot = page * BLOCK_SIZE + n_idx % BLOCK_SIZE
-            kv_off = slot[:, None] * row_stride + kvh * HEAD_DIM + d[None, :]
+            block = tl.load(block_tables_ptr + seq * stride_bt + n_idx // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+            row_off = block * stride_block + kvh * stride_head + (n_idx % BLOCK_SIZE) * stride_row
+            kv_off = row_off[:, None] + d[None, :]
             k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
         else:
             k = tl.load(k_ptr + (q_start + n_idx)[:, None] * stride_kt + kvh * stride_kh + d[None, :],
@@ -80,24 +82,26 @@ def varlen_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: t
                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, scale: float, block_m: int = 64,
                    block_n: int = 64) -> torch.Tensor:
     """q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim]; with block_tables the keys come
-    from the pool (which already holds this step's rows), else from k/v directly."""
+    from the pool ([num_blocks, kv_heads, block_size, head_dim], already holding this step's rows), else from
+    k/v directly."""
     tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     num_seqs = cu_seqlens_q.numel() - 1
     out = torch.empty_like(q)
     paged = block_tables is not None
     if paged:
-        block_size = k_cache.shape[1]
-        caches = (k_cache, v_cache, block_tables, block_tables.stride(0))
+        assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+        block_size = k_cache.shape[2]
+        caches = (k_cache, v_cache, block_tables, block_tables.stride(0), *k_cache.stride()[:3])
     else:
         block_size = 1
-        caches = (k, v, cu_seqlens_q, 0)  # placeholders: never read when PAGED is false
+        caches = (k, v, cu_seqlens_q, 0, 0, 0, 0)  # placeholders: never read when PAGED is false
     grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_heads)
     _prefill_kernel[grid](
         q, k, v, caches[0], caches[1], caches[2], cu_seqlens_q, cu_seqlens_k, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        caches[3], scale * 1.4426950408889634,
-        NUM_KV_HEADS=num_kv_heads, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        *caches[3:], scale * 1.4426950408889634,
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged, DOT_PRECISION=dot_precision(q.dtype),
     )
     return out

@@ -14,7 +14,8 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale
         self.num_kv_heads = num_kv_heads
-        # Views into the runner's KV pool, [num_blocks, block_size, num_kv_heads, head_dim]; empty during warm-up.
+        # Views into the runner's KV pool, [num_blocks, num_kv_heads, block_size, head_dim] (engine/kv_layout.py);
+        # empty during warm-up.
         self.k_cache = self.v_cache = torch.tensor([])
         self.backend = None  # set by the runner (engine.backends)
 

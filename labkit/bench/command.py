@@ -3,10 +3,15 @@
     labkit bench --workload fixed                        # same as `labkit bench run --workload fixed`
     labkit bench --workload nano --num-requests 8 --device cpu
     labkit bench --workload nano --backend hf --hf-batch 64
-    labkit bench compare runs/A.json runs/B.json --variable eager
+    labkit bench compare runs/A.json runs/B.json --variable eager   # spread, bootstrap interval, "within noise"
+    labkit bench --workload batch1                       # decode ms per token at batch 1 (steps timed one by one)
+    labkit bench --workload nano --no-custom-kernels     # cuBLAS + compiled torch ops instead of our Triton kernels
+    labkit bench --workload batch1 --profile             # + torch.profiler trace and a where-the-time-goes table
 
 Writes runs/bench-WORKLOAD-BACKEND[-eager|-graph].json (or --out FILE) and a Markdown twin
-(.md beside it), and prints a table. Exit 0 on success, 2 when it cannot run.
+(.md beside it), and prints a table; --profile adds FILE.profile.json / .profile.md (the table of
+labkit/bench/profile.py) and FILE.trace.json[.gz] (Perfetto / chrome://tracing). Exit 0 on success,
+2 when it cannot run.
 """
 # No `from __future__ import annotations`: the default command reuses run()'s evaluated signature.
 
@@ -24,10 +29,11 @@ from rich.text import Text
 from labkit.options import Backend, DType, Attention, Policy
 from labkit.bench import compare as cmp
 from labkit.bench.offline import Stepper
+from labkit.bench.profile import DEFAULT_SKIP, DEFAULT_STEPS, check_request, finish_profile, summary_lines
 from labkit.bench.workloads import Workload, draw, list_workloads, load_workload
 from labkit.errors import LabkitError
-from labkit.output import (Device, device_info, envelope, evidence_for, finish, resolve_device, runs_dir,
-                           write_json)
+from labkit.output import (JSON_OPTION, Device, device_info, envelope, evidence_for, finish, print_json, resolve_device,
+                           runs_dir, write_json)
 
 app = typer.Typer(help="Offline throughput (engine or HF baseline), online load against serve, and B/A comparisons.",
                   invoke_without_command=True, no_args_is_help=False)
@@ -38,7 +44,8 @@ ENGINE_FLAGS = {"--eager/--graph": "enforce_eager", "--attention": "attention_ba
                 "--max-num-seqs": "max_num_seqs", "--budget": "max_num_batched_tokens",
                 "--block-size": "kvcache_block_size", "--max-model-len": "max_model_len",
                 "--num-blocks": "num_kvcache_blocks", "--policy": "scheduling_policy",
-                "--gpu-memory-utilization": "gpu_memory_utilization"}
+                "--gpu-memory-utilization": "gpu_memory_utilization",
+                "--custom-kernels/--no-custom-kernels": "custom_kernels"}
 
 
 class RichStepper(Stepper):
@@ -92,23 +99,36 @@ def run(
     policy: Optional[Policy] = typer.Option(None, "--policy", help="scheduling_policy (engine)."),
     gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization", min=0.0, max=1.0,
                                                            help="Fraction of GPU memory for weights + KV (engine)."),
+    custom_kernels: Optional[bool] = typer.Option(None, "--custom-kernels/--no-custom-kernels",
+                                                  help="Our Triton GEMV and q/k norm+RoPE kernels on CUDA (engine "
+                                                       "default: on); off: cuBLAS and compiled torch ops."),
     warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Warm-up rounds (default: the workload's)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Timed repeats (default: the workload's)."),
     num_requests: Optional[int] = typer.Option(None, "--num-requests", min=1,
                                                help="Keep the first N requests (scale a workload down, e.g. on CPU)."),
     hf_batch: int = typer.Option(64, "--hf-batch", min=1, help="Prompts per transformers generate batch (hf)."),
+    profile: bool = typer.Option(False, "--profile",
+                                 help="After the timed repeats, one more run under torch.profiler: writes a trace "
+                                      "and a table of where the window's wall time goes (docs/perf.md)."),
+    profile_steps: Optional[int] = typer.Option(None, "--profile-steps",
+                                                help=f"Steps in the profiled window (default {DEFAULT_STEPS})."),
+    profile_skip: Optional[int] = typer.Option(None, "--profile-skip",
+                                               help=f"Steps of the profiled run before the window (default "
+                                                    f"{DEFAULT_SKIP}: the prefill of batch1)."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSON path (default: runs/bench-WORKLOAD-BACKEND[-MODE].json); "
                                                            "a .md twin is written beside it."),
     list_: bool = typer.Option(False, "--list", help="List the shipped workloads and exit."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Run a workload through the engine (or transformers) and report throughput."""
-    console = Console()
+    console = Console(quiet=as_json)
     if list_:
         for name in list_workloads():
             w = load_workload(name)
             console.print(Text.assemble((name, "bold"), f": {w.about}"))
         raise typer.Exit(0)
 
+    profile_request = check_request(profile_steps, profile_skip, profile)
     w = load_workload(workload)
     w = w.scaled(num_requests)
     if warmup is not None:
@@ -119,11 +139,16 @@ def run(
     overrides = {"enforce_eager": eager, "attention_backend": _enum(attention), "tensor_parallel_size": tp,
                  "max_num_seqs": max_num_seqs, "max_num_batched_tokens": budget, "kvcache_block_size": block_size,
                  "max_model_len": max_model_len, "num_kvcache_blocks": num_blocks, "scheduling_policy": _enum(policy),
-                 "gpu_memory_utilization": gpu_memory_utilization}
+                 "gpu_memory_utilization": gpu_memory_utilization, "custom_kernels": custom_kernels}
     if backend_name == "hf":
         given = [flag for flag, field in ENGINE_FLAGS.items() if overrides[field] is not None]
         if given:
             raise LabkitError(f"{', '.join(given)}: engine settings; --backend hf does not use them")
+        if profile_request is not None:
+            raise LabkitError("--profile: profiles the engine; --backend hf does not support it")
+        if w.timing != "generate":
+            raise LabkitError(f"--workload {w.name}: timing {w.timing} drives the engine step by step; "
+                              "--backend hf times generate calls only")
 
     from labkit.model import resolve_model
 
@@ -137,7 +162,7 @@ def run(
             from labkit.bench.offline import measure_engine
 
             overrides["dtype"] = _enum(dtype)
-            m = measure_engine(w, model_dir, dev, overrides, stepper)
+            m = measure_engine(w, model_dir, dev, overrides, stepper, profile=profile_request)
         else:
             from labkit.bench.hf import measure_hf
 
@@ -150,11 +175,43 @@ def run(
     json_path = out if out is not None else runs_dir() / default_name(w, backend_name, m)
     md_path = json_path.with_suffix(".md")
     result["files"] = {"json": str(json_path), "md": str(md_path)}
+    table = None
+    if m.get("profile") is not None:
+        table = finish_profile(m["profile"], json_path, {"workload": w.name, "bench": str(json_path),
+                                                         "device": env["device"], "execution": m.get("execution")})
+        result["profile"] = {"window": table["window"], "checks": table["checks"], "files": table["files"]}
+        result["files"].update({f"profile_{k}": v for k, v in table["files"].items()})
     write_json(json_path, result)
     md_path.write_text(markdown(result), encoding="utf-8")
     print_result(result, console)
-    console.print(f"wrote {json_path} and {md_path}")
+    if table is not None:
+        print_profile(table, console)
+    console.print(f"wrote {json_path} and {md_path}" + ("" if table is None else
+                  f"; profile {table['files']['json']}, {table['files']['md']}, {table['files']['trace']}"))
+    if as_json:
+        print_json(result)
     raise typer.Exit(0)
+
+
+def print_profile(t: dict, console: Console) -> None:
+    """The profile table's host and GPU partitions (the .profile.md has the rest)."""
+    for line in summary_lines(t):
+        console.print(line)
+    parts = [("host phase", t["host"])] + ([("kernel family", t["gpu"])] if t["gpu"] is not None else [])
+    for what, rows in parts:
+        table = Table(title=f"profile: {what} (% of the window's wall time)", title_justify="left")
+        for col in (what, "ms", "%", "prefill ms", "decode ms", "between ms"):
+            table.add_column(col, justify="left" if col == what else "right")
+        for r in rows:
+            table.add_row(r["label"], f"{r['ms']:,.3f}", f"{r['pct']:.1f}",
+                          *(f"{r['by_phase_ms'][p]:,.3f}" for p in ("prefill", "decode", "between")))
+        console.print(table)
+    if t["gpu"] is None:
+        console.print(Text(f"note: {t['gpu_note']}", style="yellow"))
+    for c in t["checks"]:
+        if not c["ok"]:
+            console.print(Text(f"warning: {c['check']}: off by {c['diff_ms']:+.4f} ms (tolerance "
+                               f"{c['tolerance_ms']:.4f})", style="red"))
 
 
 def default_name(w: Workload, backend: str, m: dict) -> str:
@@ -239,10 +296,12 @@ def _summary_rows(r: dict) -> list[tuple[str, str]]:
     if eng:
         asked = "eager" if eng.get("enforce_eager") else "graph"
         mode = f"{mode} (asked: {asked}), attention {eng.get('attention_backend')}, tp {eng.get('tensor_parallel_size')}"
+        if "custom_kernels" in eng:
+            mode += f", custom kernels {'on' if eng['custom_kernels'] else 'off'}"
     peak = r["peak_memory"]
     return [
         ("workload", f"{w['name']}: {w['requests']} requests, prompt {w['prompt_len']}, output {w['output_len']}, "
-                     f"seed {w['seed']}"),
+                     f"seed {w['seed']}" + (f", timing {w['timing']}" if "timing" in w else "")),
         ("backend", f"{r['backend']}: {mode}"),
         ("device", f"{dev.get('type')} ({dev.get('name') or '?'}), {r['evidence']}"),
         ("dtype", r["config"]["dtype"]),
@@ -264,14 +323,18 @@ def print_result(r: dict, console: Console) -> None:
         table.add_row(what, Text(value))
     console.print(table)
     runs = Table(title="timed runs", title_justify="left")
-    for col in ("repeat", "reqs", "prompt tok", "out tok", "wall s", "out tok/s", "total tok/s"):
+    per_token = "decode_ms_per_token" in r["median"]
+    cols = ("repeat", "reqs", "prompt tok", "out tok", "wall s", "out tok/s", "total tok/s")
+    for col in cols + (("decode steps", "decode ms/token") if per_token else ()):
         runs.add_column(col, justify="right")
     for x in r["runs"]:
+        extra = (_f(x.get("decode_steps")), _f(x.get("decode_ms_per_token"), 4)) if per_token else ()
         runs.add_row(str(x["repeat"]), _f(x["requests"]), _f(x["prompt_tokens"]), _f(x["output_tokens"]),
-                     _f(x["wall_s"]), _f(x["output_throughput"], 1), _f(x["total_token_throughput"], 1))
+                     _f(x["wall_s"]), _f(x["output_throughput"], 1), _f(x["total_token_throughput"], 1), *extra)
     med = r["median"]
+    extra = ("", _f(med["decode_ms_per_token"], 4)) if per_token else ()
     runs.add_row("median", "", "", "", _f(med["wall_s"]), _f(med["output_throughput"], 1),
-                 _f(med["total_token_throughput"], 1), style="bold")
+                 _f(med["total_token_throughput"], 1), *extra, style="bold")
     console.print(runs)
     for note in r["notes"]:
         console.print(Text(f"note: {note}", style="yellow"))
@@ -281,14 +344,21 @@ def markdown(r: dict) -> str:
     lines = [f"# labkit bench: {r['workload']['name']} ({r['backend']})", ""]
     lines += ["| what | value |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in _summary_rows(r)]
-    lines += ["", "| repeat | requests | prompt tokens | output tokens | wall s | output tok/s | total tok/s |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+    per_token = "decode_ms_per_token" in r["median"]
+    extra_head = " decode steps | decode ms/token |" if per_token else ""
+    lines += ["", "| repeat | requests | prompt tokens | output tokens | wall s | output tok/s | total tok/s |"
+              + extra_head, "| --- " * (9 if per_token else 7) + "|"]
     for x in r["runs"]:
+        extra = f" {x['decode_steps']} | {_f(x['decode_ms_per_token'], 4)} |" if per_token else ""
         lines.append(f"| {x['repeat']} | {x['requests']} | {x['prompt_tokens']} | {x['output_tokens']} | "
-                     f"{x['wall_s']:.4f} | {x['output_throughput']:.1f} | {x['total_token_throughput']:.1f} |")
+                     f"{x['wall_s']:.4f} | {x['output_throughput']:.1f} | {x['total_token_throughput']:.1f} |" + extra)
     med = r["median"]
+    extra = f" | **{med['decode_ms_per_token']:.4f}** |" if per_token else ""
     lines.append(f"| **median** | | | | {med['wall_s']:.4f} | **{med['output_throughput']:.1f}** | "
-                 f"{med['total_token_throughput']:.1f} |")
+                 f"{med['total_token_throughput']:.1f} |" + extra)
+    if r.get("profile"):
+        files = r["profile"]["files"]
+        lines += ["", f"Profile (one more run after the timed repeats): table `{files['md']}`, trace `{files['trace']}`."]
     if r["notes"]:
         lines += [""] + [f"- {n}" for n in r["notes"]]
     import json
@@ -330,16 +400,21 @@ app.command("load", help="Online load bench: requests on a schedule at `labkit s
 
 @app.command("compare")
 def compare_cmd(
-    a: Path = typer.Argument(..., metavar="A.json", help="The baseline bench JSON."),
-    b: Path = typer.Argument(..., metavar="B.json", help="The bench JSON with the variable changed."),
+    a: Path = typer.Argument(..., metavar="A.json", help="The baseline bench (or bench load) JSON."),
+    b: Path = typer.Argument(..., metavar="B.json", help="The same with the variable changed."),
     variable: str = typer.Option(..., "--variable", "-v",
                                  help="What differs: eager, tp, backend, attention, policy, block_size, budget, "
-                                      "max_num_seqs, dtype, code, ... or a config key (engine.max_model_len)."),
+                                      "max_num_seqs, dtype, code, ... (load runs: also rate, max_concurrency, "
+                                      "server) or a config key (engine.max_model_len)."),
+    allow_single: bool = typer.Option(False, "--allow-single", help="Compare even when a side has a single "
+                                      "repeat (or completed request): the ratio then has no interval."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSON path (default: runs/bench-compare-VARIABLE.json)."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
-    """B/A ratio of median output tok/s (and per-metric ratios) of two runs differing in one variable."""
+    """B/A of median output tok/s (load runs: median e2el) with each side's spread and a bootstrap interval;
+    "within noise" when the interval holds 1.0."""
     da, db = cmp.load_bench(a), cmp.load_bench(b)
-    res = cmp.compare(da, db, variable, a_name=str(a), b_name=str(b))
+    res = cmp.compare(da, db, variable, a_name=str(a), b_name=str(b), allow_single=allow_single)
     evidence = cmp.weakest_evidence(da, db)
     env = envelope("bench compare", device="cpu", model_dir=None, evidence=evidence)
     env["device"] = da.get("device")
@@ -351,20 +426,35 @@ def compare_cmd(
     write_json(json_path, result)
     md_path.write_text(cmp.markdown(result), encoding="utf-8")
 
-    console = Console()
-    table = Table(title=f"labkit bench compare --variable {variable}", title_justify="left")
+    console = Console(quiet=as_json)
+    if not console.is_terminal:  # logs and pipes: wide enough for the spread table on one line per metric
+        console = Console(width=140, quiet=as_json)
+    if res["values"]["a"]:
+        fields = Table(title=f"labkit bench compare --variable {variable}", title_justify="left")
+        for col in ("field", "A", "B"):
+            fields.add_column(col, justify="right" if col != "field" else "left")
+        for k in res["values"]["a"]:
+            fields.add_row(Text(k, style="cyan"), Text(cmp._fmt(res["values"]["a"][k])),
+                           Text(cmp._fmt(res["values"]["b"][k])))
+        console.print(fields)
+    table = Table(title=f"spread over the {res['samples_are']} (min / median / max) and B/A of the medians",
+                  title_justify="left")
     for col in ("metric", "A", "B", "B/A"):
         table.add_column(col, justify="right" if col != "metric" else "left")
-    for k in res["values"]["a"]:
-        table.add_row(Text(k, style="cyan"), Text(cmp._fmt(res["values"]["a"][k])),
-                      Text(cmp._fmt(res["values"]["b"][k])), "")
-    for name, mt in res["metrics"].items():
-        table.add_row(name, cmp._short(mt["a"]), cmp._short(mt["b"]),
-                      "-" if mt["ratio"] is None else f"{mt['ratio']:.3f}")
+    for mt in res["metrics"].values():
+        table.add_row(mt["label"], cmp._spread_text(mt["a"]), cmp._spread_text(mt["b"]), mt["text"])
     console.print(table)
-    headline = "n/a" if res["ratio"] is None else f"{res['ratio']:.3f}x"
-    console.print(Text.assemble("B/A median output tok/s: ", (headline, "bold"), f"  ({evidence})"))
+    once = Table(title="measured once per run (no spread, no interval)", title_justify="left")
+    for col in ("figure", "A", "B", "B/A"):
+        once.add_column(col, justify="right" if col != "figure" else "left")
+    for name, mt in res["single_measurements"].items():
+        once.add_row(name, cmp._short(mt["a"]), cmp._short(mt["b"]), "-" if mt["ratio"] is None else f"{mt['ratio']:.3f}")
+    console.print(once)
+    style = "bold" if res["within_noise"] is False else "bold yellow"
+    console.print(Text.assemble((res["headline"], style), f"  ({evidence})"))
     if res["same_value"]:
         console.print(Text("note: the variable has the same value in both runs", style="yellow"))
     console.print(f"wrote {json_path} and {md_path}")
+    if as_json:
+        print_json(result)
     raise typer.Exit(0)

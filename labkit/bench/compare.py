@@ -1,14 +1,32 @@
-"""`labkit bench compare A.json B.json --variable NAME`: B/A ratios of two bench runs.
+"""`labkit bench compare A.json B.json --variable NAME`: B/A of two bench runs, with each side's spread.
 
 Two runs are comparable when their recorded `config` (workload name and parameters, model config
-sha256, device type and name, dtype, backend, engine kwargs or HF settings) is identical except
-for the fields the named variable covers. Anything else differing is refused (LabkitError, exit
-2, one line naming the fields): a ratio across two changes measures neither. The comparison
-reports, it does not judge: exit 0 whatever the ratio.
+sha256, device type and name, dtype, backend, engine kwargs or HF settings; for load runs the arrival
+source, concurrency and server settings) is identical except for the fields the named variable covers.
+Anything else differing is refused (LabkitError, exit 2, one line naming the fields): a ratio across
+two changes measures neither. The comparison reports, it does not judge: exit 0 whatever the ratio.
 
-Variables: a short name (eager, tp, backend, attention, policy, block_size, budget, ...; see
-VARIABLES) or any flattened config key itself (e.g. engine.max_model_len, workload.seed).
-`code` covers no config field: use it to compare two commits on identical settings.
+Noise. Each side's samples give its spread (n, min / median / max) and the headline is the ratio of
+medians B/A with a seeded percentile bootstrap interval (BOOTSTRAP_RESAMPLES resamples of each side with
+replacement, independently; the 2.5th and 97.5th percentiles of the resampled medians' ratio). When the
+interval holds 1.0 the result is "within noise" and no ratio is given as a result. With 2-3 repeats the
+interval spans roughly the two sides' ranges: it says "within noise" unless the repeats do not overlap.
+A side with a single sample has no spread: the comparison is refused (exit 2) unless --allow-single, and
+then says it has no interval.
+    offline (`labkit bench`): the samples are the timed repeats; headline median output tok/s; also
+        total and request throughput and wall time (and decode ms per token for step-timed workloads). init,
+        warm-up, graph capture, KV blocks and peak memory are measured once per run and are shown as single
+        measurements.
+    load (`labkit bench load`): the samples are the completed requests (from the run's .requests.jsonl);
+        headline median e2el (ms, lower is better), also ttft and tpot. Both runs send the same requests
+        on the same schedule (the config check), so each request's latency is a draw of the same process,
+        but requests of one run share a queue and are not independent: the interval shows the spread
+        across requests within the runs, not run-to-run variation; repeat the load run before claiming a
+        difference it only just shows. Throughput and goodput are one figure per run (single measurements).
+
+Variables: a short name (eager, tp, backend, attention, policy, block_size, budget, ...; see VARIABLES,
+and LOAD_VARIABLES for load runs) or any flattened config key itself (e.g. engine.max_model_len,
+workload.seed). `code` covers no config field: use it to compare two commits on identical settings.
 """
 from __future__ import annotations
 
@@ -16,8 +34,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from labkit.errors import LabkitError
 from labkit.output import EVIDENCE_KINDS
+
+BOOTSTRAP_RESAMPLES = 10000
+BOOTSTRAP_SEED = 0
+CONFIDENCE = 0.95
 
 # Short names -> flattened config keys (a trailing ".*" covers a whole section).
 VARIABLES: dict[str, tuple[str, ...]] = {
@@ -42,6 +66,7 @@ VARIABLES: dict[str, tuple[str, ...]] = {
     "num_kvcache_blocks": ("engine.num_kvcache_blocks", "engine.kvcache_memory_bytes"),
     "kvcache_memory_bytes": ("engine.num_kvcache_blocks", "engine.kvcache_memory_bytes"),
     "engine_seed": ("engine.seed",),
+    "custom_kernels": ("engine.custom_kernels",),
     "dtype": ("dtype",),
     "device": ("device.*",),
     "model": ("model_config_sha256",),
@@ -56,22 +81,59 @@ VARIABLES: dict[str, tuple[str, ...]] = {
     "code": (),
 }
 
+# Load runs: the server's settings as `bench load` records them (the flags of the server it started).
+LOAD_VARIABLES: dict[str, tuple[str, ...]] = {
+    "eager": ("server.--eager/--graph",),
+    "graph": ("server.--eager/--graph",),
+    "enforce_eager": ("server.--eager/--graph",),
+    "tp": ("server.--tp",),
+    "tensor_parallel_size": ("server.--tp",),
+    "policy": ("server.--policy",),
+    "scheduling_policy": ("server.--policy",),
+    "max_num_seqs": ("server.--max-num-seqs",),
+    "budget": ("server.--budget",),
+    "max_num_batched_tokens": ("server.--budget",),
+    "max_model_len": ("server.--max-model-len",),
+    "max_queue": ("server.--max-queue",),
+    "server": ("server.*",),
+    "rate": ("source.rate",),
+    "seed": ("source.seed",),
+    "workload": ("source.workload.*",),
+    "arrivals": ("source.arrivals", "source.arrivals_sha256"),
+    "max_concurrency": ("max_concurrency",),
+    "temperature": ("temperature",),
+    "model": ("model_config_sha256", "server.--model"),
+    "device": ("device.*", "server.--device"),
+    "code": (),
+}
+
 # How a run is measured, not what one timed run does: these may differ without being the variable (e.g. a
 # slow baseline timed once against three engine repeats); the comparison lists them.
 MEASUREMENT_FIELDS: tuple[str, ...] = ("workload.repeats", "workload.warmup.*")
 
-# (name, path in the bench JSON) of the metrics whose B/A ratio is reported.
-METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("output_throughput", ("median", "output_throughput")),
-    ("total_token_throughput", ("median", "total_token_throughput")),
-    ("request_throughput", ("median", "request_throughput")),
-    ("wall_s", ("median", "wall_s")),
-    ("init_s", ("init_s",)),
-    ("warmup_s", ("warmup_s",)),
-    ("graph_capture_s", ("graph_capture_s",)),
-    ("kv_blocks", ("kv_blocks",)),
-    ("peak_memory_bytes", ("peak_memory", "max_bytes")),
-)
+# name -> (per-sample key, label, higher is better): the metrics that have a distribution on each side.
+SAMPLED = {
+    "offline": {"output_throughput": ("output_throughput", "output tok/s", True),
+                "total_token_throughput": ("total_token_throughput", "total tok/s", True),
+                "request_throughput": ("request_throughput", "requests/s", True),
+                "wall_s": ("wall_s", "wall s", False),
+                # Step-timed workloads only (timing: steps, e.g. batch1); absent elsewhere (n 0, no ratio).
+                "decode_ms_per_token": ("decode_ms_per_token", "decode ms/token", False)},
+    "load": {"e2el_ms": ("e2el_ms", "e2el ms", False),
+             "ttft_ms": ("ttft_ms", "ttft ms", False),
+             "tpot_ms": ("tpot_ms", "tpot ms", False)},
+}
+HEADLINE = {"offline": "output_throughput", "load": "e2el_ms"}
+SAMPLES_ARE = {"offline": "repeats", "load": "completed requests"}
+
+# (name, path in the result JSON) of what each run measures once: ratios without a spread.
+SINGLE: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "offline": (("init_s", ("init_s",)), ("warmup_s", ("warmup_s",)), ("graph_capture_s", ("graph_capture_s",)),
+                ("kv_blocks", ("kv_blocks",)), ("peak_memory_bytes", ("peak_memory", "max_bytes"))),
+    "load": (("output_throughput", ("metrics", "output_throughput")),
+             ("request_throughput", ("metrics", "request_throughput")),
+             ("goodput", ("metrics", "goodput")), ("duration_s", ("metrics", "duration_s"))),
+}
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
@@ -97,17 +159,25 @@ def _covers(patterns: tuple[str, ...], key: str) -> bool:
     return False
 
 
-def variable_fields(variable: str, keys: set[str]) -> tuple[str, ...]:
+def variable_fields(variable: str, keys: set[str], kind: str = "offline") -> tuple[str, ...]:
     """The config keys a variable covers; unknown names are refused."""
-    if variable in VARIABLES:
-        return VARIABLES[variable]
+    names = LOAD_VARIABLES if kind == "load" else VARIABLES
+    if variable in names:
+        return names[variable]
     if variable in keys:
         return (variable,)
-    known = sorted(VARIABLES) + ["or a config key such as engine.max_model_len"]
-    raise LabkitError(f"bench compare: unknown --variable {variable!r} (known: {', '.join(known)})")
+    known = sorted(names) + ["or a config key such as " + ("server.--max-num-seqs" if kind == "load"
+                                                           else "engine.max_model_len")]
+    raise LabkitError(f"bench compare: unknown --variable {variable!r} for {kind} runs (known: {', '.join(known)})")
+
+
+def kind_of(data: dict) -> str:
+    return "load" if data.get("command") == "bench load" else "offline"
 
 
 def load_bench(path: str | Path) -> dict:
+    """A `labkit bench` or `labkit bench load` result; a load result gets its per-request records as
+    data["_records"] (from files.requests, or the .requests.jsonl next to the JSON)."""
     p = Path(path)
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
@@ -115,10 +185,46 @@ def load_bench(path: str | Path) -> dict:
         raise LabkitError(f"bench compare: cannot read {p}: {e.strerror or e}") from None
     except ValueError as e:
         raise LabkitError(f"bench compare: {p} is not JSON: {e}") from None
-    if not isinstance(data, dict) or not str(data.get("command", "")).startswith("bench") \
+    command = str(data.get("command", "")) if isinstance(data, dict) else ""
+    if command == "bench load" and isinstance(data.get("config"), dict) and isinstance(data.get("metrics"), dict):
+        data["_records"] = _load_records(data, p)
+        return data
+    if not command.startswith("bench") or command.startswith("bench compare") \
             or not isinstance(data.get("config"), dict) or not isinstance(data.get("median"), dict):
-        raise LabkitError(f"bench compare: {p} is not a `labkit bench` result (no command/config/median)")
+        raise LabkitError(f"bench compare: {p} is not a `labkit bench` or `labkit bench load` result "
+                          "(no command/config/median or metrics)")
     return data
+
+
+def _load_records(data: dict, path: Path) -> list[dict]:
+    recorded = (data.get("files") or {}).get("requests")
+    candidates = [Path(recorded)] if recorded else []
+    candidates.append(path.with_suffix(".requests.jsonl"))
+    for c in candidates:
+        if c.is_file():
+            try:
+                return [json.loads(line) for line in c.read_text(encoding="utf-8").splitlines() if line.strip()]
+            except ValueError as e:
+                raise LabkitError(f"bench compare: {c} (the per-request records of {path}) is not JSONL: {e}") from None
+    raise LabkitError(f"bench compare: {path}: its per-request records are missing (looked for "
+                      f"{', '.join(str(c) for c in candidates)}); a load comparison needs them")
+
+
+def samples(data: dict) -> dict[str, list[float]]:
+    """Each sampled metric's values: per timed repeat (offline) or per completed request (load)."""
+    kind = kind_of(data)
+    rows = ([r for r in data["_records"] if not r.get("error")] if kind == "load" else data.get("runs") or [])
+    return {name: [float(r[key]) for r in rows if _num(r.get(key)) is not None]
+            for name, (key, _, _) in SAMPLED[kind].items()}
+
+
+def comparable_config(data: dict) -> dict:
+    """What must match between the two runs: the recorded config (a load run adds its model and device)."""
+    if kind_of(data) == "offline":
+        return data["config"]
+    model, dev = data.get("model") or {}, data.get("device") or {}
+    return {**data["config"], "model_config_sha256": model.get("config_sha256"),
+            "device": {"type": dev.get("type"), "name": dev.get("name")}}
 
 
 def _get(d: dict, path: tuple[str, ...]) -> Any:
@@ -144,36 +250,123 @@ def _fmt(v: Any) -> str:
     return json.dumps(v, default=str) if not isinstance(v, str) else v
 
 
-def compare(a: dict, b: dict, variable: str, a_name: str = "A", b_name: str = "B") -> dict:
-    """The comparison record; raises LabkitError when the configs differ beyond the variable."""
-    fa, fb = flatten(a["config"]), flatten(b["config"])
+# ------------------------------------------------------------------------------------------------
+# Spread and the interval of the ratio
+
+
+def spread(values: list[float]) -> dict:
+    if not values:
+        return {"n": 0, "min": None, "median": None, "max": None}
+    a = np.asarray(values, dtype=float)
+    return {"n": int(a.size), "min": float(a.min()), "median": float(np.median(a)), "max": float(a.max())}
+
+
+def ratio_interval(a: list[float], b: list[float], resamples: int = BOOTSTRAP_RESAMPLES,
+                   seed: int = BOOTSTRAP_SEED, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of median(b) / median(a); None when a side has fewer than 2 samples."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    ratios = []
+    for start in range(0, resamples, 1000):  # bounded memory for load runs of many requests
+        n = min(1000, resamples - start)
+        ma = np.median(xa[rng.integers(0, xa.size, size=(n, xa.size))], axis=1)
+        mb = np.median(xb[rng.integers(0, xb.size, size=(n, xb.size))], axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratios.append(mb / ma)
+    r = np.concatenate(ratios)
+    r = r[np.isfinite(r)]
+    if r.size == 0:
+        return None
+    tail = (1 - confidence) / 2 * 100
+    lo, hi = np.percentile(r, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def sampled_metric(a: list[float], b: list[float], label: str, higher_is_better: bool) -> dict:
+    sa, sb = spread(a), spread(b)
+    r = ratio(sa["median"], sb["median"])
+    iv = ratio_interval(a, b)
+    within = None if iv is None else bool(iv[0] <= 1.0 <= iv[1])
+    return {"label": label, "higher_is_better": higher_is_better, "a": sa, "b": sb, "ratio": r,
+            "interval": None if iv is None else list(iv), "within_noise": within,
+            "text": ratio_text(r, iv, sa["n"], sb["n"])}
+
+
+def ratio_text(r: float | None, iv: tuple[float, float] | None, na: int, nb: int) -> str:
+    """The B/A ratio as it may be said: never a bare ratio inside the noise."""
+    if r is None:
+        return "n/a"
+    if iv is None:
+        return f"{r:.3f}x with no interval ({na} vs {nb} samples: a single sample shows no spread)"
+    pct = f"{CONFIDENCE * 100:g}%"
+    if iv[0] <= 1.0 <= iv[1]:
+        return f"within noise ({pct} interval of the ratio {iv[0]:.3f}x to {iv[1]:.3f}x holds 1.0)"
+    return f"{r:.3f}x ({pct} interval {iv[0]:.3f}x to {iv[1]:.3f}x)"
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def compare(a: dict, b: dict, variable: str, a_name: str = "A", b_name: str = "B",
+            allow_single: bool = False) -> dict:
+    """The comparison record; raises LabkitError when the runs are not comparable or a side has one sample
+    (unless allow_single)."""
+    kind = kind_of(a)
+    if kind_of(b) != kind:
+        what = {"offline": "an offline `labkit bench` result", "load": "a `labkit bench load` result"}
+        raise LabkitError(f"bench compare: {a_name} is {what[kind]} and {b_name} is {what[kind_of(b)]}: compare "
+                          "offline runs with offline runs, load runs with load runs")
+    fa, fb = flatten(comparable_config(a)), flatten(comparable_config(b))
     keys = set(fa) | set(fb)
-    patterns = variable_fields(variable, keys)
+    patterns = variable_fields(variable, keys, kind)
     differing = sorted(k for k in keys if fa.get(k) != fb.get(k))
-    measurement = [k for k in differing if not _covers(patterns, k) and _covers(MEASUREMENT_FIELDS, k)]
+    measured_how = MEASUREMENT_FIELDS if kind == "offline" else ()
+    measurement = [k for k in differing if not _covers(patterns, k) and _covers(measured_how, k)]
     outside = [k for k in differing if not _covers(patterns, k) and k not in measurement]
     if outside:
         shown = "; ".join(f"{k} ({_fmt(fa.get(k))} vs {_fmt(fb.get(k))})" for k in outside[:8])
         more = f"; and {len(outside) - 8} more" if len(outside) > 8 else ""
         raise LabkitError(f"bench compare: {a_name} and {b_name} differ in more than --variable {variable}: "
                           f"{shown}{more}")
-    inside = [k for k in differing if _covers(patterns, k)]
-    metrics = {}
-    for name, path in METRICS:
+    sa, sb = samples(a), samples(b)
+    head = HEADLINE[kind]
+    unit = {"offline": ("repeat", "rerun with --repeats 3 or more"), "load": ("completed request", "send more requests")}
+    for name, n in ((a_name, len(sa[head])), (b_name, len(sb[head]))):
+        if n < 2 and not allow_single:
+            raise LabkitError(f"bench compare: {name} has {n} {unit[kind][0]}{'' if n == 1 else 's'}: one sample shows "
+                              f"no spread, so a ratio cannot be told from noise; {unit[kind][1]}, or pass "
+                              "--allow-single")
+    metrics = {name: sampled_metric(sa[name], sb[name], label, better)
+               for name, (_, label, better) in SAMPLED[kind].items()}
+    single = {}
+    for name, path in SINGLE[kind]:
         va, vb = _get(a, path), _get(b, path)
-        metrics[name] = {"a": va, "b": vb, "ratio": ratio(va, vb)}
-    # Show what differs; when nothing does (a repeat, or --variable code), every covered key.
-    covered = inside or sorted(k for k in keys if _covers(patterns, k))
+        single[name] = {"a": va, "b": vb, "ratio": ratio(va, vb)}
+    h = metrics[head]
+    covered = [k for k in differing if _covers(patterns, k)] or sorted(k for k in keys if _covers(patterns, k))
+    inside = [k for k in differing if _covers(patterns, k)]
     return {
+        "kind": kind,
         "variable": variable,
         "fields": list(patterns),
         "differing": inside,
         "same_value": not inside,
         "values": {"a": {k: fa.get(k) for k in covered}, "b": {k: fb.get(k) for k in covered}},
         "measurement_differs": {k: {"a": fa.get(k), "b": fb.get(k)} for k in measurement},
-        "ratio": metrics["output_throughput"]["ratio"],
-        "ratio_of": "B/A of median output_throughput (output tok/s)",
+        "samples_are": SAMPLES_ARE[kind],
+        "headline_metric": head,
+        "ratio": h["ratio"],
+        "ratio_of": f"B/A of median {h['label']} over the {SAMPLES_ARE[kind]}",
+        "interval": h["interval"],
+        "within_noise": h["within_noise"],
+        "single_sample": h["interval"] is None,
+        "headline": f"B/A median {h['label']}: {h['text']}",
+        "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED, "confidence": CONFIDENCE,
+                      "method": "percentile bootstrap of the ratio of medians, each side resampled independently"},
         "metrics": metrics,
+        "single_measurements": single,
     }
 
 
@@ -186,8 +379,9 @@ def weakest_evidence(*runs: dict) -> str:
 
 def side(data: dict, path: str | Path) -> dict:
     """What the comparison JSON keeps of each input."""
-    return {
+    out = {
         "file": str(Path(path).resolve()),
+        "command": data.get("command"),
         "config": data["config"],
         "evidence": data.get("evidence"),
         "device": data.get("device"),
@@ -197,22 +391,34 @@ def side(data: dict, path: str | Path) -> dict:
         "versions": data.get("versions"),
         "execution": data.get("execution"),
         "started_at": data.get("started_at"),
-        "median": data.get("median"),
-        "runs": [{k: r.get(k) for k in ("repeat", "output_tokens", "wall_s", "output_throughput",
-                                        "total_token_throughput")} for r in data.get("runs") or []],
     }
+    if kind_of(data) == "offline":
+        out["median"] = data.get("median")
+        out["runs"] = [{k: r.get(k) for k in ("repeat", "output_tokens", "wall_s", "output_throughput",
+                                              "total_token_throughput")} for r in data.get("runs") or []]
+    else:
+        out["metrics"] = {k: v for k, v in (data.get("metrics") or {}).items() if k != "errors"}
+        out["requests_file"] = (data.get("files") or {}).get("requests")
+    return out
+
+
+def _spread_text(s: dict) -> str:
+    if not s["n"]:
+        return "-"
+    return f"{_short(s['min'])} / {_short(s['median'])} / {_short(s['max'])} (n {s['n']})"
 
 
 def markdown(result: dict) -> str:
     a, b = result["a"], result["b"]
-    r = result["ratio"]
     lines = [
-        f"# labkit bench compare: --variable {result['variable']}",
+        f"# labkit bench compare: --variable {result['variable']} ({result['kind']} runs)",
         "",
         f"- A: `{a['file']}`",
         f"- B: `{b['file']}`",
         f"- evidence: {result['evidence']}",
-        f"- **B/A median output throughput: {r:.3f}x**" if r is not None else "- B/A ratio: n/a",
+        f"- **{result['headline']}**",
+        f"- samples: the {result['samples_are']}; interval: {result['bootstrap']['method']}, "
+        f"{result['bootstrap']['resamples']} resamples, seed {result['bootstrap']['seed']}",
         "",
         "| variable field | A | B |",
         "| --- | --- | --- |",
@@ -223,9 +429,14 @@ def markdown(result: dict) -> str:
         lines.append(f"| {k} (measurement, not the variable) | {_fmt(v['a'])} | {_fmt(v['b'])} |")
     if result["same_value"]:
         lines += ["", "The variable has the same value in both runs (a repeat, or a code change)."]
-    lines += ["", "| metric | A | B | B/A |", "| --- | --- | --- | --- |"]
-    for name, m in result["metrics"].items():
-        rr = "-" if m["ratio"] is None else f"{m['ratio']:.3f}"
+    lines += ["", f"| metric | A min / median / max | B min / median / max | B/A of medians |",
+              "| --- | --- | --- | --- |"]
+    for m in result["metrics"].values():
+        lines.append(f"| {m['label']} | {_spread_text(m['a'])} | {_spread_text(m['b'])} | {m['text']} |")
+    lines += ["", "Measured once per run (no spread, so no interval):", "", "| figure | A | B | B/A |",
+              "| --- | --- | --- | --- |"]
+    for name, m in result["single_measurements"].items():
+        rr = "-" if m["ratio"] is None else f"{m['ratio']:.3f} (one measurement each)"
         lines.append(f"| {name} | {_short(m['a'])} | {_short(m['b'])} | {rr} |")
     lines += ["", "| | A | B |", "| --- | --- | --- |",
               f"| git head | {a.get('git_head')} | {b.get('git_head')} |",

@@ -6,11 +6,9 @@ Arrivals come from a workload (its requests, spaced by a Poisson process of --ra
 line: {"t": seconds from the start, "prompt_len": N | "prompt_ids": [...] | "prompt": "text",
 "max_tokens": M, "id": optional label}.
 
-Metrics follow vLLM's benchmark_serving: ttft (first token), tpot ((e2el - ttft) / (tokens - 1), requests
-with more than one token), itl (every gap between streamed tokens), e2el (request sent to last token), in ms
-with mean / median / p90 / p99; request_throughput, output_throughput and total_token_throughput over the
-benchmark's duration (first request sent to last response); goodput: requests per second meeting every
---slo bound (ttft:MS, tpot:MS, e2el:MS).
+Each arrival goes to one endpoint (round-robin in arrival order over --endpoints); every endpoint's /health
+gives the run its provenance (device, evidence kind, model). The metrics over the outcomes are in
+load_metrics.py; docs/bench-load.md describes the whole command.
 """
 from __future__ import annotations
 
@@ -31,9 +29,6 @@ from engine.config import free_port
 from labkit.bench.workloads import Workload, draw
 from labkit.errors import LabkitError
 
-SLO_METRICS = ("ttft", "tpot", "e2el")
-PERCENTILES = (50, 90, 99)
-
 
 @dataclass
 class Arrival:
@@ -47,10 +42,12 @@ class Arrival:
 class Outcome:
     id: str
     scheduled_s: float
+    endpoint: str = ""                # the server's base URL
     prompt_tokens: int | None = None
     output_tokens: int = 0
     ttft_ms: float | None = None
     itl_ms: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)   # tokens of each arrival: ttft's, then each itl's
     e2el_ms: float | None = None
     sent_ns: int | None = None
     done_ns: int | None = None
@@ -136,31 +133,154 @@ def load_arrivals(path: str | Path, vocab_range: tuple[int, int] = (100, 10000),
     return sorted(out, key=lambda a: a.t)
 
 
-def parse_slo(text: str | None) -> dict[str, float]:
-    """"ttft:500,tpot:50" -> {"ttft": 500.0, "tpot": 50.0} (milliseconds)."""
-    if not text:
-        return {}
-    out = {}
-    for part in text.split(","):
-        name, sep, value = part.strip().partition(":")
-        if not sep or name not in SLO_METRICS:
-            raise LabkitError(f"--slo: expected METRIC:MS[,METRIC:MS] with METRIC in {', '.join(SLO_METRICS)}, "
-                              f"got {part.strip()!r}")
-        try:
-            ms = float(value)
-        except ValueError:
-            ms = -1.0
-        if not ms > 0:
-            raise LabkitError(f"--slo: {name} needs a positive number of milliseconds, got {value!r}")
-        out[name] = ms
-    return out
-
-
 # ------------------------------------------------------------------------------------------ the client
+#
+# The client must never be what limits a run: a GPU server streams ~21,000 tokens/s over 256 SSE streams.
+# So: aiohttp when installed (C HTTP parser), else httpx; raw bytes split on blank lines (no per-line
+# iterator), one clock read per network read, one json.loads per event. scripts/client_throughput.py
+# measures what one core of this client takes in, and every result records the client's CPU time.
 
-async def _one(http, url: str, a: Arrival, t0: float, body_extra: dict, sem: asyncio.Semaphore | None,
-               progress) -> Outcome:
-    o = Outcome(id=a.id, scheduled_s=a.t)
+CLIENTS = ("aiohttp", "httpx")
+
+
+def client_name(choice: str | None = None) -> str:
+    """The HTTP library the load client uses: `choice`, or aiohttp when installed, else httpx."""
+    import importlib.util
+
+    if choice in (None, "auto"):
+        for name in CLIENTS:
+            if importlib.util.find_spec(name) is not None:
+                return name
+        raise LabkitError("the load bench needs aiohttp or httpx: pip install 'labkit[serve]'")
+    if choice not in CLIENTS:
+        raise LabkitError(f"--client: expected auto, {' or '.join(CLIENTS)}, got {choice!r}")
+    if importlib.util.find_spec(choice) is None:
+        raise LabkitError(f"--client {choice}: not installed (pip install {choice})")
+    return choice
+
+
+_IDS_KEY = b'"token_ids":'
+_NOT_FINISHED = (b'"finish_reason": null', b'"finish_reason":null')
+
+
+def plain_token_count(payload: bytes) -> int | None:
+    """How many token ids a plain token event carries (one choice, not finished, no usage, no error), read
+    without a JSON parse: json.loads was half the client's time per event. None for any other event, which
+    then gets parsed in full. Sound because a JSON string escapes its quotes, so `"token_ids":` or
+    `"finish_reason": null` can only be keys and values, never text inside a string."""
+    if payload.count(_IDS_KEY) != 1 or b'"usage"' in payload or b'"error"' in payload:
+        return None
+    if _NOT_FINISHED[0] not in payload and _NOT_FINISHED[1] not in payload:
+        return None
+    start = payload.index(_IDS_KEY) + len(_IDS_KEY)
+    end = payload.find(b"]", start)
+    ids = payload[start:end].strip()
+    if end < 0 or not ids.startswith(b"["):
+        return None
+    return ids.count(b",") + 1 if ids[1:].strip() else 0
+
+
+class _Stream:
+    """Reads one request's SSE stream into its Outcome.
+
+    Token accounting follows vLLM's benchmark: each SSE event that carries tokens is one arrival; ttft is the
+    first arrival, and every later arrival adds one itl (the gap since the previous arrival), however many
+    tokens it holds. The server may coalesce several tokens into one event when the client falls behind, so
+    output tokens are counted from each event's token_ids (a coalesced event adds len(token_ids) tokens and
+    one itl). Events that reach us in the same network read share one timestamp.
+    """
+
+    def __init__(self, o: Outcome):
+        self.o = o
+        self.buf = b""
+        self.last_ns: int | None = None
+        self.done = False
+
+    def feed(self, data: bytes) -> None:
+        now = time.monotonic_ns()
+        buf = self.buf + data if self.buf else data
+        if b"\r" in buf:             # SSE allows CRLF line ends; labkit serve and vLLM send bare LF
+            buf = buf.replace(b"\r\n", b"\n")
+        events = buf.split(b"\n\n")
+        self.buf = events.pop()
+        for ev in events:
+            if not ev.startswith(b"data:"):
+                continue             # a comment (":" keep-alive) or a field we do not use
+            payload = ev[5:]
+            n = plain_token_count(payload)
+            if n is None:
+                n = self._parse(payload.strip())
+                if self.done:
+                    return
+            if n:
+                self._arrived(n, now)
+
+    def _arrived(self, n: int, now: int) -> None:
+        o = self.o
+        if self.last_ns is None:
+            o.ttft_ms = (now - o.sent_ns) / 1e6
+        else:
+            o.itl_ms.append((now - self.last_ns) / 1e6)
+        self.last_ns = now
+        o.chunk_tokens.append(n)
+        o.output_tokens += n
+
+    def _parse(self, payload: bytes) -> int:
+        """Any event in full: [DONE], an error, usage, a finish; returns the tokens it carries."""
+        if payload == b"[DONE]":
+            self.done = True
+            return 0
+        data = json.loads(payload)
+        if "error" in data:
+            raise _StreamError(f"mid-stream: {(data['error'] or {}).get('message')}")
+        usage = data.get("usage")
+        if usage:
+            self.o.prompt_tokens = usage.get("prompt_tokens")
+        n = 0
+        for choice in data.get("choices") or ():
+            if choice.get("finish_reason"):
+                self.o.finish_reason = choice["finish_reason"]
+            n += len(choice.get("token_ids") or ())
+        return n
+
+
+class _StreamError(Exception):
+    pass
+
+
+def _error_text(status: int, body: bytes) -> str:
+    try:
+        msg = json.loads(body)["error"]["message"]
+    except Exception:  # noqa: BLE001 - any body
+        msg = body.decode(errors="replace")[:200]
+    return f"HTTP {status}: {msg}"
+
+
+async def _post_aiohttp(session, url: str, body: dict, stream: _Stream) -> str | None:
+    async with session.post(url, json=body) as resp:
+        if resp.status != 200:
+            return _error_text(resp.status, await resp.read())
+        async for data in resp.content.iter_any():
+            stream.feed(data)
+            if stream.done:
+                break
+    return None
+
+
+async def _post_httpx(session, url: str, body: dict, stream: _Stream) -> str | None:
+    async with session.stream("POST", url, json=body) as resp:
+        if resp.status_code != 200:
+            return _error_text(resp.status_code, await resp.aread())
+        async for data in resp.aiter_raw():
+            stream.feed(data)
+            if stream.done:
+                break
+    return None
+
+
+async def _one(post, session, url: str, a: Arrival, t0: float, body_extra: dict,
+               sem: asyncio.Semaphore | None, progress) -> Outcome:
+    o = Outcome(id=a.id, scheduled_s=a.t, endpoint=url)
     delay = t0 + a.t - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
@@ -170,46 +290,14 @@ async def _one(http, url: str, a: Arrival, t0: float, body_extra: dict, sem: asy
         await sem.acquire()
     try:
         o.sent_ns = time.monotonic_ns()
-        last = None
-        async with http.stream("POST", url, json=body) as resp:
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")
-                try:
-                    msg = json.loads(text)["error"]["message"]
-                except Exception:  # noqa: BLE001 - any body
-                    msg = text[:200]
-                o.error = f"HTTP {resp.status_code}: {msg}"
-                return o
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                payload = line[6:]
-                if payload == "[DONE]":
-                    break
-                data = json.loads(payload)
-                if "error" in data:
-                    o.error = f"mid-stream: {data['error'].get('message')}"
-                    return o
-                usage = data.get("usage")
-                if usage:
-                    o.prompt_tokens = usage.get("prompt_tokens")
-                for choice in data.get("choices", []):
-                    if choice.get("finish_reason"):
-                        o.finish_reason = choice["finish_reason"]
-                    ids = choice.get("token_ids") or []
-                    if not ids:
-                        continue
-                    now = time.monotonic_ns()
-                    if last is None:
-                        o.ttft_ms = (now - o.sent_ns) / 1e6
-                    else:
-                        o.itl_ms.append((now - last) / 1e6)
-                    last = now
-                    o.output_tokens += len(ids)
-        o.done_ns = time.monotonic_ns()
-        o.e2el_ms = (o.done_ns - o.sent_ns) / 1e6
-        if o.output_tokens == 0:
-            o.error = "no tokens streamed"
+        o.error = await post(session, url + "/v1/completions", body, _Stream(o))
+        if o.error is None:
+            o.done_ns = time.monotonic_ns()
+            o.e2el_ms = (o.done_ns - o.sent_ns) / 1e6
+            if o.output_tokens == 0:
+                o.error = "no tokens streamed"
+    except _StreamError as e:
+        o.error = str(e)
     except Exception as e:  # noqa: BLE001 - a failed request is a result, not a crash
         o.error = f"{type(e).__name__}: {e}"
     finally:
@@ -219,84 +307,48 @@ async def _one(http, url: str, a: Arrival, t0: float, body_extra: dict, sem: asy
     return o
 
 
-async def _run_all(base_url: str, arrivals: list[Arrival], body_extra: dict, max_concurrency: int | None,
-                   timeout_s: float, progress) -> list[Outcome]:
-    import httpx
+def assign_endpoints(arrivals: list[Arrival], endpoints: list[str]) -> list[str]:
+    """Round-robin in arrival order (ties keep their list order): the i-th arrival goes to endpoint i mod n."""
+    order = sorted(range(len(arrivals)), key=lambda i: arrivals[i].t)
+    out = [""] * len(arrivals)
+    for rank, i in enumerate(order):
+        out[i] = endpoints[rank % len(endpoints)]
+    return out
 
-    limits = httpx.Limits(max_connections=max(len(arrivals), 1) + 4, max_keepalive_connections=64)
+
+async def _run_all(endpoints: list[str], arrivals: list[Arrival], body_extra: dict, max_concurrency: int | None,
+                   timeout_s: float, progress, client: str) -> list[Outcome]:
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits) as http:
+    urls = assign_endpoints(arrivals, endpoints)
+    if client == "aiohttp":
+        import aiohttp
+
+        # limit=0: one connection per stream in flight, however many; no total timeout, a per-read one.
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                                        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0,
+                                                                      sock_read=timeout_s))
+        post = _post_aiohttp
+    else:
+        import httpx
+
+        session = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0),
+                                    limits=httpx.Limits(max_connections=max(len(arrivals), 1) + 4,
+                                                        max_keepalive_connections=64))
+        post = _post_httpx
+    async with session:
         t0 = time.perf_counter()
-        tasks = [_one(http, base_url + "/v1/completions", a, t0, body_extra, sem, progress) for a in arrivals]
-        return list(await asyncio.gather(*tasks))
+        return list(await asyncio.gather(*(_one(post, session, url, a, t0, body_extra, sem, progress)
+                                           for url, a in zip(urls, arrivals))))
 
 
-def run_load(base_url: str, arrivals: list[Arrival], *, temperature: float, ignore_eos: bool,
-             max_concurrency: int | None = None, timeout_s: float = 600.0, progress=lambda: None) -> list[Outcome]:
-    try:
-        import httpx  # noqa: F401 - fail early, with the install hint
-    except ImportError:
-        raise LabkitError("the load bench needs httpx: pip install 'labkit[serve]'", 2) from None
+def run_load(endpoints: list[str], arrivals: list[Arrival], *, temperature: float, ignore_eos: bool,
+             max_concurrency: int | None = None, timeout_s: float = 600.0, progress=lambda: None,
+             client: str | None = None) -> list[Outcome]:
+    """Send every arrival (streamed, at its time) to its endpoint; one Outcome per arrival, in arrival order."""
+    name = client_name(client)
     extra = {"temperature": temperature, "ignore_eos": ignore_eos}
-    return asyncio.run(_run_all(base_url.rstrip("/"), arrivals, extra, max_concurrency, timeout_s, progress))
-
-
-# ------------------------------------------------------------------------------------------ metrics
-
-def _stats(xs: list[float]) -> dict[str, float | None]:
-    if not xs:
-        return {"mean": None, "median": None, "p90": None, "p99": None, "n": 0}
-    import numpy as np
-
-    a = np.asarray(xs, dtype=float)
-    return {"mean": float(a.mean()), "median": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99)), "n": int(a.size)}
-
-
-def meets_slo(o: Outcome, slo: dict[str, float]) -> bool:
-    if not o.ok:
-        return False
-    values = {"ttft": o.ttft_ms, "tpot": o.tpot_ms, "e2el": o.e2el_ms}
-    # A one-token request has no tpot: that bound does not apply to it.
-    return all((values[k] is None and k == "tpot") or (values[k] is not None and values[k] <= ms)
-               for k, ms in slo.items())
-
-
-def summarize(outcomes: list[Outcome], slo: dict[str, float]) -> dict[str, Any]:
-    done = [o for o in outcomes if o.ok]
-    starts = [o.sent_ns for o in outcomes if o.sent_ns is not None]
-    ends = [o.done_ns for o in done]
-    duration = (max(ends) - min(starts)) / 1e9 if ends and starts else None
-    out_tokens = sum(o.output_tokens for o in done)
-    in_tokens = sum(o.prompt_tokens or 0 for o in done)
-    per_s = (lambda n: n / duration) if duration else (lambda n: None)
-    res: dict[str, Any] = {
-        "requests": len(outcomes), "completed": len(done), "failed": len(outcomes) - len(done),
-        "duration_s": duration, "input_tokens": in_tokens, "output_tokens": out_tokens,
-        "request_throughput": per_s(len(done)), "output_throughput": per_s(out_tokens),
-        "total_token_throughput": per_s(in_tokens + out_tokens),
-        "ttft_ms": _stats([o.ttft_ms for o in done if o.ttft_ms is not None]),
-        "tpot_ms": _stats([o.tpot_ms for o in done if o.tpot_ms is not None]),
-        "itl_ms": _stats([x for o in done for x in o.itl_ms]),
-        "e2el_ms": _stats([o.e2el_ms for o in done if o.e2el_ms is not None]),
-    }
-    if slo:
-        good = sum(meets_slo(o, slo) for o in outcomes)
-        res["slo"] = slo
-        res["good_requests"] = good
-        res["goodput"] = per_s(good)
-    errors: dict[str, int] = {}
-    for o in outcomes:
-        if o.error:
-            errors[o.error[:120]] = errors.get(o.error[:120], 0) + 1
-    res["errors"] = errors
-    return res
-
-
-def outcome_record(o: Outcome) -> dict:
-    return {"id": o.id, "scheduled_s": o.scheduled_s, "prompt_tokens": o.prompt_tokens,
-            "output_tokens": o.output_tokens, "ttft_ms": o.ttft_ms, "tpot_ms": o.tpot_ms, "e2el_ms": o.e2el_ms,
-            "itl_ms": o.itl_ms, "finish_reason": o.finish_reason, "error": o.error}
+    return asyncio.run(_run_all([u.rstrip("/") for u in endpoints], arrivals, extra, max_concurrency, timeout_s,
+                                progress, name))
 
 
 # ------------------------------------------------------------------------------------------ the server
@@ -351,8 +403,11 @@ class SpawnedServer:
 
 
 def server_info(base_url: str) -> dict:
-    """What /health says about the server (device, blocks); LabkitError when it cannot be reached."""
-    import httpx
+    """What GET /health says about the server; LabkitError (exit 2) when it cannot be reached or is not ready."""
+    try:
+        import httpx
+    except ImportError:
+        raise LabkitError("the load bench needs httpx: pip install 'labkit[serve]'") from None
 
     try:
         r = httpx.get(base_url.rstrip("/") + "/health", timeout=10.0)
@@ -361,6 +416,56 @@ def server_info(base_url: str) -> dict:
     if r.status_code != 200:
         raise LabkitError(f"{base_url}/health answered {r.status_code}: the server is not ready", 2)
     try:
-        return r.json()
+        info = r.json()
     except ValueError:
         return {}
+    return info if isinstance(info, dict) else {}
+
+
+# ------------------------------------------------------------------------------------------ provenance
+#
+# A load result belongs to the server that produced it, not to the client machine: its device (so its
+# evidence kind), its model and its commit come from each endpoint's /health. labkit serve's /health holds
+# at least {status, model_name, model: {path, config_sha256}, device, device_name, vocab_size, max_model_len,
+# tp, git_head, labkit_version}; older servers hold a subset, and whatever is missing is recorded as None.
+
+def _model_of(info: dict) -> dict:
+    m = info.get("model") if isinstance(info.get("model"), dict) else {}
+    return {"name": info.get("model_name"), "path": m.get("path"), "config_sha256": m.get("config_sha256")}
+
+
+def _common(values: list):
+    """The one value all endpoints share, else None."""
+    return values[0] if values and all(v == values[0] for v in values) else None
+
+
+def server_provenance(healths: list[tuple[str, dict]], allow_mixed: bool = False) -> dict:
+    """device, evidence and model of a run from each endpoint's /health; LabkitError (exit 2) when the endpoints
+    serve different models (config_sha256 or vocab_size differ) and allow_mixed is off."""
+    models = [_model_of(info) for _, info in healths]
+    identity = {"config_sha256": [m["config_sha256"] for m in models],
+                "vocab_size": [info.get("vocab_size") for _, info in healths]}
+    for key, values in identity.items():
+        seen: dict = {}
+        for (url, _), value in zip(healths, values):
+            if value is not None:
+                seen.setdefault(value, url)
+        if len(seen) > 1 and not allow_mixed:
+            where = ", ".join(f"{str(v)[:12]} at {u}" for v, u in seen.items())
+            raise LabkitError(f"the endpoints serve different models ({key}: {where}); pass --allow-mixed to load "
+                              "them together anyway", 2)
+    devices = [str(info.get("device") or "unknown") for _, info in healths]
+    kinds = sorted({d.split(":")[0] for d in devices})
+    unverified = [u for (u, _), m in zip(healths, models) if m["config_sha256"] is None]
+    model = {k: _common([m[k] for m in models]) for k in ("name", "path", "config_sha256")}
+    model["mixed"] = len({m["config_sha256"] for m in models if m["config_sha256"] is not None}) > 1
+    return {
+        # A measurement of GPU serving only when every endpoint served from a GPU.
+        "evidence": "gpu-measured" if kinds == ["cuda"] else "cpu-executed",
+        "device": {"type": kinds[0] if len(kinds) == 1 else "mixed",
+                   "name": _common([info.get("device_name") for _, info in healths]),
+                   "server": ", ".join(dict.fromkeys(devices)), "from": "server /health"},
+        "model": model,
+        "unverified_model": unverified if len(healths) > 1 else [],
+        "servers": [{"url": url, "health": info} for url, info in healths],
+    }

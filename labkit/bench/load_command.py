@@ -3,16 +3,22 @@
     labkit bench load --workload fixed --rate 4               # starts a server on the default model
     labkit bench load --workload nano --rate inf --device cuda --slo ttft:500,tpot:50
     labkit bench load --arrivals workloads/arrivals/burst.jsonl --url http://127.0.0.1:8000
+    labkit bench load --workload nano --endpoints http://127.0.0.1:8001,http://127.0.0.1:8002   # replicas
 
-Writes runs/bench-load-NAME.json (metrics, config, envelope), a .md twin and NAME.requests.jsonl (one line
-per request: ttft, tpot, e2el, every itl). Exit 0 when every request completed, 1 when some failed (their
-errors are counted in the JSON), 2 when it could not run.
+Writes runs/bench-load-NAME.json (metrics, config, envelope, each server's /health), a .md twin and
+NAME.requests.jsonl (one line per request: endpoint, ttft, tpot, e2el, every itl, tokens per event). The
+envelope's device, evidence kind and model come from the servers' /health, not from the client machine.
+Exit 0 when every request completed, 1 when some failed (their errors are counted in the JSON), 2 when it
+could not run.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.metadata
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -23,15 +29,13 @@ from rich.table import Table
 from rich.text import Text
 
 from labkit.bench import load as L
-from labkit.bench.workloads import fold_to_vocab, load_workload
+from labkit.bench import load_metrics as M
+from labkit.bench.workloads import draw_warmup, fold_to_vocab, load_workload
 from labkit.errors import LabkitError
+from labkit.model import resolve_model
 from labkit.options import Policy
-from labkit.output import Device, envelope, evidence_for, finish, resolve_device, runs_dir, write_json
-
-# Flags that configure the server this command starts (refused with --url).
-SERVER_FLAGS = ("--model", "--device", "--eager/--graph", "--tp", "--max-num-seqs", "--budget", "--max-model-len",
-                "--policy", "--max-queue")
-
+from labkit.output import (JSON_OPTION, Device, device_info, envelope, finish, print_json, resolve_device, runs_dir,
+                           write_json)
 
 def load(
     workload: str = typer.Option("fixed", "--workload", "-w",
@@ -45,6 +49,11 @@ def load(
                                                  "instead of the workload's requests at --rate."),
     num_requests: Optional[int] = typer.Option(None, "--num-requests", min=1, help="Keep the first N requests."),
     url: Optional[str] = typer.Option(None, "--url", help="A running `labkit serve` (default: start one)."),
+    endpoints: Optional[str] = typer.Option(None, "--endpoints",
+                                            help="Several running servers, URL,URL,...: arrivals go round-robin "
+                                                 "in arrival order (replicas of one model)."),
+    allow_mixed: bool = typer.Option(False, "--allow-mixed",
+                                     help="Accept --endpoints that serve different models (config_sha256)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model folder for the started server."),
     device: Device = typer.Option(Device.auto, "--device", help="Device of the started server."),
     eager: Optional[bool] = typer.Option(None, "--eager/--graph", help="Started server: eager or CUDA graphs."),
@@ -60,23 +69,33 @@ def load(
                                                   help="At most N requests in flight (default: no limit)."),
     slo: Optional[str] = typer.Option(None, "--slo", help="Goodput bounds in ms, e.g. ttft:500,tpot:50 "
                                                           "(ttft, tpot, e2el)."),
+    percentiles: str = typer.Option("50,90,99", "--percentiles",
+                                    help="Latency percentiles to report, e.g. 50,90,99,99.9 (keys p50 ... p99.9)."),
+    client: str = typer.Option("auto", "--client", help="HTTP client: auto (aiohttp when installed), aiohttp "
+                                                        "or httpx."),
     startup_timeout: float = typer.Option(600.0, "--startup-timeout", min=1.0,
                                           help="Seconds to wait for the started server."),
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds a request may take."),
+    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Before timing, send the workload's warm-up "
+                                "requests (its own random prompts, short outputs) so compile caches are warm."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSON path (default: runs/bench-load-NAME.json)."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Send requests on a schedule to `labkit serve` and report ttft / tpot / itl / e2el and throughput."""
-    slo_ms = L.parse_slo(slo)
+    slo_ms = M.parse_slo(slo)
+    pcts = M.parse_percentiles(percentiles)
+    client_lib = L.client_name(client)
+    urls = _endpoint_list(url, endpoints)
     w = load_workload(workload).scaled(num_requests if arrivals is None else None)
     server_args = {"--model": model, "--device": None if device == Device.auto else device.value,
                    "--eager/--graph": eager, "--tp": tp, "--max-num-seqs": max_num_seqs, "--budget": budget,
                    "--max-model-len": max_model_len, "--policy": policy.value if policy else None,
                    "--max-queue": max_queue}
-    if url is not None:
+    if urls:
         given = [f for f, v in server_args.items() if v is not None]
         if given:
-            raise LabkitError(f"{', '.join(given)}: settings of a server this command starts; with --url the "
-                              "server is already running")
+            raise LabkitError(f"{', '.join(given)}: settings of a server this command starts; with --url or "
+                              "--endpoints the servers are already running")
     if arrivals is not None:
         reqs = L.load_arrivals(arrivals, vocab_range=_id_range(w), seed=seed)
         if num_requests is not None:
@@ -88,76 +107,138 @@ def load(
         source = {"workload": w.params(), "rate": rate if math.isfinite(rate) else "inf", "seed": seed}
         name = f"{w.name}-{'inf' if not math.isfinite(rate) else f'{rate:g}'}"
 
-    console = Console()
+    console = Console(quiet=as_json)
     server = None
     model_dir = None
     json_path = out if out is not None else runs_dir() / f"bench-load-{name}.json"
     try:
-        if url is None:
-            from labkit.model import resolve_model
-
+        if not urls:
             model_dir = Path(resolve_model(model))
-            dev = resolve_device(device)
-            args = ["--model", str(model_dir), "--device", dev,
-                    "--max-queue", str(max_queue if max_queue is not None else max(256, len(reqs)))]
-            for flag, value in (("--tp", tp), ("--max-num-seqs", max_num_seqs), ("--budget", budget),
-                                ("--max-model-len", max_model_len)):
-                if value is not None:
-                    args += [flag, str(value)]
-            if eager is not None:
-                args.append("--eager" if eager else "--graph")
-            if policy is not None:
-                args += ["--policy", policy.value]
-            log_path = json_path.with_suffix(".server.log")
-            console.print(f"starting labkit serve ({dev}) ... log: {log_path}", style="dim")
-            server = L.SpawnedServer(args, log_path, startup_timeout)
-            base = server.url
-        else:
-            base = url
-        info = L.server_info(base)
-        folded = False
-        vocab = info.get("vocab_size")
-        if isinstance(vocab, int) and vocab > 0:
-            ids = [a.prompt for a in reqs if isinstance(a.prompt, list)]
-            ids, folded = fold_to_vocab(ids, vocab)
-            it = iter(ids)
-            for a in reqs:
-                if isinstance(a.prompt, list):
-                    a.prompt = next(it)
-        server_dev = str(info.get("device") or "unknown")
-        evidence = evidence_for("cuda" if server_dev.startswith("cuda") else "cpu")
-        env = envelope("bench load", device="cpu", model_dir=model_dir, evidence=evidence)
-        env["device"] = {"type": server_dev.split(":")[0], "name": info.get("device_name"), "server": server_dev}
+            server = _start_server(model_dir, device, max_queue, len(reqs), tp, max_num_seqs, budget,
+                                   max_model_len, eager, policy, json_path.with_suffix(".server.log"), startup_timeout,
+                                   console)
+            urls = [server.url]
+        prov = L.server_provenance([(u, L.server_info(u)) for u in urls], allow_mixed)
+        for u in prov["unverified_model"]:
+            console.print(f"warning: {u}/health names no config_sha256: its model could not be compared", style="yellow")
+        folded = _fold_prompts(reqs, [s["health"].get("vocab_size") for s in prov["servers"]])
+        env = envelope("bench load", device="cpu", model_dir=model_dir, evidence=prov["evidence"])
+        env["device"] = prov["device"]
+        # The server's word on its model; a server this command started and whose /health is older falls back
+        # to what the client read from the same folder.
+        env["model"] = {**env["model"], **{k: v for k, v in prov["model"].items() if v is not None or k == "mixed"}}
         with Progress(SpinnerColumn(), TextColumn("requests"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=Console(stderr=True), transient=True,
                       disable=not Console(stderr=True).is_terminal) as progress:
+            importlib.import_module(client_lib)   # its import is not the run's work: keep it off the clock
+            warmed = _warm_up(w, urls, prov, client_lib, timeout) if warmup else None
             task = progress.add_task("requests", total=len(reqs))
-            outcomes = L.run_load(base, reqs, temperature=w.temperature, ignore_eos=w.ignore_eos,
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            outcomes = L.run_load(urls, reqs, temperature=w.temperature, ignore_eos=w.ignore_eos,
                                   max_concurrency=max_concurrency, timeout_s=timeout,
-                                  progress=lambda: progress.advance(task))
+                                  progress=lambda: progress.advance(task), client=client_lib)
+            cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
     finally:
         if server is not None:
             server.close()
 
-    summary = L.summarize(outcomes, slo_ms)
-    config = {"source": source, "requests": len(reqs), "prompt_ids_folded": folded, "temperature": w.temperature, "ignore_eos": w.ignore_eos,
-              "max_concurrency": max_concurrency,
-              "server": {"url": url} if url is not None else {"started": True, **{k: v for k, v in server_args.items()
-                                                                                  if v is not None}}}
+    summary = M.summarize(outcomes, slo_ms, pcts)
+    config = {"source": source, "requests": len(reqs), "prompt_ids_folded": folded, "temperature": w.temperature,
+              "ignore_eos": w.ignore_eos, "max_concurrency": max_concurrency, "warmup": warmed,
+              "server": ({"url": urls[0]} if url is not None else {"endpoints": urls} if endpoints is not None
+                         else {"started": True, **{k: v for k, v in server_args.items() if v is not None}})}
+    # The client's share of the run: CPU seconds near the wall time mean the client, not the server, set the pace.
+    client_info = {"library": client_lib, "version": _version(client_lib), "cpu_s": cpu_s, "wall_s": wall_s,
+                   "busy": cpu_s / wall_s if wall_s > 0 else None, "host": device_info("cpu")}
     requests_path = json_path.with_suffix(".requests.jsonl")
     result = finish(env, status="ok" if summary["failed"] == 0 else "failed_requests", config=config,
-                    metrics=summary, files={"json": str(json_path), "md": str(json_path.with_suffix(".md")),
-                                            "requests": str(requests_path)})
+                    metrics=summary, servers=prov["servers"], client=client_info,
+                    files={"json": str(json_path), "md": str(json_path.with_suffix(".md")),
+                           "requests": str(requests_path)})
     write_json(json_path, result)
-    requests_path.write_text("".join(_jsonl(L.outcome_record(o)) for o in outcomes), encoding="utf-8")
+    requests_path.write_text("".join(_jsonl(M.outcome_record(o)) for o in outcomes), encoding="utf-8")
     json_path.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
     print_summary(result, console)
+    if as_json:
+        print_json(result)
     console.print(f"wrote {json_path}, {json_path.with_suffix('.md')} and {requests_path}")
+    if client_info["busy"] is not None and client_info["busy"] > 0.8:
+        console.print(f"warning: the client was busy {client_info['busy']:.0%} of the run ({client_lib}): it may "
+                      "have set the pace, not the server", style="yellow")
     if summary["failed"]:
         console.print(Text(f"{summary['failed']} of {summary['requests']} requests failed: "
                            + "; ".join(f"{n} x {e}" for e, n in summary["errors"].items()), style="red"))
         raise typer.Exit(1)
     raise typer.Exit(0)
+
+
+def _endpoint_list(url: str | None, endpoints: str | None) -> list[str]:
+    """The servers to load: --url (one) or --endpoints (several); none means start one."""
+    if url is not None and endpoints is not None:
+        raise LabkitError("--url and --endpoints: give one of them (--endpoints URL,URL,... for several servers)")
+    if endpoints is None:
+        return [] if url is None else [url.rstrip("/")]
+    urls = [u.strip().rstrip("/") for u in endpoints.split(",")]
+    if not all(urls):
+        raise LabkitError(f"--endpoints: expected URL,URL,... without empty entries, got {endpoints!r}")
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise LabkitError(f"--endpoints: {bad[0]!r} is not an http:// or https:// URL")
+    return urls
+
+
+def _start_server(model_dir: Path, device: Device, max_queue, n_requests: int, tp, max_num_seqs, budget,
+                  max_model_len, eager, policy, log_path: Path, startup_timeout: float, console) -> L.SpawnedServer:
+    dev = resolve_device(device)
+    args = ["--model", str(model_dir), "--device", dev,
+            "--max-queue", str(max_queue if max_queue is not None else max(256, n_requests))]
+    for flag, value in (("--tp", tp), ("--max-num-seqs", max_num_seqs), ("--budget", budget),
+                        ("--max-model-len", max_model_len)):
+        if value is not None:
+            args += [flag, str(value)]
+    if eager is not None:
+        args.append("--eager" if eager else "--graph")
+    if policy is not None:
+        args += ["--policy", policy.value]
+    console.print(f"starting labkit serve ({dev}) ... log: {log_path}", style="dim")
+    return L.SpawnedServer(args, log_path, startup_timeout)
+
+
+def _warm_up(w, urls: list[str], prov: dict, client_lib: str, timeout: float) -> dict:
+    """The workload's warm-up draw, all at once (at least one request per endpoint), untimed. Its prompts come
+    from their own random stream, so the timed requests never find them in the prefix cache."""
+    d = draw_warmup(w, 0)
+    n = max(len(d.prompts), len(urls))
+    reqs = [L.Arrival(t=0.0, prompt=list(d.prompts[i % len(d.prompts)]), max_tokens=d.max_tokens[i % len(d.prompts)],
+                      id=f"warmup{i}") for i in range(n)]
+    _fold_prompts(reqs, [s["health"].get("vocab_size") for s in prov["servers"]])
+    t0 = time.perf_counter()
+    outcomes = L.run_load(urls, reqs, temperature=w.temperature, ignore_eos=w.ignore_eos, timeout_s=timeout,
+                          client=client_lib)
+    failed = [o for o in outcomes if not o.ok]
+    if len(failed) == len(outcomes):
+        raise LabkitError(f"every warm-up request failed ({failed[0].error}): is the server healthy?", 2)
+    return {"requests": n, "failed": len(failed), "wall_s": time.perf_counter() - t0}
+
+
+def _fold_prompts(reqs: list, vocab_sizes: list) -> bool:
+    """Fold token-id prompts into the smallest vocabulary any endpoint reports; True when some id changed."""
+    sizes = [v for v in vocab_sizes if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    if not sizes:
+        return False
+    ids, folded = fold_to_vocab([a.prompt for a in reqs if isinstance(a.prompt, list)], min(sizes))
+    it = iter(ids)
+    for a in reqs:
+        if isinstance(a.prompt, list):
+            a.prompt = next(it)
+    return folded
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _id_range(w) -> tuple[int, int]:
@@ -180,14 +261,24 @@ def _rows(r: dict) -> list[tuple[str, str]]:
             ("input / output tokens", f"{m['input_tokens']:,} / {m['output_tokens']:,}"),
             ("request throughput (req/s)", _ms(m["request_throughput"])),
             ("output throughput (tok/s)", _ms(m["output_throughput"])),
+            ("peak output tok/s (1 s buckets)", _ms(m.get("max_output_tokens_per_s"))),
+            ("peak concurrent requests", str(m.get("max_concurrent_requests", "-"))),
             ("total token throughput (tok/s)", _ms(m["total_token_throughput"]))]
     if "goodput" in m:
         bounds = ", ".join(f"{k} <= {v:g} ms" for k, v in m["slo"].items())
         rows.append((f"goodput (req/s, {bounds})", f"{_ms(m['goodput'])} ({m['good_requests']} requests)"))
-    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+    pkeys = [M.percentile_key(p) for p in m.get("percentiles", M.DEFAULT_PERCENTILES)]
+    for key in M.LATENCIES:
         s = m[key]
-        rows.append((f"{key[:-3]} ms: mean / median / p90 / p99",
-                     " / ".join(_ms(s[k]) for k in ("mean", "median", "p90", "p99"))))
+        names = ["mean", "median", "std"] + pkeys
+        rows.append((f"{key[:-3]} ms ({' / '.join(names)})", " / ".join(_ms(s.get(k)) for k in names)))
+    for e in m.get("endpoints", []):
+        rows.append((f"endpoint {e['url']}", f"{e['completed']}/{e['requests']} requests, {e['output_tokens']:,} tokens, "
+                                      f"{_ms(e['output_throughput'])} tok/s, tpot median {_ms(e['tpot_ms']['median'])}"))
+    if r.get("client"):
+        c = r["client"]
+        rows.append(("client", f"{c['library']} {c.get('version') or ''}, {_ms(c['cpu_s'])} CPU s in "
+                               f"{_ms(c['wall_s'])} s"))
     return rows
 
 
@@ -208,8 +299,13 @@ def markdown(r: dict) -> str:
     lines = ["# labkit bench load", "",
              f"- source: {src.get('arrivals') or src['workload']['name']} "
              f"(rate {src.get('rate', 'from the file')}, seed {src.get('seed', '-')})",
-             f"- server: {r['device'].get('server')} ({r['device'].get('name') or '-'}), evidence {r['evidence']}",
-             f"- git head: {r.get('git_head')}", "", "| metric | value |", "| --- | --- |"]
+             f"- server: {r['device'].get('server')} ({r['device'].get('name') or '-'}), evidence {r['evidence']}, "
+             f"model {r['model'].get('path')} (config sha256 {r['model'].get('config_sha256')})"]
+    for srv in r.get("servers", []):
+        h = srv["health"]
+        lines.append(f"  - {srv['url']}: {h.get('device')}, tp {h.get('tp', '-')}, git head {h.get('git_head', '-')}, "
+                     f"labkit {h.get('labkit_version', '-')}")
+    lines += [f"- client git head: {r.get('git_head')}", "", "| metric | value |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in _rows(r)]
     if r["metrics"]["errors"]:
         lines += ["", "Errors:", ""] + [f"- {n} x {e}" for e, n in r["metrics"]["errors"].items()]

@@ -11,24 +11,33 @@ What is timed, and what is not:
   call, bracketed by `torch.cuda.synchronize()` on a GPU. output_throughput = output tokens
   (the lengths of the returned token_ids) / wall; total_token_throughput adds the prompt tokens.
 - the median over repeats is the headline; every repeat is kept.
+- a workload with `timing: steps` (batch1.yaml) drives the engine through its public step API instead
+  (`add_request`, then `step()` until done, each step timed on the host clock; a step ends with the host
+  fetching the sampled ids, so its time includes the device work) and also reports decode ms per token:
+  the decode steps' seconds over the tokens they produced.
+- `--profile` adds one more run after the timed repeats, under torch.profiler (labkit/bench/profile.py);
+  its times are not among the repeats.
 
 No tracer is ever passed: tracing is for mechanism evidence, never timing.
 """
 from __future__ import annotations
 
+import contextlib
 import resource
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from labkit.bench.workloads import Draw, Workload, draw_repeat, draw_warmup, fold_to_vocab
 
 # Engine Config fields recorded (and compared) for an engine run.
 RECORDED_ENGINE_FIELDS = ("enforce_eager", "attention_backend", "tensor_parallel_size", "max_num_seqs",
                           "max_num_batched_tokens", "max_model_len", "kvcache_block_size", "num_kvcache_blocks",
-                          "gpu_memory_utilization", "kvcache_memory_bytes", "scheduling_policy", "seed")
+                          "gpu_memory_utilization", "kvcache_memory_bytes", "scheduling_policy", "seed",
+                          "custom_kernels")
 
 
 class Stepper:
@@ -119,9 +128,70 @@ def peak_memory_record(device: Any, overall: dict, timed_peak: dict, tp: int = 1
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Median over repeats of every per-run rate and of the wall time."""
+    """Median over repeats of every per-run rate and of the wall time (and of decode ms per token when the
+    runs were timed step by step)."""
     keys = ("output_throughput", "total_token_throughput", "request_throughput", "wall_s")
-    return {k: statistics.median(r[k] for r in runs) for k in keys} | {"repeats": len(runs)}
+    out = {k: statistics.median(r[k] for r in runs) for k in keys} | {"repeats": len(runs)}
+    per_token = [r.get("decode_ms_per_token") for r in runs]
+    if per_token and all(v is not None for v in per_token):
+        out["decode_ms_per_token"] = statistics.median(per_token)
+    return out
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One engine step as the step loop saw it (from its StepResult and the host clock)."""
+    index: int              # 1-based within the run
+    phase: str              # "prefill" | "decode"
+    batch_size: int
+    computed_tokens: int
+    new_tokens: int
+    seconds: float
+
+
+def run_steps(llm: Any, prompts: list[list[int]], params: list[Any],
+              around_step: Callable[[int], ContextManager] | None = None,
+              after_step: Callable[[int], bool] | None = None) -> list[StepTime]:
+    """Add the requests and step the engine until it is done, timing each `llm.step()` (public API only).
+
+    `around_step(i)` is entered around step i (the profiler's named range); `after_step(i)` returning True
+    stops early, and the requests still running are aborted. The engine keeps no record of them after."""
+    seq_ids = [llm.add_request(p, sp) for p, sp in zip(prompts, params)]
+    times: list[StepTime] = []
+    try:
+        while not llm.is_finished():
+            i = len(times) + 1
+            with around_step(i) if around_step is not None else contextlib.nullcontext():
+                start = time.perf_counter()
+                r = llm.step()
+                seconds = time.perf_counter() - start
+            times.append(StepTime(i, r.phase, r.batch_size, r.num_computed_tokens, r.num_new_tokens, seconds))
+            if after_step is not None and after_step(i):
+                break
+    finally:
+        for seq_id in seq_ids:
+            llm.abort(seq_id)  # False (a no-op) for the finished ones
+            llm.forget(seq_id)
+    return times
+
+
+def step_stats(times: list[StepTime]) -> dict:
+    """Per-phase step counts and times of one step-timed run; decode ms per token is the headline."""
+    decode = [t for t in times if t.phase == "decode"]
+    prefill = [t for t in times if t.phase == "prefill"]
+    decode_tokens = sum(t.new_tokens for t in decode)
+    decode_s = sum(t.seconds for t in decode)
+    return {
+        "steps": len(times),
+        "prefill_steps": len(prefill),
+        "prefill_s": sum(t.seconds for t in prefill),
+        "decode_steps": len(decode),
+        "decode_tokens": decode_tokens,
+        "decode_s": decode_s,
+        "decode_ms_per_token": decode_s * 1000 / decode_tokens if decode_tokens else None,
+        "decode_ms_per_step_median": statistics.median(t.seconds for t in decode) * 1000 if decode else None,
+        "max_decode_batch": max((t.batch_size for t in decode), default=None),
+    }
 
 
 def run_record(index: int, d: Draw, wall_s: float, output_tokens: int, **extra: Any) -> dict:
@@ -156,8 +226,10 @@ def engine_kwargs(w: Workload, overrides: dict, device: str) -> dict:
 
 
 def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: dict,
-                   stepper: Stepper | None = None) -> dict:
-    """Run the workload through the engine; returns the measurement part of the bench JSON."""
+                   stepper: Stepper | None = None, profile: Any = None) -> dict:
+    """Run the workload through the engine; returns the measurement part of the bench JSON.
+
+    `profile` (a labkit.bench.profile.ProfileRequest) adds a profiled run after the timed repeats."""
     try:
         from engine import LLM, SamplingParams
     except ImportError as exc:  # pragma: no cover - the engine ships with labkit
@@ -186,16 +258,19 @@ def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: d
                       for t in d.max_tokens]
             return prompts, params
 
-        def generate(d: Draw) -> tuple[float, int]:
+        def generate(d: Draw) -> tuple[float, int, dict]:
             prompts, params = requests(d)
+            if w.timing == "steps":
+                wall, times = timed(lambda: run_steps(llm, prompts, params), run_device)
+                return wall, sum(t.new_tokens for t in times), step_stats(times)
             wall, outs = timed(lambda: llm.generate(prompts, params, use_tqdm=False), run_device)
-            return wall, sum(len(o["token_ids"]) for o in outs)
+            return wall, sum(len(o["token_ids"]) for o in outs), {}
 
         warmup_rounds = []
         stepper.start("warm-up", w.warmup.rounds)
         for r in range(w.warmup.rounds):
             d = draw_warmup(w, r)
-            wall, out_tokens = generate(d)
+            wall, out_tokens, _ = generate(d)
             warmup_rounds.append({"round": r, "requests": len(d), "prompt_tokens": d.prompt_tokens,
                                   "output_tokens": out_tokens, "wall_s": wall})
             stepper.advance()
@@ -211,13 +286,22 @@ def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: d
         stepper.start("timed repeats", w.repeats)
         for i in range(w.repeats):
             d = draw_repeat(w, i)
-            wall, out_tokens = generate(d)
+            wall, out_tokens, stats = generate(d)
             runs.append(run_record(i, d, wall, out_tokens,
-                                   prefix_cache_possible=bool(i > 0 and not w.vary_seed)))
+                                   prefix_cache_possible=bool(i > 0 and not w.vary_seed), **stats))
             stepper.advance()
         timed_peak = peak_now(run_device)
         workers = list(zip(workers_before, per_rank()[1:])) if per_rank else None
         overall = {k: (max(v, timed_peak[k]) if v is not None else None) for k, v in overall_before.items()}
+
+        profiled = None
+        if profile is not None:
+            from labkit.bench.profile import profile_run, profile_prompts
+
+            stepper.start("profiled run", 1)
+            prompts, params = requests(draw_repeat(w, 0))
+            profiled = profile_run(llm, profile_prompts(prompts, vocab), params, run_device, profile)
+            stepper.advance()
 
         cfg = llm.config
         engine_rec = {f: getattr(cfg, f, None) for f in RECORDED_ENGINE_FIELDS}
@@ -243,6 +327,7 @@ def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: d
                                               workers),
             "vocab_size": vocab,
             "prompt_ids_folded": folded,
+            "profile": profiled,
         }
     finally:
         llm.exit()

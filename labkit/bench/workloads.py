@@ -20,6 +20,9 @@ Workload file
                                         # (that many requests, max_tokens capped at output_len)
     repeats: 3                          # timed repeats; the report gives their median
     engine: {max_model_len: 4096}       # engine Config overrides (CLI flags override these)
+    timing: generate                    # generate (default): time one `llm.generate` call per repeat;
+                                        # steps: drive the engine step by step (add_request / step) and
+                                        # also time every step: decode ms per token (batch1.yaml)
 
 Draw order (upstream nano-vLLM bench.py): one `random.Random(seed)`; for each request the prompt
 length (when uniform) then its ids; then, for each request, the output length (when uniform).
@@ -48,7 +51,8 @@ from labkit.errors import LabkitError
 BUILTIN = ("nano", "fixed")
 
 TOP_KEYS = ("name", "about", "requests", "prompt_len", "output_len", "seed", "vary_seed", "token_range",
-            "temperature", "ignore_eos", "warmup", "repeats", "engine")
+            "temperature", "ignore_eos", "warmup", "repeats", "engine", "timing")
+TIMINGS = ("generate", "steps")
 WARMUP_KEYS = ("rounds", "requests", "output_len")
 
 # Engine Config fields a workload may set (never the tracer: tracing is off while timing).
@@ -113,6 +117,7 @@ class Workload:
     warmup: Warmup = field(default_factory=Warmup)
     repeats: int = 1
     engine: dict = field(default_factory=dict)
+    timing: str = "generate"
     path: str | None = None
     scaled_from: int | None = None   # the file's request count when --num-requests scaled it
 
@@ -130,6 +135,8 @@ class Workload:
             "ignore_eos": self.ignore_eos,
             "warmup": self.warmup.to_yaml(),
             "repeats": self.repeats,
+            # Only when not the default, so runs recorded before the key existed stay comparable.
+            **({"timing": self.timing} if self.timing != "generate" else {}),
         }
 
     def to_dict(self) -> dict:
@@ -345,6 +352,9 @@ def parse_workload(data, path: str | os.PathLike | None = None) -> Workload:
     if (not isinstance(token_range, list) or len(token_range) != 2 or not all(_is_int(x) for x in token_range)
             or not 0 <= token_range[0] <= token_range[1]):
         ctx.fail("token_range", f"must be [lo, hi] with 0 <= lo <= hi, got {token_range!r}")
+    timing = data.get("timing", "generate")
+    if timing not in TIMINGS:
+        ctx.fail("timing", f"must be one of {', '.join(TIMINGS)}, got {timing!r}")
     temperature = data.get("temperature", 0.6)
     if not _is_num(temperature) or temperature < 0:
         ctx.fail("temperature", f"must be a number >= 0, got {temperature!r}")
@@ -362,6 +372,7 @@ def parse_workload(data, path: str | os.PathLike | None = None) -> Workload:
         warmup=_warmup(ctx, data.get("warmup", 1)),
         repeats=ctx.int("repeats", data.get("repeats", 1), 1),
         engine=_engine(ctx, data.get("engine")),
+        timing=timing,
         path=str(Path(path).resolve()) if path is not None else None,
     )
 

@@ -12,10 +12,12 @@ hf: transformers' Qwen3ForCausalLM recomputes the whole prefix for every row (us
 A collection is PREFIX.json (inputs, token path, config, versions, model and weight hashes, rows
 and steps with their code path) plus PREFIX.npz (`logits` [rows, vocab] float32; the kv suite adds
 `kv_k`/`kv_v` [tokens, layers, kv_heads, head_dim] float32 with `kv_request`, `kv_position`,
-`kv_step`, `kv_case` per token).
+`kv_step`, `kv_case` per token: the engine's as written at each step, Transformers' from one cached
+forward over each request's whole path, step -1).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -304,11 +306,12 @@ def _read_kv(llm, inputs: dict, seqs, phase: str, kv: dict, request_index: dict,
     if not (len(slots) == len(positions) == len(owners)):
         raise RuntimeError(f"step {step}: slot_mapping ({len(slots)}), positions ({len(positions)}) and "
                            f"sequences ({len(owners)}) do not line up")
-    pool = llm.model_runner.kv_cache  # [2, layers, blocks, block_size, kv_heads, head_dim]
-    flat = pool.flatten(2, 3)
-    idx = torch.tensor(slots, dtype=torch.long, device=flat.device)
+    from engine.kv_layout import read_slots
+
+    pool = llm.model_runner.kv_cache
+    rows = read_slots(pool, torch.tensor(slots, dtype=torch.long, device=pool.device))  # [2, layers, n, kv, d]
     for which, key in ((0, "k"), (1, "v")):
-        kv[key].append(flat[which][:, idx].transpose(0, 1).float().cpu().numpy())
+        kv[key].append(rows[which].transpose(0, 1).float().cpu().numpy())
     kv["request"] += [request_index[o] for o in owners]
     kv["position"] += list(positions)
     kv["step"] += [step] * len(slots)
@@ -378,8 +381,10 @@ def collect_hf(suite: Suite, model_dir: str | Path, *, device: str = "cpu", dtyp
     import transformers
 
     rows, logits_rows = [], []
-    with torch.inference_mode():
-        for case in suite.cases:
+    kv = {"k": [], "v": [], "request": [], "position": [], "case": []}
+    request_index = {rid: i for i, rid in enumerate(path)}
+    with torch.inference_mode(), _strict_float32():
+        for case_no, case in enumerate(suite.cases):
             for r in case.requests:
                 p = path[r.id]
                 for k in range(r.max_tokens):
@@ -387,6 +392,12 @@ def collect_hf(suite: Suite, model_dir: str | Path, *, device: str = "cpu", dtyp
                     out = model(input_ids=ids, use_cache=False, logits_to_keep=1)
                     logits_rows.append(out.logits[0, -1].float().cpu().numpy().copy())
                     rows.append(_row_meta(len(rows), r.id, k, path, execution="hf-full-recompute"))
+                if suite.record_kv:
+                    _hf_kv(model, p["prompt"] + p["continuation"][:r.max_tokens - 1], device, kv)
+                    n = len(p["prompt"]) + r.max_tokens - 1
+                    kv["request"] += [request_index[r.id]] * n
+                    kv["position"] += list(range(n))
+                    kv["case"] += [case_no] * n
             if progress:
                 progress(f"{case.name}: {case.rows} rows")
     _check_rows(suite, rows)
@@ -394,14 +405,62 @@ def collect_hf(suite: Suite, model_dir: str | Path, *, device: str = "cpu", dtyp
         dtype=dtype,
         device_used=str(device),
         config={"implementation": f"transformers {transformers.__version__} Qwen3ForCausalLM",
-                "attn_implementation": "eager", "use_cache": False, "dtype": dtype, "tensor_parallel_size": 1},
+                "attn_implementation": "eager", "use_cache": False, "dtype": dtype, "tensor_parallel_size": 1,
+                "float32_matmul": "highest (no TF32), whatever the process had set"},
         rows=rows,
         steps=[],
         code_path={"hf full recompute": len(rows)},
         wall_s=round(time.perf_counter() - t0, 3),
         status="COLLECTED",
     )
-    return Collection(meta, {"logits": np.stack(logits_rows).astype(np.float32)})
+    arrays = {"logits": np.stack(logits_rows).astype(np.float32)}
+    if suite.record_kv:
+        # The engine's layout; each position once, at step -1 (Transformers has no steps).
+        arrays.update(kv_k=np.concatenate(kv["k"]), kv_v=np.concatenate(kv["v"]),
+                      kv_request=np.asarray(kv["request"], dtype=np.int32),
+                      kv_position=np.asarray(kv["position"], dtype=np.int32),
+                      kv_step=np.full(len(kv["position"]), -1, dtype=np.int32),
+                      kv_case=np.asarray(kv["case"], dtype=np.int32))
+        meta["kv"] = {"tokens": int(arrays["kv_k"].shape[0]), "shape": list(arrays["kv_k"].shape[1:]),
+                      "layout": "[token, layer, kv_head, head_dim]", "source": "transformers cache, one forward",
+                      "requests": list(request_index), "cases": [c.name for c in suite.cases]}
+    return Collection(meta, arrays)
+
+
+@contextlib.contextmanager
+def _strict_float32():
+    """float32 matmuls and convolutions in full float32 (no TF32) while Transformers computes: a float32 truth
+    must not inherit a reduced precision that something else in the process (a benchmark, the engine) chose."""
+    import torch
+
+    before = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
+              torch.backends.cudnn.allow_tf32)
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[1], before[2]
+
+
+def _hf_kv(model, ids: list[int], device, kv: dict) -> None:
+    """The K and V (after q/k norm and RoPE, as the engine stores them) of every position of `ids`, from one
+    forward with Transformers' cache, appended to kv["k"] / kv["v"] as [tokens, layers, kv_heads, head_dim]."""
+    import torch
+
+    out = model(input_ids=torch.tensor([ids], device=device), use_cache=True, logits_to_keep=1)
+    cache = out["cache"] if "cache" in out else out["past_key_values"]
+    if hasattr(cache, "layers"):
+        pairs = [(layer.keys, layer.values) for layer in cache.layers]
+    elif hasattr(cache, "key_cache"):
+        pairs = list(zip(cache.key_cache, cache.value_cache))
+    else:
+        pairs = [(k, v) for k, v in cache]
+    for which, key in ((0, "k"), (1, "v")):
+        stacked = torch.stack([pair[which][0] for pair in pairs])  # [layers, kv_heads, tokens, head_dim]
+        kv[key].append(stacked.permute(2, 0, 1, 3).float().cpu().numpy())
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,10 +1,16 @@
 """`labkit logits-check`: teacher-forced logits of the engine against a reference, row by row.
 
-    labkit logits-check collect --backend engine --suite baseline --out runs/logits-baseline/engine
-    labkit logits-check collect --backend hf     --suite baseline --out runs/logits-baseline/hf
-    labkit logits-check compare --lhs runs/logits-baseline/engine --rhs runs/logits-baseline/hf \\
-        --out runs/logits-baseline/check.json                       # exit 1 on FAIL
-    labkit logits-check run --suite baseline                        # both sides + compare, one go
+    labkit logits-check run --suite baseline --dtype bfloat16      # collect every side + compare, one go
+    labkit logits-check collect --backend engine --suite baseline --dtype bfloat16 --out runs/lc/engine
+    labkit logits-check collect --backend hf --suite baseline --dtype float32 --out runs/lc/truth
+    labkit logits-check collect --backend hf --suite baseline --dtype bfloat16 --out runs/lc/hf-bf16
+    labkit logits-check compare --lhs runs/lc/engine --rhs runs/lc/truth --reference runs/lc/hf-bf16
+    labkit logits-check compare --lhs A --rhs B --truth runs/lc/truth --reference runs/lc/hf-bf16   # engine vs engine
+    labkit logits-check compare --lhs A --rhs B --gate fixed       # the seeds' fixed thresholds, A against B
+
+Gates (labkit/logits/gates.py): anchored (default) judges each engine side by its distance to a float32
+truth (Transformers float32) against the distance of Transformers' own run in the engine's dtype; fixed
+compares lhs with rhs under fixed thresholds. Exit 1 on FAIL; REVIEW exits 0 and says so.
 
 Suites (labkit/logits/suites.py has the exact composition): baseline (15 rows), graph (126),
 prefix (6), tp (15; TP=2 vs TP=1), kv (49 rows + new K/V per layer per step; engine vs engine).
@@ -24,6 +30,7 @@ from rich.text import Text
 from labkit.options import Backend, DType, Attention
 from labkit.errors import LabkitError
 from labkit.logits import compare as cmp
+from labkit.logits import gates
 from labkit.logits.collect import (Collection, collect_engine, collect_hf, prefix_of, read_collection,
                                   write_collection)
 from labkit.logits.suites import SUITES, get_suite
@@ -40,6 +47,11 @@ class Execution(str, enum.Enum):
     graph = "graph"
 
 
+class Gate(str, enum.Enum):
+    anchored = "anchored"
+    fixed = "fixed"
+
+
 SuiteName = enum.Enum("SuiteName", {name: name for name in SUITES}, type=str)
 
 _SUITE_HELP = ("Suite: " + ", ".join(f"{s.name} ({s.rows} rows)" for s in SUITES.values())
@@ -50,7 +62,7 @@ _SUITE_HELP = ("Suite: " + ", ".join(f"{s.name} ({s.rows} rows)" for s in SUITES
 def _console() -> Console:
     console = Console(highlight=False)
     if not console.is_terminal:  # logs and pipes: wide enough for the worst-rows table
-        console = Console(highlight=False, width=120)
+        console = Console(highlight=False, width=150)
     return console
 
 
@@ -93,60 +105,97 @@ def _print_collection(col: Collection, js: Path, npz: Path, console: Console) ->
     console.print(Text(f"  wrote {js} and {npz} in {m['wall_s']:.1f} s"))
 
 
-def _print_result(result: dict, console: Console) -> None:
-    s, th = result["summary"], result["thresholds"]
-    table = Table(title=f"logits-check {result['suite']}: worst rows (lhs {result['lhs']['backend']} vs "
-                        f"rhs {result['rhs']['backend']})", header_style="bold")
-    for col in ("row", "request", "step", "path", "ctx", "max|diff|", "rel-L2", "top-1", "status"):
+_STYLE = {"FAIL": "red", "REVIEW": "yellow", "PASS": "green"}
+
+
+def _print_rows(result: dict, console: Console) -> None:
+    g = result["gate"]
+    anchored = g["rule"] == "anchored"
+    title = (f"logits-check {result['suite']}: worst rows ({'judged ' + ' and '.join(g['judged']) + ' against the float32 truth' if anchored else 'lhs ' + result['lhs']['backend'] + ' vs rhs ' + result['rhs']['backend']})")
+    table = Table(title=title, header_style="bold")
+    cols = ["row", "request", "step", "path", "ctx"]
+    if anchored:
+        cols += ["ref->truth"] + [c for n in g["judged"] for c in (f"{n}->truth", f"{n} ratio")] + ["top-1/truth"]
+    else:
+        cols += ["max|diff|", "rel-L2", "top-1"]
+    for col in cols + ["status"]:
         table.add_column(col, no_wrap=col != "request")
     for r in cmp.worst_rows(result["rows"]):
-        style = {"FAIL": "red", "REVIEW": "yellow", "PASS": "green"}[r["status"]]
-        path = r["execution"] or "-"
-        if path == "hf-full-recompute":
-            path = "hf"
-        if r.get("graph_batch") is not None:
-            path += f"/{r['graph_batch']}"
         step = "-" if r["step"] is None else f"{r['step']} {(r['phase'] or '')[:3]}"
-        top = str(r["top1_lhs"]) if r["top1_agree"] else f"{r['top1_lhs']}/{r['top1_rhs']}"
-        table.add_row(str(r["index"]), f"{r['request_id']}#{r['output_index']}", step, path, str(r["context_len"]),
-                      f"{r['max_abs']:.2e}", f"{r['rel_l2']:.2e}", top, Text(r["status"], style=style))
+        cells = [str(r["index"]), f"{r['request_id']}#{r['output_index']}", step, cmp.path_text(r), str(r["context_len"])]
+        if anchored:
+            ref = r["reference_to_truth"]
+            cells.append("-" if ref is None else f"{ref['rel_l2']:.2e}")
+            for n in g["judged"]:
+                cells += [f"{r['to_truth'][n]['rel_l2']:.2e}", f"{r['to_truth'][n]['ratio']:.2f}x"]
+            tops = "/".join(str(r["to_truth"][n]["top1"]) for n in g["judged"])
+            cells.append(tops if r["top1_agree"] else f"{tops}/{r['truth_top1']}")
+        else:
+            top = str(r["top1_lhs"]) if r["top1_agree"] else f"{r['top1_lhs']}/{r['top1_rhs']}"
+            cells += [f"{r['max_abs']:.2e}", f"{r['rel_l2']:.2e}", top]
+        table.add_row(*cells, Text(r["status"], style=_STYLE[r["status"]]))
     console.print(table)
-    console.print(f"rows {s['rows']}: pass {s['passed']}, review {s['review']}, fail {s['failed']}; "
-                  f"top-1 agree {s['top1_agree']}/{s['rows']}; worst max|diff| {s['worst_max_abs']['value']:.3g}, "
-                  f"worst rel-L2 {s['worst_rel_l2']['value']:.3g} (thresholds {th['max_abs']:g} / {th['rel_l2']:g}, "
-                  f"{th['dtype_basis']})")
-    kv = result["kv"]
-    if kv.get("compared"):
-        console.print(f"new K/V: {kv['tokens']} tokens, {len(kv['steps'])} steps, worst max|diff| "
-                      f"{kv['worst_max_abs']:.3g} (threshold {th['kv_max_abs']:g}), failed steps {kv['failed_steps']}")
+
+
+def _print_result(result: dict, console: Console) -> None:
+    s, g, kv = result["summary"], result["gate"], result["kv"]
+    _print_rows(result, console)
+    console.print(Text(f"rule: {cmp.rule_text(g)}"))
+    if g["rule"] == "anchored":
+        console.print(f"rows {s['rows']}: pass {s['passed']}, review {s['review']}, fail {s['failed']}; top-1 = truth "
+                      f"{s['top1_agree']}/{s['rows']} (near-tie flips {s['near_tie_flips']}); worst ratio "
+                      f"{s['worst_ratio']['value']:.2f}x ({s['worst_ratio']['side']})")
+        for name, o in s["overall"].items():
+            console.print(Text(f"overall {name}: {o['status']}: {o['text']}"), style=_STYLE[o["status"]])
+        if s.get("lhs_to_rhs"):
+            m = s["lhs_to_rhs"]
+            console.print(f"lhs vs rhs (for information): worst rel-L2 {m['worst_rel_l2']:.3g}, same top-1 "
+                          f"{m['top1_agree']}/{s['rows']}")
+        if kv.get("compared"):
+            console.print(Text(f"new K/V: {kv['tokens']} tokens, {kv['status']}: failed steps {kv['failed_steps']}, "
+                               f"REVIEW steps {kv['review_steps']}, worst ratio {kv['worst_ratio']:.2f}x"),
+                          style=_STYLE[kv["status"]])
+    else:
+        th = result["thresholds"]
+        console.print(f"rows {s['rows']}: pass {s['passed']}, review {s['review']}, fail {s['failed']}; "
+                      f"top-1 same {s['top1_agree']}/{s['rows']}; worst max|diff| {s['worst_max_abs']['value']:.3g}, "
+                      f"worst rel-L2 {s['worst_rel_l2']['value']:.3g} (thresholds {th['max_abs']:g} / {th['rel_l2']:g}, "
+                      f"{th['dtype_basis']})")
+        if kv.get("compared"):
+            console.print(f"new K/V: {kv['tokens']} tokens, {len(kv['steps'])} steps, worst max|diff| "
+                          f"{kv['worst_max_abs']:.3g} (threshold {th['kv_max_abs']:g}), failed steps {kv['failed_steps']}")
+    if not kv.get("compared") and kv.get("reason"):
+        console.print(Text(f"new K/V: not compared ({kv['reason']})"), style="dim")
     for note in result["notes"]:
         console.print(Text(f"note: {note}"), style="yellow")
     if s["first_failure"]:
-        console.print(Text(f"first failing row: {s['first_failure']}"), style="red")
-    if kv.get("first_failure"):
+        console.print(Text(f"first failure: {s['first_failure']}"), style="red")
+    if kv.get("first_failure") and kv["first_failure"] not in (s["first_failure"] or ""):
         console.print(Text(f"first failing K/V step: {kv['first_failure']}"), style="red")
     if s["first_review"]:
-        console.print(Text(f"first REVIEW row: {s['first_review']}"), style="yellow")
+        console.print(Text(f"first REVIEW: {s['first_review']}"), style="yellow")
     style = {"PASS": "bold green", "REVIEW": "bold black on yellow", "FAIL": "bold white on red"}[result["verdict"]]
     console.print(Text(f" VERDICT: {result['verdict']} ", style=style))
-    if result["verdict"] == "REVIEW":
-        console.print(Text(f"REVIEW: {s['review']} row(s) within the thresholds changed top-1 where the reference's "
-                           f"top two logits are no further apart than the measured error; read those rows before "
-                           f"accepting (exit code 0)"), style="bold yellow")
+    console.print(Text(result["what_this_shows"]), style={"PASS": "", "REVIEW": "bold yellow", "FAIL": "red"}[
+        result["verdict"]])
 
 
-def _compare_and_write(lhs: Collection, rhs: Collection, lhs_prefix: Path, rhs_prefix: Path, out: Path,
-                       max_abs, rel_l2, kv_max_abs, console: Console) -> dict:
-    body = cmp.compare(lhs, rhs, max_abs=max_abs, rel_l2=rel_l2, kv_max_abs=kv_max_abs)
-    lm, rm = lhs.meta, rhs.meta
-    evidence = "gpu-measured" if lm.get("evidence") == rm.get("evidence") == "gpu-measured" else "cpu-executed"
+def _compare_and_write(cols: dict[str, Collection], prefixes: dict[str, Path], out: Path, gate: str,
+                       thresholds: dict, console: Console) -> dict:
+    """cols/prefixes: lhs, rhs and optionally truth, reference."""
+    body = cmp.compare(cols["lhs"], cols["rhs"], gate=gate, truth=cols.get("truth"), reference=cols.get("reference"),
+                       **thresholds)
+    lm = cols["lhs"].meta
+    evidence = ("gpu-measured" if all(c.meta.get("evidence") == "gpu-measured" for c in cols.values())
+                else "cpu-executed")
     model_path = (lm.get("model") or {}).get("path")
     model_dir = model_path if model_path and Path(model_path).is_dir() else None
     env = envelope("logits-check compare", device="cpu", model_dir=model_dir, evidence=evidence)
     env["device"] = lm.get("device")
     env["model"] = lm.get("model")
-    result = finish(env, **body, lhs=cmp.side_summary(lhs, lhs_prefix), rhs=cmp.side_summary(rhs, rhs_prefix),
-                    exit_code=EXIT_FAIL if body["verdict"] == "FAIL" else EXIT_PASS)
+    sides = {name: cmp.side_summary(cols[name], prefixes[name]) if name in cols else None
+             for name in ("lhs", "rhs", "truth", "reference")}
+    result = finish(env, **body, **sides, exit_code=EXIT_FAIL if body["verdict"] == "FAIL" else EXIT_PASS)
     out = Path(out)
     md = out.with_suffix(".md")
     write_json(out, result)
@@ -192,24 +241,49 @@ def collect_cmd(
     _print_collection(col, js, npz, console)
 
 
+def _gate_option():
+    return typer.Option(Gate.anchored, "--gate", help="anchored (default): each engine side against a float32 truth, "
+                        "measured by Transformers' own run in its dtype (labkit/logits/gates.py); fixed: lhs "
+                        "against rhs under fixed thresholds (--max-abs, --rel-l2, --kv-max-abs).")
+
+
+def _fixed_options():
+    return (
+        typer.Option(None, "--max-abs", help="--gate fixed: per-row max |diff| gate (default by dtype: bf16 0.5, "
+                     "float32 1e-4)."),
+        typer.Option(None, "--rel-l2", help="--gate fixed: per-row ||a-b||/||b|| gate (default by dtype: bf16 0.02, "
+                     "float32 1e-5)."),
+        typer.Option(None, "--kv-max-abs", help="--gate fixed: new-K/V max |diff| gate for kv collections (default "
+                     "by dtype: bf16 0.1, float32 1e-4)."),
+    )
+
+
+_MAX_ABS, _REL_L2, _KV_MAX_ABS = _fixed_options()
+
+
 @app.command("compare")
 def compare_cmd(
     lhs: Path = typer.Option(..., "--lhs", help="Collection PREFIX under test (e.g. the engine)."),
-    rhs: Path = typer.Option(..., "--rhs", help="Reference collection PREFIX (rel-L2 divides by its norm)."),
-    max_abs: Optional[float] = typer.Option(None, "--max-abs", help="Per-row max |diff| gate "
-                                            "(default by dtype: bf16 0.5, float32 1e-4)."),
-    rel_l2: Optional[float] = typer.Option(None, "--rel-l2", help="Per-row ||a-b||/||b|| gate "
-                                           "(default by dtype: bf16 0.02, float32 1e-5)."),
-    kv_max_abs: Optional[float] = typer.Option(None, "--kv-max-abs", help="New-K/V max |diff| gate for kv "
-                                               "collections (default by dtype: bf16 0.1, float32 1e-4)."),
+    rhs: Path = typer.Option(..., "--rhs", help="anchored: the float32 truth (Transformers), or with --truth a second "
+                             "judged collection (engine vs engine); fixed: the reference (rel-L2 divides by its norm)."),
+    truth: Optional[Path] = typer.Option(None, "--truth", help="anchored: a float32 Transformers collection; lhs and "
+                                         "rhs are then both judged against it."),
+    reference: Optional[Path] = typer.Option(None, "--reference", help="anchored: Transformers in the judged dtype "
+                                             "(needed when a judged side is bf16/fp16)."),
+    gate: Gate = _gate_option(),
+    max_abs: Optional[float] = _MAX_ABS,
+    rel_l2: Optional[float] = _REL_L2,
+    kv_max_abs: Optional[float] = _KV_MAX_ABS,
     out: Optional[Path] = typer.Option(None, "--out", help="Report FILE (JSON; a Markdown twin goes next to it "
                                        "with .md; default: runs/logits-check.json)."),
 ) -> None:
-    """Compare two collections row by row; exit 1 on FAIL (REVIEW exits 0 but says so)."""
-    left, right = read_collection(lhs), read_collection(rhs)
+    """Compare collections row by row; exit 1 on FAIL (REVIEW exits 0 but says so)."""
+    paths = {"lhs": lhs, "rhs": rhs, "truth": truth, "reference": reference}
+    cols = {name: read_collection(p) for name, p in paths.items() if p is not None}
+    prefixes = {name: prefix_of(p) for name, p in paths.items() if p is not None}
     target = out if out is not None else runs_dir() / "logits-check.json"
-    result = _compare_and_write(left, right, prefix_of(lhs), prefix_of(rhs), target, max_abs, rel_l2, kv_max_abs,
-                                _console())
+    result = _compare_and_write(cols, prefixes, target, gate.value,
+                                {"max_abs": max_abs, "rel_l2": rel_l2, "kv_max_abs": kv_max_abs}, _console())
     _finish_exit(result)
 
 
@@ -222,20 +296,29 @@ def run_cmd(
     tp: Optional[int] = typer.Option(None, "--tp", help="Engine side tensor_parallel_size "
                                      "(default 1; the tp suite's default is 2, against 1)."),
     ref_execution: Execution = typer.Option(Execution.eager, "--ref-execution",
-                                            help="kv suite: the reference engine's execution."),
-    ref_attention: Optional[Attention] = typer.Option(None, "--ref-attention", help="kv suite: the reference "
+                                            help="kv suite: the second engine's execution."),
+    ref_attention: Optional[Attention] = typer.Option(None, "--ref-attention", help="kv suite: the second "
                                                       "engine's attention backend (default: the same as --attention)."),
     device: Device = typer.Option(Device.auto, "--device", help="auto, cpu or cuda."),
     dtype: DType = typer.Option(DType.auto, "--dtype", help="auto (the model's), float32, bfloat16 or float16."),
     model: Optional[str] = typer.Option(None, "--model", help="Model folder (default: $MODEL_DIR or the tiny model)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the forced continuation ids."),
-    max_abs: Optional[float] = typer.Option(None, "--max-abs", help="Per-row max |diff| gate (default by dtype)."),
-    rel_l2: Optional[float] = typer.Option(None, "--rel-l2", help="Per-row rel-L2 gate (default by dtype)."),
-    kv_max_abs: Optional[float] = typer.Option(None, "--kv-max-abs", help="New-K/V max |diff| gate (default by dtype)."),
+    gate: Gate = _gate_option(),
+    max_abs: Optional[float] = _MAX_ABS,
+    rel_l2: Optional[float] = _REL_L2,
+    kv_max_abs: Optional[float] = _KV_MAX_ABS,
 ) -> None:
-    """Collect both sides (engine vs hf; tp: TP=2 vs TP=1; kv: engine vs engine) and compare them."""
+    """Collect every side and compare. anchored: the engine side(s), Transformers float32 (the truth) and, for a
+    bf16/fp16 engine, Transformers in that dtype (the reference). fixed: engine vs Transformers in the engine's
+    dtype (tp: TP=2 vs TP=1; kv: engine vs engine)."""
     suite_name = _val(suite)
     s = get_suite(suite_name)
+    if gate == Gate.anchored:  # refuse before minutes of collecting
+        given = [n for n, v in (("--max-abs", max_abs), ("--rel-l2", rel_l2), ("--kv-max-abs", kv_max_abs))
+                 if v is not None]
+        if given:
+            raise LabkitError(f"{', '.join(given)}: fixed thresholds belong to --gate fixed (the default gate, "
+                              "anchored, judges against a float32 truth)")
     dev = resolve_device(device)
     model_dir = resolve_model(model)
     folder = Path(out) if out is not None else runs_dir() / f"logits-{suite_name}"
@@ -246,23 +329,35 @@ def run_cmd(
         _check_tp(tp_l)
         if tp_l == 1:
             raise LabkitError("--tp 1: the tp suite compares TP>1 against TP=1; give --tp 2 (or more)")
-        plan = [("engine", f"tp{tp_l}", exe, att, tp_l), ("engine", "tp1", exe, att, 1)]
+        plan = [("lhs", f"tp{tp_l}", exe, att, tp_l), ("rhs", "tp1", exe, att, 1)]
     elif s.reference == "engine":
         _check_tp(tp or 1)
         ref_att = _val(ref_attention) or att
-        plan = [("engine", "engine", exe, att, tp or 1), ("engine", "engine-ref", ref_execution.value, ref_att, 1)]
+        plan = [("lhs", "engine", exe, att, tp or 1), ("rhs", "engine-ref", ref_execution.value, ref_att, 1)]
     else:
         _check_tp(tp or 1)
-        plan = [("engine", "engine", exe, att, tp or 1), ("hf", "hf", None, None, 1)]
-    cols, prefixes = [], []
-    for backend, name, e, a, t in plan:
-        console.print(f"[bold]collect[/bold] {name}: backend {backend}" + (f", execution {e or 'eager'}, attention "
-                      f"{a or 'auto'}, TP {t}" if backend == "engine" else ""))
-        col = _collect(backend, suite_name, model_dir, dev, dtype.value, e, a, t, seed, console=console)
+        plan = [("lhs", "engine", exe, att, tp or 1)]
+    cols: dict[str, Collection] = {}
+    prefixes: dict[str, Path] = {}
+
+    def collect(role: str, backend: str, name: str, dt: str, e=None, a=None, t=1) -> None:
+        console.print(f"[bold]collect[/bold] {name}: backend {backend}, dtype {dt}" + (
+            f", execution {e or 'eager'}, attention {a or 'auto'}, TP {t}" if backend == "engine" else ""))
+        col = _collect(backend, suite_name, model_dir, dev, dt, e, a, t, seed, console=console)
         js, npz = write_collection(col, folder / name)
         _print_collection(col, js, npz, console)
-        cols.append(col)
-        prefixes.append(folder / name)
-    result = _compare_and_write(cols[0], cols[1], prefixes[0], prefixes[1], folder / "check.json", max_abs, rel_l2,
-                                kv_max_abs, console)
+        cols[role], prefixes[role] = col, folder / name
+
+    for role, name, e, a, t in plan:
+        collect(role, "engine", name, dtype.value, e, a, t)
+    engine_dtype = cols["lhs"].meta["dtype"]
+    if gate == Gate.fixed:
+        if "rhs" not in cols:
+            collect("rhs", "hf", "hf", dtype.value)
+    else:
+        collect("truth" if "rhs" in cols else "rhs", "hf", "hf-float32", "float32")
+        if engine_dtype in gates.LOW_PRECISION:
+            collect("reference", "hf", f"hf-{engine_dtype}", engine_dtype)
+    result = _compare_and_write(cols, prefixes, folder / "check.json", gate.value,
+                                {"max_abs": max_abs, "rel_l2": rel_l2, "kv_max_abs": kv_max_abs}, console)
     _finish_exit(result)

@@ -1,10 +1,15 @@
-"""`labkit serve`: an OpenAI-shaped HTTP service around one engine owned by one worker thread.
+"""`labkit serve`: an OpenAI-shaped HTTP service; the engine steps in a process of its own.
 
-    worker.py   EngineWorker: owns the LLM, admits requests between steps, streams token events, cancels
-    http.py     create_app(worker, model_name): FastAPI app (/v1/completions, /v1/chat/completions, ...)
-    client.py   a streaming client that records per-token timestamps (ttft, itl) to JSONL
-    command.py  the Typer sub-app: `labkit serve ...` and `labkit serve client ...`
+    core.py           the engine-core process: owns the LLM, steps it, sends each step's outputs at once
+    engine_client.py  the frontend's handle on it: spawn, submit/abort, route outputs to request streams
+    protocol.py       the OpenAI wire format: bodies, validation against the engine's limits, responses
+    detokenize.py     incremental detokenisation (O(1) per token)
+    metrics.py        Prometheus families named as vLLM's
+    http.py           the FastAPI routes (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)
+    server.py         uvicorn with drain-then-exit on SIGTERM/SIGINT; exit 1 when the engine dies
+    client.py         `labkit serve client`: one request, per-token timestamps to JSONL
+    command.py        the Typer sub-app
 
-fastapi / uvicorn / prometheus-client / httpx are the optional `serve` extra; only http.py, client.py
-and the command need them, and the command turns their absence into a one-line error.
+fastapi / uvicorn / prometheus-client / httpx / pyzmq / msgpack are the optional `serve` extra; the command
+turns their absence into a one-line error. docs/serving.md explains the design and its measurements.
 """

@@ -4,8 +4,10 @@
     labkit serve --tp 2 --device cpu --max-queue 32
     labkit serve client --url http://127.0.0.1:8000 --prompt "Hello" --stream --out runs/client.jsonl
 
-Listens on loopback only unless --allow-remote. Exit 2 when it cannot run (missing fastapi/uvicorn,
-bad model, port in use, bad engine arguments).
+Listens on loopback only unless --allow-remote. The engine runs in its own process (core.py); this one
+serves HTTP (docs/serving.md). SIGTERM / SIGINT drain for --drain-timeout seconds, then exit 0.
+Exit 2 when it cannot run (missing fastapi/uvicorn/pyzmq/msgpack, bad model, port in use, bad engine
+arguments); exit 1 when the engine dies while serving.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def is_loopback(host: str) -> bool:
 
 def _need_serve_packages() -> None:
     missing = []
-    for mod in ("fastapi", "uvicorn", "prometheus_client"):
+    for mod in ("fastapi", "uvicorn", "prometheus_client", "zmq", "msgpack"):
         try:
             __import__(mod)
         except ImportError:
@@ -70,9 +72,17 @@ def serve(
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="Engine max_num_seqs."),
     budget: Optional[int] = typer.Option(None, "--budget", min=1, help="Engine max_num_batched_tokens."),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1, help="Engine max_model_len."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", min=1, help="Engine kvcache_block_size."),
+    num_blocks: Optional[int] = typer.Option(None, "--num-blocks", min=1, help="Engine num_kvcache_blocks "
+                                             "(default: sized from memory)."),
     eager: Optional[bool] = typer.Option(None, "--eager/--graph", help="Eager execution or CUDA graphs (default: the engine's)."),
     policy: Policy = typer.Option(Policy.prefill_first, "--policy", help="Scheduling policy."),
-    max_queue: int = typer.Option(256, "--max-queue", min=1, help="Waiting requests beyond which new ones get 503."),
+    max_queue: int = typer.Option(256, "--max-queue", min=1, help="Requests waiting for their first token beyond "
+                                  "which new ones get 503."),
+    drain_timeout: float = typer.Option(30.0, "--drain-timeout", min=0.0, help="On SIGTERM/SIGINT, seconds "
+                                        "in-flight requests may take to finish before they are cancelled."),
+    max_body_bytes: int = typer.Option(4 << 20, "--max-body-bytes", min=1024, help="Largest request body "
+                                       "accepted (bytes); larger ones get 400."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model name in the API (default: the folder name)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Write the engine's JSONL event log (schema v1) "
@@ -91,33 +101,33 @@ def serve(
     dev = resolve_device(device)
     kwargs = {"device": dev, "tensor_parallel_size": tp, "scheduling_policy": policy.value}
     for key, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", budget),
-                       ("max_model_len", max_model_len), ("enforce_eager", eager)):
+                       ("max_model_len", max_model_len), ("enforce_eager", eager),
+                       ("kvcache_block_size", block_size), ("num_kvcache_blocks", num_blocks)):
         if value is not None:
             kwargs[key] = value
     _check_port(host, port)
-    if trace is not None:
-        from engine.trace import JsonlTracer
 
-        kwargs["tracer"] = JsonlTracer(trace)
+    import asyncio
 
-    import uvicorn
-
-    from labkit.serve.http import create_app
-    from labkit.serve.worker import EngineWorker
+    from labkit import __version__
+    from labkit.output import config_sha256, git_head
+    from labkit.serve.http import ServeSettings
+    from labkit.serve.server import serve_async, setup_logging
 
     name = served_model_name or model_dir.name
+    setup_logging()
+    settings = ServeSettings(model_name=name, max_body_bytes=max_body_bytes, health_extra={
+        "model": {"path": str(model_dir), "config_sha256": config_sha256(model_dir)}, "git_head": git_head(),
+        "labkit_version": __version__})
+
+    def ready(engine) -> None:
+        print(f"labkit serve: model {name!r} on {engine.info.get('device')} (tp={tp}) ready at http://{host}:{port} "
+              "(/v1/completions, /v1/chat/completions, /health, /metrics)", file=sys.stderr, flush=True)
+
     print(f"labkit serve: loading {model_dir} on {dev} (tp={tp})", file=sys.stderr, flush=True)
-    worker = EngineWorker(str(model_dir), max_queue=max_queue, **kwargs)
-    worker.start()  # a bad engine argument raises ValueError here: main() prints it, exit 2
-    try:
-        app_ = create_app(worker, name)
-        config = uvicorn.Config(app_, host=host, port=port, log_level=log_level, access_log=False,
-                                timeout_graceful_shutdown=5)
-        server = uvicorn.Server(config)
-        print(f"labkit serve: model {name!r} ready at http://{host}:{port} (/v1/completions, "
-              f"/v1/chat/completions, /health, /metrics)", file=sys.stderr, flush=True)
-        server.run()
-    finally:
-        worker.close()
-    if not server.started:
+    code = asyncio.run(serve_async(str(model_dir), kwargs, settings, host=host, port=port, max_queue=max_queue,
+                                   drain_s=drain_timeout, log_level=log_level, trace_path=trace, on_ready=ready))
+    if code == 2:
         raise LabkitError(f"the server could not start on {host}:{port}", 2)
+    if code:
+        raise LabkitError("the engine died while serving (see the log above)", code)

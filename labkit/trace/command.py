@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from labkit.errors import LabkitError
-from labkit.output import (EXIT_FAIL, EXIT_PASS, Device, envelope, evidence_for, finish, resolve_device, runs_dir,
-                           write_json)
+from labkit.output import (EXIT_FAIL, EXIT_PASS, JSON_OPTION, Device, envelope, evidence_for, finish, print_json,
+                           resolve_device, runs_dir, write_json)
 from labkit.trace.cases import list_cases, load_case
 from labkit.trace.events import read_jsonl
 from labkit.trace.run import engine_changes
@@ -124,10 +124,11 @@ def trace(
              "override or an engine that differs from git HEAD). Differences are then a diff, verdict CHANGED."),
     list_: bool = typer.Option(False, "--list", help="List the shipped cases and exit."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step table."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
-    console = Console()
+    console = Console(quiet=as_json)
     if list_:
         for name in list_cases():
             c = load_case(name)
@@ -148,7 +149,8 @@ def trace(
                  "enforce_eager": eager, "tensor_parallel_size": tp}
     env = envelope("trace", device=dev, model_dir=model_dir, evidence=evidence_for(dev))
     expected, why = changes_expected(overrides, expect_changes)
-    run = run_case(the_case, model_dir, out_dir / "events.jsonl", overrides=overrides, device=dev, shapes=shapes)
+    run = run_case(the_case, model_dir, out_dir / "events.jsonl", overrides=overrides, device=dev, shapes=shapes,
+                   context={"expect_changes": expected, "why_changes": why})
     report = validate(run.events, the_case, expect_changes=expected, why_changes=why)
     if not quiet:
         _print_steps(run.events, console, f"case {the_case.name}: {the_case.about}")
@@ -158,7 +160,9 @@ def trace(
              "wall_s": run.wall_s, "steps": report.steps}
     if perfetto is not None:
         extra["files_perfetto"] = str(write_perfetto(run.events, perfetto))
-    _outputs(out_dir, run.events, report, env, extra)
+    result = _outputs(out_dir, run.events, report, env, extra)
+    if as_json:
+        print_json(result)
     _print_report(report, console)
     if why and report.verdict != "CHANGED":
         console.print(f"({why})", markup=False, highlight=False)
@@ -200,24 +204,32 @@ def check(
     log: Path = typer.Argument(..., help="A saved events.jsonl."),
     case: Optional[str] = typer.Option(None, "--case", help="Judge against this case's expectations too."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where to write check.json (default: beside the log)."),
-    expect_changes: bool = typer.Option(False, "--expect-changes",
-                                        help="The log comes from a run meant to differ from the case: "
-                                             "show the differences as a diff, verdict CHANGED."),
+    expect_changes: Optional[bool] = typer.Option(
+        None, "--expect-changes/--no-expect-changes",
+        help="Whether the run was meant to differ from the case (default: what the run decided, from the "
+             "log's trace_context event; no when the log has none). Differences are then a diff, verdict CHANGED."),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Re-validate a saved log without running a model."""
-    console = Console()
+    console = Console(quiet=as_json)
     if not log.is_file():
         raise LabkitError(f"trace check: no such log {log}")
     events = read_jsonl(log)
     the_case = load_case(case) if case else None
-    report = validate(events, the_case, expect_changes=expect_changes,
-                      why_changes="--expect-changes" if expect_changes else "")
+    if expect_changes is None:   # judge the way the run was judged (what it was meant to change travels in the log)
+        ctx = next((e for e in events if e.get("event") == "trace_context"), {})
+        expect_changes, why = bool(ctx.get("expect_changes")), str(ctx.get("why_changes") or "")
+    else:
+        why = "--expect-changes" if expect_changes else "--no-expect-changes: the case's states gate"
+    report = validate(events, the_case, expect_changes=expect_changes, why_changes=why)
     start = next((e for e in events if e.get("event") == "run_start"), {})
     model_dir = (start.get("model") or {}).get("path")
     env = envelope("trace check", device=start.get("device", "cpu"), model_dir=model_dir, evidence="simulated")
     result = finish(env, verdict=report.verdict, passed=report.passed, judged=report.judged,
                     report=report.to_dict(), log=str(log), case=the_case.name if the_case else None)
     write_json(out or log.with_name("check-replay.json"), result)
+    if as_json:
+        print_json(result)
     _print_report(report, console)
     raise typer.Exit(EXIT_PASS if report.passed else EXIT_FAIL)
 

@@ -38,7 +38,8 @@ def engine_changes() -> tuple[bool | None, str]:
         return None, f"{folder} is not in a git checkout"
     files = sorted({line[3:].strip().rsplit("/", 1)[-1] for line in done.stdout.splitlines() if line.strip()})
     if files:
-        return True, f"engine/ differs from HEAD: {', '.join(files)}"
+        more = f" and {len(files) - 5} more" if len(files) > 5 else ""
+        return True, f"engine/ differs from HEAD: {', '.join(files[:5])}{more}"
     return False, "engine/ is HEAD's"
 
 
@@ -53,7 +54,10 @@ def engine_kwargs(case: Case, overrides: dict, device: str) -> dict:
 
 
 def run_case(case: Case, model_dir: Path, log_path: Path, *, overrides: dict | None = None, device: str = "auto",
-             shapes: bool = False, run_id: str | None = None, tensor_parallel_size: int | None = None) -> TraceRun:
+             shapes: bool = False, run_id: str | None = None, tensor_parallel_size: int | None = None,
+             context: dict | None = None) -> TraceRun:
+    """Run `case`; `context` ({expect_changes, why_changes}: how the run is to be judged) goes into the log as a
+    trace_context event, so a replay (`labkit trace check`, `labkit report verify`) judges it the same way."""
     from engine import LLM, SamplingParams
     from engine.trace import JsonlTracer
 
@@ -70,6 +74,9 @@ def run_case(case: Case, model_dir: Path, log_path: Path, *, overrides: dict | N
         tracer.close()
         raise
     try:
+        if context is not None:
+            tracer.step = None
+            tracer.emit("trace_context", **context)
         vocab = llm.config.hf_config.vocab_size
         prompts = build_prompt_ids(case, vocab, tokenize=llm.tokenizer.encode)
         params = {r.id: SamplingParams(**r.sampling_kwargs()) for r in case.requests}

@@ -1,0 +1,23 @@
+"""Running our Triton kernels on a CPU, in Triton's interpreter (tests and `kernel_bench.py --dry-run`).
+
+TRITON_INTERPRET=1 must be in the environment before triton is first imported; then call patch_interpreter()."""
+from __future__ import annotations
+
+
+def patch_interpreter() -> None:
+    """Triton 3.6's interpreter turns a loaded scalar (a 1-element array) into a loop bound with int(array),
+    which numpy >= 2.4 refuses; take the element instead. Touches the interpreter only."""
+    try:
+        import triton.runtime.interpreter as interp
+    except ImportError:
+        return
+    if getattr(interp, "_labkit_patched", False):
+        return
+    patch_tensor = interp._patch_lang_tensor
+
+    def _patch_lang_tensor(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interp._patch_lang_tensor = _patch_lang_tensor
+    interp._labkit_patched = True

@@ -1,0 +1,85 @@
+"""What one engine step did, as `LLMEngine.step()` returns it: the one thing callers read of a step.
+
+Tracers, servers, benches and the logits lab read this rather than the scheduler's or runner's insides.
+It is columnar (one list per field, in batch order) because it is built on every step of the hot loop:
+a few list comprehensions cost far less than an object per sequence. `seqs` gives the per-sequence view.
+Token ids are plain ints and nothing but `inputs` (the runner's host-side StepInputs) is an engine object,
+so a server can ship the rest across a process boundary as it is.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+
+class SeqStep(NamedTuple):
+    """One scheduled sequence after the step."""
+    seq_id: int
+    request_id: str
+    num_scheduled_tokens: int     # tokens this step computed for it
+    num_cached_tokens: int        # tokens whose KV is now written
+    num_tokens: int               # prompt + completion tokens so far
+    token_id: int | None          # the completion token this step added; None for a chunk (candidate dropped)
+    finish_reason: str | None     # "stop" | "length" once finished, else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepResult:
+    step: int                         # engine step number, from 1
+    phase: str                        # "prefill" | "decode"
+    # One entry per scheduled sequence, in batch order.
+    seq_ids: list[int]
+    request_ids: list[str]
+    num_scheduled_tokens: list[int]
+    num_cached_tokens: list[int]
+    num_tokens: list[int]
+    token_ids: list[int | None]       # None where a chunk's candidate was dropped
+    finish_reasons: list[str | None]
+    preempted: list[int]              # seq ids this step's scheduling preempted
+    inputs: object                    # the runner's StepInputs (host lists: ids, positions, slots, ...)
+    # Engine state once the step is done.
+    num_waiting: int
+    num_running: int
+    num_free_blocks: int
+    num_blocks: int
+    # Prefix cache over this step's first-time block allocations, in tokens (vLLM's queries / hits).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_ids)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens)
+
+    @property
+    def num_new_tokens(self) -> int:
+        return sum(t is not None for t in self.token_ids)
+
+    @property
+    def seqs(self) -> list[SeqStep]:
+        return [SeqStep(*row) for row in zip(self.seq_ids, self.request_ids, self.num_scheduled_tokens,
+                                             self.num_cached_tokens, self.num_tokens, self.token_ids,
+                                             self.finish_reasons)]
+
+    @property
+    def finished(self) -> list[SeqStep]:
+        return [s for s in self.seqs if s.finish_reason is not None]
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of the KV pool's blocks in use (vLLM's kv_cache_usage_perc, 0..1)."""
+        return 1.0 - self.num_free_blocks / self.num_blocks if self.num_blocks else 0.0
+
+
+class StepFailed(RuntimeError):
+    """A step raised. The engine took the step's sequences out (their KV blocks are back in the pool,
+    finish_reason "error") and is usable again unless `fatal` (its tensor-parallel workers are gone)."""
+
+    def __init__(self, message: str, seq_ids: list[int], request_ids: list[str], fatal: bool):
+        super().__init__(message)
+        self.seq_ids = seq_ids
+        self.request_ids = request_ids
+        self.fatal = fatal

@@ -1,0 +1,137 @@
+"""`labkit report` and `labkit report verify`: the commands (the work lives in the package's modules)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from labkit.errors import LabkitError
+from labkit.notes import lab_note_path, note_state, todo_count, user_notes
+from labkit.output import (EVIDENCE_KINDS, EXIT_FAIL, EXIT_PASS, JSON_OPTION, envelope, finish, print_json, runs_dir,
+                           write_json)
+from labkit.report import archive as arch
+from labkit.report.plan import load_plan, plan_path
+from labkit.report.render import VERDICT_COLORS, markdown, page, pictures
+from labkit.report.results import attach, gather
+from labkit.report.status import assign, caveats
+from labkit.report.verify import verify
+
+app = typer.Typer(help="Gather runs/ into an evidence report and archive; `report verify ARCHIVE` re-checks one.",
+                  invoke_without_command=True, no_args_is_help=False)
+
+
+def _style(verdict: str) -> str:
+    return f"bold {VERDICT_COLORS.get(verdict, 'white')}"
+
+
+@app.callback()
+def report(
+    ctx: typer.Context,
+    runs: Optional[Path] = typer.Option(None, "--runs", help="Folder of results (default: $RUNS_DIR or runs/)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Report folder (default: RUNS/report)."),
+    title: str = typer.Option("labkit evidence report", "--title", help="The report's title."),
+    with_logs: bool = typer.Option(False, "--with-logs", help="Also archive *.log files (server and tool logs)."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Every lab of the plan with its verdict and evidence; report.md, report.html, manifest.json and
+    evidence.tar.gz. Exit 1 when a file under runs/ cannot be read (UNREADABLE), else 0."""
+    if ctx.invoked_subcommand is not None:
+        return
+    root = (runs if runs is not None else runs_dir()).resolve()
+    if not root.is_dir():
+        raise LabkitError(f"report: {root} is not a folder of results")
+    dest = (out if out is not None else root / "report").resolve()
+    if dest == root or dest in root.parents:
+        raise LabkitError(f"report: --out {dest} would hold the results it reports on; give a folder inside or "
+                          "beside the runs folder (default: RUNS/report)")
+    labs = load_plan()
+    gathered = gather(root, exclude=dest)
+    attach(gathered, root)
+    notes = {lab.id: note_state(lab_note_path(lab.id)) for lab in labs}
+    todo = [p.name for p in user_notes() if todo_count(p)]
+    statuses = assign(labs, gathered.results, notes)
+    warn = caveats(statuses, gathered, todo)
+    pics, figures_note = pictures(gathered)
+
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "report.md").write_text(markdown(title, statuses, gathered, warn, todo, figures_note), encoding="utf-8")
+    (dest / "report.html").write_text(page(title, statuses, gathered, warn, todo, pics, figures_note), encoding="utf-8")
+    prov_files, prov = arch.provenance(dest)
+    pairs = [(dest / "report.md", "report.md"), (dest / "report.html", "report.html")]
+    pairs += [(f, f.relative_to(dest).as_posix()) for f in prov_files]
+    pairs += [(f, f"runs/{f.relative_to(root).as_posix()}") for f in arch.run_files(root, gathered, dest, with_logs)]
+    pairs += [(f, f"notes/{f.name}") for f in arch.note_files()]
+
+    # A report is as strong as its weakest result.
+    kinds = [r.evidence for r in gathered.results]
+    weakest = max(kinds, key=EVIDENCE_KINDS.index) if kinds else "static-estimate"
+    exit_code = EXIT_FAIL if gathered.unreadable else EXIT_PASS
+    result = finish(
+        envelope("report", device="cpu", model_dir=None, evidence=weakest),
+        title=title, runs=str(root), plan={"file": str(plan_path()), "sha256": arch.sha256_file(plan_path())},
+        labs=[s.to_dict() for s in statuses], results=[r.row() for r in gathered.results],
+        unreadable=[{"file": f, "reason": why} for f, why in gathered.unreadable], other_json=gathered.other,
+        caveats=warn, notes_with_todo=todo, figures_note=figures_note,
+        pictures=[{"title": p.title, "source": p.source, "drawn": p.png is not None, "note": p.note} for p in pics],
+        provenance=prov, files=arch.manifest_entries(pairs), exit_code=exit_code)
+    manifest = write_json(dest / "manifest.json", result)
+    tarball = dest / "evidence.tar.gz"
+    arch.write_archive(tarball, pairs + [(manifest, "manifest.json")])
+
+    if as_json:
+        print_json(result)
+    else:
+        _print(statuses, gathered, warn, figures_note, dest, tarball, manifest, len(pairs))
+    if gathered.unreadable:
+        f, why = gathered.unreadable[0]
+        more = f" (and {len(gathered.unreadable) - 1} more)" if len(gathered.unreadable) > 1 else ""
+        raise LabkitError(f"report: {f} is UNREADABLE: {why}{more}; the report lists it", code=EXIT_FAIL)
+    raise typer.Exit(EXIT_PASS)
+
+
+def _print(statuses, gathered, warn, figures_note, dest, tarball, manifest, n_files) -> None:
+    console = Console()
+    table = Table(title="labs of the plan", title_justify="left")
+    for col in ("lab", "verdict", "evidence", "headline"):
+        table.add_column(col, overflow="fold")
+    for s in statuses:
+        ev = "-" if s.evidence is None else s.evidence + (f" (needs {s.lab.evidence})" if s.evidence_short else "")
+        table.add_row(s.lab.id, Text(s.verdict, style=_style(s.verdict)), ev, s.headline())
+    console.print(table)
+    for f, why in gathered.unreadable:
+        console.print(Text.assemble(("UNREADABLE ", _style("UNREADABLE")), f"{f}: {why}"))
+    for c in warn:
+        console.print(Text(f"caveat: {c}", style="yellow"))
+    if figures_note:
+        console.print(Text(f"no pictures: {figures_note}", style="yellow"))
+    console.print(f"wrote {dest / 'report.md'}, {dest / 'report.html'}, {manifest} and {tarball} ({n_files} files); "
+                  f"manifest sha256 {arch.sha256_file(manifest)}")
+
+
+@app.command("verify")
+def verify_cmd(
+    archive: Path = typer.Argument(..., help="An evidence.tar.gz written by `labkit report`."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Re-check every sha256, re-validate every trace log against its case, re-judge every logits check from its
+    arrays (no GPU needed); exit 1 naming the first file that differs."""
+    v = verify(archive)
+    if as_json:
+        print_json({"archive": str(archive), **v.to_dict()})
+    else:
+        console = Console()
+        for name, why in v.problems:
+            console.print(Text.assemble(("DIFFERS ", _style("FAIL")), f"{name}: {why}"))
+        console.print(f"{archive}: {v.files} files checked against the manifest, {v.traces} trace log(s) re-validated, "
+                      f"{v.logits} logits check(s) re-judged from their arrays")
+        if not v.problems:
+            console.print(Text("PASS: the archive holds what its manifest and results say", style=_style("PASS")))
+    if v.problems:
+        name, why = v.problems[0]
+        more = f" (and {len(v.problems) - 1} more)" if len(v.problems) > 1 else ""
+        raise LabkitError(f"report verify: {name} differs: {why}{more}", code=EXIT_FAIL)
+    raise typer.Exit(EXIT_PASS)

@@ -1,0 +1,185 @@
+"""report.md and report.html: the caveats first, then every lab of the plan with its verdict, evidence,
+headline figures, commit and device, the files that could not be read, the notes still holding TODO, every
+result by kind, and (HTML) the pictures, embedded as data URIs so the page stands alone."""
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass
+
+from labkit.report import figures
+from labkit.report.results import SECTIONS, Gathered, Result
+from labkit.report.status import LabStatus
+
+VERDICT_COLORS = {"PASS": "#1e7d32", "REVIEW": "#b26a00", "FAIL": "#b71c1c", "CHANGED": "#5e35b1",
+                  "RECORDED": "#455a64", "MISSING": "#757575", "UNREADABLE": "#b71c1c"}
+
+
+@dataclass
+class Picture:
+    title: str
+    source: str            # the result (path under runs/) it is drawn from
+    png: bytes | None
+    note: str = ""         # why there is no picture
+
+
+def pictures(gathered: Gathered) -> tuple[list[Picture], str | None]:
+    """Every picture the results allow, and why there are none (matplotlib missing) or None."""
+    missing = figures.unavailable()
+    if missing:
+        return [], missing
+    out = []
+    for r in gathered.results:
+        try:
+            pic = _picture(r)
+        except Exception as exc:  # noqa: BLE001 - a result with odd content loses its picture, not the report
+            pic = Picture(f"{r.kind}: {r.rel}", r.rel, None, f"could not draw it ({type(exc).__name__}: {exc})")
+            figures.close_all()
+        if pic is not None:
+            out.append(pic)
+    return out, None
+
+
+def _picture(r: Result) -> Picture | None:
+    if r.command == "trace":
+        title = f"trace {r.data.get('case')} ({r.rel})"
+        if "events" not in r.attached:
+            return Picture(title, r.rel, None, "no readable event log beside the result")
+        return Picture(title, r.rel, figures.trace_timeline(r.attached["events"], f"case {r.data.get('case')}"))
+    if r.command == "logits-check compare":
+        return Picture(f"logits-check {r.data.get('suite')} ({r.rel})", r.rel, figures.logits_rows(r.data))
+    if r.command == "bench compare":
+        return Picture(f"bench compare --variable {r.data.get('variable')} ({r.rel})", r.rel,
+                       figures.compare_repeats(r.data))
+    if r.command == "bench load":
+        title = f"bench load ({r.rel})"
+        if "requests" not in r.attached:
+            return Picture(title, r.rel, None, "no readable per-request file (.requests.jsonl) beside the result")
+        return Picture(title, r.rel, figures.load_distributions(r.attached["requests"], r.headline[:90]))
+    return None
+
+
+def _commit(r: Result) -> str:
+    return (r.git_head or "-")[:10] + (" (dirty)" if r.git_dirty else "")
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ") or "-"
+
+
+def _counts(statuses: list[LabStatus]) -> str:
+    counts: dict[str, int] = {}
+    for s in statuses:
+        counts[s.verdict] = counts.get(s.verdict, 0) + 1
+    return ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
+
+
+def _evidence_text(s: LabStatus) -> str:
+    if s.evidence is None:
+        return f"- (needs {s.lab.evidence})"
+    return f"{s.evidence} (needs {s.lab.evidence})" if s.evidence_short else s.evidence
+
+
+def markdown(title: str, statuses: list[LabStatus], gathered: Gathered, caveats: list[str],
+             todo_notes: list[str], figures_note: str | None) -> str:
+    lines = [f"# {title}", "", f"Labs: {_counts(statuses)} (of {len(statuses)} in the plan, workloads/labs.yaml).", ""]
+    if caveats:
+        lines += ["What weakens this evidence:", ""] + [f"- {c}" for c in caveats] + [""]
+    if figures_note:
+        lines += [f"No pictures: {figures_note}. report.html holds the tables only.", ""]
+    lines += ["## Labs", ""] + _md_table(["lab", "verdict", "evidence", "headline", "commit", "device", "note"], [
+        [s.lab.id, s.verdict, _evidence_text(s), _cell(s.headline()), s.commits(), _cell(s.devices()), s.note]
+        for s in statuses])
+    if gathered.unreadable:
+        lines += ["## UNREADABLE", ""] + _md_table(["file", "reason"], [[f"`{f}`", _cell(why)]
+                                                                         for f, why in gathered.unreadable])
+    if todo_notes:
+        lines += ["## Notes still holding TODO", ""] + [f"- notes/{n}" for n in todo_notes] + [""]
+    missing = [s for s in statuses if s.verdict == "MISSING"]
+    if missing:
+        lines += ["## How to produce what is MISSING", ""]
+        for s in missing:
+            cmd = "; ".join(line.strip() for line in s.lab.command.strip().splitlines())
+            lines.append(f"- {s.lab.id} ({s.lab.evidence}): `{cmd}`" + (f" ({s.lab.producer})" if s.lab.producer else ""))
+        lines.append("")
+    lines += ["## Results", ""]
+    for section in SECTIONS:
+        rows = [r for r in gathered.results if r.kind == section]
+        if not rows:
+            continue
+        lines += [f"### {section}", ""] + _md_table(["result", "verdict", "what", "evidence", "device", "commit"], [
+            [f"`{r.rel}`", r.verdict, _cell(r.headline), r.evidence, _cell(r.device or "-"), _commit(r)] for r in rows])
+    if gathered.other:
+        lines += ["JSON files that are not labkit results (not judged): "
+                  + ", ".join(f"`{f}`" for f in gathered.other), ""]
+    return "\n".join(lines)
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+.v { font-weight: bold; color: white; padding: 0.1em 0.4em; border-radius: 3px; white-space: nowrap; }
+.caveats { background: #fff8e1; border-left: 4px solid #b26a00; padding: 0.5em 1em; }
+figure { margin: 1em 0 2em; } figcaption { font-size: 0.9em; color: #555; }
+img { max-width: 100%; }
+code { font-size: 0.9em; }
+"""
+
+
+def _v(verdict: str) -> str:
+    return f'<span class="v" style="background:{VERDICT_COLORS.get(verdict, "#555")}">{html.escape(verdict)}</span>'
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    """rows hold HTML already escaped by the caller."""
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+    out += ["<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows]
+    return "\n".join(out) + "</table>"
+
+
+def page(title: str, statuses: list[LabStatus], gathered: Gathered, caveats: list[str], todo_notes: list[str],
+         pics: list[Picture], figures_note: str | None) -> str:
+    e = html.escape
+    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{e(title)}</title>"
+             f"<style>{_CSS}</style></head><body>", f"<h1>{e(title)}</h1>",
+             f"<p>Labs: {e(_counts(statuses))} (of {len(statuses)} in the plan, workloads/labs.yaml).</p>"]
+    if caveats:
+        parts.append('<div class="caveats"><p><b>What weakens this evidence</b></p><ul>'
+                     + "".join(f"<li>{e(c)}</li>" for c in caveats) + "</ul></div>")
+    if figures_note:
+        parts.append(f'<p class="caveats">No pictures: {e(figures_note)}.</p>')
+    parts.append("<h2>Labs</h2>")
+    parts.append(_table(["lab", "verdict", "evidence", "headline", "commit", "device", "note"], [
+        [f"{e(s.lab.id)}<br><small>{e(s.lab.title)}</small>", _v(s.verdict), e(_evidence_text(s)), e(s.headline()),
+         e(s.commits()), e(s.devices()), e(s.note)] for s in statuses]))
+    if gathered.unreadable:
+        parts.append("<h2>UNREADABLE</h2>")
+        parts.append(_table(["file", "reason"], [[f"<code>{e(f)}</code>", e(why)] for f, why in gathered.unreadable]))
+    if todo_notes:
+        parts.append("<h2>Notes still holding TODO</h2><ul>" + "".join(f"<li>notes/{e(n)}</li>" for n in todo_notes)
+                     + "</ul>")
+    if pics:
+        parts.append("<h2>Pictures</h2>")
+        for p in pics:
+            if p.png is None:
+                parts.append(f"<p><b>{e(p.title)}</b>: no picture ({e(p.note)})</p>")
+                continue
+            data = base64.b64encode(p.png).decode("ascii")
+            parts.append(f'<figure><img alt="{e(p.title)}" src="data:image/png;base64,{data}">'
+                         f"<figcaption>{e(p.title)}</figcaption></figure>")
+    parts.append("<h2>Results</h2>")
+    for section in SECTIONS:
+        rows = [r for r in gathered.results if r.kind == section]
+        if rows:
+            parts.append(f"<h3>{e(section)}</h3>")
+            parts.append(_table(["result", "verdict", "what", "evidence", "device", "commit"], [
+                [f"<code>{e(r.rel)}</code>", _v(r.verdict), e(r.headline), e(r.evidence), e(r.device or "-"),
+                 e(_commit(r))] for r in rows]))
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"

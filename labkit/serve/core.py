@@ -1,0 +1,229 @@
+"""The engine core: one process that owns one `engine.LLM` and does nothing but step it.
+
+The HTTP frontend (frontend.py) lives in another process, so per-token frontend work (JSON, SSE framing,
+detokenisation, asyncio) never competes with the engine loop for a GIL. The two talk over two ZeroMQ
+PUSH/PULL sockets on ipc:// paths in a private folder, one msgpack message at a time:
+
+    frontend -> core   ["add", request_id, prompt_ids, {temperature, max_tokens, ignore_eos, top_k, top_p}]
+                       ["abort", [request_id, ...]]
+                       ["stop"]                        abort everything, exit the engine, exit 0
+    core -> frontend   ["ready", info]                 info: limits, device, model, tp (see EngineCore.info)
+                       ["start_failed", message]
+                       ["step", step]                  once per engine step, for every request at once:
+                           {"n": step number, "phase": "prefill"|"decode", "batch": sequences,
+                            "tokens": tokens computed, "wall_s": seconds,
+                            "out": [[request_id, token_id|None, finish_reason|None], ...]  (only rows with news),
+                            "queued": [[request_id, seconds waited before its first schedule], ...],
+                            "stats": [waiting, running, free_blocks, total_blocks, preempted,
+                                      prefix_queries, prefix_hits]}
+                       ["stats", stats]                the same stats after adds/aborts while idle
+                       ["rejected", request_id, message]      add_request refused it (ValueError)
+                       ["failed", [request_id, ...], message] a step raised; those requests were aborted
+                       ["fatal", message]              the engine cannot go on; the process exits 1
+
+Whatever one request does, it fails that request only: add_request's refusal is "rejected"; a step that
+raises takes its own batch out (engine.StepFailed) and the loop carries on. Only a fatal StepFailed (dead
+tensor-parallel workers) or an error outside a step ends the process. The core also exits when the
+frontend's process is gone (its parent pid changes), so a killed server never leaves an engine behind.
+"""
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+from engine import LLM, SamplingParams
+from engine.step_result import StepFailed
+
+IDLE_POLL_MS = 100
+
+
+class EngineCore:
+    """The loop body, free of sockets (tests drive it in-process): `handle(msg)` for each incoming
+    message, then `step()` while `has_work`; both return the messages to send."""
+
+    def __init__(self, llm: LLM):
+        self.llm = llm
+        self.live: dict[str, int] = {}          # request_id -> seq_id
+        self.unscheduled: dict[str, float] = {}  # request_id -> monotonic time it was added
+        self.stopping = False
+
+    def info(self) -> dict:
+        llm = self.llm
+        cfg = llm.config
+        dev = llm.device
+        info = {"limits": llm.limits.to_dict(), "device": str(dev), "device_name": None,
+                "tp": cfg.tensor_parallel_size, "model": os.path.abspath(cfg.model), "eos": cfg.eos,
+                "block_size": cfg.kvcache_block_size, "num_blocks": cfg.num_kvcache_blocks,
+                "max_num_seqs": cfg.max_num_seqs, "policy": cfg.scheduling_policy,
+                "enforce_eager": cfg.enforce_eager}
+        if dev.type == "cuda":
+            import torch
+
+            info["device_name"] = torch.cuda.get_device_name(dev)
+        return info
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.live) and not self.llm.is_finished()
+
+    def stats(self) -> list:
+        s = self.llm.stats()
+        return [s["waiting"], s["running"], s["free_blocks"], s["num_blocks"], 0, 0, 0]
+
+    def handle(self, msg: list) -> list:
+        kind = msg[0]
+        if kind == "add":
+            return self._add(*msg[1:])
+        if kind == "abort":
+            for rid in msg[1]:
+                self._abort(rid)
+            return []
+        if kind == "stop":
+            self.stopping = True
+            for rid in list(self.live):
+                self._abort(rid)
+            return []
+        return [["rejected", None, f"unknown message {kind!r}"]]
+
+    def _add(self, rid: str, prompt_ids: list[int], params: dict) -> list:
+        if rid in self.live:
+            return [["rejected", rid, f"request_id: {rid!r} is already in flight"]]
+        try:
+            seq_id = self.llm.add_request(prompt_ids, SamplingParams(**params), request_id=rid)
+        except Exception as exc:  # noqa: BLE001 - any refusal fails this request only
+            msg = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            return [["rejected", rid, msg]]
+        self.live[rid] = seq_id
+        self.unscheduled[rid] = time.monotonic()
+        return []
+
+    def _abort(self, rid: str) -> None:
+        seq_id = self.live.pop(rid, None)
+        self.unscheduled.pop(rid, None)
+        if seq_id is not None:
+            self.llm.abort(seq_id)
+            self.llm.forget(seq_id)
+
+    def step(self) -> list:
+        llm = self.llm
+        t0 = time.monotonic()
+        try:
+            r = llm.step()
+        except StepFailed as exc:
+            if exc.fatal:
+                raise
+            for rid, seq_id in zip(exc.request_ids, exc.seq_ids):
+                if self.live.get(rid) == seq_id:
+                    del self.live[rid]
+                    self.unscheduled.pop(rid, None)
+                    llm.forget(seq_id)
+            return [["failed", exc.request_ids, str(exc)]]
+        wall = time.monotonic() - t0
+        out = []
+        live = self.live
+        for rid, seq_id, tok, reason in zip(r.request_ids, r.seq_ids, r.token_ids, r.finish_reasons):
+            if tok is None and reason is None:
+                continue
+            out.append([rid, tok, reason])
+            if reason is not None and live.get(rid) == seq_id:
+                del live[rid]
+                llm.forget(seq_id)
+        queued = []
+        if r.phase == "prefill" and self.unscheduled:
+            for rid in r.request_ids:
+                t_added = self.unscheduled.pop(rid, None)
+                if t_added is not None:
+                    queued.append([rid, t0 - t_added])
+        stats = [r.num_waiting, r.num_running, r.num_free_blocks, r.num_blocks, len(r.preempted),
+                 r.prefix_cache_queries, r.prefix_cache_hits]
+        return [["step", {"n": r.step, "phase": r.phase, "batch": r.batch_size, "tokens": r.num_computed_tokens,
+                          "wall_s": wall, "out": out, "queued": queued, "stats": stats}]]
+
+
+def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, parent_pid: int,
+              trace_path: str | None = None) -> None:
+    """Body of the engine-core process (spawned by the frontend)."""
+    import signal
+
+    import msgpack
+    import zmq
+
+    # Shutdown is the frontend's to decide: it sends "stop" (or disappears, which we notice).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.connect(in_addr)
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 5000)
+    push.setsockopt(zmq.SNDHWM, 0)  # never block the engine on a slow reader
+    push.connect(out_addr)
+    pack = msgpack.Packer(use_bin_type=True).pack
+
+    def send(msg) -> None:
+        push.send(pack(msg), copy=False)
+
+    code = 0
+    llm = None
+    try:
+        try:
+            if trace_path is not None:
+                from engine.trace import JsonlTracer
+
+                engine_kwargs = {**engine_kwargs, "tracer": JsonlTracer(trace_path)}
+            llm = LLM(model, **engine_kwargs)
+            core = EngineCore(llm)
+            send(["ready", core.info()])
+        except Exception as exc:  # noqa: BLE001 - reported to the frontend, which exits 2
+            send(["start_failed", str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"])
+            code = 2
+            return
+        code = _loop(core, pull, send, parent_pid)
+    except Exception as exc:  # noqa: BLE001 - anything else is fatal: say why, exit non-zero
+        send(["fatal", f"{type(exc).__name__}: {exc}", traceback.format_exc()])
+        code = 1
+    finally:
+        if llm is not None:
+            try:
+                llm.exit()
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                traceback.print_exc()
+        pull.close(linger=0)
+        push.close()
+        ctx.term()
+        os._exit(code)
+
+
+def _loop(core: EngineCore, pull, send, parent_pid: int) -> int:
+    import msgpack
+    import zmq
+
+    unpack = msgpack.unpackb
+    poller = zmq.Poller()
+    poller.register(pull, zmq.POLLIN)
+    next_parent_check = 0.0
+    while True:
+        busy = core.has_work
+        events = dict(poller.poll(0 if busy else IDLE_POLL_MS))
+        changed = False
+        while pull in events:
+            for msg in core.handle(unpack(pull.recv(), raw=False)):
+                send(msg)
+            changed = True
+            if core.stopping:
+                return 0
+            try:
+                events = {pull: zmq.POLLIN} if pull.poll(0) else {}
+            except zmq.ZMQError:
+                events = {}
+        if core.has_work:
+            for msg in core.step():
+                send(msg)
+        elif changed:
+            send(["stats", core.stats()])
+        now = time.monotonic()
+        if now >= next_parent_check:
+            next_parent_check = now + 1.0
+            if os.getppid() != parent_pid:
+                return 0  # the frontend is gone: nobody will ever read our output

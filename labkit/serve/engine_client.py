@@ -1,0 +1,388 @@
+"""The frontend's handle on the engine-core process (core.py): start it, send it requests and aborts,
+route each step's outputs to the requests they belong to, notice when it dies, stop it.
+
+Everything here runs on the server's asyncio loop. One message arrives per engine step for all requests;
+`_on_step` appends each request's new token to its RequestStream and wakes its consumer, which takes
+everything that piled up since it last looked (so a consumer that falls behind catches up in one chunk
+instead of one chunk per token).
+
+Request lifecycle as the frontend sees it: submit -> (tokens ...) -> finished(reason) | failed(error).
+Cancelling (client gone, shutdown) ends the stream here at once and tells the core to abort it; the core
+frees its KV blocks before its next step.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+from typing import Callable
+
+from engine.request_limits import RequestLimits
+from labkit.serve.metrics import ServerMetrics
+from labkit.serve.protocol import APIError
+
+log = logging.getLogger("labkit.serve")
+
+
+class RequestStream:
+    """One request's outputs as they arrive; `wait()` returns what piled up since the last call."""
+
+    __slots__ = ("rid", "prompt_len", "t_arrival", "t_first", "t_last", "num_out", "_new", "reason", "error",
+                 "_event", "closed")
+
+    def __init__(self, rid: str, prompt_len: int):
+        self.rid = rid
+        self.prompt_len = prompt_len
+        self.t_arrival = time.monotonic()
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        self.num_out = 0
+        self._new: list[int] = []
+        self.reason: str | None = None      # finish_reason once finished
+        self.error: APIError | None = None   # set when it failed
+        self._event = asyncio.Event()
+        self.closed = False                 # finished, failed or cancelled: no more outputs
+
+    async def wait(self) -> tuple[list[int], bool]:
+        """(new token ids, done). done: `reason` or `error` says how it ended."""
+        if not self._new and not self.closed:
+            self._event.clear()
+            await self._event.wait()
+        new, self._new = self._new, []
+        return new, self.closed and not self._new
+
+    def _add(self, token_id: int) -> None:
+        self._new.append(token_id)
+        self.num_out += 1
+        self._event.set()
+
+    def _end(self, reason: str | None = None, error: APIError | None = None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.reason, self.error = reason, error
+        self._event.set()
+
+
+class EngineClient:
+    """Owns the engine-core process. `await start()`, then `submit` / `abort`; `await close()` at the end.
+
+    max_queue: requests that may wait for their first token before `submit` answers 503 (Overloaded).
+    on_dead(reason): called once if the core dies while serving (the server then exits non-zero).
+    """
+
+    RETRY_AFTER_S = 1
+
+    def __init__(self, model: str, engine_kwargs: dict, *, metrics: ServerMetrics, max_queue: int = 256,
+                 trace_path: str | None = None, on_dead: Callable[[str], None] | None = None):
+        self.model = model
+        self.engine_kwargs = engine_kwargs
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self.trace_path = trace_path
+        self.on_dead = on_dead
+        self.info: dict = {}
+        self.limits: RequestLimits | None = None
+        self.tokenizer = None
+        self.dead: str | None = None         # why the core is gone, once it is
+        self.draining = False
+        self.stats = {"waiting": 0, "running": 0, "free_blocks": 0, "num_blocks": 0, "steps": 0, "max_batch": 0,
+                      "step_seconds": 0.0}
+        self._live: dict[str, RequestStream] = {}
+        self._no_token_yet = 0               # live requests still waiting for their first token
+        self._proc = None
+        self._dir: str | None = None
+        self._ctx = self._push = self._pull = None
+        self._reader: asyncio.Task | None = None
+        self._closing = False
+        self._fatal: str | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    async def start(self, timeout_s: float | None = None) -> None:
+        """Spawn the core and wait until its engine is built. ValueError on a refused engine argument,
+        RuntimeError when it dies or fails to start."""
+        import msgpack
+        import zmq
+        import zmq.asyncio
+
+        from labkit.serve.core import core_main
+
+        self._dir = tempfile.mkdtemp(prefix="labkit-serve-")  # mode 700: only this user can reach the sockets
+        in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
+        self._ctx = zmq.asyncio.Context()
+        self._push = self._ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.SNDHWM, 0)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.bind(in_addr)
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.RCVHWM, 0)
+        self._pull.bind(out_addr)
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+        ctx = multiprocessing.get_context("spawn")
+        # Not a daemon: the core spawns tensor-parallel workers of its own.
+        self._proc = ctx.Process(target=core_main, name="labkit-engine-core",
+                                 args=(self.model, self.engine_kwargs, in_addr, out_addr, os.getpid(),
+                                       self.trace_path))
+        self._proc.start()
+        loop = asyncio.get_running_loop()
+        tokenizer = loop.run_in_executor(None, self._load_tokenizer)
+        try:
+            first = await self._first_message(timeout_s)
+            if first[0] == "start_failed":
+                raise ValueError(first[1])
+            self.info = first[1]
+            self.limits = RequestLimits(**self.info["limits"])
+            self.stats["free_blocks"] = self.stats["num_blocks"] = self.info["num_blocks"]
+            self.tokenizer = await tokenizer
+        except BaseException:
+            await self._stop_core(timeout_s=5.0)
+            self._close_sockets()
+            raise
+        self._reader = asyncio.create_task(self._read_loop(), name="labkit-engine-outputs")
+        loop.add_reader(self._proc.sentinel, self._on_core_exit)
+        self.metrics.healthy.set(1)
+
+    def _load_tokenizer(self):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.model, use_fast=True)
+
+    async def _first_message(self, timeout_s: float | None):
+        import msgpack
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            if await self._pull.poll(200):
+                return msgpack.unpackb(await self._pull.recv(), raw=False)
+            if not self._proc.is_alive():
+                raise RuntimeError(f"the engine core exited with code {self._proc.exitcode} while starting "
+                                   "(its output is above)")
+            if deadline is not None and time.monotonic() > deadline:
+                raise RuntimeError(f"the engine did not start within {timeout_s:g} s")
+
+    @property
+    def healthy(self) -> bool:
+        return self.dead is None and not self._closing and self._proc is not None and self._proc.is_alive()
+
+    async def drain(self, timeout_s: float) -> int:
+        """Stop admitting; wait up to timeout_s for in-flight requests; fail the rest. Returns how many
+        were cancelled."""
+        self.draining = True
+        self.metrics.healthy.set(0)
+        deadline = time.monotonic() + timeout_s
+        while self._live and time.monotonic() < deadline and self.dead is None:
+            await asyncio.sleep(0.05)
+        left = list(self._live)
+        for rid in left:
+            self._fail(rid, APIError(503, "the server is shutting down; the request was cancelled",
+                                     "service_unavailable"))
+        if left and self.dead is None:
+            await self._send(["abort", left])
+        return len(left)
+
+    async def close(self, timeout_s: float = 60.0) -> None:
+        """Stop the core (it aborts what is left, exits its engine and TP workers) and free everything."""
+        self._closing = True
+        self.metrics.healthy.set(0)
+        for rid in list(self._live):
+            self._fail(rid, APIError(503, "the server is shutting down", "service_unavailable"))
+        if self._proc is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(self._proc.sentinel)
+            except (ValueError, OSError):
+                pass
+        await self._stop_core(timeout_s)
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - it is being torn down
+                pass
+        self._close_sockets()
+
+    async def _stop_core(self, timeout_s: float) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.is_alive():
+            try:
+                await self._send(["stop"])
+            except Exception:  # noqa: BLE001 - the socket may be gone already
+                pass
+            deadline = time.monotonic() + timeout_s
+            while proc.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        if proc.is_alive():
+            log.warning("labkit serve: the engine core did not stop within %.0f s; terminating it", timeout_s)
+            proc.terminate()
+            await asyncio.sleep(1.0)
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5.0)
+
+    def _close_sockets(self) -> None:
+        for sock in (self._push, self._pull):
+            if sock is not None:
+                sock.close(linger=0)
+        if self._ctx is not None:
+            self._ctx.term()
+        self._push = self._pull = self._ctx = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    # --- requests ----------------------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return self._no_token_yet
+
+    @property
+    def num_live(self) -> int:
+        return len(self._live)
+
+    async def submit(self, rid: str, prompt_ids: list[int], params: dict) -> RequestStream:
+        if self.dead is not None:
+            raise APIError(503, f"the engine is not running: {self.dead}", "service_unavailable")
+        if self.draining or self._closing:
+            raise APIError(503, "the server is shutting down", "service_unavailable",
+                           {"Retry-After": str(self.RETRY_AFTER_S)})
+        if rid in self._live:
+            raise APIError(400, f"request_id: {rid!r} is already in flight")
+        if self._no_token_yet >= self.max_queue:
+            raise APIError(503, f"server overloaded: {self._no_token_yet} requests are waiting "
+                                f"(--max-queue {self.max_queue})", "overloaded_error",
+                           {"Retry-After": str(self.RETRY_AFTER_S)})
+        stream = RequestStream(rid, len(prompt_ids))
+        self._live[rid] = stream
+        self._no_token_yet += 1
+        await self._send(["add", rid, prompt_ids, params])
+        return stream
+
+    def abort(self, rid: str) -> None:
+        """The client went away: end the stream now, drop the request in the core."""
+        if rid in self._live:
+            self._end(rid, reason="abort")
+            asyncio.ensure_future(self._send(["abort", [rid]]))
+
+    async def _send(self, msg) -> None:
+        await self._push.send(self._pack(msg), copy=False)
+
+    def _end(self, rid: str, reason: str | None = None, error: APIError | None = None) -> RequestStream | None:
+        stream = self._live.pop(rid, None)
+        if stream is None:
+            return None
+        if stream.t_first is None:
+            self._no_token_yet -= 1
+        stream._end(reason, error)
+        self.metrics.finished(reason or "error")
+        return stream
+
+    def _fail(self, rid: str, error: APIError) -> None:
+        self._end(rid, error=error)
+
+    # --- the core's messages -----------------------------------------------------------------------
+    async def _read_loop(self) -> None:
+        import msgpack
+
+        unpack = msgpack.unpackb
+        pull = self._pull
+        handlers = {"step": self._on_step, "stats": self._on_stats, "rejected": self._on_rejected,
+                    "failed": self._on_failed, "fatal": self._on_fatal}
+        while True:
+            msg = unpack(await pull.recv(), raw=False)
+            try:
+                handlers[msg[0]](*msg[1:])
+            except Exception:  # noqa: BLE001 - a bug here must not stop every other request's output
+                log.exception("labkit serve: could not handle the engine's %r message", msg[0])
+
+    def _on_step(self, step: dict) -> None:
+        now = time.monotonic()
+        m = self.metrics
+        live = self._live
+        itl = m.itl.observe
+        delivered = 0
+        for rid, token, reason in step["out"]:
+            stream = live.get(rid)
+            if stream is None:
+                continue  # cancelled here already
+            if token is not None:
+                if stream.t_first is None:
+                    stream.t_first = now
+                    self._no_token_yet -= 1
+                    m.ttft.observe(now - stream.t_arrival)
+                else:
+                    itl(now - stream.t_last)
+                stream.t_last = now
+                stream._add(token)
+                delivered += 1
+            if reason is not None:
+                m.e2el.observe(now - stream.t_arrival)
+                self._end(rid, reason=reason)
+        for rid, waited in step["queued"]:
+            m.queue_time.observe(waited)
+            stream = live.get(rid)
+            if stream is not None:
+                m.prompt_tokens.inc(stream.prompt_len)
+        m.generation_tokens.inc(delivered)
+        m.steps.inc()
+        self._on_stats(step["stats"])
+        s = self.stats
+        s["steps"] += 1
+        s["step_seconds"] += step["wall_s"]
+        if step["batch"] > s["max_batch"]:
+            s["max_batch"] = step["batch"]
+
+    def _on_stats(self, stats: list) -> None:
+        waiting, running, free, total, preempted, queries, hits = stats
+        s = self.stats
+        s["waiting"], s["running"], s["free_blocks"], s["num_blocks"] = waiting, running, free, total
+        m = self.metrics
+        m.waiting.set(waiting)
+        m.running.set(running)
+        m.kv_usage.set(1.0 - free / total if total else 0.0)
+        if preempted:
+            m.preemptions.inc(preempted)
+        if queries:
+            m.prefix_queries.inc(queries)
+        if hits:
+            m.prefix_hits.inc(hits)
+
+    def _on_rejected(self, rid: str, message: str) -> None:
+        self._fail(rid, APIError(400, message))
+
+    def _on_failed(self, rids: list[str], message: str) -> None:
+        log.error("labkit serve: %s", message)
+        for rid in rids:
+            self._fail(rid, APIError(500, f"the engine failed on this request: {message}", "engine_error"))
+
+    def _on_fatal(self, message: str, tb: str = "") -> None:
+        self._fatal = message
+        if tb:
+            log.error("labkit serve: the engine core failed:\n%s", tb.rstrip())
+
+    def _on_core_exit(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            loop.remove_reader(self._proc.sentinel)
+        except (ValueError, OSError):
+            pass
+        if self._closing:
+            return
+        # Let the reader take the core's last words ("fatal") before deciding what to say.
+        loop.call_later(0.2, self._declare_dead)
+
+    def _declare_dead(self) -> None:
+        if self._closing or self.dead is not None:
+            return
+        self._proc.join(1.0)
+        self.dead = self._fatal or f"the engine core exited with code {self._proc.exitcode}"
+        self.metrics.healthy.set(0)
+        log.error("labkit serve: %s", self.dead)
+        for rid in list(self._live):
+            self._fail(rid, APIError(500, f"the engine failed: {self.dead}", "engine_error"))
+        if self.on_dead is not None:
+            self.on_dead(self.dead)

@@ -1,0 +1,51 @@
+"""scripts/kernel_bench.py end to end on the CPU (--dry-run: tiny shapes in Triton's interpreter): it checks the
+kernels, writes its JSON and Markdown, and its exit code follows its checks."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "kernel_bench.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("kernel_bench", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_dry_run_checks_times_and_reports(tmp_path):
+    out = tmp_path / "kb.json"
+    assert _load().main(["--dry-run", "--out", str(out)]) == 0
+    log = json.loads(out.read_text())
+    assert log["passed"] is True and log["dry_run"] is True
+    for shape in log["decode"]["shapes"].values():
+        names = [r["config"] for r in shape["configs"]]
+        assert names[0] == "default" and "layout=token-major" in names
+        assert all(r["ok"] and r["ms"] > 0 for r in shape["configs"])
+        assert shape["ceilings"]["copy_TBps"] > 0
+    methods = log["prefill"]["methods"]
+    assert methods["sdpa math (padded)"]["ok"] and methods["triton (ours, paged)"]["ms"] > 0
+    table = out.with_suffix(".md").read_text()
+    assert "| default |" in table and "Checks: PASS" in table
+
+
+def test_a_wrong_kernel_fails_the_check(tmp_path, monkeypatch):
+    """The exit code is the check's: a decode kernel that drops the last key must make it 1."""
+    from engine.kernels import decode_attention
+
+    real = decode_attention.paged_decode
+
+    def short(q, k_cache, v_cache, block_tables, context_lens, *args, **kw):
+        return real(q, k_cache, v_cache, block_tables, context_lens - 1, *args, **kw)
+
+    monkeypatch.setattr(decode_attention, "paged_decode", short)
+    out = tmp_path / "kb.json"
+    assert _load().main(["--dry-run", "--skip-prefill", "--no-sweep", "--out", str(out)]) == 1
+    assert "Checks: FAIL" in out.with_suffix(".md").read_text()
