@@ -201,6 +201,12 @@ def test_override_that_changes_the_schedule_is_changed_with_a_step_diff(tiny_mod
     assert {"step": 1, "field": "scheduled", "expected": ["R1", "R2"], "actual": ["R1"]}.items() <= changes[0].items()
     assert check["report"]["first_failure"] is None
     assert all(c["ok"] for c in check["report"]["checks"] if c["kind"] == "invariant")
+    # a replay of the log is judged as the run was (the decision travels in its trace_context event)
+    log = str(tmp_path / "o" / "events.jsonl")
+    res = _labkit("trace", "check", log, "--case", "lifecycle", "--out", str(tmp_path / "replay.json"))
+    assert res.returncode == 0 and "CHANGED" in res.stdout and "override --budget 100" in " ".join(res.stdout.split())
+    res = _labkit("trace", "check", log, "--case", "lifecycle", "--no-expect-changes", "--out", str(tmp_path / "r2.json"))
+    assert res.returncode == 1 and "differs from the case" in " ".join(res.stdout.split())
 
 
 def test_override_with_a_fault_applied_still_fails_on_the_invariant(tiny_model, tmp_path):
