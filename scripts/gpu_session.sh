@@ -44,7 +44,7 @@ if [ "$what" = evidence ] || [ "$what" = all ]; then
   mkdir -p $R/lc-graph
   step 120 python3 -m labkit doctor --device cuda --model $M &
   step 120 python3 -m labkit smoke --device cuda &
-  for c in A B B-seqs1 C chunk D lifecycle prefix preempt refs balanced; do
+  for c in A B B-seqs1 C chunk D lifecycle prefix preempt refs balanced prefix-reuse preempt-order preempt-queue decode-order budget-exact; do
     step 180 python3 -m labkit trace --case $c --model $M --device cuda -q --out $R/trace-$c &
   done
   step 180 python3 -m labkit trace --case lifecycle --model $M --device cuda -q --shapes --out $R/trace-shapes &
@@ -85,9 +85,10 @@ if [ "$what" = tp ]; then
   wait
   n=0
   for mode in eager graph; do
-    for c in A B B-seqs1 C chunk D lifecycle prefix preempt refs balanced; do
+    for c in A B B-seqs1 C chunk D lifecycle prefix preempt refs balanced prefix-reuse preempt-order preempt-queue decode-order budget-exact; do
       flag=""; [ $mode = graph ] && flag="--graph"
-      step 240 python3 -m labkit trace --case $c --tp 2 $flag --model $M --device cuda -q --out $R/trace-tp2-$mode-$c &
+      # --tp 2 must not change a single state: judge strictly (no CHANGED).
+      step 240 python3 -m labkit trace --case $c --tp 2 $flag --no-expect-changes --model $M --device cuda -q --out $R/trace-tp2-$mode-$c &
       n=$((n + 1)); [ $((n % 6)) -eq 0 ] && wait
     done
   done
