@@ -5,16 +5,20 @@ applied and reverted on the project's engine.
     labkit patch show NAME                # the index entry and the diff
     labkit patch apply NAME               # git apply, after a dry run; refuses a patch that does not apply
     labkit patch revert NAME              # git apply -R, after a dry run
+    labkit patch prove --all              # every fault: its check passes without it and fails with it
 
 NAME is the file name with or without `.patch`. The index is the table in patches/README.md (name, kind,
-what it changes, how to see it). Exit 0 on success, 2 when a patch is unknown or does not apply cleanly.
+what it changes, how to see it, caught by). Exit 0 on success, 2 when a patch is unknown or does not
+apply cleanly; `prove` exits 1 when a fault is not proven caught (labkit/patch_prove.py says how).
 """
 from __future__ import annotations
 
 import re
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -33,6 +37,7 @@ class PatchEntry:
     kind: str = "-"
     what: str = "-"
     how: str = "-"
+    caught_by: str = ""     # the check that catches a fault: `trace CASE INVARIANT`, `test NODEID`, `logits SUITE`
 
 
 def patch_dir() -> Path:
@@ -41,19 +46,18 @@ def patch_dir() -> Path:
 
 def index() -> list[PatchEntry]:
     """Every *.patch file, with its row of patches/README.md where there is one."""
-    rows: dict[str, tuple[str, str, str]] = {}
+    rows: dict[str, list[str]] = {}
     readme = patch_dir() / "README.md"
     if readme.is_file():
         for line in readme.read_text(encoding="utf-8").splitlines():
             m = re.match(r"^\|\s*([\w.-]+\.patch)\s*\|(.*)\|\s*$", line)
             if m:
                 cells = [c.strip() for c in m.group(2).split("|")]
-                cells += ["-"] * (3 - len(cells))
-                rows[m.group(1)] = (cells[0], cells[1], cells[2])
+                rows[m.group(1)] = (cells + ["-"] * 3)[:3] + (cells[3:4] or [""])
     out = []
     for path in sorted(patch_dir().glob("*.patch")):
-        kind, what, how = rows.get(path.name, ("-", "-", "-"))
-        out.append(PatchEntry(path.name, path, kind, what, how))
+        kind, what, how, caught_by = rows.get(path.name, ["-", "-", "-", ""])[:4]
+        out.append(PatchEntry(path.name, path, kind, what, how, caught_by.replace("`", "").strip()))
     return out
 
 
@@ -143,3 +147,63 @@ def apply_cmd(name: str = typer.Argument(..., help="Patch name (with or without 
 def revert_cmd(name: str = typer.Argument(..., help="Patch name (with or without .patch).")) -> None:
     """Take an applied patch back out (after a dry run)."""
     _apply(name, reverse=True)
+
+
+@app.command("prove")
+def prove_cmd(
+    name: Optional[str] = typer.Argument(None, help="A fault patch (with or without .patch); or --all."),
+    all_: bool = typer.Option(False, "--all", help="Every fault patch in the index."),
+    jobs: int = typer.Option(2, "--jobs", "-j", min=1, help="Checks run at the same time."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where prove.json goes (default: runs/patch-prove)."),
+) -> None:
+    """Each fault's check passes on the clean engine and fails with the patch (in temporary trees, on CPU)."""
+    from labkit.model import default_model_dir, resolve_model
+    from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, finish, runs_dir, write_json
+    from labkit import patch_prove
+
+    if (name is None) == (not all_):
+        raise LabkitError("patch prove: give one patch NAME or --all")
+    entries = [e for e in index() if e.kind == "fault"] if all_ else [find(name)]
+    if not all_ and entries[0].kind != "fault":
+        raise LabkitError(f"patch prove: {entries[0].name} is {entries[0].kind!r}, not a fault: there is nothing "
+                          "to catch (an experiment changes what a case expects; see `labkit trace` CHANGED)")
+    if not entries:
+        raise LabkitError(f"patch prove: no fault patches in {patch_dir()}/README.md")
+    console = Console()
+    if not console.is_terminal:  # CI logs: wide enough for the table
+        console = Console(width=160)
+    model = resolve_model(default_model_dir())
+    env = envelope("patch prove", device="cpu", model_dir=model, evidence="cpu-executed")
+    t0 = time.perf_counter()
+    with patch_prove.work_dir() as work:
+        console.print(f"proving {len(entries)} fault patch(es) in {work}, {jobs} check(s) at a time ...")
+        proofs, facts = patch_prove.prove(entries, project_root(), model, Path(work), jobs,
+                                          progress=lambda msg: console.print(f"  [dim]{msg}[/dim]"))
+    wall = time.perf_counter() - t0
+    caught = sum(p.result == "CAUGHT" for p in proofs)
+    verdict = "PASS" if caught == len(proofs) else "FAIL"
+    table = Table(title=f"fault patches against {facts['engine_source']}"
+                        + (f" {facts['commit'][:12]}" if facts["commit"] else ""), title_justify="left")
+    for col in ("patch", "caught by", "clean", "patched", "result"):
+        table.add_column(col, no_wrap=col in ("patch", "result"), overflow="fold")
+    table.add_column("why", overflow="fold")
+    for p in proofs:
+        table.add_row(p.patch, p.check or "-", _run_cell(p.clean), _run_cell(p.patched),
+                      f"[{'green' if p.result == 'CAUGHT' else 'red'}]{p.result}[/]", p.why[:160])
+    console.print(table)
+    if facts["note"]:
+        console.print(f"note: {facts['note']}")
+    result = finish(env, verdict=verdict, passed=verdict == "PASS", proofs=[p.to_dict() for p in proofs],
+                    wall_s=round(wall, 1), **facts)
+    path = write_json((out or runs_dir() / "patch-prove") / "prove.json", result)
+    style = "green" if verdict == "PASS" else "red"
+    console.print(f"[{style}]{verdict}[/]: {caught} of {len(proofs)} fault patch(es) proven caught "
+                  f"({wall:.0f} s); {path}")
+    raise typer.Exit(EXIT_PASS if verdict == "PASS" else EXIT_FAIL)
+
+
+def _run_cell(run) -> str:
+    if run is None:
+        return "-"
+    return ("timed out" if run.rc is None else "passes" if run.rc == 0 else "fails" if run.rc == 1
+            else f"exit {run.rc}") + f" ({run.seconds:.0f} s)"

@@ -11,8 +11,10 @@
 #           and batch1 (`--profile`: table + trace, into reports.tgz), then the Transformers baseline on the
 #           nano workload and the engine/baseline ratio, one at a time (each takes the GPU's memory).
 #           perf-hf: the baseline alone.
-# tp:       issue 7 on a two-GPU kind (nvidia-h200-x2): shapes --check, the tp logits suite eager and graph,
-#           every trace case with --tp 2, bench nano and fixed at TP=1 and TP=2 with `compare --variable tp`.
+# tp:       issue 15 on a two-GPU kind (nvidia-h200-x2), call 1: shapes --check, the tp logits suite eager and
+#           graph, every trace case with --tp 2 in eager and graph mode, worker failures (scripts/tp_failure_check.py).
+# tp-perf:  call 2: offline nano TP=1 vs TP=2 (3 repeats each), and replicas (`bench load --endpoints`) versus
+#           one TP=2 server under the nano load at rate inf, 32 and 16.
 # kernels:  scripts/kernel_bench.py (decode TB/s at 256x800 / 256x2048 / nano mix, knob sweep, prefill vs SDPA)
 #           and the kernel tests on the GPU.
 # serve:    issue 11's bar: offline nano (3 repeats), then `bench load --workload nano` at rate inf and at
@@ -42,7 +44,7 @@ if [ "$what" = evidence ] || [ "$what" = all ]; then
   mkdir -p $R/lc-graph
   step 120 python3 -m labkit doctor --device cuda --model $M &
   step 120 python3 -m labkit smoke --device cuda &
-  for c in A B B-seqs1 C chunk D lifecycle prefix preempt refs balanced; do
+  for c in A B B-seqs1 C chunk D lifecycle prefix preempt refs balanced prefix-reuse preempt-order preempt-queue decode-order budget-exact; do
     step 180 python3 -m labkit trace --case $c --model $M --device cuda -q --out $R/trace-$c &
   done
   step 180 python3 -m labkit trace --case lifecycle --model $M --device cuda -q --shapes --out $R/trace-shapes &
@@ -74,19 +76,57 @@ if [ "$what" = perf ] || [ "$what" = all ] || [ "$what" = perf-hf ]; then
   step 400 python3 -m labkit bench --workload nano --backend hf --hf-batch 256 --model $M --device cuda --repeats 1 --out $OUT/bench-nano-hf.json
 fi
 if [ "$what" = tp ]; then
+  # Issue 15's evidence, call 1 of 2 (~6 minutes): shapes, the tp logits suite eager and graph, every trace case
+  # with --tp 2 eager (the cases' own setting) and graph, six at a time, then worker failures on NCCL.
   R=$OUT/runs
-  step 300 python3 -m labkit shapes --tp 2 --check --device cuda --model $M --out $R/shapes-tp2.json
-  step 300 $LC run --suite tp --execution eager $BF --out $R/lc-tp-eager
-  step 300 $LC run --suite tp --execution graph $BF --out $R/lc-tp-graph
-  for c in A B B-seqs1 C chunk D lifecycle prefix preempt refs balanced; do
-    step 180 python3 -m labkit trace --case $c --tp 2 --model $M --device cuda -q --out $R/trace-tp2-$c
-  done
-  for wl in nano fixed; do
-    for tp in 1 2; do
-      step 200 python3 -m labkit bench --workload $wl --tp $tp --model $M --device cuda --graph --out $OUT/bench-$wl-tp$tp.json
+  step 300 python3 -m labkit shapes --tp 2 --check --device cuda --model $M --out $R/shapes-tp2.json &
+  step 300 $LC run --suite tp --execution eager $BF --out $R/lc-tp-eager &
+  step 300 $LC run --suite tp --execution graph $BF --out $R/lc-tp-graph &
+  wait
+  n=0
+  for mode in eager graph; do
+    for c in A B B-seqs1 C chunk D lifecycle prefix preempt refs balanced prefix-reuse preempt-order preempt-queue decode-order budget-exact; do
+      flag=""; [ $mode = graph ] && flag="--graph"
+      # --tp 2 must not change a single state: judge strictly (no CHANGED).
+      step 240 python3 -m labkit trace --case $c --tp 2 $flag --no-expect-changes --model $M --device cuda -q --out $R/trace-tp2-$mode-$c &
+      n=$((n + 1)); [ $((n % 6)) -eq 0 ] && wait
     done
-    step 30 python3 -m labkit bench compare $OUT/bench-$wl-tp1.json $OUT/bench-$wl-tp2.json --variable tp --out $OUT/compare-$wl-tp.json
   done
+  wait
+  step 300 python3 scripts/tp_failure_check.py --model $M --device cuda --out $R/tp-failures.json
+fi
+if [ "$what" = tp-perf ]; then
+  # Issue 15's measurements, call 2 of 2 (~6 minutes): offline nano TP=1 vs TP=2 (3 repeats each), then the
+  # same online load against two replicas (one per GPU, `bench load --endpoints`) and against one TP=2 server,
+  # at rate inf, 32 and 16 requests/s. Each load uses its own prompts (workload seed 1, 2, 3) so that no run
+  # finds the previous run's prompts in a server's prefix cache.
+  for tp in 1 2; do
+    step 240 python3 -m labkit bench --workload nano --tp $tp --model $M --device cuda --graph --repeats 3 --out $OUT/logs/bench-nano-tp$tp.json
+  done
+  step 30 python3 -m labkit bench compare $OUT/logs/bench-nano-tp1.json $OUT/logs/bench-nano-tp2.json --variable tp --out $OUT/logs/compare-nano-tp.json
+  for i in 1 2 3; do sed "s/^seed: 0/seed: $i/" workloads/bench/nano.yaml > /tmp/nano-seed$i.yaml; done
+  serve() { python3 -m labkit serve --model $M --device cuda --log-level warning "$@"; }
+  healthy() { for _ in $(seq 240); do curl -sf localhost:$1/health > /dev/null && return 0; sleep 1; done; return 1; }
+  loads() {  # NAME URL-FLAGS...
+    local name=$1; shift; local i=1
+    for rate in inf 32 16; do
+      step 120 python3 -m labkit bench load --workload /tmp/nano-seed$i.yaml --rate $rate "$@" --out $OUT/logs/load-$name-$rate.json
+      i=$((i + 1))
+    done
+  }
+  CUDA_VISIBLE_DEVICES=0 serve --port 8101 > $OUT/logs/serve-replica0.log 2>&1 & r0=$!
+  CUDA_VISIBLE_DEVICES=1 serve --port 8102 > $OUT/logs/serve-replica1.log 2>&1 & r1=$!
+  healthy 8101 && healthy 8102
+  nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv > $OUT/logs/memory-replicas.csv
+  curl -s localhost:8101/health > $OUT/logs/health-replica0.json; curl -s localhost:8102/health > $OUT/logs/health-replica1.json
+  loads replicas --endpoints http://127.0.0.1:8101,http://127.0.0.1:8102
+  kill -TERM $r0 $r1; wait $r0 $r1
+  serve --port 8103 --tp 2 > $OUT/logs/serve-tp2.log 2>&1 & t2=$!
+  healthy 8103
+  nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv > $OUT/logs/memory-tp2.csv
+  curl -s localhost:8103/health > $OUT/logs/health-tp2.json
+  loads tp2 --url http://127.0.0.1:8103
+  kill -TERM $t2; wait $t2
 fi
 if [ "$what" = kernels ]; then
   step 300 python3 scripts/kernel_bench.py --out $OUT/logs/kernel_bench.json
@@ -131,6 +171,6 @@ if [ -f $OUT/bench-nano-hf.json ] && [ -f $OUT/bench-nano-graph.json ]; then
   step 30 python3 -m labkit bench compare $OUT/bench-nano-hf.json $OUT/bench-nano-graph.json --variable backend --out $OUT/compare-backend.json
 fi
 # The device returns a limited number of files: keep the reports (not the event logs and logits arrays) in one.
-tar czf $OUT/reports.tgz -C $OUT logs $(cd $OUT && ls -d runs/*/*.json runs/*/*.md runs/*/*.json.gz runs/*/*/*.json runs/*/*/*.md 2>/dev/null | grep -v events) 2>/dev/null
+tar czf $OUT/reports.tgz -C $OUT logs $(cd $OUT && ls -d runs/*.json runs/*.md runs/*/*.json runs/*/*.md runs/*/*.json.gz runs/*/*/*.json runs/*/*/*.md 2>/dev/null | grep -v events) 2>/dev/null
 rm -rf $OUT/logs $OUT/runs
 echo "done: $OUT"

@@ -41,6 +41,25 @@ def test_every_shipped_case_loads(name):
                 assert key in e, f"{name} step {e['step']} lacks {key}"
 
 
+# Cases added so that a fault or a mutation of the engine has a check that sees it (docs/evidence.md):
+# each pins the states that tell the right behaviour from the wrong one, not every field of every step.
+CAUGHT_BY = {"prefix-reuse": "a stale prefix hit", "preempt-order": "preemption from the head",
+             "decode-order": "served sequences sent to the tail", "preempt-queue": "preempted to the back",
+             "budget-exact": "an exactly fitting prompt refused"}
+
+
+@pytest.mark.parametrize("name", sorted(CAUGHT_BY))
+def test_cases_for_faults_load_and_are_judged(name):
+    case = load_case(name)
+    assert case.name == name and case.about and case.judged
+    assert case.engine.get("num_kvcache_blocks", 0) > 0
+    steps = [e["step"] for e in case.expect if "step" in e]
+    assert steps == list(range(1, len(steps) + 1))
+    finals = [e for e in case.expect if "final" in e]
+    assert len(finals) == 1 and set(finals[0]["final"]) == set(case.request_ids)
+    assert all("scheduled" in e and "phase" in e for e in case.expect if "step" in e)
+
+
 def test_case_by_path_and_lab_root(tmp_path, monkeypatch):
     src = load_case("A").path
     p = tmp_path / "mine.yaml"

@@ -66,3 +66,26 @@ def test_sampling_follows_the_distribution():
 def test_bad_sampling_params_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
         SamplingParams(**kwargs)
+
+
+def test_temperature_reshapes_the_distribution():
+    """p ** (1 / T), renormalised: T = 0.5 sharpens [0.7, 0.2, 0.1] to about [0.91, 0.07, 0.02], T = 2
+    flattens it to about [0.51, 0.27, 0.19]. (A sampler that drops the temperature draws [0.7, 0.2, 0.1].)"""
+    probs = torch.tensor([0.7, 0.2, 0.1])
+    n = 4000
+    for temperature in (0.5, 2.0):
+        sampler = Sampler(seed=5)
+        out = sampler(probs.log().expand(n, 3).contiguous(), torch.full((n,), temperature))
+        freq = torch.bincount(out, minlength=3).float() / n
+        want = probs ** (1 / temperature)
+        assert torch.allclose(freq, want / want.sum(), atol=0.03), (temperature, freq)
+
+
+def test_top_p_drops_a_token_once_the_mass_before_it_reaches_top_p_exactly():
+    """Four equal logits: each token has mass 0.25 exactly, so top_p 0.5 keeps two tokens and 0.75 three:
+    the third token's preceding mass (0.5) already reaches 0.5."""
+    logits = torch.zeros(1, 4)
+    for top_p, kept in ((0.5, 2), (0.75, 3)):
+        sampler = Sampler(seed=6)
+        drawn = {sampler(logits, torch.ones(1), top_ps=torch.tensor([top_p])).item() for _ in range(300)}
+        assert len(drawn) == kept, (top_p, drawn)

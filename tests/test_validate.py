@@ -13,7 +13,7 @@ from labkit.errors import LabkitError
 from labkit.trace.cases import load_case
 from labkit.trace.events import read_jsonl, write_jsonl
 from labkit.trace.tables import TSV_COLUMNS, steps_table, tsv_rows, write_tsv
-from labkit.trace.validate import Report, validate
+from labkit.trace.validate import Report, change_text, validate
 
 
 def ev(event, step=None, **fields):
@@ -283,8 +283,10 @@ def test_blocks_not_returned_fails():
     log = chunk_log()
     step_event(log, 4, "after_postprocess")["free_blocks"] = 63
     report = validate(log)
-    assert failures(report) == ["blocks.returned"]
-    assert "not returned" in report.first_failure.message
+    # the step that lost it (accounting: free + held must be the pool) and the end of the run
+    assert failures(report) == ["blocks.accounting", "blocks.returned"]
+    assert "1 block(s) neither free nor held" in report.first_failure.message
+    assert "not returned" in report.failures[1].message
     report = validate(log, load_case("chunk"))
     assert {"blocks.returned", "expect"} <= set(failures(report))
 
@@ -310,7 +312,14 @@ def test_cu_seqlens_k_and_positions_checked():
 def test_only_first_prefill_seq_may_be_chunked():
     log = chunk_log()
     step_event(log, 2, "scheduled")["seqs"][1]["num_scheduled_tokens"] = 16
-    assert "chunk.first_only" in failures(validate(log))
+    report = validate(log)
+    assert "policy.chunk_first_only" in failures(report) and report.verdict == "FAIL"
+    # nano's rule, not correctness: an experiment may change it (then it is part of the diff, while the
+    # inputs that no longer match the scheduled counts still gate)
+    changed = validate(log, expect_changes=True, why_changes="test")
+    assert [c.name for c in changed.changes] == ["policy.chunk_first_only"]
+    assert "policy.chunk_first_only" not in [c.name for c in changed.gating_failures]
+    assert "step 2: B is chunked (16 of 32 tokens) but is not first" in change_text(changed.changes[0])
 
 
 def test_mixed_phase_fails():
@@ -410,3 +419,40 @@ def test_write_tsv(tmp_path):
     assert first["scheduled"] == "4" and first["status"] == "RUNNING" and first["accepted"] == "1"
     chunk_rows = tsv_rows(chunk_log())
     assert chunk_rows[0]["accepted"] == 0 and chunk_rows[0]["note"] == "discarded"
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+def test_sampled_event_is_required():
+    log = [e for e in chunk_log() if not (e["event"] == "sampled" and e["step"] == 2)]
+    report = validate(log)
+    assert failures(report) == ["step.events"]
+    assert report.first_failure.message == "step 2: 0 sampled events (expected exactly one)"
+
+
+def test_verdicts_follow_what_was_expected(tmp_path):
+    assert validate(chunk_log(), load_case("chunk")).verdict == "PASS"
+    assert validate(chunk_log()).verdict == "RECORDED"          # nothing to judge against
+    text = load_case("chunk").path.read_text()
+    bad = tmp_path / "chunk-other.yaml"
+    bad.write_text(text.replace("A: {total: 701, cached: 700, outputs: 1", "A: {total: 701, cached: 699, outputs: 1"))
+    strict = validate(chunk_log(), load_case(str(bad)))
+    assert strict.verdict == "FAIL" and not strict.passed
+    changed = validate(chunk_log(), load_case(str(bad)), expect_changes=True, why_changes="override --budget 9")
+    assert changed.verdict == "CHANGED" and changed.passed and not changed.gating_failures
+    assert [change_text(c) for c in changed.changes] == ["step 2: A cached 700 instead of 699"]
+    assert "override --budget 9" in changed.summary()
+    d = changed.to_dict()
+    assert d["verdict"] == "CHANGED" and d["first_failure"] is None and d["changes"][0]["actual"] == 700
+    # an invariant failure is FAIL whatever was expected
+    log = chunk_log()
+    step_event(log, 2, "gpu_inputs")["slot_mapping"][5] += 1
+    assert validate(log, load_case(str(bad)), expect_changes=True).verdict == "FAIL"
+
+
+def test_scheduled_list_change_reads_as_a_diff():
+    log = a_log()
+    step_event(log, 3, "scheduled")["seqs"] = []
+    report = validate(log, load_case("A"), expect_changes=True)
+    texts = [change_text(c) for c in report.changes]
+    assert "step 3: scheduled nothing instead of R1" in texts

@@ -1,7 +1,17 @@
 """`labkit trace`: run a case through the engine with tracing on, show each step, judge it.
 
     labkit trace --case chunk                 # run, table, validate; exit 1 on a mismatch
+    labkit trace --case lifecycle --budget 100   # an experiment: invariants gate, the case is a diff
     labkit trace check runs/trace-chunk/events.jsonl --case chunk   # re-validate a saved log
+    labkit trace diff BEFORE.jsonl AFTER.jsonl   # two runs side by side, first divergence marked
+
+Verdicts: every invariant always gates (FAIL, exit 1). The case's expected states gate too, unless
+the run was meant to change them: an override (--budget, --block-size, --policy, --max-num-seqs,
+--num-blocks, --eager/--graph, --tp), an engine that differs from its git HEAD (a patch applied), or
+--expect-changes. Then the states the run did not reach are shown as a diff and the verdict is
+CHANGED (exit 0). An engine outside a git checkout cannot be compared with HEAD: it counts as
+unchanged (and says so), so pass --expect-changes after changing it. --no-expect-changes makes the
+case's states gate whatever changed (the mutation script uses it).
 """
 from __future__ import annotations
 
@@ -17,8 +27,9 @@ from labkit.output import (EXIT_FAIL, EXIT_PASS, JSON_OPTION, Device, envelope, 
                            resolve_device, runs_dir, write_json)
 from labkit.trace.cases import list_cases, load_case
 from labkit.trace.events import read_jsonl
-from labkit.trace.tables import steps_table, write_tsv
-from labkit.trace.validate import Report, validate
+from labkit.trace.run import engine_changes
+from labkit.trace.tables import config_differences, diff_rows, steps_table, write_tsv
+from labkit.trace.validate import Report, change_text, validate
 
 app = typer.Typer(help="Run a traced case, show every step, and check it against expected states.",
                   invoke_without_command=True, no_args_is_help=False)
@@ -35,19 +46,56 @@ def _print_steps(events: list[dict], console: Console, title: str) -> None:
     console.print(table)
 
 
+_STYLE = {"PASS": "green", "CHANGED": "yellow", "RECORDED": "cyan", "FAIL": "red"}
+
+
 def _print_report(report: Report, console: Console) -> None:
-    failures = report.failures
+    failures = report.gating_failures
     for check in failures[:20]:
-        console.print(f"[red]FAIL[/red] {check.message}")
+        console.print(f"[red]FAIL[/red] {check.message}", markup=True, highlight=False)
     if len(failures) > 20:
         console.print(f"... and {len(failures) - 20} more failures")
-    style = "green" if report.ok else "red"
-    console.print(f"[{style}]{report.summary()}[/{style}]")
+    changes = report.changes
+    if changes:
+        head = ("changed from the case" if report.verdict == "CHANGED" or report.expect_changes
+                else "[red]differs from the case[/red] (changes were not expected; --expect-changes if they were)")
+        console.print(f"{head}: {len(changes)} difference(s)")
+        by_step: dict[str, list[str]] = {}
+        for c in changes:
+            where, what = change_text(c).split(": ", 1)
+            by_step.setdefault(where, []).append(what)
+        for where, whats in by_step.items():
+            console.print(f"  {where}: " + "; ".join(whats), markup=False, highlight=False)
+    console.print(f"[{_STYLE[report.verdict]}]{report.summary()}[/]")
+
+
+def changes_expected(overrides: dict, flag: bool | None) -> tuple[bool, str]:
+    """Whether a run is meant to differ from its case, and why (shown beside the verdict)."""
+    if flag is not None:
+        return flag, "--expect-changes" if flag else "--no-expect-changes: the case's states gate"
+    given = [f"{_OVERRIDE_FLAGS[k]} {v}" for k, v in overrides.items() if v is not None]
+    changed, how = engine_changes()
+    why = []
+    if given:
+        why.append("override " + ", ".join(given))
+    if changed:
+        why.append(how)
+    if why:
+        return True, "; ".join(why)
+    if changed is None:
+        return False, f"engine changes unknown ({how}): judged as unchanged; --expect-changes after changing it"
+    return False, ""
+
+
+_OVERRIDE_FLAGS = {"max_num_batched_tokens": "--budget", "max_num_seqs": "--max-num-seqs",
+                   "kvcache_block_size": "--block-size", "num_kvcache_blocks": "--num-blocks",
+                   "scheduling_policy": "--policy", "enforce_eager": "--eager/--graph",
+                   "tensor_parallel_size": "--tp"}
 
 
 def _outputs(out_dir: Path, events: list[dict], report: Report, env: dict, extra: dict) -> dict:
     tsv = write_tsv(events, out_dir / "steps.tsv")
-    result = finish(env, passed=report.ok, judged=report.judged, report=report.to_dict(),
+    result = finish(env, verdict=report.verdict, passed=report.passed, judged=report.judged, report=report.to_dict(),
                     files={"events": str(out_dir / "events.jsonl"), "tsv": str(tsv)}, **extra)
     write_json(out_dir / "check.json", result)
     return result
@@ -70,6 +118,10 @@ def trace(
     eager: Optional[bool] = typer.Option(None, "--eager/--graph", help="Override enforce_eager."),
     tp: Optional[int] = typer.Option(None, "--tp", min=1, max=8,
                                      help="Override tensor_parallel_size (events and shapes are rank 0's)."),
+    expect_changes: Optional[bool] = typer.Option(
+        None, "--expect-changes/--no-expect-changes",
+        help="Whether this run is meant to differ from the case's expected states (default: yes with an "
+             "override or an engine that differs from git HEAD). Differences are then a diff, verdict CHANGED."),
     list_: bool = typer.Option(False, "--list", help="List the shipped cases and exit."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step table."),
     as_json: bool = JSON_OPTION,
@@ -96,8 +148,10 @@ def trace(
                  "num_kvcache_blocks": num_blocks, "scheduling_policy": policy,
                  "enforce_eager": eager, "tensor_parallel_size": tp}
     env = envelope("trace", device=dev, model_dir=model_dir, evidence=evidence_for(dev))
-    run = run_case(the_case, model_dir, out_dir / "events.jsonl", overrides=overrides, device=dev, shapes=shapes)
-    report = validate(run.events, the_case)
+    expected, why = changes_expected(overrides, expect_changes)
+    run = run_case(the_case, model_dir, out_dir / "events.jsonl", overrides=overrides, device=dev, shapes=shapes,
+                   context={"expect_changes": expected, "why_changes": why})
+    report = validate(run.events, the_case, expect_changes=expected, why_changes=why)
     if not quiet:
         _print_steps(run.events, console, f"case {the_case.name}: {the_case.about}")
     if shapes:
@@ -110,9 +164,11 @@ def trace(
     if as_json:
         print_json(result)
     _print_report(report, console)
+    if why and report.verdict != "CHANGED":
+        console.print(f"({why})", markup=False, highlight=False)
     console.print(f"log: {out_dir / 'events.jsonl'}   table: {out_dir / 'steps.tsv'}   check: {out_dir / 'check.json'}"
                   + (f"   perfetto: {perfetto}" if perfetto else ""))
-    raise typer.Exit(EXIT_PASS if report.ok else EXIT_FAIL)
+    raise typer.Exit(EXIT_PASS if report.passed else EXIT_FAIL)
 
 
 def _print_shapes(events: list[dict], console: Console) -> None:
@@ -148,6 +204,10 @@ def check(
     log: Path = typer.Argument(..., help="A saved events.jsonl."),
     case: Optional[str] = typer.Option(None, "--case", help="Judge against this case's expectations too."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where to write check.json (default: beside the log)."),
+    expect_changes: Optional[bool] = typer.Option(
+        None, "--expect-changes/--no-expect-changes",
+        help="Whether the run was meant to differ from the case (default: what the run decided, from the "
+             "log's trace_context event; no when the log has none). Differences are then a diff, verdict CHANGED."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Re-validate a saved log without running a model."""
@@ -156,14 +216,58 @@ def check(
         raise LabkitError(f"trace check: no such log {log}")
     events = read_jsonl(log)
     the_case = load_case(case) if case else None
-    report = validate(events, the_case)
+    if expect_changes is None:   # judge the way the run was judged (what it was meant to change travels in the log)
+        ctx = next((e for e in events if e.get("event") == "trace_context"), {})
+        expect_changes, why = bool(ctx.get("expect_changes")), str(ctx.get("why_changes") or "")
+    else:
+        why = "--expect-changes" if expect_changes else "--no-expect-changes: the case's states gate"
+    report = validate(events, the_case, expect_changes=expect_changes, why_changes=why)
     start = next((e for e in events if e.get("event") == "run_start"), {})
     model_dir = (start.get("model") or {}).get("path")
     env = envelope("trace check", device=start.get("device", "cpu"), model_dir=model_dir, evidence="simulated")
-    result = finish(env, passed=report.ok, judged=report.judged, report=report.to_dict(), log=str(log),
-                    case=the_case.name if the_case else None)
+    result = finish(env, verdict=report.verdict, passed=report.passed, judged=report.judged,
+                    report=report.to_dict(), log=str(log), case=the_case.name if the_case else None)
     write_json(out or log.with_name("check-replay.json"), result)
     if as_json:
         print_json(result)
     _print_report(report, console)
-    raise typer.Exit(EXIT_PASS if report.ok else EXIT_FAIL)
+    raise typer.Exit(EXIT_PASS if report.passed else EXIT_FAIL)
+
+
+@app.command("diff")
+def diff(
+    log_a: Path = typer.Argument(..., help="The first event log (before)."),
+    log_b: Path = typer.Argument(..., help="The second event log (after)."),
+) -> None:
+    """Two event logs of a case side by side, step by step, with the first divergence marked (a view: exit 0)."""
+    a, b = read_jsonl(log_a), read_jsonl(log_b)
+    console = Console()
+    for line in config_differences(a, b):
+        console.print(f"config: {line}", markup=False, highlight=False)
+    rows, first = diff_rows(a, b)
+    table = Table(title=f"A = {log_a}   B = {log_b}", header_style="bold", title_justify="left")
+    table.add_column("step", justify="right")
+    for side in ("A", "B"):
+        table.add_column(f"{side}: phase / scheduled (id:tokens) / preempted", overflow="fold")
+        table.add_column(f"{side}: outputs (id:count=token) / free", overflow="fold")
+    table.add_column("", overflow="fold")
+    for r in rows:
+        style = "bold yellow" if r["step"] == first else ("yellow" if r["differs"] else None)
+        mark = (f"<- first divergence: {', '.join(r['differs'])}" if r["step"] == first
+                else ("differs: " + ", ".join(r["differs"]) if r["differs"] else ""))
+        cells = []
+        for side in (r["a"], r["b"]):
+            if side is None:
+                cells += ["(no such step)", ""]
+            else:
+                cells += [f"{side['phase']} {side['scheduled']}" + (f" preempted {side['preempted']}"
+                                                                      if side["preempted"] else ""),
+                          f"{side['outputs']} free {side['free']}"]
+        table.add_row(str(r["step"]), *cells, mark, style=style)
+    console.print(table)
+    if first is None:
+        console.print(f"the two runs go through the same {len(rows)} steps (phase, scheduled, preempted, "
+                      "outputs, free blocks)")
+    else:
+        console.print(f"first divergence at step {first}")
+    raise typer.Exit(EXIT_PASS)

@@ -23,6 +23,11 @@ REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
     "after_postprocess": ("seqs", "free_blocks"),
     "model_shape": ("layer", "module", "shape"),
     "run_end": ("steps", "wall_s"),
+    # written by labkit's trace runner, not the engine: the engine raised (or stopped making progress)
+    # in this step; the steps before it are still judged
+    "engine_error": ("error", "message"),
+    # written by `labkit trace` after run_start: whether the run was meant to change the case's states, and why
+    "trace_context": ("expect_changes",),
 }
 SEQ_KEYS: dict[str, tuple[str, ...]] = {
     "scheduled": ("seq_id", "request_id", "num_tokens", "num_cached_tokens",

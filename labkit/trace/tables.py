@@ -129,3 +129,63 @@ def write_tsv(events: list[dict], path) -> Path:
         for r in tsv_rows(events):
             w.writerow(["" if r[c] is None else r[c] for c in TSV_COLUMNS])
     return p
+
+
+# ----------------------------------------------------------------------------- two runs side by side
+
+DIFF_FIELDS = ("phase", "scheduled", "preempted", "outputs", "free")
+
+
+def diff_view(events: list[dict]) -> dict[int, dict]:
+    """Per step, what `labkit trace diff` compares: phase, scheduled ("R1:64 R2:96", tokens computed),
+    preempted, outputs after the step ("R1:1=345": outputs so far = the accepted token; "R1:0" for a
+    discarded chunk candidate) and free blocks after the step."""
+    log = EventLog(list(events or []))
+    view = {}
+    for st in sorted(log.steps):
+        sched = log.one(st, "scheduled") or {}
+        ap = log.one(st, "after_postprocess") or {}
+        outs = []
+        for a in ap.get("seqs") or []:
+            if isinstance(a, dict):
+                tok = f"={a.get('token_id')}" if a.get("accepted") else ""
+                outs.append(f"{log.rid(a)}:{a.get('num_completion_tokens')}{tok}"
+                            + (" done" if a.get("status") == "FINISHED" else ""))
+        view[st] = {
+            "phase": sched.get("phase"),
+            "scheduled": " ".join(f"{log.rid(s)}:{s.get('num_scheduled_tokens')}"
+                                  for s in sched.get("seqs") or [] if isinstance(s, dict)) or "-",
+            "preempted": " ".join(log.rid(p) for p in log.all(st, "preempted")),
+            "outputs": " ".join(outs) or "-",
+            "free": ap.get("free_blocks"),
+        }
+    return view
+
+
+def diff_rows(a_events: list[dict], b_events: list[dict]) -> tuple[list[dict], int | None]:
+    """Rows {step, a, b, differs: [field, ...]} over the union of both runs' steps, and the first step
+    where they differ (None when they go through the same states)."""
+    a, b = diff_view(a_events), diff_view(b_events)
+    rows, first = [], None
+    for st in sorted(set(a) | set(b)):
+        ra, rb = a.get(st), b.get(st)
+        if ra is None or rb is None:
+            differs = ["only in " + ("B" if ra is None else "A")]
+        else:
+            differs = [f for f in DIFF_FIELDS if ra[f] != rb[f]]
+        if differs and first is None:
+            first = st
+        rows.append({"step": st, "a": ra, "b": rb, "differs": differs})
+    return rows, first
+
+
+def config_differences(a_events: list[dict], b_events: list[dict]) -> list[str]:
+    """Engine settings that differ between two runs' run_start events ("max_num_batched_tokens: 512 -> 100")."""
+    def config(events):
+        start = next((e for e in events if isinstance(e, dict) and e.get("event") == "run_start"), {})
+        cfg = start.get("config") if isinstance(start.get("config"), dict) else {}
+        return {**cfg, **{k: start.get(k) for k in ("num_kvcache_blocks", "block_size", "attention_backend")
+                          if k in start}}
+    ca, cb = config(a_events), config(b_events)
+    return [f"{k}: {ca.get(k)} -> {cb.get(k)}" for k in sorted(set(ca) | set(cb))
+            if ca.get(k) != cb.get(k) and k not in ("shm_name", "dist_init_addr")]

@@ -13,6 +13,11 @@
       block accounting, every request finishes and every block comes back, etc.
 For (b) a failure is reported per occurrence (capped per invariant) and every invariant that
 never failed gets one passing Check saying how many times it was checked.
+
+The verdict (`report.verdict`): FAIL when an invariant, the schema or the case's requests fail;
+RECORDED for a case without expectations; PASS when every expectation holds; and when some do
+not, CHANGED if the run was meant to change them (`expect_changes`: an override, a patched
+engine; `report.changes` is then the diff, one `change_text` line per field) or FAIL if not.
 """
 from __future__ import annotations
 
@@ -28,13 +33,17 @@ INVARIANTS = (
     "log.single_run", "log.run_start", "time.monotonic", "steps.contiguous", "step.events",
     "seq.known", "phase", "phase.mixed", "queues", "free.continuity", "preempted",
     "state.continuity", "block_table.size", "block_table.ids", "decode.shape",
-    "chunk.first_only", "budget", "inputs.num_input_ids", "inputs.positions", "slots",
+    "chunk.fits", "policy.chunk_first_only", "budget", "inputs.num_input_ids", "inputs.positions", "slots",
     "inputs.cu_seqlens_q", "inputs.cu_seqlens_k", "inputs.max_seqlen", "inputs.context_lens",
     "inputs.block_tables", "inputs.execution", "sampled", "after.complete", "accepted.rule",
     "accepted.counts", "discarded", "after.cached", "finished.released", "max_tokens",
-    "refs", "blocks.accounting", "run.end", "requests.finished", "requests.outputs",
-    "blocks.returned",
+    "refs", "prefix.content", "blocks.accounting", "engine.raised", "run.end", "requests.finished",
+    "requests.outputs", "blocks.returned",
 )
+# Rules of nano-vLLM's scheduling policy rather than of correctness: they gate like invariants, but an
+# experiment may change the policy on purpose (patches/exp-chunk-any-sequence.patch), so under
+# expect_changes they are part of the diff (kind "policy").
+POLICY_RULES = ("policy.chunk_first_only",)
 _MAX_FAILURES_PER_NAME = 50
 
 
@@ -48,11 +57,14 @@ class Check:
     expected: Any = None
     actual: Any = None
     message: str = ""
-    kind: str = "invariant"          # "expect" | "invariant" | "schema" | "case"
+    kind: str = "invariant"          # "expect" | "invariant" | "policy" | "schema" | "case" | "engine"
     skipped: bool = False            # ok=True but nothing could be checked (message says why)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+_CHANGEABLE = ("expect", "policy")
 
 
 @dataclass
@@ -61,10 +73,43 @@ class Report:
     run: str | None = None
     steps: int = 0
     case: str | None = None
+    # Set when an override or an engine change was meant to change what the case expects: then its
+    # expected states are a diff to show (verdict CHANGED), and only invariants, schema and the case's
+    # requests gate. `why_changes` says what changed (shown beside the verdict).
+    expect_changes: bool = False
+    why_changes: str = ""
 
     @property
     def ok(self) -> bool:
+        """Every check held, expectations included (strict)."""
         return all(c.ok for c in self.checks)
+
+    @property
+    def gating_failures(self) -> list[Check]:
+        """Failures that make the run wrong whatever it was meant to do: invariants, schema, the case's requests."""
+        return [c for c in self.checks if not c.ok and c.kind not in _CHANGEABLE]
+
+    @property
+    def changes(self) -> list[Check]:
+        """Expected states of the case (and nano's policy rules) the run did not keep."""
+        return [c for c in self.checks if not c.ok and c.kind in _CHANGEABLE]
+
+    @property
+    def verdict(self) -> str:
+        """PASS, FAIL, CHANGED (only expectations differ, and changes were expected) or RECORDED (no
+        expectations, every invariant held)."""
+        if self.gating_failures:
+            return "FAIL"
+        if not self.judged:
+            return "RECORDED"
+        if not self.changes:
+            return "PASS"
+        return "CHANGED" if self.expect_changes else "FAIL"
+
+    @property
+    def passed(self) -> bool:
+        """Whether the exit code is 0 (PASS, CHANGED, RECORDED)."""
+        return self.verdict != "FAIL"
 
     @property
     def failures(self) -> list[Check]:
@@ -102,18 +147,49 @@ class Report:
         for kind, d in self.counts().items():
             parts.append(f"{kind}: {d['passed']} passed, {d['failed']} failed"
                          + (f", {d['skipped']} skipped" if d["skipped"] else ""))
-        head = "PASS" if self.ok else "FAIL"
-        s = f"{head} ({'; '.join(parts) or 'no checks'})"
-        ff = self.first_failure
-        if ff is not None:
-            s += f"; first failure: {ff.message}"
+        verdict = self.verdict
+        s = f"{verdict} ({'; '.join(parts) or 'no checks'})"
+        gating = self.gating_failures
+        if verdict == "CHANGED":
+            s += f"; every invariant held, {len(self.changes)} difference(s) from the case ({self.why_changes})"
+        elif gating:
+            s += f"; first failure: {gating[0].message}"
+        elif self.changes:
+            s += f"; first difference from the case: {self.changes[0].message}"
         return s
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "run": self.run, "steps": self.steps, "case": self.case,
-                "judged": self.judged, "counts": self.counts(),
-                "first_failure": self.first_failure.to_dict() if self.first_failure else None,
+        return {"ok": self.ok, "verdict": self.verdict, "run": self.run, "steps": self.steps,
+                "case": self.case, "judged": self.judged, "counts": self.counts(),
+                "expect_changes": self.expect_changes, "why_changes": self.why_changes or None,
+                "changes": [{"step": c.step, "request": c.request, "field": c.field, "expected": c.expected,
+                             "actual": c.actual, "text": change_text(c)} for c in self.changes],
+                # the failure behind a FAIL (none under CHANGED: a diff is not a failure)
+                "first_failure": (self.first_failure.to_dict()
+                                  if self.verdict == "FAIL" and self.first_failure else None),
                 "checks": [c.to_dict() for c in self.checks]}
+
+
+def _ids(v) -> str:
+    return "+".join(map(str, v)) if isinstance(v, list) and v else "nothing"
+
+
+def change_text(c: Check) -> str:
+    """One expected state the run did not reach, as a diff line: "step 3: scheduled B instead of A+B",
+    "step 2: A cached 512 instead of 700", "final: R2 outputs 2 instead of 3"."""
+    where = f"step {c.step}" if c.step is not None else "final" if (c.field or "").startswith("final") else "run"
+    fld = (c.field or "").removeprefix("final.")
+    if c.kind == "policy":
+        return f"{where}: {c.message.split(': ', 1)[-1]}"
+    if c.expected is None and c.actual is None:      # something missing: the message says what
+        what = c.message.split(": ", 1)[-1]
+        if fld == "step":
+            return f"{where}: did not happen {what.removeprefix('not in the log ')}"
+        return f"{where}: {c.request + ' ' if c.request else ''}{what}"
+    if fld in ("scheduled", "preempted") and c.request is None:
+        return f"{where}: {fld} {_ids(c.actual)} instead of {_ids(c.expected)}"
+    who = f"{c.request} " if c.request else ""
+    return f"{where}: {who}{fld} {_show(c.actual)} instead of {_show(c.expected)}"
 
 
 def _cfg_int(cfg: dict, key: str):
@@ -162,6 +238,8 @@ class _Collector:
 
     def fail(self, name: str, message: str, *, step=None, request=None, field=None,
              expected=None, actual=None, kind="invariant"):
+        if name in POLICY_RULES:
+            kind = "policy"
         self.ran(name)
         k = self.failed.get(name, 0)
         self.failed[name] = k + 1
@@ -188,11 +266,12 @@ class _Collector:
             if self.failed.get(name):
                 continue
             n = self.counts.get(name, 0)
+            kind = "policy" if name in POLICY_RULES else "invariant"
             if n:
-                out.append(Check(name, True, message=f"{name}: held {n} time(s)"))
+                out.append(Check(name, True, message=f"{name}: held {n} time(s)", kind=kind))
             else:
                 why = self.skips.get(name, "nothing to check in this log")
-                out.append(Check(name, True, message=f"{name}: not checked ({why})", skipped=True))
+                out.append(Check(name, True, message=f"{name}: not checked ({why})", kind=kind, skipped=True))
         return out
 
 
@@ -216,6 +295,43 @@ class _Seq:
     status: str = "WAITING"
     table: list = field(default_factory=list)
     finish_reason: str | None = None
+    tokens: list | None = None       # prompt + accepted ids, when request_added lists the prompt
+
+
+def _written_positions(phase: str, nt, nc, ns) -> range:
+    """Positions whose KV a scheduled sequence writes this step."""
+    if phase == "decode":
+        return range(nt - 1, nt) if is_int(nt) else range(0)
+    if not (is_int(nt) and is_int(ns)):
+        return range(0)
+    start = _start(nc, nt)
+    return range(start, start + ns)
+
+
+def _check_prefix_hit(col: "_Collector", st: int, s: "_Seq", table: list, nc: int, bs: int,
+                      written: dict) -> None:
+    """A prefix-cache hit must land on blocks whose KV was computed from this sequence's own tokens.
+    `written` maps a physical block to {offset: token id} as this log's steps filled it."""
+    if s.tokens is None:
+        col.skip("prefix.content", "request_added carries no prompt_token_ids")
+        return
+    for i in range(nc // bs):
+        if i >= len(table):
+            break  # block_table.size reports a short table
+        b = table[i]
+        want = s.tokens[i * bs:(i + 1) * bs]
+        have = written.get(b, {})
+        got = [have.get(k) for k in range(len(want))]
+        if got != want:
+            k = next(j for j in range(len(want)) if got[j] != want[j])
+            what = ("was never computed in this run" if not have else
+                    f"holds token {got[k]} at position {i * bs + k} where this prompt has {want[k]}")
+            col.fail("prefix.content",
+                     f"step {st}, request {s.request_id}: prefix-cache hit on block {b} (logical block "
+                     f"{i}), but that block {what}", step=st, request=s.request_id,
+                     field="block_table", expected=want, actual=got)
+            return
+    col.ran("prefix.content")
 
 
 def _check_invariants(log: EventLog, col: _Collector, block_size: int | None,
@@ -254,8 +370,10 @@ def _check_invariants(log: EventLog, col: _Collector, block_size: int | None,
             col.skip(n, "num_kvcache_blocks unknown")
 
     seqs: dict[Any, _Seq] = {}
+    written: dict = {}   # physical block -> {offset: token id} whose KV the log's steps computed
     # Work through request_added events and steps in log order.
     agenda = [(i, "add", e) for i, e in log.added] + [(log.first_index[s], "step", s) for s in steps]
+    agenda += [(i, "abort", e) for i, e in enumerate(log.events) if e.get("event") == "aborted"]
     agenda.sort(key=lambda x: x[0])
     prev_free = num_blocks
     last_free = None
@@ -268,14 +386,23 @@ def _check_invariants(log: EventLog, col: _Collector, block_size: int | None,
             if ie is None:
                 ie = ignore_eos.get(rid)
             pl = e.get("prompt_len")
+            toks = e.get("prompt_token_ids")
+            toks = list(toks) if isinstance(toks, list) and (not is_int(pl) or len(toks) == pl) else None
             seqs[sid] = _Seq(sid, rid, pl if is_int(pl) else None,
                              e.get("max_tokens") if is_int(e.get("max_tokens")) else None,
-                             ie, pl if is_int(pl) else None)
+                             ie, pl if is_int(pl) else None, tokens=toks)
+            continue
+        if kind == "abort":   # cancelled between steps: it leaves and gives its blocks back
+            gone = seqs.get(item.get("seq_id"))
+            if gone is not None:
+                gone.status, gone.table, gone.num_cached, gone.finish_reason = "FINISHED", [], 0, "abort"
+            if is_int(item.get("free_blocks")):
+                prev_free = last_free = item["free_blocks"]
             continue
         st = item
         try:
             prev_free, lf = _check_step(log, col, st, seqs, block_size, num_blocks, max_batched,
-                                        max_seqs, enforce_eager, prev_free)
+                                        max_seqs, enforce_eager, prev_free, written)
             if lf is not None:
                 last_free = lf
         except Exception as ex:  # a malformed log must give a failure, not a crash
@@ -283,6 +410,12 @@ def _check_invariants(log: EventLog, col: _Collector, block_size: int | None,
                                     f"({type(ex).__name__}: {ex})", step=st)
 
     # end of run
+    errors = [e for e in log.events if e.get("event") == "engine_error"]
+    for e in errors:
+        col.fail("engine.raised", f"{_where(e.get('step'))}: the engine raised {e.get('error')}: "
+                                  f"{e.get('message')}", step=e.get("step") if is_int(e.get("step")) else None)
+    if not errors:
+        col.ran("engine.raised")
     n_steps = len(steps)
     if col.check(len(log.run_ends) == 1, "run.end",
                  f"run: expected one run_end event, found {len(log.run_ends)} "
@@ -314,10 +447,10 @@ def _check_invariants(log: EventLog, col: _Collector, block_size: int | None,
 
 
 def _check_step(log: EventLog, col: _Collector, st: int, seqs: dict, bs, num_blocks, max_batched,
-                max_seqs, enforce_eager, prev_free):
+                max_seqs, enforce_eager, prev_free, written: dict):
     evs = log.steps[st]
     for name, lo, hi in (("scheduled", 1, 1), ("gpu_inputs", 1, 1), ("after_postprocess", 1, 1),
-                         ("before_schedule", 0, 1), ("sampled", 0, 1)):
+                         ("sampled", 1, 1), ("before_schedule", 0, 1)):
         n = len(evs.get(name, []))
         col.check(lo <= n <= hi, "step.events",
                   f"step {st}: {n} {name} events (expected {'exactly one' if lo == hi else 'at most one'})",
@@ -431,15 +564,22 @@ def _check_step(log: EventLog, col: _Collector, st: int, seqs: dict, bs, num_blo
                       f"got total {nt} cached {nc} scheduled {ns}", step=st, request=rid)
         else:
             okp = is_int(ns) and is_int(nc) and is_int(nt) and ns >= 1 and _start(nc, nt) + ns <= nt
-            col.check(okp, "chunk.first_only",
+            col.check(okp, "chunk.fits",
                       f"step {st}, request {rid}: prefill of {ns} tokens from cached {nc} does not "
                       f"fit total {nt}", step=st, request=rid)
             if okp and j > 0:
-                col.check(_start(nc, nt) + ns == nt, "chunk.first_only",
-                          f"step {st}, request {rid}: only the first sequence of a prefill batch "
-                          f"may be chunked, this one (position {j}) computes {ns} of "
-                          f"{nt - nc} tokens", step=st, request=rid)
+                col.check(_start(nc, nt) + ns == nt, "policy.chunk_first_only",
+                          f"step {st}, request {rid}: {rid} is chunked ({ns} of {nt - nc} tokens) but is "
+                          f"not first in the prefill batch (nano chunks only the first)", step=st, request=rid)
         if prev is not None:
+            # A fresh allocation (nothing held before this step) with cached tokens is a prefix hit.
+            if phase == "prefill" and not prev.table and is_int(nc) and nc > 0 and bs is not None:
+                _check_prefix_hit(col, st, prev, table, nc, bs, written)
+            if bs is not None:
+                for p in _written_positions(phase, nt, nc, ns):
+                    if 0 <= p // bs < len(table):
+                        tok = prev.tokens[p] if prev.tokens is not None and p < len(prev.tokens) else None
+                        written.setdefault(table[p // bs], {})[p % bs] = tok
             prev.num_tokens, prev.num_cached, prev.table = nt, nc, table
     if max_batched is not None:
         col.check(total_sched <= max_batched, "budget",
@@ -505,6 +645,8 @@ def _check_step(log: EventLog, col: _Collector, st: int, seqs: dict, bs, num_blo
                               f"{want_c}, got {nc}", step=st, request=rid, field="cached",
                               expected=want_c, actual=nc)
             elif acc is True:
+                if prev.tokens is not None:
+                    prev.tokens.append(a.get("token_id"))
                 col.check(comp == prev.completion + 1 and nt == (snt or 0) + 1, "accepted.counts",
                           f"step {st}, request {rid}: an accepted token must add one output and one "
                           f"token (outputs {prev.completion} -> {comp}, total {snt} -> {nt})",
@@ -547,9 +689,16 @@ def _check_step(log: EventLog, col: _Collector, st: int, seqs: dict, bs, num_blo
             for b in s.table:
                 holders[b] = holders.get(b, 0) + 1
     if num_blocks is not None and is_int(fb):
-        col.check(0 <= fb <= num_blocks and fb + len(holders) <= num_blocks, "blocks.accounting",
-                  f"step {st}: free_blocks {fb} + {len(holders)} blocks held by live sequences "
-                  f"exceeds the pool of {num_blocks}", step=st, field="free_blocks", actual=fb)
+        # Every block is either free (a freed block keeps its hash, but it is back in the free list) or
+        # held by a live sequence: more is double counting, less is a leak (e.g. a preemption that did
+        # not give its blocks back).
+        held = len(holders)
+        col.check(0 <= fb <= num_blocks and fb + held == num_blocks, "blocks.accounting",
+                  f"step {st}: free_blocks {fb} + {held} blocks held by live sequences = {fb + held}, "
+                  f"but the pool has {num_blocks}"
+                  + (f": {num_blocks - fb - held} block(s) neither free nor held (leaked)"
+                     if fb + held < num_blocks else ""),
+                  step=st, field="free_blocks", expected=num_blocks - held, actual=fb)
     for a in aseqs:
         rc = a.get("ref_counts")
         if rc is None:
@@ -855,8 +1004,12 @@ def _check_case_requests(log: EventLog, case: Case, col: _Collector) -> None:
 # ----------------------------------------------------------------------------- entry point
 
 def validate(events: list[dict], case: Case | None = None, *, block_size: int | None = None,
-             num_kvcache_blocks: int | None = None) -> Report:
+             num_kvcache_blocks: int | None = None, expect_changes: bool = False,
+             why_changes: str = "") -> Report:
     """Check an event log: the case's expectations (if any) and the engine invariants.
+
+    expect_changes: the run was meant to differ from the case (an override, a patched engine); the
+    expectations it misses become the report's `changes` and the verdict CHANGED instead of FAIL.
 
     block_size / num_kvcache_blocks default to run_start's block_size / num_kvcache_blocks,
     then its config's kvcache_block_size / num_kvcache_blocks (when > 0), then the case's engine.
@@ -899,4 +1052,5 @@ def validate(events: list[dict], case: Case | None = None, *, block_size: int | 
     checks = col.finish()
     run = next((e.get("run") for e in log.events if e.get("run") is not None), None)
     return Report(checks=checks, run=run, steps=len(log.steps),
-                  case=case.name if case is not None else None)
+                  case=case.name if case is not None else None, expect_changes=expect_changes,
+                  why_changes=why_changes)

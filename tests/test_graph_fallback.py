@@ -1,0 +1,50 @@
+"""Which path a decode batch takes when CUDA graphs are captured: the smallest bucket that covers it, or
+eager when none does (seed 001, B.5: with max_num_seqs 20 nano captures [1, 2, 4, 8, 16] and a batch
+of 17 found no bucket: StopIteration).
+
+There are no CUDA graphs on the CPU, so the captured buckets are simulated: the runner gets the bucket
+list nano captures for max_num_seqs 20 with placeholder graphs, and the test asks its host-side input
+preparation which path each batch size takes (nothing is replayed). This is the check that catches
+patches/fault-graph-bucket-no-fallback.patch.
+"""
+from __future__ import annotations
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.sequence import Sequence
+
+NANO_BUCKETS_FOR_20 = [1, 2, 4, 8, 16]   # [1, 2, 4, 8] + range(16, 20 + 1, 16)
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model):
+    llm = LLM(tiny_model, enforce_eager=True, max_num_seqs=20, max_model_len=256, kvcache_block_size=16,
+              num_kvcache_blocks=64, device="cpu")
+    runner = llm.model_runner
+    runner.graphs = {bs: object() for bs in NANO_BUCKETS_FOR_20}   # placeholders: never replayed
+    runner.graph_bs = list(NANO_BUCKETS_FOR_20)
+    yield runner
+    runner.graphs = {}
+    llm.exit()
+
+
+def _decoding(n: int, block_size: int) -> list[Sequence]:
+    seqs = []
+    for i in range(n):
+        seq = Sequence([100 + i, 101 + i, 102 + i], SamplingParams(max_tokens=4), i, block_size)
+        seq.block_table = [i]
+        seq.num_cached_tokens = 2
+        seqs.append(seq)
+    return seqs
+
+
+@pytest.mark.parametrize("batch", [1, 3, 9, 16, 17, 20])
+def test_decode_batch_takes_its_bucket_or_falls_back_to_eager(runner, batch):
+    inputs = runner.prepare_decode(_decoding(batch, runner.block_size))
+    if batch <= 16:
+        want = min(b for b in NANO_BUCKETS_FOR_20 if b >= batch)
+        assert (inputs.execution, inputs.graph_batch) == ("graph", want)
+    else:   # no captured bucket holds 17..20 sequences: the same model runs eagerly
+        assert (inputs.execution, inputs.graph_batch) == ("eager", None)
+    assert len(inputs.input_ids) == batch and inputs.context_lens == [3] * batch
