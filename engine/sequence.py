@@ -51,10 +51,6 @@ class Sequence:
         return self.num_tokens - self.num_prompt_tokens
 
     @property
-    def prompt_token_ids(self):
-        return self.token_ids[: self.num_prompt_tokens]
-
-    @property
     def completion_token_ids(self):
         return self.token_ids[self.num_prompt_tokens:]
 

@@ -119,10 +119,6 @@ PRESET_INIT: dict[str, dict[str, float]] = {
 _TORCH_DTYPES = {"float32": ("F32", 4), "bfloat16": ("BF16", 2), "float16": ("F16", 2)}
 
 
-def preset_names() -> list[str]:
-    return list(PRESETS)
-
-
 def preset_config(preset: str, seed: int = 0, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The config.json a preset writes (overrides: config fields to change, for tests)."""
     if preset not in PRESETS:

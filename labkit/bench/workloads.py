@@ -48,8 +48,6 @@ from typing import Any
 from labkit import yamlfile
 from labkit.errors import LabkitError
 
-BUILTIN = ("nano", "fixed")
-
 TOP_KEYS = ("name", "about", "requests", "prompt_len", "output_len", "seed", "vary_seed", "token_range",
             "temperature", "ignore_eos", "warmup", "repeats", "engine", "timing")
 TIMINGS = ("generate", "steps")

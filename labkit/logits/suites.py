@@ -172,10 +172,6 @@ SUITES: dict[str, Suite] = {
 EXPECTED_ROWS = {"baseline": 15, "graph": 126, "prefix": 6, "tp": 15, "kv": 49}
 
 
-def suite_names() -> list[str]:
-    return list(SUITES)
-
-
 def get_suite(name: str) -> Suite:
     try:
         return SUITES[name]
