@@ -264,15 +264,15 @@ def collect_engine(suite: Suite, model_dir: str | Path, *, device: str = "cpu", 
 def _drive(llm, case, path, choose, SamplingParams) -> None:
     """Submit the case's requests (an `after` request once its predecessor finished) and step to the end."""
     pending = list(case.requests)
-    seq_ids: dict[str, int] = {}
+    finished: set[str] = set()  # request ids, from the steps' StepResults
 
     def submit_ready():
         for r in list(pending):
-            if r.after is None or (r.after in seq_ids and llm.get_sequence(seq_ids[r.after]).is_finished):
+            if r.after is None or r.after in finished:
                 p = path[r.id]
                 sp = SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
                 try:
-                    seq_ids[r.id] = llm.add_request(list(p["prompt"]), sp, request_id=r.id)
+                    llm.add_request(list(p["prompt"]), sp, request_id=r.id)
                 except ValueError as exc:
                     raise LabkitError(f"engine: request {r.id}: {' '.join(str(exc).split())}", code=2) from exc
                 pending.remove(r)
@@ -285,7 +285,7 @@ def _drive(llm, case, path, choose, SamplingParams) -> None:
             if len(pending) == before:
                 raise RuntimeError(f"case {case.name}: requests {[r.id for r in pending]} can never be submitted")
             continue
-        llm.step(choose_tokens=choose)
+        finished.update(s.request_id for s in llm.step(choose_tokens=choose).finished)
         submit_ready()
 
 

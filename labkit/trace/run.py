@@ -80,13 +80,13 @@ def run_case(case: Case, model_dir: Path, log_path: Path, *, overrides: dict | N
         vocab = llm.config.hf_config.vocab_size
         prompts = build_prompt_ids(case, vocab, tokenize=llm.tokenizer.encode)
         params = {r.id: SamplingParams(**r.sampling_kwargs()) for r in case.requests}
-        seq_of: dict[str, int] = {}
+        finished: set[str] = set()  # request ids, from the steps' StepResults
         pending = list(case.requests)
 
         def submit_ready():
             for r in list(pending):
-                if r.after is None or (r.after in seq_of and llm.get_sequence(seq_of[r.after]).is_finished):
-                    seq_of[r.id] = llm.add_request(prompts[r.id], params[r.id], request_id=r.id)
+                if r.after is None or r.after in finished:
+                    llm.add_request(prompts[r.id], params[r.id], request_id=r.id)
                     pending.remove(r)
 
         submit_ready()
@@ -97,7 +97,7 @@ def run_case(case: Case, model_dir: Path, log_path: Path, *, overrides: dict | N
             if llm.is_finished():
                 raise LabkitError(f"case {case.name}: requests {[r.id for r in pending]} wait on requests that never finish")
             try:
-                llm.step()
+                finished.update(s.request_id for s in llm.step().finished)
             except Exception as exc:  # noqa: BLE001 - an engine failure is a finding of the trace
                 # Into the log (the validator fails engine.raised at this step; `trace check` sees it
                 # too), and the steps before it are still judged.
