@@ -1,4 +1,4 @@
-"""What every command's JSON carries (SPEC section 7), the exit codes, and the device option.
+"""What every command's JSON carries (SPEC section 7), the exit codes, and where a run goes (device).
 
 Every command that measures or checks builds `envelope(...)` before it starts, `finish(...)`
 when it ends, and `write_json(runs_dir() / "NAME.json", ...)`. Nothing here may fail because
@@ -24,8 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import typer
-
+from engine.config import DEVICES
 from labkit import __version__
 from labkit.errors import LabkitError
 
@@ -34,14 +33,6 @@ EXIT_FAIL = 1
 EXIT_CANNOT_RUN = 2
 
 EVIDENCE_KINDS = ("gpu-measured", "cpu-executed", "static-estimate", "simulated")
-
-
-class Device(str, enum.Enum):
-    """The --device choice shared by every command that runs the engine."""
-
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
 
 
 def cuda_available() -> bool:
@@ -53,11 +44,11 @@ def cuda_available() -> bool:
         return False
 
 
-def resolve_device(device: str | Device) -> str:
+def resolve_device(device: str | enum.Enum) -> str:
     """auto -> cuda when a GPU is visible, else cpu. Asking for cuda without one cannot run."""
-    name = device.value if isinstance(device, Device) else str(device)
-    if name not in ("auto", "cpu", "cuda"):
-        raise LabkitError(f"--device must be auto, cpu or cuda, not {name!r}")
+    name = str(device.value if isinstance(device, enum.Enum) else device)
+    if name not in DEVICES:
+        raise LabkitError(f"--device must be one of {', '.join(DEVICES)}, not {name!r}")
     if name == "auto":
         return "cuda" if cuda_available() else "cpu"
     if name == "cuda" and not cuda_available():
@@ -295,11 +286,6 @@ def write_json(path: str | Path, data: Any) -> Path:
 def runs_dir() -> Path:
     """Where outputs go: $RUNS_DIR (env.sh sets it) or ./runs."""
     return Path(os.environ.get("RUNS_DIR") or "runs")
-
-
-# `--json` on every command that prints a result: the same option everywhere, and stdout then holds the
-# result JSON alone (the command builds its rich Console with quiet=as_json).
-JSON_OPTION = typer.Option(False, "--json", help="Print the result JSON on stdout instead of the summary.")
 
 
 def print_json(result: Any) -> None:
