@@ -80,14 +80,28 @@ def _dist_version(dist: str) -> str | None:
         return None
 
 
+def _torch_versions() -> tuple[str | None, str | None]:
+    """torch's version and the CUDA it was built for. A command that has not imported torch (principles, report,
+    ...) reads them from torch/version.py, run on its own: importing torch only to name it would cost seconds."""
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        return str(torch.__version__), torch.version.cuda
+    try:
+        spec = importlib.util.find_spec("torch")  # a top-level package: found, not imported
+        if spec is None or not spec.submodule_search_locations:
+            return None, None
+        path = Path(list(spec.submodule_search_locations)[0]) / "version.py"
+        version_spec = importlib.util.spec_from_file_location("_labkit_torch_version", path)
+        module = importlib.util.module_from_spec(version_spec)
+        version_spec.loader.exec_module(module)
+        return str(module.__version__), module.cuda
+    except Exception:
+        return None, None
+
+
 @functools.lru_cache(maxsize=1)
 def _cached_versions() -> tuple[tuple[str, Any], ...]:
-    try:
-        import torch
-
-        torch_version, cuda = str(torch.__version__), torch.version.cuda
-    except Exception:
-        torch_version, cuda = None, None
+    torch_version, cuda = _torch_versions()
     found = {
         "python": platform.python_version(),
         "torch": torch_version,

@@ -169,15 +169,17 @@ def _command_paths(command=None, path=()):
             yield from _command_paths(command.get_command(None, name), (*path, name))
 
 
-def _imported_after(*runs: list[str]) -> set[str]:
-    """The modules loaded by a fresh interpreter that ran `labkit ARGS` once per ARGS (stdout discarded)."""
-    code = ("import json, sys\nfrom labkit import cli\n"
-            f"for args in {[list(r) for r in runs]!r}:\n"
-            "    try:\n        cli.main(args)\n    except SystemExit:\n        pass\n"
-            "sys.stderr.write('MODULES ' + json.dumps(sorted(sys.modules)))\n")
+def _imported_after(*runs: list[str]) -> tuple[set[str], list]:
+    """The modules loaded by a fresh interpreter that ran `labkit ARGS` once per ARGS (stdout discarded), and the
+    exit code of each run."""
+    code = ("import json, sys\nfrom labkit import cli\ncodes = []\n"
+            f"for args in {[[str(a) for a in r] for r in runs]!r}:\n"
+            "    try:\n        cli.main(args)\n    except SystemExit as exit:\n        codes.append(exit.code)\n"
+            "sys.stderr.write('MODULES ' + json.dumps([sorted(sys.modules), codes]))\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert "MODULES " in done.stderr, done.stderr[-2000:]
-    return set(json.loads(done.stderr.rsplit("MODULES ", 1)[1]))
+    modules, codes = json.loads(done.stderr.rsplit("MODULES ", 1)[1])
+    return set(modules), codes
 
 
 def _heavy(modules: set[str]) -> list[str]:
@@ -185,16 +187,22 @@ def _heavy(modules: set[str]) -> list[str]:
 
 
 def test_labkit_help_imports_no_command_module_and_nothing_heavy():
-    modules = _imported_after(["--help"])
+    modules, codes = _imported_after(["--help"])
+    assert codes == [0]
     assert _heavy(modules) == []
     command_modules = {target.split(":")[0] for target, _ in cli.COMMANDS.values()}
     assert sorted(command_modules & modules) == []  # the listing comes from cli.COMMANDS alone
 
 
-def test_every_help_and_the_engineless_commands_import_nothing_heavy():
+def test_every_help_and_the_engineless_commands_import_nothing_heavy(tiny_model, lab_env):
     paths = [list(path) for path, _ in _command_paths()]
-    modules = _imported_after(*[[*p, "--help"] for p in paths], ["notes", "list"], ["patch", "list"])
-    assert len(paths) > 30 and _heavy(modules) == []
+    helps = [[*p, "--help"] for p in paths]
+    # Commands that run no engine: they start without torch, transformers or the engine (lab_env: outputs in tmp).
+    engineless = [["notes", "list"], ["patch", "list"], ["model", "info", tiny_model, "--json"],
+                  ["shapes", "--tp", "2", "--model", tiny_model], ["principles", "slots"], ["principles", "cache"]]
+    modules, codes = _imported_after(*helps, *engineless)
+    assert len(paths) > 30 and codes == [0] * (len(helps) + len(engineless))
+    assert _heavy(modules) == []
 
 
 def test_every_command_help_reads_well_and_shows_an_example(capsys, monkeypatch):
@@ -241,6 +249,17 @@ def test_engine_options_are_declared_once_with_the_engines_choices_and_limits():
 
 
 # ---- output: the JSON envelope ----------------------------------------------------------------
+
+
+def test_versions_name_torch_and_its_cuda_without_importing_torch():
+    import torch
+
+    code = ("import json, sys\nfrom labkit import output\n"
+            "print(json.dumps([output.versions(), 'torch' in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    found, imported = json.loads(done.stdout)
+    assert (found["torch"], found["cuda"], imported) == (str(torch.__version__), torch.version.cuda, False)
+    assert output.versions()["torch"] == str(torch.__version__)  # this process has torch: read from it
 
 
 def test_envelope_carries_provenance(tmp_path):
