@@ -28,6 +28,7 @@ from labkit.output import (
     envelope,
     evidence_for,
     finish,
+    importable_version,
     runs_dir,
     versions,
     write_json,
@@ -84,7 +85,7 @@ def check_cuda(device: str) -> dict:
 
 
 def check_optional(module: str, label: str, on_gpu: bool, needed_on_gpu: bool, why: str) -> dict:
-    version = versions().get(label)
+    version = importable_version(module)
     if version is not None:
         return row(label, PASS, version)
     status = FAIL if (on_gpu and needed_on_gpu) else WARN

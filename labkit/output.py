@@ -61,7 +61,8 @@ def evidence_for(device: str) -> str:
     return "gpu-measured" if str(device).startswith("cuda") else "cpu-executed"
 
 
-def _optional_version(module: str) -> str | None:
+def importable_version(module: str) -> str | None:
+    """The version of an optional package that imports here (doctor's question), else None."""
     # find_spec first: importing a missing optional GPU package must stay cheap and silent.
     try:
         if importlib.util.find_spec(module) is None:
@@ -70,6 +71,17 @@ def _optional_version(module: str) -> str | None:
     except Exception:
         return None
     return str(getattr(mod, "__version__", "unknown"))
+
+
+def _installed_version(module: str) -> str | None:
+    """The version of an optional package for provenance: the imported module's, else its installed metadata's
+    (importing triton only to name it would cost a command that never uses it a third of a second)."""
+    if module in sys.modules:
+        return str(getattr(sys.modules[module], "__version__", "unknown"))
+    try:
+        return importlib.metadata.version(module) if importlib.util.find_spec(module) is not None else None
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
 
 
 def _dist_version(dist: str) -> str | None:
@@ -106,8 +118,8 @@ def _cached_versions() -> tuple[tuple[str, Any], ...]:
         "python": platform.python_version(),
         "torch": torch_version,
         "cuda": cuda,
-        "triton": _optional_version("triton"),
-        "flash_attn": _optional_version("flash_attn"),
+        "triton": _installed_version("triton"),
+        "flash_attn": _installed_version("flash_attn"),
         "transformers": _dist_version("transformers"),
         "labkit": __version__,
     }
