@@ -248,6 +248,19 @@ def test_engine_options_are_declared_once_with_the_engines_choices_and_limits():
         assert len(seen) == 1, (flag, seen)
 
 
+def test_the_first_source_env_sh_says_what_it_installs_and_for_how_long(tmp_path):
+    shutil.copy(ROOT / "env.sh", tmp_path / "env.sh")
+    python = tmp_path / "no-python"  # fails at once: the message must come before anything slow
+    python.write_text("#!/bin/sh\nexit 1\n")
+    python.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LABKIT_PYTHON": str(python)}
+    done = subprocess.run(["bash", "-c", "source ./env.sh"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    first, *rest = done.stderr.splitlines()
+    assert "first-time setup" in first and "torch" in first and "GB" in first and "minutes" in first, done.stderr
+    assert "venv creation failed" in done.stderr
+
+
 # ---- output: the JSON envelope ----------------------------------------------------------------
 
 
