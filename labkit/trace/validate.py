@@ -1,18 +1,19 @@
-"""Checking an engine event log (SPEC section 6) against a case's expectations and invariants.
+"""Checking an engine event log (SPEC section 6) by replaying it.
 
     events = read_jsonl("runs/.../events.jsonl")       # labkit.trace.events; LabkitError on a bad line
     report = validate(events, load_case("chunk"))      # Report(checks=[Check, ...])
     report.ok, report.first_failure, report.failures
     (steps_table and write_tsv, the readable views, live in labkit.trace.tables)
 
-`validate` does two things:
-  (a) every field a case's `expect` lists is compared (kind "expect"), one Check per field;
-  (b) invariants that hold for any log of a nano-vLLM-style engine (kind "invariant"): slots
-      follow the block tables, cu_seqlens follow the scheduled counts, prefill positions start
-      at the cached count, decode shapes, a discarded chunk candidate never becomes an output,
-      block accounting, every request finishes and every block comes back, etc.
-For (b) a failure is reported per occurrence (capped per invariant) and every invariant that
-never failed gets one passing Check saying how many times it was checked.
+`validate` replays the log through a model of the engine (`_Replay`: every sequence's state and block
+table, the token ids whose KV each block holds, the free blocks). Each event type has a handler that
+updates the model; before it does, the handler runs the invariants that event must keep (kind
+"invariant"): functions registered with `@invariant(name, about)` in the INVARIANTS table, which compare
+the event with the model as the events before it left it (slots follow the block tables, a discarded
+chunk candidate never becomes an output, every block is free or held, ...). A failure is reported per
+occurrence (capped per invariant); an invariant that never failed gets one passing Check saying how many
+times it was checked. The same replay compares each step with the case's `expect` entry for it (kind
+"expect", one Check per field) and the requests the log added with the case's (kind "case").
 
 The verdict (`report.verdict`): FAIL when an invariant, the schema or the case's requests fail;
 RECORDED for a case without expectations; PASS when every expectation holds; and when some do
@@ -23,23 +24,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 from labkit.trace.cases import Case, format_positions
 from labkit.trace.events import PHASES, STATUSES, EventLog, event_problems, is_int
 
-# Every invariant validate() checks; each one that never fails gets one passing Check.
-INVARIANTS = (
-    "log.single_run", "log.run_start", "time.monotonic", "steps.contiguous", "step.events",
-    "seq.known", "phase", "phase.mixed", "queues", "free.continuity", "preempted",
-    "state.continuity", "block_table.size", "block_table.ids", "decode.shape",
-    "chunk.fits", "policy.chunk_first_only", "budget", "inputs.num_input_ids", "inputs.positions", "slots",
-    "inputs.cu_seqlens_q", "inputs.cu_seqlens_k", "inputs.max_seqlen", "inputs.context_lens",
-    "inputs.block_tables", "inputs.execution", "sampled", "after.complete", "accepted.rule",
-    "accepted.counts", "discarded", "after.cached", "finished.released", "max_tokens",
-    "refs", "prefix.content", "blocks.accounting", "engine.raised", "run.end", "requests.finished",
-    "requests.outputs", "blocks.returned",
-)
+# Every invariant validate() checks, name -> what it asserts, in the order the report lists them (filled
+# by @invariant below). Each one that never fails gets one passing Check.
+INVARIANTS: dict[str, str] = {}
 # Rules of nano-vLLM's scheduling policy rather than of correctness: they gate like invariants, but an
 # experiment may change the policy on purpose (patches/exp-chunk-any-sequence.patch), so under
 # expect_changes they are part of the diff (kind "policy").
@@ -192,17 +185,22 @@ def change_text(c: Check) -> str:
     return f"{where}: {who}{fld} {_show(c.actual)} instead of {_show(c.expected)}"
 
 
-def _cfg_int(cfg: dict, key: str):
-    v = cfg.get(key) if isinstance(cfg, dict) else None
-    return v if is_int(v) else None
-
-
 def _show(v) -> str:
     if isinstance(v, list) and len(v) > 12 and all(is_int(x) for x in v):
         return format_positions(v)
     if isinstance(v, (list, dict)):
         return json.dumps(v)
     return str(v)
+
+
+def _where(step, request=None) -> str:
+    s = f"step {step}" if step is not None else "run"
+    return f"{s}, request {request}" if request is not None else s
+
+
+def _cfg_int(cfg: dict, key: str):
+    v = cfg.get(key)
+    return v if is_int(v) else None
 
 
 def _cumsum(xs) -> list[int]:
@@ -226,67 +224,37 @@ def _strip_pad(row) -> list:
     return row
 
 
-class _Collector:
-    def __init__(self):
-        self.checks: list[Check] = []
-        self.counts: dict[str, int] = {}
-        self.failed: dict[str, int] = {}
-        self.skips: dict[str, str] = {}
+# ----------------------------------------------------------------------------- the registry
 
-    def ran(self, name: str, n: int = 1):
-        self.counts[name] = self.counts.get(name, 0) + n
-
-    def fail(self, name: str, message: str, *, step=None, request=None, field=None,
-             expected=None, actual=None, kind="invariant"):
-        if name in POLICY_RULES:
-            kind = "policy"
-        self.ran(name)
-        k = self.failed.get(name, 0)
-        self.failed[name] = k + 1
-        if k < _MAX_FAILURES_PER_NAME:
-            self.checks.append(Check(name, False, step, request, field, expected, actual,
-                                     message, kind))
-        elif k == _MAX_FAILURES_PER_NAME:
-            self.checks.append(Check(name, False, step, request, field, None, None,
-                                     f"{name}: more failures not listed", kind))
-
-    def check(self, cond: bool, name: str, message: str, **kw) -> bool:
-        if cond:
-            self.ran(name)
-            return True
-        self.fail(name, message, **kw)
-        return False
-
-    def skip(self, name: str, why: str):
-        self.skips.setdefault(name, why)
-
-    def finish(self) -> list[Check]:
-        out = list(self.checks)
-        for name in INVARIANTS:
-            if self.failed.get(name):
-                continue
-            n = self.counts.get(name, 0)
-            kind = "policy" if name in POLICY_RULES else "invariant"
-            if n:
-                out.append(Check(name, True, message=f"{name}: held {n} time(s)", kind=kind))
-            else:
-                why = self.skips.get(name, "nothing to check in this log")
-                out.append(Check(name, True, message=f"{name}: not checked ({why})", kind=kind, skipped=True))
-        return out
+@dataclass
+class _Failure:
+    message: str
+    fields: dict      # step, request, field, expected, actual of the Check
 
 
-def _where(step, request=None) -> str:
-    s = f"step {step}" if step is not None else "run"
-    return f"{s}, request {request}" if request is not None else s
+def need(cond, message: str, **fields) -> _Failure | None:
+    """One result of an invariant: None when `cond` holds, else the failure `message` names."""
+    return None if cond else _Failure(message, fields)
 
 
-# ----------------------------------------------------------------------------- invariants
+def invariant(name: str, about: str | None = None):
+    """Add a check of invariant `name` to INVARIANTS (`about`, one line, where the name first appears).
+
+    The function takes the replay (and the event's parts) and yields one result per thing it checked: None
+    when it held, `need(...)`'s failure when not; the replay counts them under `name`."""
+    def register(fn):
+        assert about or name in INVARIANTS, f"@invariant({name!r}) needs a description the first time"
+        INVARIANTS.setdefault(name, about)
+        fn.invariant = name
+        return fn
+    return register
+
 
 @dataclass
 class _Seq:
+    """A sequence as the replay knows it."""
     seq_id: Any
     request_id: str
-    prompt_len: int | None
     max_tokens: int | None
     ignore_eos: bool | None
     num_tokens: int | None
@@ -298,707 +266,955 @@ class _Seq:
     tokens: list | None = None       # prompt + accepted ids, when request_added lists the prompt
 
 
-def _written_positions(phase: str, nt, nc, ns) -> range:
-    """Positions whose KV a scheduled sequence writes this step."""
-    if phase == "decode":
-        return range(nt - 1, nt) if is_int(nt) else range(0)
-    if not (is_int(nt) and is_int(ns)):
-        return range(0)
-    start = _start(nc, nt)
-    return range(start, start + ns)
+class _Step:
+    """One engine step's events: the first of each kind, every preempted one."""
+
+    def __init__(self, log: EventLog, n: int):
+        self.n, self.log, self.events = n, log, log.steps[n]
+        self.scheduled = log.one(n, "scheduled")
+        self.before = log.one(n, "before_schedule")
+        self.inputs = log.one(n, "gpu_inputs")
+        self.sampled = log.one(n, "sampled")
+        self.after = log.one(n, "after_postprocess")
+        self.ids: set = set()               # the seq_ids it scheduled
+        self.sampled_tok: dict = {}         # seq_id -> the sampled token id
+
+    @cached_property
+    def phase(self):
+        return self.scheduled.get("phase")
+
+    @cached_property
+    def seqs(self) -> list[dict]:
+        return [s for s in (self.scheduled.get("seqs") or []) if isinstance(s, dict)]
+
+    @cached_property
+    def counts(self) -> list:
+        return [s.get("num_scheduled_tokens") or 0 for s in self.seqs]
+
+    @cached_property
+    def positions(self) -> list[list[int]]:
+        """The positions each scheduled sequence feeds: from num_cached_tokens in prefill, num_tokens - 1 in decode."""
+        out = []
+        for s in self.seqs:
+            nc, ns, nt = s.get("num_cached_tokens") or 0, s.get("num_scheduled_tokens") or 0, s.get("num_tokens") or 0
+            start = _start(nc, nt)
+            out.append(list(range(start, start + ns)) if self.phase == "prefill" else [nt - 1])
+        return out
+
+    def where(self, entry: dict | None = None) -> dict:
+        return {"step": self.n} if entry is None else {"step": self.n, "request": self.log.rid(entry)}
 
 
-def _check_prefix_hit(col: "_Collector", st: int, s: "_Seq", table: list, nc: int, bs: int,
-                      written: dict) -> None:
-    """A prefix-cache hit must land on blocks whose KV was computed from this sequence's own tokens.
-    `written` maps a physical block to {offset: token id} as this log's steps filled it."""
-    if s.tokens is None:
-        col.skip("prefix.content", "request_added carries no prompt_token_ids")
+# ----------------------------------------------------------------------------- invariants of the log
+
+@invariant("log.single_run", "every event carries the same run id")
+def _single_run(r):
+    runs = {e.get("run") for e in r.log.events}
+    yield need(len(runs) <= 1, f"the log mixes {len(runs)} runs: {', '.join(sorted(map(str, runs)))}")
+
+
+@invariant("log.run_start", "the log has exactly one run_start event")
+def _one_run_start(r):
+    yield need(len(r.log.run_starts) == 1, f"run: expected one run_start event, found {len(r.log.run_starts)}")
+
+
+@invariant("time.monotonic", "t_ns never goes backwards")
+def _monotonic(r):
+    last = None
+    for e in r.log.events:
+        t = e.get("t_ns")
+        if is_int(t):
+            yield need(last is None or t >= last, f"run: t_ns goes backwards at {e.get('event')} "
+                                                  f"(step {e.get('step')}): {last} -> {t}", step=e.get("step"))
+            last = t
+
+
+@invariant("steps.contiguous", "steps are numbered 1..N")
+def _contiguous(r):
+    steps = sorted(r.log.steps)
+    if steps:
+        yield need(steps == list(range(1, len(steps) + 1)),
+                   f"run: steps are not numbered 1..{len(steps)} (found {steps[:5]}...)")
+
+
+@invariant("step.events", "a step has one scheduled, gpu_inputs, after_postprocess and sampled event, at most "
+                          "one before_schedule, and its events can be read")
+def _step_events(r, s: _Step):
+    for name, least in (("scheduled", 1), ("gpu_inputs", 1), ("after_postprocess", 1), ("sampled", 1),
+                        ("before_schedule", 0)):
+        n = len(s.events.get(name, []))
+        yield need(least <= n <= 1, f"step {s.n}: {n} {name} events (expected "
+                                    f"{'exactly one' if least else 'at most one'})", step=s.n, field=name)
+
+
+@invariant("seq.known", "every sequence a step names was added by a request_added event")
+def _preempted_known(r, s: _Step, p: dict):
+    yield need(p.get("seq_id") in r.seqs, f"step {s.n}, request {r.log.rid(p)}: preempted an unknown sequence "
+                                          f"{p.get('seq_id')}", **s.where(p))
+
+
+@invariant("seq.known")
+def _scheduled_known(r, s: _Step, e: dict):
+    yield need(e.get("seq_id") in r.seqs, f"step {s.n}, request {r.log.rid(e)}: seq {e.get('seq_id')} scheduled "
+                                          f"without a request_added event", **s.where(e))
+
+
+@invariant("seq.known")
+def _reported_known(r, s: _Step, a: dict):
+    # counted only when it fails: after_postprocess may report sequences the step did not schedule
+    if a.get("seq_id") not in r.seqs:
+        yield need(False, f"step {s.n}, request {r.log.rid(a)}: after_postprocess reports unknown seq "
+                          f"{a.get('seq_id')}", **s.where(a))
+
+
+@invariant("phase", "a step is prefill or decode and schedules something; statuses are WAITING, RUNNING "
+                    "or FINISHED")
+def _phase(r, s: _Step):
+    yield need(s.phase in PHASES, f"step {s.n}: phase {s.phase!r} is not prefill or decode", step=s.n,
+               field="phase", actual=s.phase)
+    if s.phase in PHASES:
+        yield need(bool(s.seqs), f"step {s.n}: nothing scheduled", step=s.n)
+
+
+@invariant("phase")
+def _known_status(r, s: _Step, a: dict):
+    status = a.get("status")
+    yield need(status in STATUSES, f"step {s.n}, request {r.log.rid(a)}: unknown status {status!r}",
+               **s.where(a), field="status", actual=status)
+
+
+# ----------------------------------------------------------------------------- before_schedule, preempted
+
+@invariant("phase.mixed", "a prefill step schedules only waiting sequences, a decode step only running ones")
+def _from_the_right_queue(r, s: _Step):
+    prefill = s.phase == "prefill"
+    if s.before is not None:
+        queue = {str(x) for x in s.before.get("waiting" if prefill else "running") or []}
+        for e in s.seqs:
+            yield need(str(e.get("seq_id")) in queue, f"step {s.n}, request {r.log.rid(e)}: scheduled in a "
+                                                      f"{s.phase} step but it was not "
+                                                      f"{'waiting' if prefill else 'running'} before scheduling",
+                       **s.where(e))
         return
-    for i in range(nc // bs):
-        if i >= len(table):
-            break  # block_table.size reports a short table
-        b = table[i]
-        want = s.tokens[i * bs:(i + 1) * bs]
-        have = written.get(b, {})
+    for e in s.seqs:
+        q = r.seqs.get(e.get("seq_id"))
+        if q is not None:
+            yield need(q.status == ("WAITING" if prefill else "RUNNING"),
+                       f"step {s.n}, request {q.request_id}: scheduled in a {s.phase} step while {q.status}",
+                       step=s.n, request=q.request_id)
+
+
+@invariant("queues", "before_schedule's waiting and running queues hold the sequences the replay has there")
+def _queues(r, s: _Step):
+    live = [q for q in r.seqs.values() if q.status != "FINISHED"]
+    want_w, want_r = (sorted(str(q.seq_id) for q in live if q.status == st) for st in ("WAITING", "RUNNING"))
+    got_w, got_r = (sorted(str(x) for x in s.before.get(k) or []) for k in ("waiting", "running"))
+    names = {str(q.seq_id): q.request_id for q in r.seqs.values()}
+
+    def n(ids):
+        return [names.get(i, f"seq{i}") for i in ids]
+    yield need(got_w == want_w and got_r == want_r, f"step {s.n}: before_schedule has waiting {n(got_w)} running "
+                                                    f"{n(got_r)}, but the states so far give waiting {n(want_w)} "
+                                                    f"running {n(want_r)}", step=s.n)
+
+
+@invariant("free.continuity", "a step starts with the free blocks the previous one left")
+def _free_continuity(r, s: _Step):
+    fb = s.before.get("free_blocks")
+    if r.free is not None:
+        yield need(fb == r.free, f"step {s.n}: before_schedule.free_blocks {fb}, but the previous step left "
+                                 f"{r.free}", step=s.n, field="free_blocks", expected=r.free, actual=fb)
+
+
+@invariant("preempted", "only a running sequence is preempted, and not scheduled in the same step")
+def _preemptable(r, s: _Step, p: dict):
+    rid = r.log.rid(p)
+    yield need(p.get("seq_id") not in s.ids, f"step {s.n}, request {rid}: preempted and scheduled in the same "
+                                             f"step", step=s.n, request=rid)
+    q = r.seqs.get(p.get("seq_id"))
+    if q is not None:
+        yield need(q.status == "RUNNING", f"step {s.n}, request {rid}: preempted while {q.status}", step=s.n,
+                   request=rid)
+
+
+# ----------------------------------------------------------------------------- scheduled
+
+@invariant("state.continuity", "a sequence is scheduled with the tokens, cached count and blocks it was left with")
+def _continuity(r, s: _Step, e: dict, q: _Seq):
+    nt, nc, table = e.get("num_tokens"), e.get("num_cached_tokens"), list(e.get("block_table") or [])
+    rid = r.log.rid(e)
+    yield need(nt == q.num_tokens or q.num_tokens is None, f"step {s.n}, request {rid}: scheduled with num_tokens "
+                                                           f"{nt}, but the previous state had {q.num_tokens}",
+               **s.where(e), field="num_tokens", expected=q.num_tokens, actual=nt)
+    if q.table:
+        yield need(nc == q.num_cached and table[:len(q.table)] == q.table,
+                   f"step {s.n}, request {rid}: holds blocks {q.table} with cached {q.num_cached}, scheduled "
+                   f"with blocks {table} cached {nc}", **s.where(e), field="block_table")
+
+
+@invariant("block_table.size", "a scheduled sequence holds ceil(num_tokens / block_size) blocks")
+def _table_size(r, s: _Step, e: dict):
+    nt, table = e.get("num_tokens"), list(e.get("block_table") or [])
+    if r.bs is not None and is_int(nt):
+        want = -(-nt // r.bs)
+        yield need(len(table) == want, f"step {s.n}, request {r.log.rid(e)}: {len(table)} blocks for {nt} tokens "
+                                       f"(block size {r.bs} needs {want})", **s.where(e), field="blocks",
+                   expected=want, actual=len(table))
+
+
+@invariant("block_table.ids", "a block table holds distinct block ids of the pool")
+def _table_ids(r, s: _Step, e: dict):
+    table = list(e.get("block_table") or [])
+    bad = [b for b in table if not is_int(b) or b < 0 or (r.nb is not None and b >= r.nb)]
+    yield need(not bad and len(set(table)) == len(table), f"step {s.n}, request {r.log.rid(e)}: block table "
+                                                          f"{table} has invalid or repeated ids", **s.where(e),
+               field="block_table", actual=table)
+
+
+@invariant("decode.shape", "a decode step schedules one token of a sequence whose other tokens are cached")
+def _decode_shape(r, s: _Step, e: dict):
+    nt, nc, ns = e.get("num_tokens"), e.get("num_cached_tokens"), e.get("num_scheduled_tokens")
+    yield need(ns == 1 and is_int(nt) and is_int(nc) and nt == nc + 1,
+               f"step {s.n}, request {r.log.rid(e)}: decode needs scheduled 1 and total = cached + 1, got total "
+               f"{nt} cached {nc} scheduled {ns}", **s.where(e))
+
+
+def _chunk_ok(e: dict) -> bool:
+    nt, nc, ns = e.get("num_tokens"), e.get("num_cached_tokens"), e.get("num_scheduled_tokens")
+    return is_int(ns) and is_int(nc) and is_int(nt) and ns >= 1 and _start(nc, nt) + ns <= nt
+
+
+@invariant("chunk.fits", "a prefill computes at least one token and no more than the sequence has")
+def _chunk_fits(r, s: _Step, e: dict):
+    nt, nc, ns = e.get("num_tokens"), e.get("num_cached_tokens"), e.get("num_scheduled_tokens")
+    yield need(_chunk_ok(e), f"step {s.n}, request {r.log.rid(e)}: prefill of {ns} tokens from cached {nc} does "
+                             f"not fit total {nt}", **s.where(e))
+
+
+@invariant("policy.chunk_first_only", "only the first sequence of a prefill batch is chunked (nano's policy)")
+def _chunk_first_only(r, s: _Step, e: dict, j: int):
+    nt, nc, ns = e.get("num_tokens"), e.get("num_cached_tokens"), e.get("num_scheduled_tokens")
+    if _chunk_ok(e) and j > 0:
+        rid = r.log.rid(e)
+        yield need(_start(nc, nt) + ns == nt, f"step {s.n}, request {rid}: {rid} is chunked ({ns} of {nt - nc} "
+                                              f"tokens) but is not first in the prefill batch (nano chunks only "
+                                              f"the first)", **s.where(e))
+
+
+@invariant("budget", "a step schedules at most max_num_seqs sequences and max_num_batched_tokens tokens")
+def _seq_budget(r, s: _Step):
+    if r.max_seqs is not None:
+        yield need(len(s.seqs) <= r.max_seqs, f"step {s.n}: {len(s.seqs)} sequences scheduled, max_num_seqs is "
+                                              f"{r.max_seqs}", step=s.n, field="max_num_seqs", expected=r.max_seqs,
+                   actual=len(s.seqs))
+
+
+@invariant("budget")
+def _token_budget(r, s: _Step):
+    total = sum(ns for ns in (e.get("num_scheduled_tokens") for e in s.seqs) if is_int(ns))
+    if r.max_batched is not None:
+        yield need(total <= r.max_batched, f"step {s.n}: {total} tokens scheduled, max_num_batched_tokens is "
+                                           f"{r.max_batched}", step=s.n, field="max_num_batched_tokens",
+                   expected=r.max_batched, actual=total)
+
+
+# ----------------------------------------------------------------------------- gpu_inputs
+
+@invariant("inputs.num_input_ids", "the model gets as many input ids as the step scheduled tokens")
+def _num_input_ids(r, s: _Step, gi: dict):
+    want, got = sum(s.counts), gi.get("num_input_ids")
+    yield need(got == want, f"step {s.n}: num_input_ids {got}, the scheduled counts sum to {want}", step=s.n,
+               field="num_input_ids", expected=want, actual=got)
+
+
+def _graph_trim(gi: dict, got: list, n: int) -> list:
+    """A CUDA-graph batch is padded past the step's rows: compare the rows the step has."""
+    return got[:n] if len(got) > n and gi.get("execution") == "graph" else got
+
+
+@invariant("inputs.positions", "positions run from num_cached_tokens in prefill, are num_tokens - 1 in decode")
+def _positions(r, s: _Step, gi: dict):
+    want = [p for ps in s.positions for p in ps]
+    got = _graph_trim(gi, list(gi.get("positions") or []), len(want))
+    yield need(got == want, f"step {s.n}: positions {format_positions(got)}, expected "
+                            f"{format_positions(want, [len(p) for p in s.positions])} "
+                            f"({'from num_cached_tokens' if s.phase == 'prefill' else 'num_tokens - 1'})",
+               step=s.n, field="positions", expected=want, actual=got)
+
+
+@invariant("slots", "position p of a sequence writes its KV to slot block_table[p // block_size] * block_size "
+                    "+ p % block_size")
+def _slots(r, s: _Step, gi: dict):
+    n = sum(len(ps) for ps in s.positions)
+    slots = list(gi.get("slot_mapping") or [])
+    if len(slots) > n and all(x == -1 for x in slots[n:]):
+        slots = slots[:n]
+    if r.bs is None:
+        return
+    if len(slots) != n:
+        yield need(False, f"step {s.n}: slot_mapping has {len(slots)} entries for {n} positions", step=s.n,
+                   field="slot_mapping", expected=n, actual=len(slots))
+        return
+    off = 0
+    for e, ps in zip(s.seqs, s.positions):
+        table = list(e.get("block_table") or [])
+        bad = []
+        for k, p in enumerate(ps):
+            i = p // r.bs
+            want = table[i] * r.bs + p % r.bs if 0 <= i < len(table) else None
+            if slots[off + k] != want:
+                bad.append((off + k, p, want, slots[off + k]))
+        if bad:
+            idx, p, want, got = bad[0]
+            yield need(False, f"step {s.n}, request {r.log.rid(e)}: slot_mapping[{idx}] (position {p}) expected "
+                              f"{want}, got {got} ({len(bad)} of {len(ps)} slots differ; block_table {table})",
+                       **s.where(e), field="slot_mapping", expected=want, actual=got)
+        else:
+            yield None
+        off += len(ps)
+
+
+def _k_lens(s: _Step) -> list:
+    """Keys each sequence attends to in prefill: cached (or the last token's start) + scheduled."""
+    return [_start(e.get("num_cached_tokens"), e.get("num_tokens")) + (e.get("num_scheduled_tokens") or 0)
+            for e in s.seqs]
+
+
+@invariant("inputs.cu_seqlens_q", "cu_seqlens_q is the running sum of the scheduled counts")
+def _cu_seqlens_q(r, s: _Step, gi: dict):
+    got, want = gi.get("cu_seqlens_q"), _cumsum(s.counts)
+    if s.phase == "prefill" or got is not None:
+        yield need(got == want, f"step {s.n}: cu_seqlens_q {got}, the scheduled counts give {want}", step=s.n,
+                   field="cu_seqlens_q", expected=want, actual=got)
+
+
+@invariant("inputs.cu_seqlens_k", "cu_seqlens_k is the running sum of cached + scheduled (prefill) or of the "
+                                  "context lengths (decode)")
+def _cu_seqlens_k(r, s: _Step, gi: dict):
+    got = gi.get("cu_seqlens_k")
+    if s.phase == "prefill":
+        want = _cumsum(_k_lens(s))
+        yield need(got == want, f"step {s.n}: cu_seqlens_k {got}, cached + scheduled gives {want}", step=s.n,
+                   field="cu_seqlens_k", expected=want, actual=got)
+    elif got is not None:
+        want = _cumsum([e.get("num_tokens") for e in s.seqs])
+        yield need(got == want, f"step {s.n}: cu_seqlens_k {got}, the context lengths give {want}", step=s.n,
+                   field="cu_seqlens_k", expected=want, actual=got)
+
+
+@invariant("inputs.max_seqlen", "max_seqlen_q / max_seqlen_k are the longest query and key lengths (prefill)")
+def _max_seqlen(r, s: _Step, gi: dict):
+    if s.phase == "prefill":
+        mq, mk, kl = gi.get("max_seqlen_q"), gi.get("max_seqlen_k"), _k_lens(s)
+        yield need(mq == max(s.counts, default=0) and mk == max(kl, default=0),
+                   f"step {s.n}: max_seqlen_q/k {mq}/{mk}, expected {max(s.counts, default=0)}/{max(kl, default=0)}",
+                   step=s.n, field="max_seqlen")
+
+
+@invariant("inputs.context_lens", "context_lens are the scheduled totals in decode, null in prefill")
+def _context_lens(r, s: _Step, gi: dict):
+    if s.phase == "prefill":
+        cl = gi.get("context_lens")
+        yield need(not cl, f"step {s.n}: context_lens should be null in prefill, got {_show(cl)}", step=s.n,
+                   field="context_lens", expected=None, actual=cl)
+        return
+    want = [e.get("num_tokens") for e in s.seqs]
+    got = _graph_trim(gi, list(gi.get("context_lens") or []), len(want))
+    yield need(got == want, f"step {s.n}: context_lens {got}, the scheduled totals are {want}", step=s.n,
+               field="context_lens", expected=want, actual=got)
+
+
+@invariant("inputs.block_tables", "block_tables rows are the scheduled block tables (decode, and prefill over "
+                                  "cached tokens), null otherwise")
+def _block_tables(r, s: _Step, gi: dict):
+    bt = gi.get("block_tables")
+    if s.phase == "prefill" and not any((e.get("num_cached_tokens") or 0) > 0 for e in s.seqs):
+        yield need(bt is None, f"step {s.n}: block_tables should be null in a prefill without cached tokens",
+                   step=s.n, field="block_tables", expected=None, actual=bt)
+        return
+    why = "prefill over cached tokens" if s.phase == "prefill" else "decode"
+    yield need(bt is not None, f"step {s.n}: {why} needs block_tables, got null", step=s.n, field="block_tables")
+    if bt is None:
+        return
+    rows = list(bt or [])
+    if len(rows) < len(s.seqs):
+        yield need(False, f"step {s.n}: block_tables has {len(rows)} rows for {len(s.seqs)} sequences", step=s.n,
+                   field="block_tables")
+        return
+    for e, row in zip(s.seqs, rows):
+        want, got = list(e.get("block_table") or []), _strip_pad(row)
+        yield need(got == want, f"step {s.n}, request {r.log.rid(e)}: block_tables row {got}, the scheduled "
+                                f"block_table is {want}", **s.where(e), field="block_tables", expected=want,
+                   actual=got)
+
+
+@invariant("inputs.execution", "a step runs eagerly, or as a CUDA graph of a decode batch that fits when graphs "
+                               "are allowed")
+def _execution(r, s: _Step, gi: dict):
+    ex, gb = gi.get("execution"), gi.get("graph_batch")
+    ok = ex in ("eager", "graph")
+    if ex == "graph":
+        ok = ok and s.phase == "decode" and is_int(gb) and gb >= len(s.seqs) and r.enforce_eager is not True
+    elif ex == "eager":
+        ok = ok and gb is None
+    yield need(ok, f"step {s.n}: execution {ex!r} with graph_batch {gb!r} in a {s.phase} step of {len(s.seqs)} "
+                   f"sequences (enforce_eager {r.enforce_eager})", step=s.n, field="execution", actual=ex)
+
+
+# ----------------------------------------------------------------------------- sampled, after_postprocess
+
+@invariant("sampled", "tokens are sampled for scheduled sequences only, and an accepted token is the sampled one")
+def _sampled_for_scheduled(r, s: _Step):
+    extra = [k for k in s.sampled_tok if k not in s.ids]
+    yield need(not extra, f"step {s.n}: sampled tokens for sequences not scheduled this step: {extra}", step=s.n)
+
+
+@invariant("after.complete", "every scheduled sequence is in after_postprocess")
+def _after_complete(r, s: _Step, by_sid: dict):
+    for e in s.seqs:
+        yield need(e.get("seq_id") in by_sid, f"step {s.n}, request {r.log.rid(e)}: scheduled but missing from "
+                                              f"after_postprocess", **s.where(e))
+
+
+def _completes(s: _Step, sc: dict) -> bool:
+    """Whether the step computed the sequence's last prompt token (or decoded): its token is an output."""
+    snt, snc, sns = sc.get("num_tokens"), sc.get("num_cached_tokens"), sc.get("num_scheduled_tokens")
+    return s.phase == "decode" or (is_int(snc) and is_int(sns) and _start(snc, snt) + sns == snt)
+
+
+@invariant("accepted.rule", "a token is accepted exactly when the step completes the prompt (or decodes)")
+def _accepted_rule(r, s: _Step, a: dict, sc: dict):
+    completes, acc = _completes(s, sc), a.get("accepted")
+    yield need(acc is completes, f"step {s.n}, request {r.log.rid(a)}: accepted is {acc}, but the step "
+                                 f"{'completes' if completes else 'does not complete'} the prompt (cached "
+                                 f"{sc.get('num_cached_tokens')} + scheduled {sc.get('num_scheduled_tokens')} of "
+                                 f"{sc.get('num_tokens')})", **s.where(a), field="accepted", expected=completes,
+               actual=acc)
+
+
+@invariant("accepted.counts", "an accepted token adds one output and one token")
+def _accepted_counts(r, s: _Step, a: dict, sc: dict, q: _Seq):
+    comp, nt, snt = a.get("num_completion_tokens"), a.get("num_tokens"), sc.get("num_tokens")
+    yield need(comp == q.completion + 1 and nt == (snt or 0) + 1,
+               f"step {s.n}, request {r.log.rid(a)}: an accepted token must add one output and one token (outputs "
+               f"{q.completion} -> {comp}, total {snt} -> {nt})", **s.where(a), field="outputs",
+               expected=q.completion + 1, actual=comp)
+
+
+@invariant("discarded", "a discarded chunk candidate never becomes an output")
+def _discarded(r, s: _Step, a: dict, sc: dict, q: _Seq):
+    comp, nt, snt = a.get("num_completion_tokens"), a.get("num_tokens"), sc.get("num_tokens")
+    yield need(comp == q.completion and nt == snt, f"step {s.n}, request {r.log.rid(a)}: a discarded chunk "
+                                                   f"candidate became an output (outputs {q.completion} -> {comp}, "
+                                                   f"total {snt} -> {nt})", **s.where(a), field="outputs",
+               expected=q.completion, actual=comp)
+
+
+@invariant("sampled")
+def _accepted_is_sampled(r, s: _Step, a: dict):
+    sid = a.get("seq_id")
+    if s.sampled is not None and sid in s.sampled_tok:
+        want = s.sampled_tok[sid]
+        yield need(a.get("token_id") == want, f"step {s.n}, request {r.log.rid(a)}: token_id {a.get('token_id')} "
+                                              f"differs from the sampled {want}", **s.where(a), field="token_id",
+                   expected=want, actual=a.get("token_id"))
+
+
+@invariant("after.cached", "after a step every computed token is cached: the chunk's end, or all but the new token")
+def _after_cached(r, s: _Step, a: dict, sc: dict):
+    nt, nc, acc = a.get("num_tokens"), a.get("num_cached_tokens"), a.get("accepted")
+    if a.get("status") == "FINISHED":
+        return
+    snt, snc, sns = sc.get("num_tokens"), sc.get("num_cached_tokens"), sc.get("num_scheduled_tokens")
+    if acc is False and is_int(snc) and is_int(sns):
+        want = _start(snc, snt) + sns
+        yield need(nc == want, f"step {s.n}, request {r.log.rid(a)}: after a discarded chunk cached should be "
+                               f"{want}, got {nc}", **s.where(a), field="cached", expected=want, actual=nc)
+    elif acc is True and is_int(nt):
+        yield need(nc == nt - 1, f"step {s.n}, request {r.log.rid(a)}: after an accepted token cached should be "
+                                 f"{nt - 1}, got {nc}", **s.where(a), field="cached", expected=nt - 1, actual=nc)
+
+
+@invariant("finished.released", "a finished sequence holds no blocks and no cached tokens")
+def _finished_released(r, s: _Step, a: dict):
+    if a.get("status") == "FINISHED":
+        table, nc = list(a.get("block_table") or []), a.get("num_cached_tokens")
+        yield need(table == [] and nc == 0, f"step {s.n}, request {r.log.rid(a)}: FINISHED but still holds blocks "
+                                            f"{table} / cached {nc}", **s.where(a), field="block_table", expected=[],
+                   actual=table)
+
+
+@invariant("max_tokens", "a request makes at most max_tokens outputs and finishes when it reaches them")
+def _max_tokens(r, s: _Step, a: dict, q: _Seq):
+    comp, status = a.get("num_completion_tokens"), a.get("status")
+    if q.max_tokens is not None and is_int(comp):
+        yield need(comp <= q.max_tokens and (comp < q.max_tokens or status == "FINISHED"),
+                   f"step {s.n}, request {r.log.rid(a)}: {comp} outputs with max_tokens {q.max_tokens}, status "
+                   f"{status}", **s.where(a), field="outputs", expected=q.max_tokens, actual=comp)
+
+
+@invariant("refs", "a block's ref count is the number of live sequences holding it")
+def _refs(r, s: _Step, a: dict, holders: dict):
+    rc = a.get("ref_counts")
+    if rc is None:
+        return
+    rid, table = r.log.rid(a), list(a.get("block_table") or [])
+    ok = isinstance(rc, list) and len(rc) == len(table)
+    yield need(ok, f"step {s.n}, request {rid}: {len(rc) if isinstance(rc, list) else rc!r} ref counts for "
+                   f"{len(table)} blocks", step=s.n, request=rid)
+    if ok:
+        want = [holders.get(b, 0) for b in table]
+        yield need(list(rc) == want, f"step {s.n}, request {rid}: ref_counts {list(rc)}, but {want} live sequences "
+                                     f"hold blocks {table}", step=s.n, request=rid, field="ref_counts",
+                   expected=want, actual=list(rc))
+
+
+@invariant("prefix.content", "a prefix-cache hit lands on blocks whose KV this run computed from the same tokens")
+def _prefix_content(r, s: _Step, e: dict, q: _Seq):
+    nc, table = e.get("num_cached_tokens"), list(e.get("block_table") or [])
+    # A fresh allocation (nothing held before this step) with cached tokens is a prefix hit.
+    if not (s.phase == "prefill" and not q.table and is_int(nc) and nc > 0 and r.bs is not None):
+        return
+    if q.tokens is None:
+        r.skip("prefix.content", "request_added carries no prompt_token_ids")
+        return
+    bs = r.bs
+    for i in range(min(nc // bs, len(table))):       # block_table.size reports a short table
+        b, want = table[i], q.tokens[i * bs:(i + 1) * bs]
+        have = r.written.get(b, {})
         got = [have.get(k) for k in range(len(want))]
         if got != want:
             k = next(j for j in range(len(want)) if got[j] != want[j])
             what = ("was never computed in this run" if not have else
                     f"holds token {got[k]} at position {i * bs + k} where this prompt has {want[k]}")
-            col.fail("prefix.content",
-                     f"step {st}, request {s.request_id}: prefix-cache hit on block {b} (logical block "
-                     f"{i}), but that block {what}", step=st, request=s.request_id,
-                     field="block_table", expected=want, actual=got)
+            yield need(False, f"step {s.n}, request {q.request_id}: prefix-cache hit on block {b} (logical block "
+                              f"{i}), but that block {what}", step=s.n, request=q.request_id, field="block_table",
+                       expected=want, actual=got)
             return
-    col.ran("prefix.content")
+    yield None
 
 
-def _check_invariants(log: EventLog, col: _Collector, block_size: int | None,
-                      num_blocks: int | None, ignore_eos: dict[str, bool]) -> None:
-    cfg = log.config
-    max_batched = _cfg_int(cfg, "max_num_batched_tokens")
-    max_seqs = _cfg_int(cfg, "max_num_seqs")
-    enforce_eager = cfg.get("enforce_eager") if isinstance(cfg, dict) else None
+@invariant("blocks.accounting", "every block of the pool is free or held by a live sequence, never both")
+def _accounting(r, s: _Step, fb, holders: dict):
+    if r.nb is not None and is_int(fb):
+        held, nb = len(holders), r.nb
+        yield need(0 <= fb <= nb and fb + held == nb,
+                   f"step {s.n}: free_blocks {fb} + {held} blocks held by live sequences = {fb + held}, but the pool "
+                   f"has {nb}" + (f": {nb - fb - held} block(s) neither free nor held (leaked)"
+                                  if fb + held < nb else ""),
+                   step=s.n, field="free_blocks", expected=nb - held, actual=fb)
 
-    runs = {e.get("run") for e in log.events}
-    col.check(len(runs) <= 1, "log.single_run",
-              f"the log mixes {len(runs)} runs: {', '.join(sorted(map(str, runs)))}")
-    col.check(len(log.run_starts) == 1, "log.run_start",
-              f"run: expected one run_start event, found {len(log.run_starts)}")
-    last_t = None
-    for e in log.events:
-        t = e.get("t_ns")
-        if is_int(t):
-            if last_t is not None and t < last_t:
-                col.fail("time.monotonic", f"run: t_ns goes backwards at {e.get('event')} "
-                                           f"(step {e.get('step')}): {last_t} -> {t}",
-                         step=e.get("step"))
-            else:
-                col.ran("time.monotonic")
-            last_t = t
 
-    steps = sorted(log.steps)
-    if steps:
-        col.check(steps == list(range(1, len(steps) + 1)), "steps.contiguous",
-                  f"run: steps are not numbered 1..{len(steps)} (found {steps[:5]}...)")
-    if block_size is None:
-        for n in ("slots", "block_table.size"):
-            col.skip(n, "block size unknown: no run_start.block_size or config.kvcache_block_size")
-    if num_blocks is None:
-        for n in ("blocks.accounting", "blocks.returned", "block_table.ids"):
-            col.skip(n, "num_kvcache_blocks unknown")
+# ----------------------------------------------------------------------------- the end of the run
 
-    seqs: dict[Any, _Seq] = {}
-    written: dict = {}   # physical block -> {offset: token id} whose KV the log's steps computed
-    # Work through request_added events and steps in log order.
-    agenda = [(i, "add", e) for i, e in log.added] + [(log.first_index[s], "step", s) for s in steps]
-    agenda += [(i, "abort", e) for i, e in enumerate(log.events) if e.get("event") == "aborted"]
-    agenda.sort(key=lambda x: x[0])
-    prev_free = num_blocks
-    last_free = None
-    for _, kind, item in agenda:
-        if kind == "add":
-            e = item
-            sid = e.get("seq_id")
-            rid = log.rid(e)
-            ie = e.get("ignore_eos")
-            if ie is None:
-                ie = ignore_eos.get(rid)
-            pl = e.get("prompt_len")
-            toks = e.get("prompt_token_ids")
-            toks = list(toks) if isinstance(toks, list) and (not is_int(pl) or len(toks) == pl) else None
-            seqs[sid] = _Seq(sid, rid, pl if is_int(pl) else None,
-                             e.get("max_tokens") if is_int(e.get("max_tokens")) else None,
-                             ie, pl if is_int(pl) else None, tokens=toks)
-            continue
-        if kind == "abort":   # cancelled between steps: it leaves and gives its blocks back
-            gone = seqs.get(item.get("seq_id"))
-            if gone is not None:
-                gone.status, gone.table, gone.num_cached, gone.finish_reason = "FINISHED", [], 0, "abort"
-            if is_int(item.get("free_blocks")):
-                prev_free = last_free = item["free_blocks"]
-            continue
-        st = item
-        try:
-            prev_free, lf = _check_step(log, col, st, seqs, block_size, num_blocks, max_batched,
-                                        max_seqs, enforce_eager, prev_free, written)
-            if lf is not None:
-                last_free = lf
-        except Exception as ex:  # a malformed log must give a failure, not a crash
-            col.fail("step.events", f"step {st}: could not check this step "
-                                    f"({type(ex).__name__}: {ex})", step=st)
-
-    # end of run
-    errors = [e for e in log.events if e.get("event") == "engine_error"]
+@invariant("engine.raised", "the engine did not raise (no engine_error event)")
+def _engine_raised(r):
+    errors = [e for e in r.log.events if e.get("event") == "engine_error"]
     for e in errors:
-        col.fail("engine.raised", f"{_where(e.get('step'))}: the engine raised {e.get('error')}: "
-                                  f"{e.get('message')}", step=e.get("step") if is_int(e.get("step")) else None)
+        yield need(False, f"{_where(e.get('step'))}: the engine raised {e.get('error')}: {e.get('message')}",
+                   step=e.get("step") if is_int(e.get("step")) else None)
     if not errors:
-        col.ran("engine.raised")
-    n_steps = len(steps)
-    if col.check(len(log.run_ends) == 1, "run.end",
-                 f"run: expected one run_end event, found {len(log.run_ends)} "
-                 f"(the run did not finish?)"):
-        rs = log.run_ends[0].get("steps")
-        col.check(rs == n_steps, "run.end",
-                  f"run: run_end.steps is {rs} but the log has {n_steps} steps",
-                  field="steps", expected=n_steps, actual=rs)
-    for s in seqs.values():
-        col.check(s.status == "FINISHED", "requests.finished",
-                  f"run, request {s.request_id}: ended {s.status}, not FINISHED",
-                  request=s.request_id, field="status", expected="FINISHED", actual=s.status)
-        # A request ended another way (cancelled, aborted: a finish_reason other than
-        # length/stop) legitimately has fewer outputs.
-        if (s.status == "FINISHED" and s.ignore_eos and s.max_tokens is not None
-                and s.finish_reason in (None, "length", "stop")):
-            col.check(s.completion == s.max_tokens, "requests.outputs",
-                      f"run, request {s.request_id}: finished with {s.completion} outputs, "
-                      f"expected max_tokens={s.max_tokens} (ignore_eos)",
-                      request=s.request_id, field="outputs", expected=s.max_tokens,
-                      actual=s.completion)
-    if not any(s.ignore_eos for s in seqs.values()):
-        col.skip("requests.outputs", "no request is known to ignore EOS")
-    if num_blocks is not None and last_free is not None:
-        col.check(last_free == num_blocks, "blocks.returned",
-                  f"run: {num_blocks - last_free} of {num_blocks} KV blocks were not returned "
-                  f"at the end (free_blocks {last_free})",
-                  field="free_blocks", expected=num_blocks, actual=last_free)
+        yield None
 
 
-def _check_step(log: EventLog, col: _Collector, st: int, seqs: dict, bs, num_blocks, max_batched,
-                max_seqs, enforce_eager, prev_free, written: dict):
-    evs = log.steps[st]
-    for name, lo, hi in (("scheduled", 1, 1), ("gpu_inputs", 1, 1), ("after_postprocess", 1, 1),
-                         ("sampled", 1, 1), ("before_schedule", 0, 1)):
-        n = len(evs.get(name, []))
-        col.check(lo <= n <= hi, "step.events",
-                  f"step {st}: {n} {name} events (expected {'exactly one' if lo == hi else 'at most one'})",
-                  step=st, field=name)
-    sched = log.one(st, "scheduled")
-    if sched is None:
-        return prev_free, None
-    phase = sched.get("phase")
-    if not col.check(phase in PHASES, "phase", f"step {st}: phase {phase!r} is not prefill or decode",
-                     step=st, field="phase", actual=phase):
-        return prev_free, None
-    sseqs = [s for s in (sched.get("seqs") or []) if isinstance(s, dict)]
-    col.check(bool(sseqs), "phase", f"step {st}: nothing scheduled", step=st)
+@invariant("run.end", "the log ends with one run_end event counting its steps")
+def _run_end(r):
+    ends, n = r.log.run_ends, len(r.log.steps)
+    yield need(len(ends) == 1, f"run: expected one run_end event, found {len(ends)} (the run did not finish?)")
+    if len(ends) == 1:
+        got = ends[0].get("steps")
+        yield need(got == n, f"run: run_end.steps is {got} but the log has {n} steps", field="steps", expected=n,
+                   actual=got)
 
-    # before_schedule: queues and free blocks as the previous step left them
-    before = log.one(st, "before_schedule")
-    if before is not None:
-        fb = before.get("free_blocks")
-        if prev_free is not None:
-            col.check(fb == prev_free, "free.continuity",
-                      f"step {st}: before_schedule.free_blocks {fb}, but the previous step "
-                      f"left {prev_free}", step=st, field="free_blocks", expected=prev_free, actual=fb)
-        live = [s for s in seqs.values() if s.status != "FINISHED"]
-        want_w = sorted(str(s.seq_id) for s in live if s.status == "WAITING")
-        want_r = sorted(str(s.seq_id) for s in live if s.status == "RUNNING")
-        got_w = sorted(str(x) for x in before.get("waiting") or [])
-        got_r = sorted(str(x) for x in before.get("running") or [])
-        if got_w == want_w and got_r == want_r:
-            col.ran("queues")
-        else:
-            names = {str(s.seq_id): s.request_id for s in seqs.values()}
 
-            def _n(ids):
-                return [names.get(i, f"seq{i}") for i in ids]
-            col.fail("queues", f"step {st}: before_schedule has waiting {_n(got_w)} running "
-                               f"{_n(got_r)}, but the states so far give waiting {_n(want_w)} "
-                               f"running {_n(want_r)}", step=st)
-        waiting_set = {str(x) for x in before.get("waiting") or []}
-        running_set = {str(x) for x in before.get("running") or []}
-        for s in sseqs:
-            src = waiting_set if phase == "prefill" else running_set
-            col.check(str(s.get("seq_id")) in src, "phase.mixed",
-                      f"step {st}, request {log.rid(s)}: scheduled in a {phase} step but it was "
-                      f"not {'waiting' if phase == 'prefill' else 'running'} before scheduling",
-                      step=st, request=log.rid(s))
-    else:
-        for s in sseqs:
-            prev = seqs.get(s.get("seq_id"))
-            if prev is not None:
-                want = "WAITING" if phase == "prefill" else "RUNNING"
-                col.check(prev.status == want, "phase.mixed",
-                          f"step {st}, request {prev.request_id}: scheduled in a {phase} step "
-                          f"while {prev.status}", step=st, request=prev.request_id)
+@invariant("requests.finished", "every request finishes")
+def _finished(r, q: _Seq):
+    yield need(q.status == "FINISHED", f"run, request {q.request_id}: ended {q.status}, not FINISHED",
+               request=q.request_id, field="status", expected="FINISHED", actual=q.status)
 
-    # preemptions
-    sched_ids = {s.get("seq_id") for s in sseqs}
-    for p in log.all(st, "preempted"):
-        sid = p.get("seq_id")
-        rid = log.rid(p)
-        ok = col.check(sid in seqs, "seq.known", f"step {st}, request {rid}: preempted an unknown "
-                                                 f"sequence {sid}", step=st, request=rid)
-        col.check(sid not in sched_ids, "preempted",
-                  f"step {st}, request {rid}: preempted and scheduled in the same step",
-                  step=st, request=rid)
-        if ok:
-            s = seqs[sid]
-            col.check(s.status == "RUNNING", "preempted",
-                      f"step {st}, request {rid}: preempted while {s.status}", step=st, request=rid)
-            s.status, s.num_cached, s.table = "WAITING", 0, []
 
-    # scheduled states
-    if max_seqs is not None:
-        col.check(len(sseqs) <= max_seqs, "budget",
-                  f"step {st}: {len(sseqs)} sequences scheduled, max_num_seqs is {max_seqs}",
-                  step=st, field="max_num_seqs", expected=max_seqs, actual=len(sseqs))
-    total_sched = 0
-    for j, s in enumerate(sseqs):
-        rid = log.rid(s)
-        sid = s.get("seq_id")
-        nt, nc, ns = s.get("num_tokens"), s.get("num_cached_tokens"), s.get("num_scheduled_tokens")
-        table = list(s.get("block_table") or [])
-        total_sched += ns if is_int(ns) else 0
-        prev = seqs.get(sid)
-        col.check(prev is not None, "seq.known",
-                  f"step {st}, request {rid}: seq {sid} scheduled without a request_added event",
-                  step=st, request=rid)
-        if prev is not None:
-            col.check(nt == prev.num_tokens or prev.num_tokens is None, "state.continuity",
-                      f"step {st}, request {rid}: scheduled with num_tokens {nt}, but the "
-                      f"previous state had {prev.num_tokens}", step=st, request=rid,
-                      field="num_tokens", expected=prev.num_tokens, actual=nt)
-            if prev.table:
-                col.check(nc == prev.num_cached and table[:len(prev.table)] == prev.table,
-                          "state.continuity",
-                          f"step {st}, request {rid}: holds blocks {prev.table} with cached "
-                          f"{prev.num_cached}, scheduled with blocks {table} cached {nc}",
-                          step=st, request=rid, field="block_table")
-        if bs is not None and is_int(nt):
-            want = -(-nt // bs)
-            col.check(len(table) == want, "block_table.size",
-                      f"step {st}, request {rid}: {len(table)} blocks for {nt} tokens "
-                      f"(block size {bs} needs {want})", step=st, request=rid, field="blocks",
-                      expected=want, actual=len(table))
-        bad = [b for b in table if not is_int(b) or b < 0 or (num_blocks is not None and b >= num_blocks)]
-        col.check(not bad and len(set(table)) == len(table), "block_table.ids",
-                  f"step {st}, request {rid}: block table {table} has invalid or repeated ids",
-                  step=st, request=rid, field="block_table", actual=table)
+@invariant("requests.outputs", "a request that ignores EOS ends with max_tokens outputs")
+def _outputs(r, q: _Seq):
+    # A request ended another way (cancelled, aborted: a finish_reason other than length/stop) legitimately
+    # has fewer outputs.
+    if (q.status == "FINISHED" and q.ignore_eos and q.max_tokens is not None
+            and q.finish_reason in (None, "length", "stop")):
+        yield need(q.completion == q.max_tokens, f"run, request {q.request_id}: finished with {q.completion} "
+                                                 f"outputs, expected max_tokens={q.max_tokens} (ignore_eos)",
+                   request=q.request_id, field="outputs", expected=q.max_tokens, actual=q.completion)
+
+
+@invariant("blocks.returned", "every block is free again at the end")
+def _returned(r):
+    if r.nb is not None and r.last_free is not None:
+        yield need(r.last_free == r.nb, f"run: {r.nb - r.last_free} of {r.nb} KV blocks were not returned at the "
+                                        f"end (free_blocks {r.last_free})", field="free_blocks", expected=r.nb,
+                   actual=r.last_free)
+
+
+# ----------------------------------------------------------------------------- the replay
+
+class _Replay:
+    """The engine as the log tells it, and what the checks found."""
+
+    def __init__(self, log: EventLog, case: Case | None, block_size: int | None, num_blocks: int | None):
+        self.log, self.case, self.bs, self.nb = log, case, block_size, num_blocks
+        self.max_batched = _cfg_int(log.config, "max_num_batched_tokens")
+        self.max_seqs = _cfg_int(log.config, "max_num_seqs")
+        self.enforce_eager = log.config.get("enforce_eager")
+        self.ignore_eos = {q.id: q.ignore_eos for q in case.requests} if case is not None else {}
+        self.seqs: dict[Any, _Seq] = {}
+        self.written: dict = {}      # physical block -> {offset: token id} whose KV the log's steps computed
+        self.free = num_blocks       # free blocks as the last step left them
+        self.last_free = None        # ... as the last after_postprocess (or abort) reported them
+        self.checks: list[Check] = []
+        self.counts: dict[str, int] = {}
+        self.failed: dict[str, int] = {}
+        self.skips: dict[str, str] = {}
+        self.expected: dict[int, list[Check]] = {}      # index of the case's expect entry -> its checks
+
+    # --- recording
+    def run(self, fn, *args) -> bool:
+        """Run one invariant function; whether everything it checked held."""
+        ok = True
+        for res in fn(self, *args):
+            ok = self.record(fn.invariant, res) and ok
+        return ok
+
+    def record(self, name: str, res: _Failure | None) -> bool:
+        self.counts[name] = self.counts.get(name, 0) + 1
+        if res is None:
+            return True
+        kind = "policy" if name in POLICY_RULES else "invariant"
+        k = self.failed[name] = self.failed.get(name, 0) + 1
+        if k <= _MAX_FAILURES_PER_NAME:
+            self.checks.append(Check(name, False, message=res.message, kind=kind, **res.fields))
+        elif k == _MAX_FAILURES_PER_NAME + 1:
+            f = res.fields
+            self.checks.append(Check(name, False, f.get("step"), f.get("request"), f.get("field"),
+                                     message=f"{name}: more failures not listed", kind=kind))
+        return False
+
+    def skip(self, name: str, why: str):
+        self.skips.setdefault(name, why)
+
+    # --- the log, event by event
+    def replay(self):
+        for fn in (_single_run, _one_run_start, _monotonic, _contiguous):
+            self.run(fn)
+        if self.bs is None:
+            for n in ("slots", "block_table.size"):
+                self.skip(n, "block size unknown: no run_start.block_size or config.kvcache_block_size")
+        if self.nb is None:
+            for n in ("blocks.accounting", "blocks.returned", "block_table.ids"):
+                self.skip(n, "num_kvcache_blocks unknown")
+        log = self.log
+        # request_added and aborted events, and steps (at their first event), in log order
+        agenda = [(i, self.request_added, e) for i, e in log.added]
+        agenda += [(log.first_index[n], self.step, n) for n in log.steps]
+        agenda += [(i, self.aborted, e) for i, e in enumerate(log.events) if e.get("event") == "aborted"]
+        for _, handler, item in sorted(agenda, key=lambda x: x[0]):
+            handler(item)
+        self.run_end()
+
+    def request_added(self, e: dict):
+        rid, pl, toks = self.log.rid(e), e.get("prompt_len"), e.get("prompt_token_ids")
+        ie = e.get("ignore_eos")
+        toks = list(toks) if isinstance(toks, list) and (not is_int(pl) or len(toks) == pl) else None
+        self.seqs[e.get("seq_id")] = _Seq(e.get("seq_id"), rid, e.get("max_tokens") if is_int(e.get("max_tokens"))
+                                          else None, self.ignore_eos.get(rid) if ie is None else ie,
+                                          pl if is_int(pl) else None, tokens=toks)
+
+    def aborted(self, e: dict):
+        """Cancelled between steps: the sequence leaves and gives its blocks back."""
+        q = self.seqs.get(e.get("seq_id"))
+        if q is not None:
+            q.status, q.table, q.num_cached, q.finish_reason = "FINISHED", [], 0, "abort"
+        if is_int(e.get("free_blocks")):
+            self.free = self.last_free = e["free_blocks"]
+
+    def step(self, n: int):
+        """One engine step: its events in the order the engine emits them. A step too malformed to check
+        fails step.events; the model keeps what the step's events before it set."""
+        s = _Step(self.log, n)
+        try:
+            self.run(_step_events, s)
+            if s.scheduled is not None:
+                self.run(_phase, s)
+                if s.phase in PHASES:
+                    self.before_schedule(s)
+                    s.ids = {e.get("seq_id") for e in s.seqs}
+                    for p in self.log.all(n, "preempted"):
+                        self.preempted(s, p)
+                    self.scheduled(s)
+                    if s.inputs is not None:
+                        self.gpu_inputs(s)
+                    self.sampled(s)
+                    if s.after is not None:
+                        self.after_postprocess(s)
+        except Exception as ex:  # a malformed log must give a failure, not a crash
+            self.record("step.events", need(False, f"step {n}: could not check this step ({type(ex).__name__}: "
+                                                   f"{ex})", step=n))
+        self.expect_step(n)
+
+    def before_schedule(self, s: _Step):
+        if s.before is not None:
+            self.run(_free_continuity, s)
+            self.run(_queues, s)
+        self.run(_from_the_right_queue, s)
+
+    def preempted(self, s: _Step, p: dict):
+        self.run(_preempted_known, s, p)
+        self.run(_preemptable, s, p)
+        q = self.seqs.get(p.get("seq_id"))
+        if q is not None:
+            q.status, q.num_cached, q.table = "WAITING", 0, []
+
+    def scheduled(self, s: _Step):
+        self.run(_seq_budget, s)
+        for j, e in enumerate(s.seqs):
+            table = list(e.get("block_table") or [])
+            q = self.seqs.get(e.get("seq_id"))
+            self.run(_scheduled_known, s, e)
+            if q is not None:
+                self.run(_continuity, s, e, q)
+            for fn in (_table_size, _table_ids) + ((_decode_shape,) if s.phase == "decode" else (_chunk_fits,)):
+                self.run(fn, s, e)
+            if s.phase == "prefill":
+                self.run(_chunk_first_only, s, e, j)
+            if q is not None:
+                self.run(_prefix_content, s, e, q)
+                nt, nc = e.get("num_tokens"), e.get("num_cached_tokens")
+                if self.bs is not None:      # the KV this step writes, for later prefix hits
+                    for p in self._written_positions(s.phase, nt, nc, e.get("num_scheduled_tokens")):
+                        if 0 <= p // self.bs < len(table):
+                            tok = q.tokens[p] if q.tokens is not None and p < len(q.tokens) else None
+                            self.written.setdefault(table[p // self.bs], {})[p % self.bs] = tok
+                q.num_tokens, q.num_cached, q.table = nt, nc, table
+        self.run(_token_budget, s)
+
+    @staticmethod
+    def _written_positions(phase: str, nt, nc, ns) -> range:
+        """Positions whose KV a scheduled sequence writes this step."""
         if phase == "decode":
-            col.check(ns == 1 and is_int(nt) and is_int(nc) and nt == nc + 1, "decode.shape",
-                      f"step {st}, request {rid}: decode needs scheduled 1 and total = cached + 1, "
-                      f"got total {nt} cached {nc} scheduled {ns}", step=st, request=rid)
-        else:
-            okp = is_int(ns) and is_int(nc) and is_int(nt) and ns >= 1 and _start(nc, nt) + ns <= nt
-            col.check(okp, "chunk.fits",
-                      f"step {st}, request {rid}: prefill of {ns} tokens from cached {nc} does not "
-                      f"fit total {nt}", step=st, request=rid)
-            if okp and j > 0:
-                col.check(_start(nc, nt) + ns == nt, "policy.chunk_first_only",
-                          f"step {st}, request {rid}: {rid} is chunked ({ns} of {nt - nc} tokens) but is "
-                          f"not first in the prefill batch (nano chunks only the first)", step=st, request=rid)
-        if prev is not None:
-            # A fresh allocation (nothing held before this step) with cached tokens is a prefix hit.
-            if phase == "prefill" and not prev.table and is_int(nc) and nc > 0 and bs is not None:
-                _check_prefix_hit(col, st, prev, table, nc, bs, written)
-            if bs is not None:
-                for p in _written_positions(phase, nt, nc, ns):
-                    if 0 <= p // bs < len(table):
-                        tok = prev.tokens[p] if prev.tokens is not None and p < len(prev.tokens) else None
-                        written.setdefault(table[p // bs], {})[p % bs] = tok
-            prev.num_tokens, prev.num_cached, prev.table = nt, nc, table
-    if max_batched is not None:
-        col.check(total_sched <= max_batched, "budget",
-                  f"step {st}: {total_sched} tokens scheduled, max_num_batched_tokens is {max_batched}",
-                  step=st, field="max_num_batched_tokens", expected=max_batched, actual=total_sched)
-
-    gi = log.one(st, "gpu_inputs")
-    if gi is not None:
-        _check_inputs(log, col, st, phase, sseqs, gi, bs, enforce_eager)
-
-    # sampled
-    sampled = log.one(st, "sampled")
-    sampled_tok: dict = {}
-    if sampled is not None:
-        for t in sampled.get("tokens") or []:
-            if isinstance(t, dict):
-                sampled_tok[t.get("seq_id")] = t.get("token_id")
-        extra = [k for k in sampled_tok if k not in sched_ids]
-        col.check(not extra, "sampled", f"step {st}: sampled tokens for sequences not scheduled "
-                                        f"this step: {extra}", step=st)
-
-    # after_postprocess
-    ap = log.one(st, "after_postprocess")
-    if ap is None:
-        return prev_free, None
-    aseqs = [a for a in (ap.get("seqs") or []) if isinstance(a, dict)]
-    by_sid = {a.get("seq_id"): a for a in aseqs}
-    sched_by_sid = {s.get("seq_id"): s for s in sseqs}
-    for s in sseqs:
-        col.check(s.get("seq_id") in by_sid, "after.complete",
-                  f"step {st}, request {log.rid(s)}: scheduled but missing from after_postprocess",
-                  step=st, request=log.rid(s))
-    for a in aseqs:
-        sid = a.get("seq_id")
-        rid = log.rid(a)
-        prev = seqs.get(sid)
-        sc = sched_by_sid.get(sid)
-        if prev is None:
-            col.fail("seq.known", f"step {st}, request {rid}: after_postprocess reports unknown "
-                                  f"seq {sid}", step=st, request=rid)
-            continue
-        nt, nc = a.get("num_tokens"), a.get("num_cached_tokens")
-        comp, status = a.get("num_completion_tokens"), a.get("status")
-        table = list(a.get("block_table") or [])
-        acc = a.get("accepted")
-        if sc is not None:
-            snt, snc, sns = sc.get("num_tokens"), sc.get("num_cached_tokens"), sc.get("num_scheduled_tokens")
-            completes = phase == "decode" or (is_int(snc) and is_int(sns) and _start(snc, snt) + sns == snt)
-            col.check(acc is completes, "accepted.rule",
-                      f"step {st}, request {rid}: accepted is {acc}, but the step "
-                      f"{'completes' if completes else 'does not complete'} the prompt "
-                      f"(cached {snc} + scheduled {sns} of {snt})", step=st, request=rid,
-                      field="accepted", expected=completes, actual=acc)
-            if acc is False:
-                col.check(comp == prev.completion and nt == snt, "discarded",
-                          f"step {st}, request {rid}: a discarded chunk candidate became an output "
-                          f"(outputs {prev.completion} -> {comp}, total {snt} -> {nt})",
-                          step=st, request=rid, field="outputs", expected=prev.completion, actual=comp)
-                if status != "FINISHED" and is_int(snc) and is_int(sns):
-                    want_c = _start(snc, snt) + sns
-                    col.check(nc == want_c, "after.cached",
-                              f"step {st}, request {rid}: after a discarded chunk cached should be "
-                              f"{want_c}, got {nc}", step=st, request=rid, field="cached",
-                              expected=want_c, actual=nc)
-            elif acc is True:
-                if prev.tokens is not None:
-                    prev.tokens.append(a.get("token_id"))
-                col.check(comp == prev.completion + 1 and nt == (snt or 0) + 1, "accepted.counts",
-                          f"step {st}, request {rid}: an accepted token must add one output and one "
-                          f"token (outputs {prev.completion} -> {comp}, total {snt} -> {nt})",
-                          step=st, request=rid, field="outputs", expected=prev.completion + 1,
-                          actual=comp)
-                if sampled is not None and sid in sampled_tok:
-                    col.check(a.get("token_id") == sampled_tok[sid], "sampled",
-                              f"step {st}, request {rid}: token_id {a.get('token_id')} differs from "
-                              f"the sampled {sampled_tok[sid]}", step=st, request=rid,
-                              field="token_id", expected=sampled_tok[sid], actual=a.get("token_id"))
-                if status != "FINISHED" and is_int(nt):
-                    col.check(nc == nt - 1, "after.cached",
-                              f"step {st}, request {rid}: after an accepted token cached should be "
-                              f"{nt - 1}, got {nc}", step=st, request=rid, field="cached",
-                              expected=nt - 1, actual=nc)
-        if status == "FINISHED":
-            col.check(table == [] and nc == 0, "finished.released",
-                      f"step {st}, request {rid}: FINISHED but still holds blocks {table} / cached {nc}",
-                      step=st, request=rid, field="block_table", expected=[], actual=table)
-        col.check(status in STATUSES, "phase", f"step {st}, request {rid}: unknown status {status!r}",
-                  step=st, request=rid, field="status", actual=status)
-        if prev.max_tokens is not None and is_int(comp):
-            col.check(comp <= prev.max_tokens and (comp < prev.max_tokens or status == "FINISHED"),
-                      "max_tokens",
-                      f"step {st}, request {rid}: {comp} outputs with max_tokens {prev.max_tokens}, "
-                      f"status {status}", step=st, request=rid, field="outputs",
-                      expected=prev.max_tokens, actual=comp)
-        prev.num_tokens = nt if is_int(nt) else prev.num_tokens
-        prev.num_cached = nc if is_int(nc) else 0
-        prev.completion = comp if is_int(comp) else prev.completion
-        prev.status = status if status in STATUSES else prev.status
-        prev.table = table
-        prev.finish_reason = a.get("finish_reason", prev.finish_reason)
-
-    # block accounting over all live sequences
-    fb = ap.get("free_blocks")
-    holders: dict = {}
-    for s in seqs.values():
-        if s.status != "FINISHED":
-            for b in s.table:
-                holders[b] = holders.get(b, 0) + 1
-    if num_blocks is not None and is_int(fb):
-        # Every block is either free (a freed block keeps its hash, but it is back in the free list) or
-        # held by a live sequence: more is double counting, less is a leak (e.g. a preemption that did
-        # not give its blocks back).
-        held = len(holders)
-        col.check(0 <= fb <= num_blocks and fb + held == num_blocks, "blocks.accounting",
-                  f"step {st}: free_blocks {fb} + {held} blocks held by live sequences = {fb + held}, "
-                  f"but the pool has {num_blocks}"
-                  + (f": {num_blocks - fb - held} block(s) neither free nor held (leaked)"
-                     if fb + held < num_blocks else ""),
-                  step=st, field="free_blocks", expected=num_blocks - held, actual=fb)
-    for a in aseqs:
-        rc = a.get("ref_counts")
-        if rc is None:
-            continue
-        rid = log.rid(a)
-        table = list(a.get("block_table") or [])
-        if not col.check(isinstance(rc, list) and len(rc) == len(table), "refs",
-                         f"step {st}, request {rid}: {len(rc) if isinstance(rc, list) else rc!r} "
-                         f"ref counts for {len(table)} blocks", step=st, request=rid):
-            continue
-        want = [holders.get(b, 0) for b in table]
-        col.check(list(rc) == want, "refs",
-                  f"step {st}, request {rid}: ref_counts {list(rc)}, but {want} live sequences "
-                  f"hold blocks {table}", step=st, request=rid, field="ref_counts",
-                  expected=want, actual=list(rc))
-    return (fb if is_int(fb) else prev_free), (fb if is_int(fb) else None)
-
-
-def _check_inputs(log: EventLog, col: _Collector, st, phase, sseqs, gi, bs, enforce_eager):
-    counts = [s.get("num_scheduled_tokens") or 0 for s in sseqs]
-    T = sum(counts)
-    n_in = gi.get("num_input_ids")
-    col.check(n_in == T, "inputs.num_input_ids",
-              f"step {st}: num_input_ids {n_in}, the scheduled counts sum to {T}",
-              step=st, field="num_input_ids", expected=T, actual=n_in)
-    # positions each scheduled sequence must feed
-    per_seq_pos: list[list[int]] = []
-    for s in sseqs:
-        nc, ns, nt = s.get("num_cached_tokens") or 0, s.get("num_scheduled_tokens") or 0, s.get("num_tokens") or 0
+            return range(nt - 1, nt) if is_int(nt) else range(0)
+        if not (is_int(nt) and is_int(ns)):
+            return range(0)
         start = _start(nc, nt)
-        per_seq_pos.append(list(range(start, start + ns)) if phase == "prefill" else [nt - 1])
-    want_pos = [p for ps in per_seq_pos for p in ps]
-    got_pos = list(gi.get("positions") or [])
-    if len(got_pos) > len(want_pos) and gi.get("execution") == "graph":
-        got_pos = got_pos[:len(want_pos)]
-    col.check(got_pos == want_pos, "inputs.positions",
-              f"step {st}: positions {format_positions(got_pos)}, expected "
-              f"{format_positions(want_pos, [len(p) for p in per_seq_pos])} "
-              f"({'from num_cached_tokens' if phase == 'prefill' else 'num_tokens - 1'})",
-              step=st, field="positions", expected=want_pos, actual=got_pos)
-    # slots
-    slots = list(gi.get("slot_mapping") or [])
-    if len(slots) > len(want_pos) and all(x == -1 for x in slots[len(want_pos):]):
-        slots = slots[:len(want_pos)]
-    if bs is not None:
-        if len(slots) != len(want_pos):
-            col.fail("slots", f"step {st}: slot_mapping has {len(slots)} entries for "
-                              f"{len(want_pos)} positions", step=st, field="slot_mapping",
-                     expected=len(want_pos), actual=len(slots))
-        else:
-            off = 0
-            for s, ps in zip(sseqs, per_seq_pos):
-                rid = log.rid(s)
-                table = list(s.get("block_table") or [])
-                bad = []
-                for k, p in enumerate(ps):
-                    i = p // bs
-                    want = table[i] * bs + p % bs if 0 <= i < len(table) else None
-                    if slots[off + k] != want:
-                        bad.append((off + k, p, want, slots[off + k]))
-                if bad:
-                    idx, p, want, got = bad[0]
-                    col.fail("slots", f"step {st}, request {rid}: slot_mapping[{idx}] (position {p}) "
-                                      f"expected {want}, got {got} ({len(bad)} of {len(ps)} slots "
-                                      f"differ; block_table {table})", step=st, request=rid,
-                             field="slot_mapping", expected=want, actual=got)
+        return range(start, start + ns)
+
+    def gpu_inputs(self, s: _Step):
+        for fn in (_num_input_ids, _positions, _slots, _cu_seqlens_q, _cu_seqlens_k, _max_seqlen, _context_lens,
+                   _block_tables, _execution):
+            self.run(fn, s, s.inputs)
+
+    def sampled(self, s: _Step):
+        if s.sampled is not None:
+            for t in s.sampled.get("tokens") or []:
+                if isinstance(t, dict):
+                    s.sampled_tok[t.get("seq_id")] = t.get("token_id")
+            self.run(_sampled_for_scheduled, s)
+
+    def after_postprocess(self, s: _Step):
+        reported = [a for a in (s.after.get("seqs") or []) if isinstance(a, dict)]
+        by_sid = {a.get("seq_id"): a for a in reported}
+        sched = {e.get("seq_id"): e for e in s.seqs}
+        self.run(_after_complete, s, by_sid)
+        for a in reported:
+            q, sc = self.seqs.get(a.get("seq_id")), sched.get(a.get("seq_id"))
+            if not self.run(_reported_known, s, a):
+                continue
+            table = list(a.get("block_table") or [])
+            if sc is not None:
+                self.run(_accepted_rule, s, a, sc)
+                if a.get("accepted") is False:
+                    self.run(_discarded, s, a, sc, q)
+                elif a.get("accepted") is True:
+                    if q.tokens is not None:
+                        q.tokens.append(a.get("token_id"))
+                    self.run(_accepted_counts, s, a, sc, q)
+                    self.run(_accepted_is_sampled, s, a)
+                self.run(_after_cached, s, a, sc)
+            for fn in (_finished_released, _known_status):
+                self.run(fn, s, a)
+            self.run(_max_tokens, s, a, q)
+            nt, nc, comp, status = (a.get(k) for k in ("num_tokens", "num_cached_tokens", "num_completion_tokens",
+                                                      "status"))
+            q.num_tokens = nt if is_int(nt) else q.num_tokens
+            q.num_cached = nc if is_int(nc) else 0
+            q.completion = comp if is_int(comp) else q.completion
+            q.status = status if status in STATUSES else q.status
+            q.table = table
+            q.finish_reason = a.get("finish_reason", q.finish_reason)
+        holders: dict = {}
+        for q in self.seqs.values():
+            if q.status != "FINISHED":
+                for b in q.table:
+                    holders[b] = holders.get(b, 0) + 1
+        fb = s.after.get("free_blocks")
+        self.run(_accounting, s, fb, holders)
+        for a in reported:
+            self.run(_refs, s, a, holders)
+        if is_int(fb):
+            self.free = self.last_free = fb
+
+    def run_end(self):
+        self.run(_engine_raised)
+        self.run(_run_end)
+        for q in self.seqs.values():
+            self.run(_finished, q)
+            self.run(_outputs, q)
+        if not any(q.ignore_eos for q in self.seqs.values()):
+            self.skip("requests.outputs", "no request is known to ignore EOS")
+        self.run(_returned)
+        if self.case is not None:
+            self.case_requests()
+            for i, x in enumerate(self.case.expect or []):
+                if "final" in x:
+                    self.expect_final(i, x["final"])
+                elif x["step"] not in self.log.steps:
+                    self.missing(i, x["step"], None, "step", f"not in the log (the run has {len(self.log.steps)} "
+                                                             f"steps)")
+
+    def finish(self) -> list[Check]:
+        out = self.checks + [c for i in sorted(self.expected) for c in self.expected[i]]
+        for name in INVARIANTS:
+            if self.failed.get(name):
+                continue
+            n, kind = self.counts.get(name, 0), "policy" if name in POLICY_RULES else "invariant"
+            if n:
+                out.append(Check(name, True, message=f"{name}: held {n} time(s)", kind=kind))
+            else:
+                why = self.skips.get(name, "nothing to check in this log")
+                out.append(Check(name, True, message=f"{name}: not checked ({why})", kind=kind, skipped=True))
+        return out
+
+    # --- the case: its requests and its expected states
+    def case_requests(self):
+        """The log ran the case's requests, with their max_tokens, and `after` was respected."""
+        log, case = self.log, self.case
+        added = {log.rid(e): (i, e) for i, e in log.added}
+        for q in case.requests:
+            if q.id not in added:
+                self.checks.append(Check("case.requests", False, None, q.id, "request_added",
+                                         message=f"run, request {q.id}: never added to the engine", kind="case"))
+                continue
+            i, e = added[q.id]
+            for fld, want in (("max_tokens", q.max_tokens), ("prompt_len", q.prompt_len)):
+                if want is None:  # a text prompt's length is known only after tokenizing
+                    continue
+                ok = e.get(fld) == want
+                self.checks.append(Check("case.requests", ok, None, q.id, fld, want, e.get(fld),
+                                         f"run, request {q.id}, {fld}: expected {want}, got {e.get(fld)}" if not ok
+                                         else f"request {q.id} added with {fld} {want}", "case"))
+            if q.after is not None:
+                finished_at = next((j for j, ev in enumerate(log.events) if ev.get("event") == "after_postprocess"
+                                    and any(isinstance(a, dict) and log.rid(a) == q.after
+                                            and a.get("status") == "FINISHED" for a in ev.get("seqs") or [])), None)
+                ok = finished_at is not None and i > finished_at
+                self.checks.append(Check("case.after", ok, None, q.id, "after", q.after, None,
+                                         f"run, request {q.id}: added before {q.after} finished" if not ok
+                                         else f"request {q.id} added after {q.after} finished", "case"))
+        extra = sorted(set(added) - set(case.request_ids))
+        if extra:
+            self.checks.append(Check("case.requests", False, None, None, "request_added", None, extra,
+                                     f"run: requests not in the case were added: {', '.join(extra)}", "case"))
+
+    def compare(self, i: int, step, request, fld, expected, actual):
+        where = _where(step, request)
+        ok = expected == actual
+        self.expected.setdefault(i, []).append(Check(
+            "expect", ok, step, request, fld, expected, actual,
+            f"{where}, {fld}: {_show(expected)}" if ok else
+            f"{where}, {fld}: expected {_show(expected)}, got {_show(actual)}", "expect"))
+
+    def missing(self, i: int, step, request, fld, what):
+        self.expected.setdefault(i, []).append(Check("expect", False, step, request, fld, None, None,
+                                                     f"{_where(step, request)}, {fld}: {what}", "expect"))
+
+    def expect_step(self, st: int):
+        """Compare step `st` with the case's entry for it, field by field, as the log reports it."""
+        found = [(i, x) for i, x in enumerate(self.case.expect or []) if x.get("step") == st] if self.case else []
+        if not found:
+            return
+        i, x = found[0]
+        log = self.log
+        sched = log.one(st, "scheduled") or {}
+        sseqs = [e for e in sched.get("seqs") or [] if isinstance(e, dict)]
+        if "phase" in x:
+            self.compare(i, st, None, "phase", x["phase"], sched.get("phase"))
+        if "scheduled" in x:
+            self.compare(i, st, None, "scheduled", list(x["scheduled"]), [log.rid(e) for e in sseqs])
+            by_rid = {log.rid(e): e for e in sseqs}
+            for rid, fields in x["scheduled"].items():
+                if rid in by_rid:      # else the id list above already differs
+                    for f, v in fields.items():
+                        self.compare(i, st, rid, f"scheduled.{f}" if f != "scheduled" else "scheduled", v,
+                                     _field_value(by_rid[rid], f, _SCHED_MAP))
+        if "preempted" in x:
+            self.compare(i, st, None, "preempted", x["preempted"], [log.rid(p) for p in log.all(st, "preempted")])
+        for key, event, what in (("before", "before_schedule", "no before_schedule event"),
+                                 ("inputs", "gpu_inputs", "no gpu_inputs event")):
+            if key in x:
+                e = log.one(st, event)
+                if e is None:
+                    self.missing(i, st, None, key, what)
+                    continue
+                for f, v in x[key].items():
+                    if key == "inputs":
+                        self.compare(i, st, None, f, v, e.get(f))
+                    elif f == "free":
+                        self.compare(i, st, None, "before.free", v, e.get("free_blocks"))
+                    else:
+                        self.compare(i, st, None, f"before.{f}", v, log.rids(e.get(f)))
+        ap = log.one(st, "after_postprocess")
+        a_by_rid = {log.rid(a): a for a in ((ap or {}).get("seqs") or []) if isinstance(a, dict)}
+        for rid, fields in (x.get("after") or {}).items():
+            if rid not in a_by_rid:
+                self.missing(i, st, rid, "after", "missing from after_postprocess")
+                continue
+            for f, v in fields.items():
+                self.compare(i, st, rid, f, v, _field_value(a_by_rid[rid], f, _AFTER_MAP))
+        for key, fld in (("refs", "ref_counts"), ("released", "released_ref_counts")):
+            for rid, v in (x.get(key) or {}).items():
+                a = a_by_rid.get(rid)
+                if a is None:
+                    self.missing(i, st, rid, key, "missing from after_postprocess")
+                elif a.get(fld) is None:
+                    self.missing(i, st, rid, key, f"after_postprocess carries no {fld}")
                 else:
-                    col.ran("slots")
-                off += len(ps)
-    # cu_seqlens / max_seqlen / context_lens / block_tables
-    cu_q, cu_k = gi.get("cu_seqlens_q"), gi.get("cu_seqlens_k")
-    want_q = _cumsum(counts)
-    if phase == "prefill":
-        kl = [_start(s.get("num_cached_tokens"), s.get("num_tokens")) + (s.get("num_scheduled_tokens") or 0)
-              for s in sseqs]
-        want_k = _cumsum(kl)
-        col.check(cu_q == want_q, "inputs.cu_seqlens_q",
-                  f"step {st}: cu_seqlens_q {cu_q}, the scheduled counts give {want_q}",
-                  step=st, field="cu_seqlens_q", expected=want_q, actual=cu_q)
-        col.check(cu_k == want_k, "inputs.cu_seqlens_k",
-                  f"step {st}: cu_seqlens_k {cu_k}, cached + scheduled gives {want_k}",
-                  step=st, field="cu_seqlens_k", expected=want_k, actual=cu_k)
-        mq, mk = gi.get("max_seqlen_q"), gi.get("max_seqlen_k")
-        col.check(mq == max(counts, default=0) and mk == max(kl, default=0), "inputs.max_seqlen",
-                  f"step {st}: max_seqlen_q/k {mq}/{mk}, expected {max(counts, default=0)}/"
-                  f"{max(kl, default=0)}", step=st, field="max_seqlen")
-        cl = gi.get("context_lens")
-        col.check(not cl, "inputs.context_lens",
-                  f"step {st}: context_lens should be null in prefill, got {_show(cl)}",
-                  step=st, field="context_lens", expected=None, actual=cl)
-        has_cache = any((s.get("num_cached_tokens") or 0) > 0 for s in sseqs)
-        bt = gi.get("block_tables")
-        if has_cache:
-            if col.check(bt is not None, "inputs.block_tables",
-                         f"step {st}: prefill over cached tokens needs block_tables, got null",
-                         step=st, field="block_tables"):
-                _check_tables(log, col, st, sseqs, bt)
-        else:
-            col.check(bt is None, "inputs.block_tables",
-                      f"step {st}: block_tables should be null in a prefill without cached tokens",
-                      step=st, field="block_tables", expected=None, actual=bt)
-    else:
-        if cu_q is not None:
-            col.check(cu_q == want_q, "inputs.cu_seqlens_q",
-                      f"step {st}: cu_seqlens_q {cu_q}, the scheduled counts give {want_q}",
-                      step=st, field="cu_seqlens_q", expected=want_q, actual=cu_q)
-        want_ctx = [s.get("num_tokens") for s in sseqs]
-        if cu_k is not None:
-            col.check(cu_k == _cumsum(want_ctx), "inputs.cu_seqlens_k",
-                      f"step {st}: cu_seqlens_k {cu_k}, the context lengths give {_cumsum(want_ctx)}",
-                      step=st, field="cu_seqlens_k", expected=_cumsum(want_ctx), actual=cu_k)
-        cl = list(gi.get("context_lens") or [])
-        if len(cl) > len(want_ctx) and gi.get("execution") == "graph":
-            cl = cl[:len(want_ctx)]
-        col.check(cl == want_ctx, "inputs.context_lens",
-                  f"step {st}: context_lens {cl}, the scheduled totals are {want_ctx}",
-                  step=st, field="context_lens", expected=want_ctx, actual=cl)
-        bt = gi.get("block_tables")
-        if col.check(bt is not None, "inputs.block_tables",
-                     f"step {st}: decode needs block_tables, got null", step=st, field="block_tables"):
-            _check_tables(log, col, st, sseqs, bt)
-    ex, gb = gi.get("execution"), gi.get("graph_batch")
-    okx = ex in ("eager", "graph")
-    if ex == "graph":
-        okx = okx and phase == "decode" and is_int(gb) and gb >= len(sseqs) and enforce_eager is not True
-    elif ex == "eager":
-        okx = okx and gb is None
-    col.check(okx, "inputs.execution",
-              f"step {st}: execution {ex!r} with graph_batch {gb!r} in a {phase} step of "
-              f"{len(sseqs)} sequences (enforce_eager {enforce_eager})", step=st, field="execution",
-              actual=ex)
+                    self.compare(i, st, rid, key, v, a.get(fld))
+        if "free" in x:
+            if ap is None:
+                self.missing(i, st, None, "free", "no after_postprocess event")
+            else:
+                self.compare(i, st, None, "free", x["free"], ap.get("free_blocks"))
+
+    def expect_final(self, i: int, final: dict):
+        """Each request's last state in the log against the case's `final` entry."""
+        log = self.log
+        for rid, fields in final.items():
+            last = None
+            for st in sorted(log.steps):
+                for a in (log.one(st, "after_postprocess") or {}).get("seqs") or []:
+                    if isinstance(a, dict) and log.rid(a) == rid:
+                        last = a
+            if last is None:
+                self.missing(i, None, rid, "final", "the request never appears in after_postprocess")
+                continue
+            for f, v in fields.items():
+                self.compare(i, None, rid, f"final.{f}", v, _field_value(last, f, _AFTER_MAP))
 
 
-def _check_tables(log: EventLog, col: _Collector, st, sseqs, bt):
-    rows = list(bt or [])
-    if len(rows) < len(sseqs):
-        col.fail("inputs.block_tables", f"step {st}: block_tables has {len(rows)} rows for "
-                                        f"{len(sseqs)} sequences", step=st, field="block_tables")
-        return
-    for s, row in zip(sseqs, rows):
-        want = list(s.get("block_table") or [])
-        got = _strip_pad(row)
-        col.check(got == want, "inputs.block_tables",
-                  f"step {st}, request {log.rid(s)}: block_tables row {got}, the scheduled "
-                  f"block_table is {want}", step=st, request=log.rid(s), field="block_tables",
-                  expected=want, actual=got)
-
-
-# ----------------------------------------------------------------------------- expectations
-
-_SCHED_MAP = {"total": "num_tokens", "cached": "num_cached_tokens",
-              "scheduled": "num_scheduled_tokens", "blocks": None}
-_AFTER_MAP = {"total": "num_tokens", "cached": "num_cached_tokens",
-              "outputs": "num_completion_tokens", "status": "status", "blocks": None,
-              "accepted": "accepted"}
+# The case's field names -> the event's (None: the number of blocks in block_table).
+_SCHED_MAP = {"total": "num_tokens", "cached": "num_cached_tokens", "scheduled": "num_scheduled_tokens", "blocks": None}
+_AFTER_MAP = {"total": "num_tokens", "cached": "num_cached_tokens", "outputs": "num_completion_tokens",
+              "status": "status", "blocks": None, "accepted": "accepted"}
 
 
 def _field_value(entry: dict, f: str, mapping: dict):
     key = mapping[f]
-    if key is None:
-        return len(entry.get("block_table") or [])
-    return entry.get(key)
-
-
-class _Expect:
-    def __init__(self, col: _Collector):
-        self.col = col
-
-    def cmp(self, step, request, fld, expected, actual):
-        where = _where(step, request)
-        if expected == actual:
-            self.col.checks.append(Check("expect", True, step, request, fld, expected, actual,
-                                         f"{where}, {fld}: {_show(expected)}", "expect"))
-        else:
-            self.col.checks.append(Check("expect", False, step, request, fld, expected, actual,
-                                         f"{where}, {fld}: expected {_show(expected)}, "
-                                         f"got {_show(actual)}", "expect"))
-
-    def missing(self, step, request, fld, what):
-        self.col.checks.append(Check("expect", False, step, request, fld, None, None,
-                                     f"{_where(step, request)}, {fld}: {what}", "expect"))
-
-
-def _check_expectations(log: EventLog, case: Case, col: _Collector) -> None:
-    x = _Expect(col)
-    n_steps = len(log.steps)
-    for e in case.expect or []:
-        if "final" in e:
-            for rid, fields in e["final"].items():
-                last = None
-                for st in sorted(log.steps):
-                    ap = log.one(st, "after_postprocess")
-                    for a in (ap or {}).get("seqs") or []:
-                        if isinstance(a, dict) and log.rid(a) == rid:
-                            last = a
-                if last is None:
-                    x.missing(None, rid, "final", "the request never appears in after_postprocess")
-                    continue
-                for f, v in fields.items():
-                    x.cmp(None, rid, f"final.{f}", v, _field_value(last, f, _AFTER_MAP))
-            continue
-        st = e["step"]
-        if st not in log.steps:
-            x.missing(st, None, "step", f"not in the log (the run has {n_steps} steps)")
-            continue
-        sched = log.one(st, "scheduled") or {}
-        sseqs = [s for s in sched.get("seqs") or [] if isinstance(s, dict)]
-        if "phase" in e:
-            x.cmp(st, None, "phase", e["phase"], sched.get("phase"))
-        if "scheduled" in e:
-            got_ids = [log.rid(s) for s in sseqs]
-            x.cmp(st, None, "scheduled", list(e["scheduled"]), got_ids)
-            by_rid = {log.rid(s): s for s in sseqs}
-            for rid, fields in e["scheduled"].items():
-                s = by_rid.get(rid)
-                if s is None:
-                    continue  # the id list comparison above already failed
-                for f, v in fields.items():
-                    x.cmp(st, rid, f"scheduled.{f}" if f != "scheduled" else "scheduled", v,
-                          _field_value(s, f, _SCHED_MAP))
-        if "preempted" in e:
-            got = [log.rid(p) for p in log.all(st, "preempted")]
-            x.cmp(st, None, "preempted", e["preempted"], got)
-        if "before" in e:
-            b = log.one(st, "before_schedule")
-            if b is None:
-                x.missing(st, None, "before", "no before_schedule event")
-            else:
-                for f, v in e["before"].items():
-                    if f == "free":
-                        x.cmp(st, None, "before.free", v, b.get("free_blocks"))
-                    else:
-                        x.cmp(st, None, f"before.{f}", v, log.rids(b.get(f)))
-        if "inputs" in e:
-            gi = log.one(st, "gpu_inputs")
-            if gi is None:
-                x.missing(st, None, "inputs", "no gpu_inputs event")
-            else:
-                for f, v in e["inputs"].items():
-                    x.cmp(st, None, f, v, gi.get(f))
-        ap = log.one(st, "after_postprocess")
-        a_by_rid = {log.rid(a): a for a in ((ap or {}).get("seqs") or []) if isinstance(a, dict)}
-        if "after" in e:
-            for rid, fields in e["after"].items():
-                a = a_by_rid.get(rid)
-                if a is None:
-                    x.missing(st, rid, "after", "missing from after_postprocess")
-                    continue
-                for f, v in fields.items():
-                    x.cmp(st, rid, f, v, _field_value(a, f, _AFTER_MAP))
-        for key, field in (("refs", "ref_counts"), ("released", "released_ref_counts")):
-            for rid, v in (e.get(key) or {}).items():
-                a = a_by_rid.get(rid)
-                if a is None:
-                    x.missing(st, rid, key, "missing from after_postprocess")
-                elif a.get(field) is None:
-                    x.missing(st, rid, key, f"after_postprocess carries no {field}")
-                else:
-                    x.cmp(st, rid, key, v, a.get(field))
-        if "free" in e:
-            if ap is None:
-                x.missing(st, None, "free", "no after_postprocess event")
-            else:
-                x.cmp(st, None, "free", e["free"], ap.get("free_blocks"))
-
-
-def _check_case_requests(log: EventLog, case: Case, col: _Collector) -> None:
-    """The log ran the case's requests, with their max_tokens, and `after` was respected."""
-    added = {log.rid(e): (i, e) for i, e in log.added}
-    for r in case.requests:
-        got = added.get(r.id)
-        if got is None:
-            col.checks.append(Check("case.requests", False, None, r.id, "request_added", None, None,
-                                    f"run, request {r.id}: never added to the engine", "case"))
-            continue
-        i, e = got
-        for field, want in (("max_tokens", r.max_tokens), ("prompt_len", r.prompt_len)):
-            if want is None:  # a text prompt's length is known only after tokenizing
-                continue
-            ok = e.get(field) == want
-            col.checks.append(Check("case.requests", ok, None, r.id, field, want, e.get(field),
-                                    f"run, request {r.id}, {field}: expected {want}, got {e.get(field)}"
-                                    if not ok else f"request {r.id} added with {field} {want}", "case"))
-        if r.after is not None:
-            finished_at = None
-            for j, ev in enumerate(log.events):
-                if ev.get("event") == "after_postprocess":
-                    if any(isinstance(a, dict) and log.rid(a) == r.after and a.get("status") == "FINISHED"
-                           for a in ev.get("seqs") or []):
-                        finished_at = j
-                        break
-            ok = finished_at is not None and i > finished_at
-            col.checks.append(Check("case.after", ok, None, r.id, "after", r.after, None,
-                                    f"run, request {r.id}: added before {r.after} finished"
-                                    if not ok else f"request {r.id} added after {r.after} finished",
-                                    "case"))
-    extra = sorted(set(added) - set(case.request_ids))
-    if extra:
-        col.checks.append(Check("case.requests", False, None, None, "request_added", None, extra,
-                                f"run: requests not in the case were added: {', '.join(extra)}", "case"))
+    return len(entry.get("block_table") or []) if key is None else entry.get(key)
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -1014,22 +1230,20 @@ def validate(events: list[dict], case: Case | None = None, *, block_size: int | 
     block_size / num_kvcache_blocks default to run_start's block_size / num_kvcache_blocks,
     then its config's kvcache_block_size / num_kvcache_blocks (when > 0), then the case's engine.
     """
-    col = _Collector()
     events = list(events or [])
-    schema_bad = 0
+    schema: list[Check] = []
+    bad = 0
     for i, e in enumerate(events):
         probs = event_problems(e)
         if probs:
-            schema_bad += 1
-            if schema_bad <= _MAX_FAILURES_PER_NAME:
+            bad += 1
+            if bad <= _MAX_FAILURES_PER_NAME:
                 st = e.get("step") if isinstance(e, dict) else None
-                col.checks.append(Check("schema", False, st if is_int(st) else None, None, None,
-                                        None, None, f"event #{i + 1} "
-                                        f"({e.get('event') if isinstance(e, dict) else '?'}): "
-                                        f"{'; '.join(probs)}", "schema"))
-    if not schema_bad:
-        col.checks.append(Check("schema", True, message=f"schema: {len(events)} events are v1",
-                                kind="schema"))
+                schema.append(Check("schema", False, st if is_int(st) else None, message=f"event #{i + 1} "
+                                    f"({e.get('event') if isinstance(e, dict) else '?'}): {'; '.join(probs)}",
+                                    kind="schema"))
+    if not bad:
+        schema.append(Check("schema", True, message=f"schema: {len(events)} events are v1", kind="schema"))
     log = EventLog(events)
     rs, cfg = log.run_start, log.config
     eng = case.engine if case is not None else {}
@@ -1037,20 +1251,11 @@ def validate(events: list[dict], case: Case | None = None, *, block_size: int | 
         or _cfg_int(cfg, "kvcache_block_size") or _cfg_int(eng, "kvcache_block_size")
     nb = num_kvcache_blocks or (rs.get("num_kvcache_blocks") if is_int(rs.get("num_kvcache_blocks")) else None)
     if nb is None:
-        for src in (cfg, eng):
-            v = _cfg_int(src, "num_kvcache_blocks")
-            if v is not None and v > 0:
-                nb = v
-                break
-    ignore_eos = {r.id: r.ignore_eos for r in case.requests} if case is not None else {}
-
-    _check_invariants(log, col, bs, nb, ignore_eos)
-    if case is not None:
-        _check_case_requests(log, case, col)
-        if case.expect:
-            _check_expectations(log, case, col)
-    checks = col.finish()
+        nb = next((v for v in (_cfg_int(cfg, "num_kvcache_blocks"), _cfg_int(eng, "num_kvcache_blocks"))
+                   if v is not None and v > 0), None)
+    replay = _Replay(log, case, bs, nb)
+    replay.replay()
     run = next((e.get("run") for e in log.events if e.get("run") is not None), None)
-    return Report(checks=checks, run=run, steps=len(log.steps),
+    return Report(checks=schema + replay.finish(), run=run, steps=len(log.steps),
                   case=case.name if case is not None else None, expect_changes=expect_changes,
                   why_changes=why_changes)
