@@ -224,27 +224,35 @@ def _strip_pad(row) -> list:
     return row
 
 
+def _counts(e: dict) -> tuple:
+    """num_tokens, num_cached_tokens, num_scheduled_tokens of a scheduled entry."""
+    return e.get("num_tokens"), e.get("num_cached_tokens"), e.get("num_scheduled_tokens")
+
+
+def _completes(e: dict) -> bool:
+    """Whether a prefill of the scheduled entry `e` computes its last prompt token (its token is an output)."""
+    nt, nc, ns = _counts(e)
+    return is_int(nc) and is_int(ns) and _start(nc, nt) + ns == nt
+
+
 # ----------------------------------------------------------------------------- the registry
 
 @dataclass
 class _Failure:
     message: str
-    fields: dict      # step, request, field, expected, actual of the Check
+    fields: dict      # step, request, field, expected, actual of its Check
 
 
 def need(cond, message: str, **fields) -> _Failure | None:
-    """One result of an invariant: None when `cond` holds, else the failure `message` names."""
+    """One result of an invariant: None when `cond` holds, else the failure `message` describes."""
     return None if cond else _Failure(message, fields)
 
 
-def invariant(name: str, about: str | None = None):
-    """Add a check of invariant `name` to INVARIANTS (`about`, one line, where the name first appears).
-
-    The function takes the replay (and the event's parts) and yields one result per thing it checked: None
-    when it held, `need(...)`'s failure when not; the replay counts them under `name`."""
+def invariant(name: str, about: str):
+    """Add a check to INVARIANTS: its name and, in one line, what it asserts. The decorated method of _Replay
+    yields one result per thing it checked (None when it held, `need`'s failure when not), counted under `name`."""
     def register(fn):
-        assert about or name in INVARIANTS, f"@invariant({name!r}) needs a description the first time"
-        INVARIANTS.setdefault(name, about)
+        INVARIANTS[name] = about
         fn.invariant = name
         return fn
     return register
@@ -267,15 +275,12 @@ class _Seq:
 
 
 class _Step:
-    """One engine step's events: the first of each kind, every preempted one."""
+    """One engine step's events (the first of each kind), and what the checks of one need of another."""
 
     def __init__(self, log: EventLog, n: int):
         self.n, self.log, self.events = n, log, log.steps[n]
-        self.scheduled = log.one(n, "scheduled")
-        self.before = log.one(n, "before_schedule")
-        self.inputs = log.one(n, "gpu_inputs")
-        self.sampled = log.one(n, "sampled")
-        self.after = log.one(n, "after_postprocess")
+        self.scheduled, self.before, self.inputs, self.sampled, self.after = (log.one(n, ev) for ev in (
+            "scheduled", "before_schedule", "gpu_inputs", "sampled", "after_postprocess"))
         self.ids: set = set()               # the seq_ids it scheduled
         self.sampled_tok: dict = {}         # seq_id -> the sampled token id
 
@@ -285,584 +290,46 @@ class _Step:
 
     @cached_property
     def seqs(self) -> list[dict]:
-        return [s for s in (self.scheduled.get("seqs") or []) if isinstance(s, dict)]
+        return [e for e in (self.scheduled.get("seqs") or []) if isinstance(e, dict)]
 
     @cached_property
     def counts(self) -> list:
-        return [s.get("num_scheduled_tokens") or 0 for s in self.seqs]
+        return [e.get("num_scheduled_tokens") or 0 for e in self.seqs]
 
     @cached_property
     def positions(self) -> list[list[int]]:
         """The positions each scheduled sequence feeds: from num_cached_tokens in prefill, num_tokens - 1 in decode."""
         out = []
-        for s in self.seqs:
-            nc, ns, nt = s.get("num_cached_tokens") or 0, s.get("num_scheduled_tokens") or 0, s.get("num_tokens") or 0
+        for e in self.seqs:
+            nt, nc, ns = (e.get(k) or 0 for k in ("num_tokens", "num_cached_tokens", "num_scheduled_tokens"))
             start = _start(nc, nt)
             out.append(list(range(start, start + ns)) if self.phase == "prefill" else [nt - 1])
         return out
 
-    def where(self, entry: dict | None = None) -> dict:
-        return {"step": self.n} if entry is None else {"step": self.n, "request": self.log.rid(entry)}
+    def k_lens(self) -> list:
+        """Keys each sequence attends to in prefill: cached (or the last token's start) + scheduled."""
+        return [_start(e.get("num_cached_tokens"), e.get("num_tokens")) + (e.get("num_scheduled_tokens") or 0)
+                for e in self.seqs]
+
+    def need(self, cond, what: str, entry: dict | None = None, **fields) -> _Failure | None:
+        """need() for this step, or for the sequence `entry` names: "step N[, request R]: what"."""
+        if entry is None:
+            return need(cond, f"step {self.n}: {what}", step=self.n, **fields)
+        rid = self.log.rid(entry)
+        return need(cond, f"step {self.n}, request {rid}: {what}", step=self.n, request=rid, **fields)
 
-
-# ----------------------------------------------------------------------------- invariants of the log
-
-@invariant("log.single_run", "every event carries the same run id")
-def _single_run(r):
-    runs = {e.get("run") for e in r.log.events}
-    yield need(len(runs) <= 1, f"the log mixes {len(runs)} runs: {', '.join(sorted(map(str, runs)))}")
-
-
-@invariant("log.run_start", "the log has exactly one run_start event")
-def _one_run_start(r):
-    yield need(len(r.log.run_starts) == 1, f"run: expected one run_start event, found {len(r.log.run_starts)}")
-
-
-@invariant("time.monotonic", "t_ns never goes backwards")
-def _monotonic(r):
-    last = None
-    for e in r.log.events:
-        t = e.get("t_ns")
-        if is_int(t):
-            yield need(last is None or t >= last, f"run: t_ns goes backwards at {e.get('event')} "
-                                                  f"(step {e.get('step')}): {last} -> {t}", step=e.get("step"))
-            last = t
-
-
-@invariant("steps.contiguous", "steps are numbered 1..N")
-def _contiguous(r):
-    steps = sorted(r.log.steps)
-    if steps:
-        yield need(steps == list(range(1, len(steps) + 1)),
-                   f"run: steps are not numbered 1..{len(steps)} (found {steps[:5]}...)")
-
-
-@invariant("step.events", "a step has one scheduled, gpu_inputs, after_postprocess and sampled event, at most "
-                          "one before_schedule, and its events can be read")
-def _step_events(r, s: _Step):
-    for name, least in (("scheduled", 1), ("gpu_inputs", 1), ("after_postprocess", 1), ("sampled", 1),
-                        ("before_schedule", 0)):
-        n = len(s.events.get(name, []))
-        yield need(least <= n <= 1, f"step {s.n}: {n} {name} events (expected "
-                                    f"{'exactly one' if least else 'at most one'})", step=s.n, field=name)
-
-
-@invariant("seq.known", "every sequence a step names was added by a request_added event")
-def _preempted_known(r, s: _Step, p: dict):
-    yield need(p.get("seq_id") in r.seqs, f"step {s.n}, request {r.log.rid(p)}: preempted an unknown sequence "
-                                          f"{p.get('seq_id')}", **s.where(p))
-
-
-@invariant("seq.known")
-def _scheduled_known(r, s: _Step, e: dict):
-    yield need(e.get("seq_id") in r.seqs, f"step {s.n}, request {r.log.rid(e)}: seq {e.get('seq_id')} scheduled "
-                                          f"without a request_added event", **s.where(e))
-
-
-@invariant("seq.known")
-def _reported_known(r, s: _Step, a: dict):
-    # counted only when it fails: after_postprocess may report sequences the step did not schedule
-    if a.get("seq_id") not in r.seqs:
-        yield need(False, f"step {s.n}, request {r.log.rid(a)}: after_postprocess reports unknown seq "
-                          f"{a.get('seq_id')}", **s.where(a))
-
-
-@invariant("phase", "a step is prefill or decode and schedules something; statuses are WAITING, RUNNING "
-                    "or FINISHED")
-def _phase(r, s: _Step):
-    yield need(s.phase in PHASES, f"step {s.n}: phase {s.phase!r} is not prefill or decode", step=s.n,
-               field="phase", actual=s.phase)
-    if s.phase in PHASES:
-        yield need(bool(s.seqs), f"step {s.n}: nothing scheduled", step=s.n)
-
-
-@invariant("phase")
-def _known_status(r, s: _Step, a: dict):
-    status = a.get("status")
-    yield need(status in STATUSES, f"step {s.n}, request {r.log.rid(a)}: unknown status {status!r}",
-               **s.where(a), field="status", actual=status)
-
-
-# ----------------------------------------------------------------------------- before_schedule, preempted
-
-@invariant("phase.mixed", "a prefill step schedules only waiting sequences, a decode step only running ones")
-def _from_the_right_queue(r, s: _Step):
-    prefill = s.phase == "prefill"
-    if s.before is not None:
-        queue = {str(x) for x in s.before.get("waiting" if prefill else "running") or []}
-        for e in s.seqs:
-            yield need(str(e.get("seq_id")) in queue, f"step {s.n}, request {r.log.rid(e)}: scheduled in a "
-                                                      f"{s.phase} step but it was not "
-                                                      f"{'waiting' if prefill else 'running'} before scheduling",
-                       **s.where(e))
-        return
-    for e in s.seqs:
-        q = r.seqs.get(e.get("seq_id"))
-        if q is not None:
-            yield need(q.status == ("WAITING" if prefill else "RUNNING"),
-                       f"step {s.n}, request {q.request_id}: scheduled in a {s.phase} step while {q.status}",
-                       step=s.n, request=q.request_id)
-
-
-@invariant("queues", "before_schedule's waiting and running queues hold the sequences the replay has there")
-def _queues(r, s: _Step):
-    live = [q for q in r.seqs.values() if q.status != "FINISHED"]
-    want_w, want_r = (sorted(str(q.seq_id) for q in live if q.status == st) for st in ("WAITING", "RUNNING"))
-    got_w, got_r = (sorted(str(x) for x in s.before.get(k) or []) for k in ("waiting", "running"))
-    names = {str(q.seq_id): q.request_id for q in r.seqs.values()}
-
-    def n(ids):
-        return [names.get(i, f"seq{i}") for i in ids]
-    yield need(got_w == want_w and got_r == want_r, f"step {s.n}: before_schedule has waiting {n(got_w)} running "
-                                                    f"{n(got_r)}, but the states so far give waiting {n(want_w)} "
-                                                    f"running {n(want_r)}", step=s.n)
-
-
-@invariant("free.continuity", "a step starts with the free blocks the previous one left")
-def _free_continuity(r, s: _Step):
-    fb = s.before.get("free_blocks")
-    if r.free is not None:
-        yield need(fb == r.free, f"step {s.n}: before_schedule.free_blocks {fb}, but the previous step left "
-                                 f"{r.free}", step=s.n, field="free_blocks", expected=r.free, actual=fb)
-
-
-@invariant("preempted", "only a running sequence is preempted, and not scheduled in the same step")
-def _preemptable(r, s: _Step, p: dict):
-    rid = r.log.rid(p)
-    yield need(p.get("seq_id") not in s.ids, f"step {s.n}, request {rid}: preempted and scheduled in the same "
-                                             f"step", step=s.n, request=rid)
-    q = r.seqs.get(p.get("seq_id"))
-    if q is not None:
-        yield need(q.status == "RUNNING", f"step {s.n}, request {rid}: preempted while {q.status}", step=s.n,
-                   request=rid)
-
-
-# ----------------------------------------------------------------------------- scheduled
-
-@invariant("state.continuity", "a sequence is scheduled with the tokens, cached count and blocks it was left with")
-def _continuity(r, s: _Step, e: dict, q: _Seq):
-    nt, nc, table = e.get("num_tokens"), e.get("num_cached_tokens"), list(e.get("block_table") or [])
-    rid = r.log.rid(e)
-    yield need(nt == q.num_tokens or q.num_tokens is None, f"step {s.n}, request {rid}: scheduled with num_tokens "
-                                                           f"{nt}, but the previous state had {q.num_tokens}",
-               **s.where(e), field="num_tokens", expected=q.num_tokens, actual=nt)
-    if q.table:
-        yield need(nc == q.num_cached and table[:len(q.table)] == q.table,
-                   f"step {s.n}, request {rid}: holds blocks {q.table} with cached {q.num_cached}, scheduled "
-                   f"with blocks {table} cached {nc}", **s.where(e), field="block_table")
-
-
-@invariant("block_table.size", "a scheduled sequence holds ceil(num_tokens / block_size) blocks")
-def _table_size(r, s: _Step, e: dict):
-    nt, table = e.get("num_tokens"), list(e.get("block_table") or [])
-    if r.bs is not None and is_int(nt):
-        want = -(-nt // r.bs)
-        yield need(len(table) == want, f"step {s.n}, request {r.log.rid(e)}: {len(table)} blocks for {nt} tokens "
-                                       f"(block size {r.bs} needs {want})", **s.where(e), field="blocks",
-                   expected=want, actual=len(table))
-
-
-@invariant("block_table.ids", "a block table holds distinct block ids of the pool")
-def _table_ids(r, s: _Step, e: dict):
-    table = list(e.get("block_table") or [])
-    bad = [b for b in table if not is_int(b) or b < 0 or (r.nb is not None and b >= r.nb)]
-    yield need(not bad and len(set(table)) == len(table), f"step {s.n}, request {r.log.rid(e)}: block table "
-                                                          f"{table} has invalid or repeated ids", **s.where(e),
-               field="block_table", actual=table)
-
-
-@invariant("decode.shape", "a decode step schedules one token of a sequence whose other tokens are cached")
-def _decode_shape(r, s: _Step, e: dict):
-    nt, nc, ns = e.get("num_tokens"), e.get("num_cached_tokens"), e.get("num_scheduled_tokens")
-    yield need(ns == 1 and is_int(nt) and is_int(nc) and nt == nc + 1,
-               f"step {s.n}, request {r.log.rid(e)}: decode needs scheduled 1 and total = cached + 1, got total "
-               f"{nt} cached {nc} scheduled {ns}", **s.where(e))
-
-
-def _chunk_ok(e: dict) -> bool:
-    nt, nc, ns = e.get("num_tokens"), e.get("num_cached_tokens"), e.get("num_scheduled_tokens")
-    return is_int(ns) and is_int(nc) and is_int(nt) and ns >= 1 and _start(nc, nt) + ns <= nt
-
-
-@invariant("chunk.fits", "a prefill computes at least one token and no more than the sequence has")
-def _chunk_fits(r, s: _Step, e: dict):
-    nt, nc, ns = e.get("num_tokens"), e.get("num_cached_tokens"), e.get("num_scheduled_tokens")
-    yield need(_chunk_ok(e), f"step {s.n}, request {r.log.rid(e)}: prefill of {ns} tokens from cached {nc} does "
-                             f"not fit total {nt}", **s.where(e))
-
-
-@invariant("policy.chunk_first_only", "only the first sequence of a prefill batch is chunked (nano's policy)")
-def _chunk_first_only(r, s: _Step, e: dict, j: int):
-    nt, nc, ns = e.get("num_tokens"), e.get("num_cached_tokens"), e.get("num_scheduled_tokens")
-    if _chunk_ok(e) and j > 0:
-        rid = r.log.rid(e)
-        yield need(_start(nc, nt) + ns == nt, f"step {s.n}, request {rid}: {rid} is chunked ({ns} of {nt - nc} "
-                                              f"tokens) but is not first in the prefill batch (nano chunks only "
-                                              f"the first)", **s.where(e))
-
-
-@invariant("budget", "a step schedules at most max_num_seqs sequences and max_num_batched_tokens tokens")
-def _seq_budget(r, s: _Step):
-    if r.max_seqs is not None:
-        yield need(len(s.seqs) <= r.max_seqs, f"step {s.n}: {len(s.seqs)} sequences scheduled, max_num_seqs is "
-                                              f"{r.max_seqs}", step=s.n, field="max_num_seqs", expected=r.max_seqs,
-                   actual=len(s.seqs))
-
-
-@invariant("budget")
-def _token_budget(r, s: _Step):
-    total = sum(ns for ns in (e.get("num_scheduled_tokens") for e in s.seqs) if is_int(ns))
-    if r.max_batched is not None:
-        yield need(total <= r.max_batched, f"step {s.n}: {total} tokens scheduled, max_num_batched_tokens is "
-                                           f"{r.max_batched}", step=s.n, field="max_num_batched_tokens",
-                   expected=r.max_batched, actual=total)
-
-
-# ----------------------------------------------------------------------------- gpu_inputs
-
-@invariant("inputs.num_input_ids", "the model gets as many input ids as the step scheduled tokens")
-def _num_input_ids(r, s: _Step, gi: dict):
-    want, got = sum(s.counts), gi.get("num_input_ids")
-    yield need(got == want, f"step {s.n}: num_input_ids {got}, the scheduled counts sum to {want}", step=s.n,
-               field="num_input_ids", expected=want, actual=got)
-
-
-def _graph_trim(gi: dict, got: list, n: int) -> list:
-    """A CUDA-graph batch is padded past the step's rows: compare the rows the step has."""
-    return got[:n] if len(got) > n and gi.get("execution") == "graph" else got
-
-
-@invariant("inputs.positions", "positions run from num_cached_tokens in prefill, are num_tokens - 1 in decode")
-def _positions(r, s: _Step, gi: dict):
-    want = [p for ps in s.positions for p in ps]
-    got = _graph_trim(gi, list(gi.get("positions") or []), len(want))
-    yield need(got == want, f"step {s.n}: positions {format_positions(got)}, expected "
-                            f"{format_positions(want, [len(p) for p in s.positions])} "
-                            f"({'from num_cached_tokens' if s.phase == 'prefill' else 'num_tokens - 1'})",
-               step=s.n, field="positions", expected=want, actual=got)
-
-
-@invariant("slots", "position p of a sequence writes its KV to slot block_table[p // block_size] * block_size "
-                    "+ p % block_size")
-def _slots(r, s: _Step, gi: dict):
-    n = sum(len(ps) for ps in s.positions)
-    slots = list(gi.get("slot_mapping") or [])
-    if len(slots) > n and all(x == -1 for x in slots[n:]):
-        slots = slots[:n]
-    if r.bs is None:
-        return
-    if len(slots) != n:
-        yield need(False, f"step {s.n}: slot_mapping has {len(slots)} entries for {n} positions", step=s.n,
-                   field="slot_mapping", expected=n, actual=len(slots))
-        return
-    off = 0
-    for e, ps in zip(s.seqs, s.positions):
-        table = list(e.get("block_table") or [])
-        bad = []
-        for k, p in enumerate(ps):
-            i = p // r.bs
-            want = table[i] * r.bs + p % r.bs if 0 <= i < len(table) else None
-            if slots[off + k] != want:
-                bad.append((off + k, p, want, slots[off + k]))
-        if bad:
-            idx, p, want, got = bad[0]
-            yield need(False, f"step {s.n}, request {r.log.rid(e)}: slot_mapping[{idx}] (position {p}) expected "
-                              f"{want}, got {got} ({len(bad)} of {len(ps)} slots differ; block_table {table})",
-                       **s.where(e), field="slot_mapping", expected=want, actual=got)
-        else:
-            yield None
-        off += len(ps)
-
-
-def _k_lens(s: _Step) -> list:
-    """Keys each sequence attends to in prefill: cached (or the last token's start) + scheduled."""
-    return [_start(e.get("num_cached_tokens"), e.get("num_tokens")) + (e.get("num_scheduled_tokens") or 0)
-            for e in s.seqs]
-
-
-@invariant("inputs.cu_seqlens_q", "cu_seqlens_q is the running sum of the scheduled counts")
-def _cu_seqlens_q(r, s: _Step, gi: dict):
-    got, want = gi.get("cu_seqlens_q"), _cumsum(s.counts)
-    if s.phase == "prefill" or got is not None:
-        yield need(got == want, f"step {s.n}: cu_seqlens_q {got}, the scheduled counts give {want}", step=s.n,
-                   field="cu_seqlens_q", expected=want, actual=got)
-
-
-@invariant("inputs.cu_seqlens_k", "cu_seqlens_k is the running sum of cached + scheduled (prefill) or of the "
-                                  "context lengths (decode)")
-def _cu_seqlens_k(r, s: _Step, gi: dict):
-    got = gi.get("cu_seqlens_k")
-    if s.phase == "prefill":
-        want = _cumsum(_k_lens(s))
-        yield need(got == want, f"step {s.n}: cu_seqlens_k {got}, cached + scheduled gives {want}", step=s.n,
-                   field="cu_seqlens_k", expected=want, actual=got)
-    elif got is not None:
-        want = _cumsum([e.get("num_tokens") for e in s.seqs])
-        yield need(got == want, f"step {s.n}: cu_seqlens_k {got}, the context lengths give {want}", step=s.n,
-                   field="cu_seqlens_k", expected=want, actual=got)
-
-
-@invariant("inputs.max_seqlen", "max_seqlen_q / max_seqlen_k are the longest query and key lengths (prefill)")
-def _max_seqlen(r, s: _Step, gi: dict):
-    if s.phase == "prefill":
-        mq, mk, kl = gi.get("max_seqlen_q"), gi.get("max_seqlen_k"), _k_lens(s)
-        yield need(mq == max(s.counts, default=0) and mk == max(kl, default=0),
-                   f"step {s.n}: max_seqlen_q/k {mq}/{mk}, expected {max(s.counts, default=0)}/{max(kl, default=0)}",
-                   step=s.n, field="max_seqlen")
-
-
-@invariant("inputs.context_lens", "context_lens are the scheduled totals in decode, null in prefill")
-def _context_lens(r, s: _Step, gi: dict):
-    if s.phase == "prefill":
-        cl = gi.get("context_lens")
-        yield need(not cl, f"step {s.n}: context_lens should be null in prefill, got {_show(cl)}", step=s.n,
-                   field="context_lens", expected=None, actual=cl)
-        return
-    want = [e.get("num_tokens") for e in s.seqs]
-    got = _graph_trim(gi, list(gi.get("context_lens") or []), len(want))
-    yield need(got == want, f"step {s.n}: context_lens {got}, the scheduled totals are {want}", step=s.n,
-               field="context_lens", expected=want, actual=got)
-
-
-@invariant("inputs.block_tables", "block_tables rows are the scheduled block tables (decode, and prefill over "
-                                  "cached tokens), null otherwise")
-def _block_tables(r, s: _Step, gi: dict):
-    bt = gi.get("block_tables")
-    if s.phase == "prefill" and not any((e.get("num_cached_tokens") or 0) > 0 for e in s.seqs):
-        yield need(bt is None, f"step {s.n}: block_tables should be null in a prefill without cached tokens",
-                   step=s.n, field="block_tables", expected=None, actual=bt)
-        return
-    why = "prefill over cached tokens" if s.phase == "prefill" else "decode"
-    yield need(bt is not None, f"step {s.n}: {why} needs block_tables, got null", step=s.n, field="block_tables")
-    if bt is None:
-        return
-    rows = list(bt or [])
-    if len(rows) < len(s.seqs):
-        yield need(False, f"step {s.n}: block_tables has {len(rows)} rows for {len(s.seqs)} sequences", step=s.n,
-                   field="block_tables")
-        return
-    for e, row in zip(s.seqs, rows):
-        want, got = list(e.get("block_table") or []), _strip_pad(row)
-        yield need(got == want, f"step {s.n}, request {r.log.rid(e)}: block_tables row {got}, the scheduled "
-                                f"block_table is {want}", **s.where(e), field="block_tables", expected=want,
-                   actual=got)
-
-
-@invariant("inputs.execution", "a step runs eagerly, or as a CUDA graph of a decode batch that fits when graphs "
-                               "are allowed")
-def _execution(r, s: _Step, gi: dict):
-    ex, gb = gi.get("execution"), gi.get("graph_batch")
-    ok = ex in ("eager", "graph")
-    if ex == "graph":
-        ok = ok and s.phase == "decode" and is_int(gb) and gb >= len(s.seqs) and r.enforce_eager is not True
-    elif ex == "eager":
-        ok = ok and gb is None
-    yield need(ok, f"step {s.n}: execution {ex!r} with graph_batch {gb!r} in a {s.phase} step of {len(s.seqs)} "
-                   f"sequences (enforce_eager {r.enforce_eager})", step=s.n, field="execution", actual=ex)
-
-
-# ----------------------------------------------------------------------------- sampled, after_postprocess
-
-@invariant("sampled", "tokens are sampled for scheduled sequences only, and an accepted token is the sampled one")
-def _sampled_for_scheduled(r, s: _Step):
-    extra = [k for k in s.sampled_tok if k not in s.ids]
-    yield need(not extra, f"step {s.n}: sampled tokens for sequences not scheduled this step: {extra}", step=s.n)
-
-
-@invariant("after.complete", "every scheduled sequence is in after_postprocess")
-def _after_complete(r, s: _Step, by_sid: dict):
-    for e in s.seqs:
-        yield need(e.get("seq_id") in by_sid, f"step {s.n}, request {r.log.rid(e)}: scheduled but missing from "
-                                              f"after_postprocess", **s.where(e))
-
-
-def _completes(s: _Step, sc: dict) -> bool:
-    """Whether the step computed the sequence's last prompt token (or decoded): its token is an output."""
-    snt, snc, sns = sc.get("num_tokens"), sc.get("num_cached_tokens"), sc.get("num_scheduled_tokens")
-    return s.phase == "decode" or (is_int(snc) and is_int(sns) and _start(snc, snt) + sns == snt)
-
-
-@invariant("accepted.rule", "a token is accepted exactly when the step completes the prompt (or decodes)")
-def _accepted_rule(r, s: _Step, a: dict, sc: dict):
-    completes, acc = _completes(s, sc), a.get("accepted")
-    yield need(acc is completes, f"step {s.n}, request {r.log.rid(a)}: accepted is {acc}, but the step "
-                                 f"{'completes' if completes else 'does not complete'} the prompt (cached "
-                                 f"{sc.get('num_cached_tokens')} + scheduled {sc.get('num_scheduled_tokens')} of "
-                                 f"{sc.get('num_tokens')})", **s.where(a), field="accepted", expected=completes,
-               actual=acc)
-
-
-@invariant("accepted.counts", "an accepted token adds one output and one token")
-def _accepted_counts(r, s: _Step, a: dict, sc: dict, q: _Seq):
-    comp, nt, snt = a.get("num_completion_tokens"), a.get("num_tokens"), sc.get("num_tokens")
-    yield need(comp == q.completion + 1 and nt == (snt or 0) + 1,
-               f"step {s.n}, request {r.log.rid(a)}: an accepted token must add one output and one token (outputs "
-               f"{q.completion} -> {comp}, total {snt} -> {nt})", **s.where(a), field="outputs",
-               expected=q.completion + 1, actual=comp)
-
-
-@invariant("discarded", "a discarded chunk candidate never becomes an output")
-def _discarded(r, s: _Step, a: dict, sc: dict, q: _Seq):
-    comp, nt, snt = a.get("num_completion_tokens"), a.get("num_tokens"), sc.get("num_tokens")
-    yield need(comp == q.completion and nt == snt, f"step {s.n}, request {r.log.rid(a)}: a discarded chunk "
-                                                   f"candidate became an output (outputs {q.completion} -> {comp}, "
-                                                   f"total {snt} -> {nt})", **s.where(a), field="outputs",
-               expected=q.completion, actual=comp)
-
-
-@invariant("sampled")
-def _accepted_is_sampled(r, s: _Step, a: dict):
-    sid = a.get("seq_id")
-    if s.sampled is not None and sid in s.sampled_tok:
-        want = s.sampled_tok[sid]
-        yield need(a.get("token_id") == want, f"step {s.n}, request {r.log.rid(a)}: token_id {a.get('token_id')} "
-                                              f"differs from the sampled {want}", **s.where(a), field="token_id",
-                   expected=want, actual=a.get("token_id"))
-
-
-@invariant("after.cached", "after a step every computed token is cached: the chunk's end, or all but the new token")
-def _after_cached(r, s: _Step, a: dict, sc: dict):
-    nt, nc, acc = a.get("num_tokens"), a.get("num_cached_tokens"), a.get("accepted")
-    if a.get("status") == "FINISHED":
-        return
-    snt, snc, sns = sc.get("num_tokens"), sc.get("num_cached_tokens"), sc.get("num_scheduled_tokens")
-    if acc is False and is_int(snc) and is_int(sns):
-        want = _start(snc, snt) + sns
-        yield need(nc == want, f"step {s.n}, request {r.log.rid(a)}: after a discarded chunk cached should be "
-                               f"{want}, got {nc}", **s.where(a), field="cached", expected=want, actual=nc)
-    elif acc is True and is_int(nt):
-        yield need(nc == nt - 1, f"step {s.n}, request {r.log.rid(a)}: after an accepted token cached should be "
-                                 f"{nt - 1}, got {nc}", **s.where(a), field="cached", expected=nt - 1, actual=nc)
-
-
-@invariant("finished.released", "a finished sequence holds no blocks and no cached tokens")
-def _finished_released(r, s: _Step, a: dict):
-    if a.get("status") == "FINISHED":
-        table, nc = list(a.get("block_table") or []), a.get("num_cached_tokens")
-        yield need(table == [] and nc == 0, f"step {s.n}, request {r.log.rid(a)}: FINISHED but still holds blocks "
-                                            f"{table} / cached {nc}", **s.where(a), field="block_table", expected=[],
-                   actual=table)
-
-
-@invariant("max_tokens", "a request makes at most max_tokens outputs and finishes when it reaches them")
-def _max_tokens(r, s: _Step, a: dict, q: _Seq):
-    comp, status = a.get("num_completion_tokens"), a.get("status")
-    if q.max_tokens is not None and is_int(comp):
-        yield need(comp <= q.max_tokens and (comp < q.max_tokens or status == "FINISHED"),
-                   f"step {s.n}, request {r.log.rid(a)}: {comp} outputs with max_tokens {q.max_tokens}, status "
-                   f"{status}", **s.where(a), field="outputs", expected=q.max_tokens, actual=comp)
-
-
-@invariant("refs", "a block's ref count is the number of live sequences holding it")
-def _refs(r, s: _Step, a: dict, holders: dict):
-    rc = a.get("ref_counts")
-    if rc is None:
-        return
-    rid, table = r.log.rid(a), list(a.get("block_table") or [])
-    ok = isinstance(rc, list) and len(rc) == len(table)
-    yield need(ok, f"step {s.n}, request {rid}: {len(rc) if isinstance(rc, list) else rc!r} ref counts for "
-                   f"{len(table)} blocks", step=s.n, request=rid)
-    if ok:
-        want = [holders.get(b, 0) for b in table]
-        yield need(list(rc) == want, f"step {s.n}, request {rid}: ref_counts {list(rc)}, but {want} live sequences "
-                                     f"hold blocks {table}", step=s.n, request=rid, field="ref_counts",
-                   expected=want, actual=list(rc))
-
-
-@invariant("prefix.content", "a prefix-cache hit lands on blocks whose KV this run computed from the same tokens")
-def _prefix_content(r, s: _Step, e: dict, q: _Seq):
-    nc, table = e.get("num_cached_tokens"), list(e.get("block_table") or [])
-    # A fresh allocation (nothing held before this step) with cached tokens is a prefix hit.
-    if not (s.phase == "prefill" and not q.table and is_int(nc) and nc > 0 and r.bs is not None):
-        return
-    if q.tokens is None:
-        r.skip("prefix.content", "request_added carries no prompt_token_ids")
-        return
-    bs = r.bs
-    for i in range(min(nc // bs, len(table))):       # block_table.size reports a short table
-        b, want = table[i], q.tokens[i * bs:(i + 1) * bs]
-        have = r.written.get(b, {})
-        got = [have.get(k) for k in range(len(want))]
-        if got != want:
-            k = next(j for j in range(len(want)) if got[j] != want[j])
-            what = ("was never computed in this run" if not have else
-                    f"holds token {got[k]} at position {i * bs + k} where this prompt has {want[k]}")
-            yield need(False, f"step {s.n}, request {q.request_id}: prefix-cache hit on block {b} (logical block "
-                              f"{i}), but that block {what}", step=s.n, request=q.request_id, field="block_table",
-                       expected=want, actual=got)
-            return
-    yield None
-
-
-@invariant("blocks.accounting", "every block of the pool is free or held by a live sequence, never both")
-def _accounting(r, s: _Step, fb, holders: dict):
-    if r.nb is not None and is_int(fb):
-        held, nb = len(holders), r.nb
-        yield need(0 <= fb <= nb and fb + held == nb,
-                   f"step {s.n}: free_blocks {fb} + {held} blocks held by live sequences = {fb + held}, but the pool "
-                   f"has {nb}" + (f": {nb - fb - held} block(s) neither free nor held (leaked)"
-                                  if fb + held < nb else ""),
-                   step=s.n, field="free_blocks", expected=nb - held, actual=fb)
-
-
-# ----------------------------------------------------------------------------- the end of the run
-
-@invariant("engine.raised", "the engine did not raise (no engine_error event)")
-def _engine_raised(r):
-    errors = [e for e in r.log.events if e.get("event") == "engine_error"]
-    for e in errors:
-        yield need(False, f"{_where(e.get('step'))}: the engine raised {e.get('error')}: {e.get('message')}",
-                   step=e.get("step") if is_int(e.get("step")) else None)
-    if not errors:
-        yield None
-
-
-@invariant("run.end", "the log ends with one run_end event counting its steps")
-def _run_end(r):
-    ends, n = r.log.run_ends, len(r.log.steps)
-    yield need(len(ends) == 1, f"run: expected one run_end event, found {len(ends)} (the run did not finish?)")
-    if len(ends) == 1:
-        got = ends[0].get("steps")
-        yield need(got == n, f"run: run_end.steps is {got} but the log has {n} steps", field="steps", expected=n,
-                   actual=got)
-
-
-@invariant("requests.finished", "every request finishes")
-def _finished(r, q: _Seq):
-    yield need(q.status == "FINISHED", f"run, request {q.request_id}: ended {q.status}, not FINISHED",
-               request=q.request_id, field="status", expected="FINISHED", actual=q.status)
-
-
-@invariant("requests.outputs", "a request that ignores EOS ends with max_tokens outputs")
-def _outputs(r, q: _Seq):
-    # A request ended another way (cancelled, aborted: a finish_reason other than length/stop) legitimately
-    # has fewer outputs.
-    if (q.status == "FINISHED" and q.ignore_eos and q.max_tokens is not None
-            and q.finish_reason in (None, "length", "stop")):
-        yield need(q.completion == q.max_tokens, f"run, request {q.request_id}: finished with {q.completion} "
-                                                 f"outputs, expected max_tokens={q.max_tokens} (ignore_eos)",
-                   request=q.request_id, field="outputs", expected=q.max_tokens, actual=q.completion)
-
-
-@invariant("blocks.returned", "every block is free again at the end")
-def _returned(r):
-    if r.nb is not None and r.last_free is not None:
-        yield need(r.last_free == r.nb, f"run: {r.nb - r.last_free} of {r.nb} KV blocks were not returned at the "
-                                        f"end (free_blocks {r.last_free})", field="free_blocks", expected=r.nb,
-                   actual=r.last_free)
-
-
-# ----------------------------------------------------------------------------- the replay
 
 class _Replay:
-    """The engine as the log tells it, and what the checks found."""
+    """The engine as the log tells it: every sequence's state and block table, the token ids whose KV each
+    block holds, the free blocks. One handler per event type runs the invariants (methods registered with
+    @invariant) that compare the event with the model, then updates the model."""
 
     def __init__(self, log: EventLog, case: Case | None, block_size: int | None, num_blocks: int | None):
         self.log, self.case, self.bs, self.nb = log, case, block_size, num_blocks
         self.max_batched = _cfg_int(log.config, "max_num_batched_tokens")
         self.max_seqs = _cfg_int(log.config, "max_num_seqs")
         self.enforce_eager = log.config.get("enforce_eager")
-        self.ignore_eos = {q.id: q.ignore_eos for q in case.requests} if case is not None else {}
+        self.ignore_eos = {r.id: r.ignore_eos for r in case.requests} if case is not None else {}
         self.seqs: dict[Any, _Seq] = {}
         self.written: dict = {}      # physical block -> {offset: token id} whose KV the log's steps computed
         self.free = num_blocks       # free blocks as the last step left them
@@ -873,12 +340,12 @@ class _Replay:
         self.skips: dict[str, str] = {}
         self.expected: dict[int, list[Check]] = {}      # index of the case's expect entry -> its checks
 
-    # --- recording
-    def run(self, fn, *args) -> bool:
-        """Run one invariant function; whether everything it checked held."""
+    # --- what the checks found
+    def run(self, check, *args) -> bool:
+        """Run one invariant method; whether everything it checked held."""
         ok = True
-        for res in fn(self, *args):
-            ok = self.record(fn.invariant, res) and ok
+        for res in check(*args):
+            ok = self.record(check.invariant, res) and ok
         return ok
 
     def record(self, name: str, res: _Failure | None) -> bool:
@@ -898,10 +365,24 @@ class _Replay:
     def skip(self, name: str, why: str):
         self.skips.setdefault(name, why)
 
-    # --- the log, event by event
+    def finish(self) -> list[Check]:
+        """Failures as they came, the case's checks, then one passing Check per invariant that never failed."""
+        out = self.checks + [c for i in sorted(self.expected) for c in self.expected[i]]
+        for name in INVARIANTS:
+            if self.failed.get(name):
+                continue
+            n, kind = self.counts.get(name, 0), "policy" if name in POLICY_RULES else "invariant"
+            if n:
+                out.append(Check(name, True, message=f"{name}: held {n} time(s)", kind=kind))
+            else:
+                why = self.skips.get(name, "nothing to check in this log")
+                out.append(Check(name, True, message=f"{name}: not checked ({why})", kind=kind, skipped=True))
+        return out
+
+    # --- the log as a whole
     def replay(self):
-        for fn in (_single_run, _one_run_start, _monotonic, _contiguous):
-            self.run(fn)
+        for check in (self.single_run, self.one_run_start, self.monotonic, self.contiguous):
+            self.run(check)
         if self.bs is None:
             for n in ("slots", "block_table.size"):
                 self.skip(n, "block size unknown: no run_start.block_size or config.kvcache_block_size")
@@ -917,13 +398,40 @@ class _Replay:
             handler(item)
         self.run_end()
 
+    @invariant("log.single_run", "every event carries the same run id")
+    def single_run(self):
+        runs = {e.get("run") for e in self.log.events}
+        yield need(len(runs) <= 1, f"the log mixes {len(runs)} runs: {', '.join(sorted(map(str, runs)))}")
+
+    @invariant("log.run_start", "the log has exactly one run_start event")
+    def one_run_start(self):
+        n = len(self.log.run_starts)
+        yield need(n == 1, f"run: expected one run_start event, found {n}")
+
+    @invariant("time.monotonic", "t_ns never goes backwards")
+    def monotonic(self):
+        last = None
+        for e in self.log.events:
+            t = e.get("t_ns")
+            if is_int(t):
+                yield need(last is None or t >= last, f"run: t_ns goes backwards at {e.get('event')} (step "
+                                                      f"{e.get('step')}): {last} -> {t}", step=e.get("step"))
+                last = t
+
+    @invariant("steps.contiguous", "steps are numbered 1..N")
+    def contiguous(self):
+        steps = sorted(self.log.steps)
+        if steps:
+            yield need(steps == list(range(1, len(steps) + 1)),
+                       f"run: steps are not numbered 1..{len(steps)} (found {steps[:5]}...)")
+
     def request_added(self, e: dict):
-        rid, pl, toks = self.log.rid(e), e.get("prompt_len"), e.get("prompt_token_ids")
-        ie = e.get("ignore_eos")
+        rid, pl, toks, ie = self.log.rid(e), e.get("prompt_len"), e.get("prompt_token_ids"), e.get("ignore_eos")
         toks = list(toks) if isinstance(toks, list) and (not is_int(pl) or len(toks) == pl) else None
-        self.seqs[e.get("seq_id")] = _Seq(e.get("seq_id"), rid, e.get("max_tokens") if is_int(e.get("max_tokens"))
-                                          else None, self.ignore_eos.get(rid) if ie is None else ie,
-                                          pl if is_int(pl) else None, tokens=toks)
+        mt = e.get("max_tokens")
+        self.seqs[e.get("seq_id")] = _Seq(e.get("seq_id"), rid, mt if is_int(mt) else None,
+                                          self.ignore_eos.get(rid) if ie is None else ie, pl if is_int(pl) else None,
+                                          tokens=toks)
 
     def aborted(self, e: dict):
         """Cancelled between steps: the sequence leaves and gives its blocks back."""
@@ -933,14 +441,15 @@ class _Replay:
         if is_int(e.get("free_blocks")):
             self.free = self.last_free = e["free_blocks"]
 
+    # --- a step: its events in the order the engine emits them
     def step(self, n: int):
-        """One engine step: its events in the order the engine emits them. A step too malformed to check
-        fails step.events; the model keeps what the step's events before it set."""
+        """A step too malformed to check fails step.events; the model keeps what its events before that set. The
+        case's expectations for the step are compared with its events whatever the invariants found."""
         s = _Step(self.log, n)
         try:
-            self.run(_step_events, s)
+            self.run(self.step_events, s)
             if s.scheduled is not None:
-                self.run(_phase, s)
+                self.run(self.phase, s)
                 if s.phase in PHASES:
                     self.before_schedule(s)
                     s.ids = {e.get("seq_id") for e in s.seqs}
@@ -957,187 +466,577 @@ class _Replay:
                                                    f"{ex})", step=n))
         self.expect_step(n)
 
+    @invariant("step.events", "a step has one scheduled, gpu_inputs, after_postprocess and sampled event, at most "
+                              "one before_schedule, and can be read")
+    def step_events(self, s: _Step):
+        for name, least in (("scheduled", 1), ("gpu_inputs", 1), ("after_postprocess", 1), ("sampled", 1),
+                            ("before_schedule", 0)):
+            n = len(s.events.get(name, []))
+            yield s.need(least <= n <= 1, f"{n} {name} events (expected {'exactly one' if least else 'at most one'})",
+                         field=name)
+
+    @invariant("seq.known", "every sequence a step names was added by a request_added event")
+    def known(self, s: _Step, e: dict, how: str):
+        if how != "reported" or e.get("seq_id") not in self.seqs:   # a reported one counts only when unknown
+            what = {"preempted": "preempted an unknown sequence {}",
+                    "scheduled": "seq {} scheduled without a request_added event",
+                    "reported": "after_postprocess reports unknown seq {}"}[how]
+            yield s.need(e.get("seq_id") in self.seqs, what.format(e.get("seq_id")), e)
+
+    @invariant("phase", "a step is prefill or decode and schedules something; a status is WAITING, RUNNING or "
+                        "FINISHED")
+    def phase(self, s: _Step, a: dict | None = None):
+        if a is not None:
+            yield s.need(a.get("status") in STATUSES, f"unknown status {a.get('status')!r}", a, field="status",
+                         actual=a.get("status"))
+            return
+        yield s.need(s.phase in PHASES, f"phase {s.phase!r} is not prefill or decode", field="phase", actual=s.phase)
+        if s.phase in PHASES:
+            yield s.need(bool(s.seqs), "nothing scheduled")
+
+    # --- before_schedule and preempted
     def before_schedule(self, s: _Step):
         if s.before is not None:
-            self.run(_free_continuity, s)
-            self.run(_queues, s)
-        self.run(_from_the_right_queue, s)
+            self.run(self.free_continuity, s)
+            self.run(self.queues, s)
+        self.run(self.right_queue, s)
+
+    @invariant("phase.mixed", "a prefill step schedules only waiting sequences, a decode step only running ones")
+    def right_queue(self, s: _Step):
+        want = "waiting" if s.phase == "prefill" else "running"
+        if s.before is not None:
+            queue = {str(x) for x in s.before.get(want) or []}
+            for e in s.seqs:
+                yield s.need(str(e.get("seq_id")) in queue, f"scheduled in a {s.phase} step but it was not {want} "
+                                                            f"before scheduling", e)
+            return
+        for e in s.seqs:
+            q = self.seqs.get(e.get("seq_id"))
+            if q is not None:
+                yield need(q.status == want.upper(), f"step {s.n}, request {q.request_id}: scheduled in a {s.phase} "
+                                                     f"step while {q.status}", step=s.n, request=q.request_id)
+
+    @invariant("queues", "before_schedule's waiting and running queues hold the sequences the replay has there")
+    def queues(self, s: _Step):
+        live = [q for q in self.seqs.values() if q.status != "FINISHED"]
+        want_w, want_r = (sorted(str(q.seq_id) for q in live if q.status == st) for st in ("WAITING", "RUNNING"))
+        got_w, got_r = (sorted(str(x) for x in s.before.get(k) or []) for k in ("waiting", "running"))
+        names = {str(q.seq_id): q.request_id for q in self.seqs.values()}
+
+        def n(ids):
+            return [names.get(i, f"seq{i}") for i in ids]
+        yield s.need(got_w == want_w and got_r == want_r, f"before_schedule has waiting {n(got_w)} running "
+                                                          f"{n(got_r)}, but the states so far give waiting "
+                                                          f"{n(want_w)} running {n(want_r)}")
+
+    @invariant("free.continuity", "a step starts with the free blocks the previous one left")
+    def free_continuity(self, s: _Step):
+        fb = s.before.get("free_blocks")
+        if self.free is not None:
+            yield s.need(fb == self.free, f"before_schedule.free_blocks {fb}, but the previous step left {self.free}",
+                         field="free_blocks", expected=self.free, actual=fb)
 
     def preempted(self, s: _Step, p: dict):
-        self.run(_preempted_known, s, p)
-        self.run(_preemptable, s, p)
+        self.run(self.known, s, p, "preempted")
+        self.run(self.preemptable, s, p)
         q = self.seqs.get(p.get("seq_id"))
         if q is not None:
             q.status, q.num_cached, q.table = "WAITING", 0, []
 
+    @invariant("preempted", "only a running sequence is preempted, and not scheduled in the same step")
+    def preemptable(self, s: _Step, p: dict):
+        yield s.need(p.get("seq_id") not in s.ids, "preempted and scheduled in the same step", p)
+        q = self.seqs.get(p.get("seq_id"))
+        if q is not None:
+            yield s.need(q.status == "RUNNING", f"preempted while {q.status}", p)
+
+    # --- scheduled
     def scheduled(self, s: _Step):
-        self.run(_seq_budget, s)
+        self.run(self.budget, s, "seqs")
         for j, e in enumerate(s.seqs):
             table = list(e.get("block_table") or [])
             q = self.seqs.get(e.get("seq_id"))
-            self.run(_scheduled_known, s, e)
+            self.run(self.known, s, e, "scheduled")
             if q is not None:
-                self.run(_continuity, s, e, q)
-            for fn in (_table_size, _table_ids) + ((_decode_shape,) if s.phase == "decode" else (_chunk_fits,)):
-                self.run(fn, s, e)
+                self.run(self.continuity, s, e, q)
+            for check in (self.table_size, self.table_ids) + ((self.decode_shape,) if s.phase == "decode" else
+                                                              (self.chunk_fits,)):
+                self.run(check, s, e)
             if s.phase == "prefill":
-                self.run(_chunk_first_only, s, e, j)
+                self.run(self.chunk_first_only, s, e, j)
             if q is not None:
-                self.run(_prefix_content, s, e, q)
-                nt, nc = e.get("num_tokens"), e.get("num_cached_tokens")
+                self.run(self.prefix_content, s, e, q)
+                nt, nc, ns = _counts(e)
                 if self.bs is not None:      # the KV this step writes, for later prefix hits
-                    for p in self._written_positions(s.phase, nt, nc, e.get("num_scheduled_tokens")):
+                    for p in self.written_positions(s.phase, nt, nc, ns):
                         if 0 <= p // self.bs < len(table):
                             tok = q.tokens[p] if q.tokens is not None and p < len(q.tokens) else None
                             self.written.setdefault(table[p // self.bs], {})[p % self.bs] = tok
                 q.num_tokens, q.num_cached, q.table = nt, nc, table
-        self.run(_token_budget, s)
+        self.run(self.budget, s, "tokens")
 
     @staticmethod
-    def _written_positions(phase: str, nt, nc, ns) -> range:
+    def written_positions(phase: str, nt, nc, ns) -> range:
         """Positions whose KV a scheduled sequence writes this step."""
         if phase == "decode":
             return range(nt - 1, nt) if is_int(nt) else range(0)
         if not (is_int(nt) and is_int(ns)):
             return range(0)
-        start = _start(nc, nt)
-        return range(start, start + ns)
+        return range(_start(nc, nt), _start(nc, nt) + ns)
 
+    @invariant("state.continuity", "a sequence is scheduled with the tokens, cached count and blocks it was left with")
+    def continuity(self, s: _Step, e: dict, q: _Seq):
+        nt, nc, _ = _counts(e)
+        table = list(e.get("block_table") or [])
+        yield s.need(nt == q.num_tokens or q.num_tokens is None, f"scheduled with num_tokens {nt}, but the previous "
+                                                                 f"state had {q.num_tokens}", e, field="num_tokens",
+                     expected=q.num_tokens, actual=nt)
+        if q.table:
+            yield s.need(nc == q.num_cached and table[:len(q.table)] == q.table,
+                         f"holds blocks {q.table} with cached {q.num_cached}, scheduled with blocks {table} cached "
+                         f"{nc}", e, field="block_table")
+
+    @invariant("block_table.size", "a scheduled sequence holds ceil(num_tokens / block_size) blocks")
+    def table_size(self, s: _Step, e: dict):
+        nt, n = e.get("num_tokens"), len(list(e.get("block_table") or []))
+        if self.bs is not None and is_int(nt):
+            want = -(-nt // self.bs)
+            yield s.need(n == want, f"{n} blocks for {nt} tokens (block size {self.bs} needs {want})", e,
+                         field="blocks", expected=want, actual=n)
+
+    @invariant("block_table.ids", "a block table holds distinct block ids of the pool")
+    def table_ids(self, s: _Step, e: dict):
+        table = list(e.get("block_table") or [])
+        bad = [b for b in table if not is_int(b) or b < 0 or (self.nb is not None and b >= self.nb)]
+        yield s.need(not bad and len(set(table)) == len(table), f"block table {table} has invalid or repeated ids", e,
+                     field="block_table", actual=table)
+
+    @invariant("decode.shape", "a decode step schedules one token of a sequence whose other tokens are cached")
+    def decode_shape(self, s: _Step, e: dict):
+        nt, nc, ns = _counts(e)
+        yield s.need(ns == 1 and is_int(nt) and is_int(nc) and nt == nc + 1, f"decode needs scheduled 1 and total = "
+                                                                             f"cached + 1, got total {nt} cached {nc} "
+                                                                             f"scheduled {ns}", e)
+
+    @staticmethod
+    def _fits(e: dict) -> bool:
+        nt, nc, ns = _counts(e)
+        return is_int(ns) and is_int(nc) and is_int(nt) and ns >= 1 and _start(nc, nt) + ns <= nt
+
+    @invariant("chunk.fits", "a prefill computes at least one token and no more than the sequence has")
+    def chunk_fits(self, s: _Step, e: dict):
+        nt, nc, ns = _counts(e)
+        yield s.need(self._fits(e), f"prefill of {ns} tokens from cached {nc} does not fit total {nt}", e)
+
+    @invariant("policy.chunk_first_only", "only the first sequence of a prefill batch is chunked (nano's policy)")
+    def chunk_first_only(self, s: _Step, e: dict, j: int):
+        nt, nc, ns = _counts(e)
+        if self._fits(e) and j > 0:
+            yield s.need(_start(nc, nt) + ns == nt, f"{self.log.rid(e)} is chunked ({ns} of {nt - nc} tokens) but is "
+                                                    f"not first in the prefill batch (nano chunks only the first)", e)
+
+    @invariant("budget", "a step schedules at most max_num_seqs sequences and max_num_batched_tokens tokens")
+    def budget(self, s: _Step, what: str):
+        if what == "seqs" and self.max_seqs is not None:
+            yield s.need(len(s.seqs) <= self.max_seqs, f"{len(s.seqs)} sequences scheduled, max_num_seqs is "
+                                                       f"{self.max_seqs}", field="max_num_seqs",
+                         expected=self.max_seqs, actual=len(s.seqs))
+        elif what == "tokens" and self.max_batched is not None:
+            total = sum(ns for ns in (e.get("num_scheduled_tokens") for e in s.seqs) if is_int(ns))
+            yield s.need(total <= self.max_batched, f"{total} tokens scheduled, max_num_batched_tokens is "
+                                                    f"{self.max_batched}", field="max_num_batched_tokens",
+                         expected=self.max_batched, actual=total)
+
+    # --- gpu_inputs
     def gpu_inputs(self, s: _Step):
-        for fn in (_num_input_ids, _positions, _slots, _cu_seqlens_q, _cu_seqlens_k, _max_seqlen, _context_lens,
-                   _block_tables, _execution):
-            self.run(fn, s, s.inputs)
+        for check in (self.num_input_ids, self.positions, self.slots, self.cu_seqlens_q, self.cu_seqlens_k,
+                      self.max_seqlen, self.context_lens, self.block_tables, self.execution):
+            self.run(check, s, s.inputs)
 
+    @staticmethod
+    def _rows(gi: dict, got: list, n: int) -> list:
+        """The step's rows of an input: a CUDA-graph batch is padded past them."""
+        return got[:n] if len(got) > n and gi.get("execution") == "graph" else got
+
+    @invariant("inputs.num_input_ids", "the model gets as many input ids as the step scheduled tokens")
+    def num_input_ids(self, s: _Step, gi: dict):
+        want, got = sum(s.counts), gi.get("num_input_ids")
+        yield s.need(got == want, f"num_input_ids {got}, the scheduled counts sum to {want}", field="num_input_ids",
+                     expected=want, actual=got)
+
+    @invariant("inputs.positions", "positions run from num_cached_tokens in prefill, are num_tokens - 1 in decode")
+    def positions(self, s: _Step, gi: dict):
+        want = [p for ps in s.positions for p in ps]
+        got = self._rows(gi, list(gi.get("positions") or []), len(want))
+        yield s.need(got == want, f"positions {format_positions(got)}, expected "
+                                  f"{format_positions(want, [len(p) for p in s.positions])} "
+                                  f"({'from num_cached_tokens' if s.phase == 'prefill' else 'num_tokens - 1'})",
+                     field="positions", expected=want, actual=got)
+
+    @invariant("slots", "position p writes its KV to slot block_table[p // block_size] * block_size + p % block_size")
+    def slots(self, s: _Step, gi: dict):
+        n, bs = sum(len(ps) for ps in s.positions), self.bs
+        slots = list(gi.get("slot_mapping") or [])
+        if len(slots) > n and all(x == -1 for x in slots[n:]):
+            slots = slots[:n]
+        if bs is None:
+            return
+        if len(slots) != n:
+            yield s.need(False, f"slot_mapping has {len(slots)} entries for {n} positions", field="slot_mapping",
+                         expected=n, actual=len(slots))
+            return
+        off = 0
+        for e, ps in zip(s.seqs, s.positions):
+            table = list(e.get("block_table") or [])
+            bad = []
+            for k, p in enumerate(ps):
+                want = table[p // bs] * bs + p % bs if 0 <= p // bs < len(table) else None
+                if slots[off + k] != want:
+                    bad.append((off + k, p, want, slots[off + k]))
+            idx, p, want, got = bad[0] if bad else (None,) * 4
+            yield s.need(not bad, f"slot_mapping[{idx}] (position {p}) expected {want}, got {got} ({len(bad)} of "
+                                  f"{len(ps)} slots differ; block_table {table})", e, field="slot_mapping",
+                         expected=want, actual=got)
+            off += len(ps)
+
+    @invariant("inputs.cu_seqlens_q", "cu_seqlens_q is the running sum of the scheduled counts")
+    def cu_seqlens_q(self, s: _Step, gi: dict):
+        got, want = gi.get("cu_seqlens_q"), _cumsum(s.counts)
+        if s.phase == "prefill" or got is not None:
+            yield s.need(got == want, f"cu_seqlens_q {got}, the scheduled counts give {want}", field="cu_seqlens_q",
+                         expected=want, actual=got)
+
+    @invariant("inputs.cu_seqlens_k", "cu_seqlens_k is the running sum of cached + scheduled (prefill) or of the "
+                                      "context lengths (decode)")
+    def cu_seqlens_k(self, s: _Step, gi: dict):
+        got = gi.get("cu_seqlens_k")
+        if s.phase == "prefill":
+            want, why = _cumsum(s.k_lens()), "cached + scheduled gives"
+        elif got is not None:
+            want, why = _cumsum([e.get("num_tokens") for e in s.seqs]), "the context lengths give"
+        else:
+            return
+        yield s.need(got == want, f"cu_seqlens_k {got}, {why} {want}", field="cu_seqlens_k", expected=want,
+                     actual=got)
+
+    @invariant("inputs.max_seqlen", "max_seqlen_q / max_seqlen_k are the longest query and key lengths (prefill)")
+    def max_seqlen(self, s: _Step, gi: dict):
+        if s.phase == "prefill":
+            mq, mk = gi.get("max_seqlen_q"), gi.get("max_seqlen_k")
+            wq, wk = max(s.counts, default=0), max(s.k_lens(), default=0)
+            yield s.need(mq == wq and mk == wk, f"max_seqlen_q/k {mq}/{mk}, expected {wq}/{wk}", field="max_seqlen")
+
+    @invariant("inputs.context_lens", "context_lens are the scheduled totals in decode, null in prefill")
+    def context_lens(self, s: _Step, gi: dict):
+        if s.phase == "prefill":
+            cl = gi.get("context_lens")
+            yield s.need(not cl, f"context_lens should be null in prefill, got {_show(cl)}", field="context_lens",
+                         expected=None, actual=cl)
+            return
+        want = [e.get("num_tokens") for e in s.seqs]
+        got = self._rows(gi, list(gi.get("context_lens") or []), len(want))
+        yield s.need(got == want, f"context_lens {got}, the scheduled totals are {want}", field="context_lens",
+                     expected=want, actual=got)
+
+    @invariant("inputs.block_tables", "block_tables rows are the scheduled block tables (decode, and prefill over "
+                                      "cached tokens), null otherwise")
+    def block_tables(self, s: _Step, gi: dict):
+        bt = gi.get("block_tables")
+        if s.phase == "prefill" and not any((e.get("num_cached_tokens") or 0) > 0 for e in s.seqs):
+            yield s.need(bt is None, "block_tables should be null in a prefill without cached tokens",
+                         field="block_tables", expected=None, actual=bt)
+            return
+        why = "prefill over cached tokens" if s.phase == "prefill" else "decode"
+        yield s.need(bt is not None, f"{why} needs block_tables, got null", field="block_tables")
+        rows = None if bt is None else list(bt or [])
+        if rows is not None and len(rows) < len(s.seqs):
+            yield s.need(False, f"block_tables has {len(rows)} rows for {len(s.seqs)} sequences", field="block_tables")
+            return
+        for e, row in zip(s.seqs, rows or []):
+            want, got = list(e.get("block_table") or []), _strip_pad(row)
+            yield s.need(got == want, f"block_tables row {got}, the scheduled block_table is {want}", e,
+                         field="block_tables", expected=want, actual=got)
+
+    @invariant("inputs.execution", "a step runs eagerly, or as a CUDA graph of a decode batch that fits when graphs "
+                                   "are allowed")
+    def execution(self, s: _Step, gi: dict):
+        ex, gb = gi.get("execution"), gi.get("graph_batch")
+        ok = ex in ("eager", "graph")
+        if ex == "graph":
+            ok = ok and s.phase == "decode" and is_int(gb) and gb >= len(s.seqs) and self.enforce_eager is not True
+        elif ex == "eager":
+            ok = ok and gb is None
+        yield s.need(ok, f"execution {ex!r} with graph_batch {gb!r} in a {s.phase} step of {len(s.seqs)} sequences "
+                         f"(enforce_eager {self.enforce_eager})", field="execution", actual=ex)
+
+    # --- sampled
     def sampled(self, s: _Step):
         if s.sampled is not None:
             for t in s.sampled.get("tokens") or []:
                 if isinstance(t, dict):
                     s.sampled_tok[t.get("seq_id")] = t.get("token_id")
-            self.run(_sampled_for_scheduled, s)
+            self.run(self.sampled_ok, s)
 
+    @invariant("sampled", "tokens are sampled for scheduled sequences only, and an accepted token is the sampled one")
+    def sampled_ok(self, s: _Step, a: dict | None = None):
+        if a is None:
+            extra = [k for k in s.sampled_tok if k not in s.ids]
+            yield s.need(not extra, f"sampled tokens for sequences not scheduled this step: {extra}")
+        elif s.sampled is not None and a.get("seq_id") in s.sampled_tok:
+            want = s.sampled_tok[a.get("seq_id")]
+            yield s.need(a.get("token_id") == want, f"token_id {a.get('token_id')} differs from the sampled {want}", a,
+                         field="token_id", expected=want, actual=a.get("token_id"))
+
+    # --- after_postprocess
     def after_postprocess(self, s: _Step):
         reported = [a for a in (s.after.get("seqs") or []) if isinstance(a, dict)]
-        by_sid = {a.get("seq_id"): a for a in reported}
         sched = {e.get("seq_id"): e for e in s.seqs}
-        self.run(_after_complete, s, by_sid)
+        self.run(self.after_complete, s, {a.get("seq_id") for a in reported})
         for a in reported:
             q, sc = self.seqs.get(a.get("seq_id")), sched.get(a.get("seq_id"))
-            if not self.run(_reported_known, s, a):
+            if not self.run(self.known, s, a, "reported"):
                 continue
             table = list(a.get("block_table") or [])
             if sc is not None:
-                self.run(_accepted_rule, s, a, sc)
+                self.run(self.accepted_rule, s, a, sc)
                 if a.get("accepted") is False:
-                    self.run(_discarded, s, a, sc, q)
+                    self.run(self.discarded, s, a, sc, q)
                 elif a.get("accepted") is True:
                     if q.tokens is not None:
                         q.tokens.append(a.get("token_id"))
-                    self.run(_accepted_counts, s, a, sc, q)
-                    self.run(_accepted_is_sampled, s, a)
-                self.run(_after_cached, s, a, sc)
-            for fn in (_finished_released, _known_status):
-                self.run(fn, s, a)
-            self.run(_max_tokens, s, a, q)
+                    self.run(self.accepted_counts, s, a, sc, q)
+                    self.run(self.sampled_ok, s, a)
+                self.run(self.after_cached, s, a, sc)
+            self.run(self.finished_released, s, a)
+            self.run(self.phase, s, a)
+            self.run(self.max_tokens, s, a, q)
             nt, nc, comp, status = (a.get(k) for k in ("num_tokens", "num_cached_tokens", "num_completion_tokens",
                                                       "status"))
             q.num_tokens = nt if is_int(nt) else q.num_tokens
             q.num_cached = nc if is_int(nc) else 0
             q.completion = comp if is_int(comp) else q.completion
             q.status = status if status in STATUSES else q.status
-            q.table = table
-            q.finish_reason = a.get("finish_reason", q.finish_reason)
-        holders: dict = {}
+            q.table, q.finish_reason = table, a.get("finish_reason", q.finish_reason)
+        holders: dict = {}          # block -> how many live sequences hold it
         for q in self.seqs.values():
             if q.status != "FINISHED":
                 for b in q.table:
                     holders[b] = holders.get(b, 0) + 1
         fb = s.after.get("free_blocks")
-        self.run(_accounting, s, fb, holders)
+        self.run(self.accounting, s, fb, holders)
         for a in reported:
-            self.run(_refs, s, a, holders)
+            self.run(self.refs, s, a, holders)
         if is_int(fb):
             self.free = self.last_free = fb
 
+    @invariant("after.complete", "every scheduled sequence is in after_postprocess")
+    def after_complete(self, s: _Step, reported: set):
+        for e in s.seqs:
+            yield s.need(e.get("seq_id") in reported, "scheduled but missing from after_postprocess", e)
+
+    @invariant("accepted.rule", "a token is accepted exactly when the step completes the prompt (or decodes)")
+    def accepted_rule(self, s: _Step, a: dict, sc: dict):
+        completes, acc = s.phase == "decode" or _completes(sc), a.get("accepted")
+        nt, nc, ns = _counts(sc)
+        yield s.need(acc is completes, f"accepted is {acc}, but the step "
+                                       f"{'completes' if completes else 'does not complete'} the prompt (cached {nc} "
+                                       f"+ scheduled {ns} of {nt})", a, field="accepted", expected=completes,
+                     actual=acc)
+
+    @invariant("accepted.counts", "an accepted token adds one output and one token")
+    def accepted_counts(self, s: _Step, a: dict, sc: dict, q: _Seq):
+        comp, nt, snt = a.get("num_completion_tokens"), a.get("num_tokens"), sc.get("num_tokens")
+        yield s.need(comp == q.completion + 1 and nt == (snt or 0) + 1, f"an accepted token must add one output and "
+                                                                        f"one token (outputs {q.completion} -> {comp}, "
+                                                                        f"total {snt} -> {nt})", a, field="outputs",
+                     expected=q.completion + 1, actual=comp)
+
+    @invariant("discarded", "a discarded chunk candidate never becomes an output")
+    def discarded(self, s: _Step, a: dict, sc: dict, q: _Seq):
+        comp, nt, snt = a.get("num_completion_tokens"), a.get("num_tokens"), sc.get("num_tokens")
+        yield s.need(comp == q.completion and nt == snt, f"a discarded chunk candidate became an output (outputs "
+                                                         f"{q.completion} -> {comp}, total {snt} -> {nt})", a,
+                     field="outputs", expected=q.completion, actual=comp)
+
+    @invariant("after.cached", "after a step every computed token is cached: the chunk, or all but the new token")
+    def after_cached(self, s: _Step, a: dict, sc: dict):
+        nt, nc, acc = a.get("num_tokens"), a.get("num_cached_tokens"), a.get("accepted")
+        snt, snc, sns = _counts(sc)
+        if a.get("status") == "FINISHED":
+            return
+        if acc is False and is_int(snc) and is_int(sns):
+            want = _start(snc, snt) + sns
+            yield s.need(nc == want, f"after a discarded chunk cached should be {want}, got {nc}", a, field="cached",
+                         expected=want, actual=nc)
+        elif acc is True and is_int(nt):
+            yield s.need(nc == nt - 1, f"after an accepted token cached should be {nt - 1}, got {nc}", a,
+                         field="cached", expected=nt - 1, actual=nc)
+
+    @invariant("finished.released", "a finished sequence holds no blocks and no cached tokens")
+    def finished_released(self, s: _Step, a: dict):
+        if a.get("status") == "FINISHED":
+            table, nc = list(a.get("block_table") or []), a.get("num_cached_tokens")
+            yield s.need(table == [] and nc == 0, f"FINISHED but still holds blocks {table} / cached {nc}", a,
+                         field="block_table", expected=[], actual=table)
+
+    @invariant("max_tokens", "a request makes at most max_tokens outputs and finishes when it reaches them")
+    def max_tokens(self, s: _Step, a: dict, q: _Seq):
+        comp, status = a.get("num_completion_tokens"), a.get("status")
+        if q.max_tokens is not None and is_int(comp):
+            yield s.need(comp <= q.max_tokens and (comp < q.max_tokens or status == "FINISHED"),
+                         f"{comp} outputs with max_tokens {q.max_tokens}, status {status}", a, field="outputs",
+                         expected=q.max_tokens, actual=comp)
+
+    # --- blocks: who holds them, and what their KV was computed from
+    @invariant("refs", "a block's ref count is the number of live sequences holding it")
+    def refs(self, s: _Step, a: dict, holders: dict):
+        rc = a.get("ref_counts")
+        if rc is None:
+            return
+        table = list(a.get("block_table") or [])
+        ok = isinstance(rc, list) and len(rc) == len(table)
+        yield s.need(ok, f"{len(rc) if isinstance(rc, list) else rc!r} ref counts for {len(table)} blocks", a)
+        if ok:
+            want = [holders.get(b, 0) for b in table]
+            yield s.need(list(rc) == want, f"ref_counts {list(rc)}, but {want} live sequences hold blocks {table}", a,
+                         field="ref_counts", expected=want, actual=list(rc))
+
+    @invariant("prefix.content", "a prefix-cache hit lands on blocks whose KV this run computed from the same tokens")
+    def prefix_content(self, s: _Step, e: dict, q: _Seq):
+        nc, table, bs = e.get("num_cached_tokens"), list(e.get("block_table") or []), self.bs
+        # a fresh allocation (nothing held before this step) with cached tokens is a prefix hit
+        if not (s.phase == "prefill" and not q.table and is_int(nc) and nc > 0 and bs is not None):
+            return
+        if q.tokens is None:
+            self.skip("prefix.content", "request_added carries no prompt_token_ids")
+            return
+        for i in range(min(nc // bs, len(table))):       # block_table.size reports a short table
+            want, have = q.tokens[i * bs:(i + 1) * bs], self.written.get(table[i], {})
+            got = [have.get(k) for k in range(len(want))]
+            if got != want:
+                k = next(j for j in range(len(want)) if got[j] != want[j])
+                what = ("was never computed in this run" if not have else
+                        f"holds token {got[k]} at position {i * bs + k} where this prompt has {want[k]}")
+                yield need(False, f"step {s.n}, request {q.request_id}: prefix-cache hit on block {table[i]} (logical "
+                                  f"block {i}), but that block {what}", step=s.n, request=q.request_id,
+                           field="block_table", expected=want, actual=got)
+                return
+        yield None
+
+    @invariant("blocks.accounting", "every block of the pool is free or held by a live sequence, never both")
+    def accounting(self, s: _Step, fb, holders: dict):
+        if self.nb is not None and is_int(fb):
+            held, nb = len(holders), self.nb
+            yield s.need(0 <= fb <= nb and fb + held == nb, f"free_blocks {fb} + {held} blocks held by live sequences "
+                                                            f"= {fb + held}, but the pool has {nb}"
+                         + (f": {nb - fb - held} block(s) neither free nor held (leaked)" if fb + held < nb else ""),
+                         field="free_blocks", expected=nb - held, actual=fb)
+
+    # --- the end of the run
     def run_end(self):
-        self.run(_engine_raised)
-        self.run(_run_end)
+        self.run(self.engine_raised)
+        self.run(self.run_ended)
         for q in self.seqs.values():
-            self.run(_finished, q)
-            self.run(_outputs, q)
+            self.run(self.finished, q)
+            self.run(self.outputs, q)
         if not any(q.ignore_eos for q in self.seqs.values()):
             self.skip("requests.outputs", "no request is known to ignore EOS")
-        self.run(_returned)
+        self.run(self.returned)
         if self.case is not None:
             self.case_requests()
             for i, x in enumerate(self.case.expect or []):
                 if "final" in x:
                     self.expect_final(i, x["final"])
                 elif x["step"] not in self.log.steps:
-                    self.missing(i, x["step"], None, "step", f"not in the log (the run has {len(self.log.steps)} "
-                                                             f"steps)")
+                    self.missing(i, x["step"], None, "step", f"not in the log (the run has {len(self.log.steps)} steps)")
 
-    def finish(self) -> list[Check]:
-        out = self.checks + [c for i in sorted(self.expected) for c in self.expected[i]]
-        for name in INVARIANTS:
-            if self.failed.get(name):
-                continue
-            n, kind = self.counts.get(name, 0), "policy" if name in POLICY_RULES else "invariant"
-            if n:
-                out.append(Check(name, True, message=f"{name}: held {n} time(s)", kind=kind))
-            else:
-                why = self.skips.get(name, "nothing to check in this log")
-                out.append(Check(name, True, message=f"{name}: not checked ({why})", kind=kind, skipped=True))
-        return out
+    @invariant("engine.raised", "the engine did not raise (no engine_error event)")
+    def engine_raised(self):
+        errors = [e for e in self.log.events if e.get("event") == "engine_error"]
+        for e in errors:
+            yield need(False, f"{_where(e.get('step'))}: the engine raised {e.get('error')}: {e.get('message')}",
+                       step=e.get("step") if is_int(e.get("step")) else None)
+        if not errors:
+            yield None
 
-    # --- the case: its requests and its expected states
+    @invariant("run.end", "the log ends with one run_end event counting its steps")
+    def run_ended(self):
+        ends, n = self.log.run_ends, len(self.log.steps)
+        yield need(len(ends) == 1, f"run: expected one run_end event, found {len(ends)} (the run did not finish?)")
+        if len(ends) == 1:
+            got = ends[0].get("steps")
+            yield need(got == n, f"run: run_end.steps is {got} but the log has {n} steps", field="steps", expected=n,
+                       actual=got)
+
+    @invariant("requests.finished", "every request finishes")
+    def finished(self, q: _Seq):
+        yield need(q.status == "FINISHED", f"run, request {q.request_id}: ended {q.status}, not FINISHED",
+                   request=q.request_id, field="status", expected="FINISHED", actual=q.status)
+
+    @invariant("requests.outputs", "a request that ignores EOS ends with max_tokens outputs")
+    def outputs(self, q: _Seq):
+        # one ended another way (cancelled, aborted: a finish_reason other than length/stop) has fewer
+        if (q.status == "FINISHED" and q.ignore_eos and q.max_tokens is not None
+                and q.finish_reason in (None, "length", "stop")):
+            yield need(q.completion == q.max_tokens, f"run, request {q.request_id}: finished with {q.completion} "
+                                                     f"outputs, expected max_tokens={q.max_tokens} (ignore_eos)",
+                       request=q.request_id, field="outputs", expected=q.max_tokens, actual=q.completion)
+
+    @invariant("blocks.returned", "every block is free again at the end")
+    def returned(self):
+        if self.nb is not None and self.last_free is not None:
+            yield need(self.last_free == self.nb, f"run: {self.nb - self.last_free} of {self.nb} KV blocks were not "
+                                                  f"returned at the end (free_blocks {self.last_free})",
+                       field="free_blocks", expected=self.nb, actual=self.last_free)
+
+    # --- the case: its requests, and the states it expects
     def case_requests(self):
         """The log ran the case's requests, with their max_tokens, and `after` was respected."""
         log, case = self.log, self.case
         added = {log.rid(e): (i, e) for i, e in log.added}
-        for q in case.requests:
-            if q.id not in added:
-                self.checks.append(Check("case.requests", False, None, q.id, "request_added",
-                                         message=f"run, request {q.id}: never added to the engine", kind="case"))
+        for r in case.requests:
+            if r.id not in added:
+                self.checks.append(Check("case.requests", False, None, r.id, "request_added",
+                                         message=f"run, request {r.id}: never added to the engine", kind="case"))
                 continue
-            i, e = added[q.id]
-            for fld, want in (("max_tokens", q.max_tokens), ("prompt_len", q.prompt_len)):
-                if want is None:  # a text prompt's length is known only after tokenizing
-                    continue
-                ok = e.get(fld) == want
-                self.checks.append(Check("case.requests", ok, None, q.id, fld, want, e.get(fld),
-                                         f"run, request {q.id}, {fld}: expected {want}, got {e.get(fld)}" if not ok
-                                         else f"request {q.id} added with {fld} {want}", "case"))
-            if q.after is not None:
-                finished_at = next((j for j, ev in enumerate(log.events) if ev.get("event") == "after_postprocess"
-                                    and any(isinstance(a, dict) and log.rid(a) == q.after
-                                            and a.get("status") == "FINISHED" for a in ev.get("seqs") or [])), None)
-                ok = finished_at is not None and i > finished_at
-                self.checks.append(Check("case.after", ok, None, q.id, "after", q.after, None,
-                                         f"run, request {q.id}: added before {q.after} finished" if not ok
-                                         else f"request {q.id} added after {q.after} finished", "case"))
+            i, e = added[r.id]
+            for fld, want in (("max_tokens", r.max_tokens), ("prompt_len", r.prompt_len)):
+                if want is not None:    # a text prompt's length is known only after tokenizing
+                    ok = e.get(fld) == want
+                    self.checks.append(Check("case.requests", ok, None, r.id, fld, want, e.get(fld),
+                                             f"request {r.id} added with {fld} {want}" if ok else
+                                             f"run, request {r.id}, {fld}: expected {want}, got {e.get(fld)}", "case"))
+            if r.after is not None:
+                done = next((j for j, ev in enumerate(log.events) if ev.get("event") == "after_postprocess" and any(
+                    isinstance(a, dict) and log.rid(a) == r.after and a.get("status") == "FINISHED"
+                    for a in ev.get("seqs") or [])), None)
+                ok = done is not None and i > done
+                self.checks.append(Check("case.after", ok, None, r.id, "after", r.after, None,
+                                         f"request {r.id} added after {r.after} finished" if ok else
+                                         f"run, request {r.id}: added before {r.after} finished", "case"))
         extra = sorted(set(added) - set(case.request_ids))
         if extra:
             self.checks.append(Check("case.requests", False, None, None, "request_added", None, extra,
                                      f"run: requests not in the case were added: {', '.join(extra)}", "case"))
 
     def compare(self, i: int, step, request, fld, expected, actual):
-        where = _where(step, request)
-        ok = expected == actual
-        self.expected.setdefault(i, []).append(Check(
-            "expect", ok, step, request, fld, expected, actual,
-            f"{where}, {fld}: {_show(expected)}" if ok else
-            f"{where}, {fld}: expected {_show(expected)}, got {_show(actual)}", "expect"))
+        """One field of the case's expect entry `i`."""
+        where, ok = _where(step, request), expected == actual
+        self.expected.setdefault(i, []).append(Check("expect", ok, step, request, fld, expected, actual,
+                                                     f"{where}, {fld}: {_show(expected)}" if ok else
+                                                     f"{where}, {fld}: expected {_show(expected)}, got {_show(actual)}",
+                                                     "expect"))
 
     def missing(self, i: int, step, request, fld, what):
         self.expected.setdefault(i, []).append(Check("expect", False, step, request, fld, None, None,
                                                      f"{_where(step, request)}, {fld}: {what}", "expect"))
 
     def expect_step(self, st: int):
-        """Compare step `st` with the case's entry for it, field by field, as the log reports it."""
-        found = [(i, x) for i, x in enumerate(self.case.expect or []) if x.get("step") == st] if self.case else []
-        if not found:
+        """The step against the case's entry for it, field by field, as its events report them."""
+        entries = [(i, x) for i, x in enumerate(self.case.expect or []) if x.get("step") == st] if self.case else []
+        if not entries:
             return
-        i, x = found[0]
+        i, x = entries[0]
         log = self.log
         sched = log.one(st, "scheduled") or {}
         sseqs = [e for e in sched.get("seqs") or [] if isinstance(e, dict)]
@@ -1147,41 +1046,32 @@ class _Replay:
             self.compare(i, st, None, "scheduled", list(x["scheduled"]), [log.rid(e) for e in sseqs])
             by_rid = {log.rid(e): e for e in sseqs}
             for rid, fields in x["scheduled"].items():
-                if rid in by_rid:      # else the id list above already differs
-                    for f, v in fields.items():
-                        self.compare(i, st, rid, f"scheduled.{f}" if f != "scheduled" else "scheduled", v,
-                                     _field_value(by_rid[rid], f, _SCHED_MAP))
+                for f, v in fields.items() if rid in by_rid else ():     # else the id list already differs
+                    self.compare(i, st, rid, "scheduled" if f == "scheduled" else f"scheduled.{f}", v,
+                                 _field_value(by_rid[rid], f, _SCHED_MAP))
         if "preempted" in x:
             self.compare(i, st, None, "preempted", x["preempted"], [log.rid(p) for p in log.all(st, "preempted")])
-        for key, event, what in (("before", "before_schedule", "no before_schedule event"),
-                                 ("inputs", "gpu_inputs", "no gpu_inputs event")):
-            if key in x:
-                e = log.one(st, event)
-                if e is None:
-                    self.missing(i, st, None, key, what)
-                    continue
-                for f, v in x[key].items():
-                    if key == "inputs":
-                        self.compare(i, st, None, f, v, e.get(f))
-                    elif f == "free":
-                        self.compare(i, st, None, "before.free", v, e.get("free_blocks"))
-                    else:
-                        self.compare(i, st, None, f"before.{f}", v, log.rids(e.get(f)))
-        ap = log.one(st, "after_postprocess")
+        b, gi, ap = log.one(st, "before_schedule"), log.one(st, "gpu_inputs"), log.one(st, "after_postprocess")
+        if "before" in x and b is None:
+            self.missing(i, st, None, "before", "no before_schedule event")
+        for f, v in (x.get("before") or {}).items() if b is not None else ():
+            self.compare(i, st, None, f"before.{f}", v, b.get("free_blocks") if f == "free" else log.rids(b.get(f)))
+        if "inputs" in x and gi is None:
+            self.missing(i, st, None, "inputs", "no gpu_inputs event")
+        for f, v in (x.get("inputs") or {}).items() if gi is not None else ():
+            self.compare(i, st, None, f, v, gi.get(f))
         a_by_rid = {log.rid(a): a for a in ((ap or {}).get("seqs") or []) if isinstance(a, dict)}
         for rid, fields in (x.get("after") or {}).items():
             if rid not in a_by_rid:
                 self.missing(i, st, rid, "after", "missing from after_postprocess")
-                continue
-            for f, v in fields.items():
+            for f, v in fields.items() if rid in a_by_rid else ():
                 self.compare(i, st, rid, f, v, _field_value(a_by_rid[rid], f, _AFTER_MAP))
         for key, fld in (("refs", "ref_counts"), ("released", "released_ref_counts")):
             for rid, v in (x.get(key) or {}).items():
                 a = a_by_rid.get(rid)
-                if a is None:
-                    self.missing(i, st, rid, key, "missing from after_postprocess")
-                elif a.get(fld) is None:
-                    self.missing(i, st, rid, key, f"after_postprocess carries no {fld}")
+                if a is None or a.get(fld) is None:
+                    self.missing(i, st, rid, key, "missing from after_postprocess" if a is None else
+                                 f"after_postprocess carries no {fld}")
                 else:
                     self.compare(i, st, rid, key, v, a.get(fld))
         if "free" in x:
@@ -1201,8 +1091,7 @@ class _Replay:
                         last = a
             if last is None:
                 self.missing(i, None, rid, "final", "the request never appears in after_postprocess")
-                continue
-            for f, v in fields.items():
+            for f, v in fields.items() if last is not None else ():
                 self.compare(i, None, rid, f"final.{f}", v, _field_value(last, f, _AFTER_MAP))
 
 
