@@ -321,7 +321,7 @@ def test_endpoints_serving_different_models_are_refused_unless_allowed(tmp_path,
     a = start_in_thread(health=FULL_HEALTH)
     b = start_in_thread(health={**FULL_HEALTH, "model": {"path": "/models/other", "config_sha256": "b" * 64}})
     out = tmp_path / "mixed.json"
-    args = ["bench", "load", "--endpoints", f"{a.url},{b.url}", "--num-requests", "4", "--out", out]
+    args = ["bench", "load", "--endpoints", f"{a.url},{b.url}", "--num-requests", "4", "--no-warmup", "--out", out]
     code, _, err = run_cli(args, capsys)
     assert code == 2 and "different models" in err and "--allow-mixed" in err and len(err.strip().splitlines()) == 1
     assert a.completions == b.completions == 0 and not out.exists()

@@ -85,7 +85,8 @@ def test_report_accounts_for_every_lab_of_the_plan(lab_runs, tmp_path, capsys):
     assert f["sha256"] == hashlib.sha256((lab_runs / "logits-prefix" / "check.json").read_bytes()).hexdigest()
     assert any(line.startswith("numpy==") for line in (out / "provenance" / "packages.txt").read_text().splitlines())
     assert isinstance(manifest["provenance"]["patches"], list)
-    for p in (lab_runs / "trace-chunk" / "check.json", lab_runs / "bench-eager.json", out / "manifest.json"):
+    for p in (lab_runs / "trace-chunk" / "check.json", lab_runs / "bench-eager.json", out / "manifest.json",
+              lab_runs / "logits-prefix" / "engine.npz"):
         assert stat.S_IMODE(p.stat().st_mode) == 0o644, p
     html = (out / "report.html").read_text()
     assert html.count('src="data:image/png;base64,') == 3  # trace, logits check, bench comparison

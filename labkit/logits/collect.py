@@ -32,7 +32,7 @@ import numpy as np
 
 from labkit.errors import LabkitError
 from labkit.logits.suites import Suite, path_sha256, row_keys, token_path
-from labkit.output import envelope, evidence_for, finish, write_json
+from labkit.output import envelope, evidence_for, file_mode, finish, write_json
 
 SCHEMA = 1
 
@@ -479,6 +479,7 @@ def write_collection(col: Collection, prefix: str | Path) -> tuple[Path, Path]:
     npz = Path(f"{prefix}.npz")
     fd, tmp = tempfile.mkstemp(prefix=f".{npz.name}.", suffix=".tmp", dir=npz.parent)
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as fh:
             np.savez(fh, **col.arrays)
         os.replace(tmp, npz)
