@@ -19,9 +19,13 @@ _labkit_env() {
 
     local venv="$LAB_ROOT/.venv" py="${LABKIT_PYTHON:-python3}"
     local stamp="$venv/.labkit-installed"
-    local want
+    local want start=$SECONDS
     want="$(cat "$LAB_ROOT/pyproject.toml" 2>/dev/null | cksum | cut -d' ' -f1)"
     if [ ! -x "$venv/bin/python" ]; then
+        # The first run installs everything; say what and for how long (pip itself runs quietly).
+        echo "labkit: first-time setup: a virtual environment in $venv with torch, triton, transformers and the" \
+             "test tools (about 2.5 GB on disk; ~3 minutes on 2 cores with a fast network)." \
+             "Later \`source env.sh\` runs take a second." >&2
         echo "labkit: creating $venv" >&2
         # Where the base Python already has torch (a GPU box's image), reuse it instead of
         # downloading another build.
@@ -34,14 +38,17 @@ _labkit_env() {
     # shellcheck disable=SC1091
     . "$venv/bin/activate" || return 1
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-        echo "labkit: installing the project into $venv (first time or pyproject changed)" >&2
         if ! python -c "import torch" >/dev/null 2>&1; then
+            echo "labkit: installing torch ${LABKIT_TORCH_VERSION:-2.13.0} (~1 minute)" >&2
             # The CPU build: a plain `torch` would pull several GB of CUDA wheels.
             python -m pip install -q "torch==${LABKIT_TORCH_VERSION:-2.13.0}" \
                 || { echo "labkit: could not install torch (set LABKIT_TORCH_VERSION or install torch into .venv)" >&2; return 1; }
         fi
+        echo "labkit: installing labkit into $venv with triton (~1 GB), transformers, fastapi, matplotlib," \
+             "pytest, ... (first time or pyproject.toml changed; ~2 minutes the first time)" >&2
         python -m pip install -q -e "$LAB_ROOT[test]" --config-settings editable_mode=compat || { echo "labkit: pip install failed" >&2; return 1; }
         echo "$want" > "$stamp"
+        echo "labkit: environment ready in $((SECONDS - start)) s" >&2
     fi
     mkdir -p "$RUNS_DIR" 2>/dev/null
     return 0

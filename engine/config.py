@@ -11,6 +11,8 @@ SCHEDULING_POLICIES = ("prefill_first", "balanced")
 ATTENTION_BACKENDS = ("auto", "flash_attn", "triton", "torch")
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# The largest tensor_parallel_size accepted: the GPUs of one host (labkit's --tp takes its limit from here).
+MAX_TENSOR_PARALLEL_SIZE = 8
 # Each tensor parallel worker answers rank 0 in a reply slot of this size at the end of the shared memory.
 TP_REPLY_SLOT_BYTES = 4096
 
@@ -60,8 +62,9 @@ class Config:
         _positive_int("max_model_len", self.max_model_len)
         _positive_int("kvcache_block_size", self.kvcache_block_size)
         _positive_int("tensor_parallel_size", self.tensor_parallel_size)
-        if not 1 <= self.tensor_parallel_size <= 8:
-            raise ValueError(f"tensor_parallel_size: must be between 1 and 8, got {self.tensor_parallel_size}")
+        if not 1 <= self.tensor_parallel_size <= MAX_TENSOR_PARALLEL_SIZE:
+            raise ValueError(f"tensor_parallel_size: must be between 1 and {MAX_TENSOR_PARALLEL_SIZE}, "
+                             f"got {self.tensor_parallel_size}")
         if not isinstance(self.num_kvcache_blocks, int) or (self.num_kvcache_blocks < 1 and self.num_kvcache_blocks != -1):
             raise ValueError(f"num_kvcache_blocks: must be -1 (size automatically) or >= 1, got {self.num_kvcache_blocks!r}")
         if not 0.0 < float(self.gpu_memory_utilization) <= 1.0:

@@ -1,38 +1,123 @@
-"""The `labkit` command line: one line per command, the work lives in the command's module.
+"""The `labkit` command line: the table of commands, and main(), which turns every failure into one line + exit code.
 
-Adding a command: write `labkit/NAME.py` with a function `run(...)` (or a Typer sub-app `app`)
-that raises `typer.Exit(EXIT_PASS | EXIT_FAIL)` or `LabkitError` for inputs it cannot run with,
-then register it below in one line, like `smoke` (plain command) or `model` (sub-app).
+Adding a command: write `labkit/NAME.py` with a function `run(...)` (or a Typer sub-app `app`) that takes the
+shared options from labkit/options.py, ends its help with an `Example: labkit NAME ...` paragraph, and raises
+`typer.Exit(EXIT_PASS | EXIT_FAIL)` or `LabkitError` for inputs it cannot run with; then add its line to COMMANDS.
 Error handling and exit codes are `main()`'s job, never the command's.
+
+A command's module is imported only when that command runs or shows its own help, so `labkit --help` starts in a
+fraction of a second; and a command module imports torch, transformers, the engine or fastapi only inside the
+functions that need them, so every `--help` stays fast too (tests/test_cli.py checks both).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
 
 import typer
+import typer.core
 
 from labkit import __version__
-from labkit import doctor as doctor_cmd
-from labkit import model as model_cmd
-from labkit import shapes as shapes_cmd
-from labkit import smoke as smoke_cmd
-from labkit.trace import command as trace_cmd
-from labkit.bench import command as bench_cmd
-from labkit import notes as notes_cmd
-from labkit import patch as patch_cmd
-from labkit import principles as principles_cmd
-from labkit.report import command as report_cmd
-from labkit.logits import command as logits_cmd
-from labkit.serve import command as serve_cmd
 from labkit.errors import LabkitError
 from labkit.output import EXIT_CANNOT_RUN
 
+# name: (where the command lives as "module:attribute", its line in `labkit --help`), in the order listed.
+COMMANDS = {
+    "doctor": ("labkit.doctor:run", "Check Python, torch, GPU, optional kernels, the model and disk."),
+    "smoke": ("labkit.smoke:run", "Load the engine and generate a couple of tokens: the main job."),
+    "shapes": ("labkit.shapes:run", "Per-rank tensor-parallel shapes from config.json; --check compares with the "
+                                    "engine."),
+    "model": ("labkit.model:app", "Make, fetch and inspect model folders."),
+    "trace": ("labkit.trace.command:app", "Run a traced case, show every step, check expected states."),
+    "bench": ("labkit.bench.command:app", "Offline throughput (engine or HF baseline), online load against serve, "
+                                          "and B/A comparisons."),
+    "logits-check": ("labkit.logits.command:app", "Teacher-forced logits of the engine against Transformers."),
+    "serve": ("labkit.serve.command:app", "Serve the engine over OpenAI-shaped HTTP; `serve client` sends a request."),
+    "report": ("labkit.report.command:app", "Every lab of the plan with its verdict: report.md/.html, manifest, "
+                                            "archive; `verify` re-checks one."),
+    "patch": ("labkit.patch:app", "List, apply and revert the experiment and fault patches in patches/."),
+    "notes": ("labkit.notes:app", "Lab notes in notes/: one per lab of the plan (init), or from a template (new)."),
+    "principles": ("labkit.principles:app", "The seeds' CPU principle labs (no engine), each checked against the "
+                                            "seeds' values."),
+}
+
+
+class _Unloaded(typer.core.TyperCommand):
+    """A command whose module is not imported yet: its name and line are enough for `labkit --help`."""
+
+    def __init__(self, name: str, target: str, line: str):
+        super().__init__(name=name, help=line, short_help=line)
+        self.target = target
+
+    def load(self) -> typer.core.TyperCommand | typer.core.TyperGroup:
+        module, attribute = self.target.split(":")
+        found = getattr(importlib.import_module(module), attribute)
+        if isinstance(found, typer.Typer):
+            command = typer.main.get_group(found)
+        else:
+            single = typer.Typer(add_completion=False)
+            single.command(self.name)(found)
+            command = typer.main.get_command(single)
+        command.name, command.short_help = self.name, self.short_help
+        command.help = command.help or self.help
+        return command
+
+
+class _Commands(typer.core.TyperGroup):
+    """The root group: loads a command's module when the command is looked up, except to list it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._listing = False
+        for name, (target, line) in COMMANDS.items():
+            self.commands.setdefault(name, _Unloaded(name, target, line))
+
+    def get_command(self, ctx, cmd_name):
+        command = self.commands.get(cmd_name)
+        if isinstance(command, _Unloaded) and not self._listing:
+            command = self.commands[cmd_name] = command.load()
+        return command
+
+    def format_help(self, ctx, formatter):
+        # The help lists every command by name and line: the placeholders do, without importing a module.
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+
+def _tidy_typer_help() -> None:
+    """Typer 0.29's rich help shows `<bool>` after every flag (`--json <bool>`, `--help <bool>`) though a flag takes
+    no value, and writes required arguments in braces (`{A.json}`). Show flags bare and required arguments by name,
+    the way click's usage lines read. Skipped where typer lacks these methods (other versions)."""
+    option, argument = typer.core.TyperOption, typer.core.TyperArgument
+    if hasattr(option, "display_type_rich"):
+        type_of = option.display_type_rich
+
+        def display_type_rich(self, ctx):
+            return None if self.is_flag and not self.count else type_of(self, ctx)
+
+        option.display_type_rich = display_type_rich
+    if hasattr(argument, "_usage_display_name"):
+        def _usage_display_name(self) -> str:
+            name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+            return name + ("..." if self.nargs != 1 else "")
+
+        argument._usage_display_name = _usage_display_name
+
+
+_tidy_typer_help()
+
 app = typer.Typer(
     name="labkit",
-    help="A command-line lab for studying and improving an LLM inference engine.",
+    cls=_Commands,
+    help="A command-line lab for studying and improving an LLM inference engine.\n\n"
+         "Exit codes: 0 pass, 1 a check failed, 2 could not run (bad input, missing model/GPU/package).\n\n"
+         "Example: labkit smoke --device cpu",
     no_args_is_help=True,
     add_completion=False,
     # main() prints one line for every error; Typer's own traceback printer would bypass it.
@@ -51,22 +136,7 @@ def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the labkit version and exit."),
 ) -> None:
-    """Exit codes: 0 pass, 1 a check failed, 2 could not run (bad input, missing model/GPU/package)."""
-
-
-# Commands, one line each.
-app.command("doctor", help="Check Python, torch, GPU, optional kernels, the model and disk.")(doctor_cmd.run)
-app.command("smoke", help="Load the engine and generate a couple of tokens: the main job.")(smoke_cmd.run)
-app.add_typer(model_cmd.app, name="model", help="Make, fetch and inspect model folders.")
-app.command("shapes", help="Per-rank tensor-parallel shapes from config.json; --check compares with the engine.")(shapes_cmd.run)
-app.add_typer(trace_cmd.app, name="trace", help="Run a traced case, show every step, check expected states.")
-app.add_typer(bench_cmd.app, name="bench", help="Offline throughput (engine or HF baseline), online load against serve, and B/A comparisons.")
-app.add_typer(logits_cmd.app, name="logits-check", help="Teacher-forced logits of the engine against Transformers.")
-app.add_typer(serve_cmd.app, name="serve", help="Serve the engine over OpenAI-shaped HTTP; `serve client` sends a request.")
-app.add_typer(report_cmd.app, name="report", help="Every lab of the plan with its verdict: report.md/.html, manifest, archive; `verify` re-checks one.")
-app.add_typer(patch_cmd.app, name="patch", help="List, apply and revert the experiment and fault patches in patches/.")
-app.add_typer(notes_cmd.app, name="notes", help="Lab notes in notes/: one per lab of the plan (init), or from a template (new).")
-app.add_typer(principles_cmd.app, name="principles", help="The seeds' CPU principle labs (no engine), each checked against the seeds' values.")
+    pass
 
 
 def _one_line(text: object) -> str:

@@ -12,7 +12,7 @@ import platform
 import shutil
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 import typer
 from rich.console import Console
@@ -20,14 +20,15 @@ from rich.table import Table
 from rich.text import Text
 
 from labkit.errors import LabkitError
+from labkit.options import Device, DeviceOption, JsonOption, ModelOption
 from labkit.output import (
     EXIT_FAIL,
     EXIT_PASS,
-    Device,
     cuda_available,
     envelope,
     evidence_for,
     finish,
+    importable_version,
     runs_dir,
     versions,
     write_json,
@@ -84,7 +85,7 @@ def check_cuda(device: str) -> dict:
 
 
 def check_optional(module: str, label: str, on_gpu: bool, needed_on_gpu: bool, why: str) -> dict:
-    version = versions().get(label)
+    version = importable_version(module)
     if version is not None:
         return row(label, PASS, version)
     status = FAIL if (on_gpu and needed_on_gpu) else WARN
@@ -236,13 +237,13 @@ def print_table(rows: list[dict], console: Console) -> None:
     console.print(table)
 
 
-def run(
-    model: Optional[str] = typer.Option(
-        None, "--model", help="Model folder (default: $MODEL_DIR, else the embedded tiny model)."),
-    device: Device = typer.Option(Device.auto, "--device", help="Where the tensor check runs."),
-    as_json: bool = typer.Option(False, "--json", help="Print the JSON result instead of the table."),
-) -> None:
-    """Check Python, torch, GPU, optional kernels, the model folder and disk space."""
+def run(model: ModelOption = None, device: DeviceOption = Device.auto, as_json: JsonOption = False) -> None:
+    """Check Python, torch, GPU, optional kernels, the model folder and disk space.
+
+    One PASS/WARN/FAIL row per check; the tensor check runs on --device. Exit 1 when a row FAILs.
+
+    Example: labkit doctor --device cpu
+    """
     rows, model_dir = collect(model, device.value)
     counts = {s: sum(r["status"] == s for r in rows) for s in (PASS, WARN, FAIL)}
     ok = counts[FAIL] == 0

@@ -29,6 +29,7 @@ from rich.text import Text
 
 from labkit.errors import LabkitError
 from labkit.fake_model import make_fake_model
+from labkit.options import JsonOption, Out
 
 DEFAULT_PRESET = "tiny"
 DEFAULT_SEED = 0
@@ -306,7 +307,8 @@ def fetch_model(out: Path, weights: bool = False, revision: str = QWEN3_REVISION
 # ---------------------------------------------------------------------------------------------
 # The `labkit model` commands
 
-app = typer.Typer(help="Make, fetch and inspect model folders", no_args_is_help=True)
+app = typer.Typer(help="Make, fetch and inspect model folders.\n\nExample: labkit model fake --preset tiny",
+                  no_args_is_help=True)
 
 
 def _console() -> Console:
@@ -361,12 +363,14 @@ def info_table(info: dict[str, Any], title: str) -> Table:
 def fake_cmd(
     preset: Preset = typer.Option(Preset.tiny, "--preset", help="tiny (the embedded test model) or "
                                   "qwen3-0.6b (Qwen3-0.6B's exact shapes, random bf16 weights, ~1.2 GB)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Folder to write "
-                                       "(default: $LABKIT_CACHE/models/PRESET-seedN)."),
+    out: Out("Folder to write (default: $LABKIT_CACHE/models/PRESET-seedN).") = None,
     seed: int = typer.Option(0, "--seed", help="Weights seed; same preset and seed give identical files."),
     force: bool = typer.Option(False, "--force", help="Write into a folder that is not empty."),
 ) -> None:
-    """Write a deterministic fake Qwen3 checkpoint (config, safetensors, tokenizer) offline."""
+    """Write a deterministic fake Qwen3 checkpoint (config, safetensors, tokenizer) offline.
+
+    Example: labkit model fake --preset qwen3-0.6b --seed 1
+    """
     target = out if out is not None else cache_root() / "models" / f"{preset.value}-seed{seed}"
     if target.exists() and not target.is_dir():
         raise LabkitError(f"--out {target}: exists and is not a folder", code=2)
@@ -390,12 +394,14 @@ def fake_cmd(
 
 @app.command("fetch")
 def fetch_cmd(
-    out: Optional[Path] = typer.Option(None, "--out", help="Folder to download into "
-                                       "(default: $LABKIT_CACHE/models/Qwen3-0.6B)."),
+    out: Out("Folder to download into (default: $LABKIT_CACHE/models/Qwen3-0.6B).") = None,
     weights: bool = typer.Option(False, "--weights", help="Also download model.safetensors (~1.5 GB)."),
     revision: str = typer.Option(QWEN3_REVISION, "--revision", help="Hub revision (default: the pinned commit)."),
 ) -> None:
-    """Download Qwen/Qwen3-0.6B (config and tokenizer; --weights adds the weights) from the Hub."""
+    """Download Qwen/Qwen3-0.6B (config and tokenizer; --weights adds the weights) from the Hub.
+
+    Example: labkit model fetch --weights
+    """
     target = out if out is not None else cache_root() / "models" / "Qwen3-0.6B"
     start = time.perf_counter()
     got = fetch_model(target, weights=weights, revision=revision)
@@ -407,12 +413,15 @@ def fetch_cmd(
 
 @app.command("info")
 def info_cmd(
-    model_dir: Optional[Path] = typer.Argument(None, metavar="[DIR]",
-                                               help="Model folder (default: --model resolution: $MODEL_DIR, "
-                                                    "else the embedded tiny model)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    model_dir: Optional[Path] = typer.Argument(None, metavar="DIR",
+                                               help="Model folder (default: $MODEL_DIR, else the embedded tiny "
+                                                    "model)."),
+    as_json: JsonOption = False,
 ) -> None:
-    """Show a model folder's shapes, parameter count, KV bytes per token and config sha256."""
+    """Show a model folder's shapes, parameter count, KV bytes per token and config sha256.
+
+    Example: labkit model info ~/.cache/labkit/models/tiny-seed0
+    """
     path = model_dir if model_dir is not None else resolve_model(None)
     info = model_info(path)
     if as_json:

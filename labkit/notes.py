@@ -22,9 +22,11 @@ from rich.console import Console
 from rich.table import Table
 
 from labkit.errors import LabkitError
+from labkit.options import Out
 from labkit.output import device_info, git_dirty, git_head, project_root
 
-app = typer.Typer(help="Lab notes in notes/: one per lab of the plan (init), or one from a template (new).",
+app = typer.Typer(help="Lab notes in notes/: one per lab of the plan (init), or one from a template (new).\n\n"
+                       "Example: labkit notes new trace --title \"why does R2 wait in step 3?\"",
                   no_args_is_help=True)
 
 TODO = "TODO"
@@ -125,9 +127,13 @@ def _write_new(path: Path, text: str) -> None:
 
 @app.command("init")
 def init_cmd(
-    lab: Optional[list[str]] = typer.Option(None, "--lab", help="Only this lab (repeatable; default: every lab)."),
+    lab: Optional[list[str]] = typer.Option(None, "--lab", metavar="LAB",
+                                            help="Only this lab (repeatable; default: every lab)."),
 ) -> None:
-    """Write notes/LAB.md for every lab of the plan that has no note yet (existing notes are kept as they are)."""
+    """Write notes/LAB.md for every lab of the plan that has no note yet (existing notes are kept as they are).
+
+    Example: labkit notes init --lab environment
+    """
     from labkit.report.plan import load_plan
 
     labs = load_plan()
@@ -152,7 +158,10 @@ def init_cmd(
 
 @app.command("list")
 def list_cmd() -> None:
-    """The templates, and the note of every lab of the plan with its state."""
+    """The templates, and the note of every lab of the plan with its state.
+
+    Example: labkit notes list
+    """
     from labkit.report.plan import load_plan
 
     console = Console()
@@ -174,11 +183,14 @@ def list_cmd() -> None:
 
 @app.command("new")
 def new_cmd(
-    kind: str = typer.Argument(..., help="Template: trace, logits or bench (labkit notes list)."),
+    kind: str = typer.Argument(..., metavar="TEMPLATE", help="Template: trace, logits or bench (labkit notes list)."),
     title: Optional[str] = typer.Option(None, "--title", help="The question or change the note is about."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Note path (default: notes/DATE-KIND-TITLE.md)."),
+    out: Out("Note path (default: notes/DATE-TEMPLATE-TITLE.md).") = None,
 ) -> None:
-    """Copy a template to a new note with today's date, this machine and the commit filled in."""
+    """Copy a template to a new note with today's date, this machine and the commit filled in.
+
+    Example: labkit notes new bench --title "does --budget 4096 help decode?"
+    """
     found = templates()
     if kind not in found:
         raise LabkitError(f"notes: no template {kind!r} (known: {', '.join(found) or 'none'})")

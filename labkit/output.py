@@ -1,4 +1,4 @@
-"""What every command's JSON carries (SPEC section 7), the exit codes, and the device option.
+"""What every command's JSON carries (SPEC section 7), the exit codes, and where a run goes (device).
 
 Every command that measures or checks builds `envelope(...)` before it starts, `finish(...)`
 when it ends, and `write_json(runs_dir() / "NAME.json", ...)`. Nothing here may fail because
@@ -24,8 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import typer
-
+from engine.config import DEVICES
 from labkit import __version__
 from labkit.errors import LabkitError
 
@@ -34,14 +33,6 @@ EXIT_FAIL = 1
 EXIT_CANNOT_RUN = 2
 
 EVIDENCE_KINDS = ("gpu-measured", "cpu-executed", "static-estimate", "simulated")
-
-
-class Device(str, enum.Enum):
-    """The --device choice shared by every command that runs the engine."""
-
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
 
 
 def cuda_available() -> bool:
@@ -53,11 +44,11 @@ def cuda_available() -> bool:
         return False
 
 
-def resolve_device(device: str | Device) -> str:
+def resolve_device(device: str | enum.Enum) -> str:
     """auto -> cuda when a GPU is visible, else cpu. Asking for cuda without one cannot run."""
-    name = device.value if isinstance(device, Device) else str(device)
-    if name not in ("auto", "cpu", "cuda"):
-        raise LabkitError(f"--device must be auto, cpu or cuda, not {name!r}")
+    name = str(device.value if isinstance(device, enum.Enum) else device)
+    if name not in DEVICES:
+        raise LabkitError(f"--device must be one of {', '.join(DEVICES)}, not {name!r}")
     if name == "auto":
         return "cuda" if cuda_available() else "cpu"
     if name == "cuda" and not cuda_available():
@@ -70,7 +61,8 @@ def evidence_for(device: str) -> str:
     return "gpu-measured" if str(device).startswith("cuda") else "cpu-executed"
 
 
-def _optional_version(module: str) -> str | None:
+def importable_version(module: str) -> str | None:
+    """The version of an optional package that imports here (doctor's question), else None."""
     # find_spec first: importing a missing optional GPU package must stay cheap and silent.
     try:
         if importlib.util.find_spec(module) is None:
@@ -81,6 +73,17 @@ def _optional_version(module: str) -> str | None:
     return str(getattr(mod, "__version__", "unknown"))
 
 
+def _installed_version(module: str) -> str | None:
+    """The version of an optional package for provenance: the imported module's, else its installed metadata's
+    (importing triton only to name it would cost a command that never uses it a third of a second)."""
+    if module in sys.modules:
+        return str(getattr(sys.modules[module], "__version__", "unknown"))
+    try:
+        return importlib.metadata.version(module) if importlib.util.find_spec(module) is not None else None
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+
+
 def _dist_version(dist: str) -> str | None:
     # Reading package metadata avoids importing transformers (seconds) just to name its version.
     try:
@@ -89,20 +92,34 @@ def _dist_version(dist: str) -> str | None:
         return None
 
 
+def _torch_versions() -> tuple[str | None, str | None]:
+    """torch's version and the CUDA it was built for. A command that has not imported torch (principles, report,
+    ...) reads them from torch/version.py, run on its own: importing torch only to name it would cost seconds."""
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        return str(torch.__version__), torch.version.cuda
+    try:
+        spec = importlib.util.find_spec("torch")  # a top-level package: found, not imported
+        if spec is None or not spec.submodule_search_locations:
+            return None, None
+        path = Path(list(spec.submodule_search_locations)[0]) / "version.py"
+        version_spec = importlib.util.spec_from_file_location("_labkit_torch_version", path)
+        module = importlib.util.module_from_spec(version_spec)
+        version_spec.loader.exec_module(module)
+        return str(module.__version__), module.cuda
+    except Exception:
+        return None, None
+
+
 @functools.lru_cache(maxsize=1)
 def _cached_versions() -> tuple[tuple[str, Any], ...]:
-    try:
-        import torch
-
-        torch_version, cuda = str(torch.__version__), torch.version.cuda
-    except Exception:
-        torch_version, cuda = None, None
+    torch_version, cuda = _torch_versions()
     found = {
         "python": platform.python_version(),
         "torch": torch_version,
         "cuda": cuda,
-        "triton": _optional_version("triton"),
-        "flash_attn": _optional_version("flash_attn"),
+        "triton": _installed_version("triton"),
+        "flash_attn": _installed_version("flash_attn"),
         "transformers": _dist_version("transformers"),
         "labkit": __version__,
     }
@@ -295,11 +312,6 @@ def write_json(path: str | Path, data: Any) -> Path:
 def runs_dir() -> Path:
     """Where outputs go: $RUNS_DIR (env.sh sets it) or ./runs."""
     return Path(os.environ.get("RUNS_DIR") or "runs")
-
-
-# `--json` on every command that prints a result: the same option everywhere, and stdout then holds the
-# result JSON alone (the command builds its rich Console with quiet=as_json).
-JSON_OPTION = typer.Option(False, "--json", help="Print the result JSON on stdout instead of the summary.")
 
 
 def print_json(result: Any) -> None:

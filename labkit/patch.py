@@ -18,16 +18,20 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from labkit.errors import LabkitError
-from labkit.output import JSON_OPTION, print_json, project_root
+from labkit.options import JsonOption, Out
+from labkit.output import print_json, project_root
 
-app = typer.Typer(help="List, apply and revert the experiment and fault patches in patches/.", no_args_is_help=True)
+app = typer.Typer(help="List, apply and revert the experiment and fault patches in patches/.\n\n"
+                       "Example: labkit patch apply fault-slot-off-by-one",
+                  no_args_is_help=True)
+PatchName = Annotated[str, typer.Argument(metavar="NAME", help="Patch name (with or without .patch).")]
 
 
 @dataclass
@@ -94,8 +98,11 @@ def _first_error(proc: subprocess.CompletedProcess) -> str:
 
 
 @app.command("list")
-def list_cmd(as_json: bool = JSON_OPTION) -> None:
-    """Every patch with its kind, what it changes, and whether it is applied now."""
+def list_cmd(as_json: JsonOption = False) -> None:
+    """Every patch with its kind, what it changes, and whether it is applied now.
+
+    Example: labkit patch list
+    """
     if as_json:
         print_json([{"name": e.name[:-6], "kind": e.kind, "state": state(e), "what": e.what, "how": e.how} for e in index()])
         return
@@ -112,8 +119,11 @@ def list_cmd(as_json: bool = JSON_OPTION) -> None:
 
 
 @app.command("show")
-def show_cmd(name: str = typer.Argument(..., help="Patch name (with or without .patch).")) -> None:
-    """The index entry and the diff."""
+def show_cmd(name: PatchName) -> None:
+    """The index entry and the diff.
+
+    Example: labkit patch show fault-slot-off-by-one
+    """
     e = find(name)
     console = Console()
     console.print(f"[bold]{e.name}[/] ({e.kind}, {state(e)})\n  what: {e.what}\n  see:  {e.how}\n")
@@ -138,25 +148,35 @@ def _apply(name: str, reverse: bool) -> None:
 
 
 @app.command("apply")
-def apply_cmd(name: str = typer.Argument(..., help="Patch name (with or without .patch).")) -> None:
-    """Apply a patch to the project's engine (after a dry run)."""
+def apply_cmd(name: PatchName) -> None:
+    """Apply a patch to the project's engine (after a dry run).
+
+    Example: labkit patch apply fault-slot-off-by-one
+    """
     _apply(name, reverse=False)
 
 
 @app.command("revert")
-def revert_cmd(name: str = typer.Argument(..., help="Patch name (with or without .patch).")) -> None:
-    """Take an applied patch back out (after a dry run)."""
+def revert_cmd(name: PatchName) -> None:
+    """Take an applied patch back out (after a dry run).
+
+    Example: labkit patch revert fault-slot-off-by-one
+    """
     _apply(name, reverse=True)
 
 
 @app.command("prove")
 def prove_cmd(
-    name: Optional[str] = typer.Argument(None, help="A fault patch (with or without .patch); or --all."),
+    name: Optional[str] = typer.Argument(None, metavar="NAME",
+                                         help="A fault patch (with or without .patch); or --all."),
     all_: bool = typer.Option(False, "--all", help="Every fault patch in the index."),
     jobs: int = typer.Option(2, "--jobs", "-j", min=1, help="Checks run at the same time."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Where prove.json goes (default: runs/patch-prove)."),
+    out: Out("Folder for prove.json (default: runs/patch-prove).") = None,
 ) -> None:
-    """Each fault's check passes on the clean engine and fails with the patch (in temporary trees, on CPU)."""
+    """Each fault's check passes on the clean engine and fails with the patch (in temporary trees, on CPU).
+
+    Example: labkit patch prove fault-slot-off-by-one
+    """
     from labkit.model import default_model_dir, resolve_model
     from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, finish, runs_dir, write_json
     from labkit import patch_prove

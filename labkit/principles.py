@@ -31,10 +31,11 @@ from rich.table import Table
 from rich.text import Text
 
 from labkit.errors import LabkitError
-from labkit.output import EXIT_FAIL, EXIT_PASS, JSON_OPTION, envelope, finish, print_json, runs_dir, write_json
+from labkit.options import JsonOption, Out
+from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, finish, print_json, runs_dir, write_json
 
-app = typer.Typer(help="The seeds' CPU principle labs (no engine), each checked against the seeds' values.",
-                  no_args_is_help=True)
+app = typer.Typer(help="The seeds' CPU principle labs (no engine), each checked against the seeds' values.\n\n"
+                       "Example: labkit principles all", no_args_is_help=True)
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 _ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -540,18 +541,21 @@ def _run_and_show(name: str, model: Optional[str], out: Optional[Path], as_json:
     _exit([result["verdict"]])
 
 
+LabOut = Out("JSON path (default: runs/principles/LAB.json).")
+
+
 def _command(name: str) -> Callable:
     """The Typer command of one lab; Typer reads its signature, so a lab that takes no model shows no --model."""
     lab = LABS[name]
-    out_help = f"JSON path (default: runs/principles/{name}.json)."
     if lab.uses_model:
-        def fn(model: Optional[str] = typer.Option(None, "--model", help=lab.uses_model),
-               out: Optional[Path] = typer.Option(None, "--out", help=out_help), as_json: bool = JSON_OPTION) -> None:
+        def fn(model: Optional[str] = typer.Option(None, "--model", metavar="DIR", help=lab.uses_model),
+               out: LabOut = None, as_json: JsonOption = False) -> None:
             _run_and_show(name, model, out, as_json)
     else:
-        def fn(out: Optional[Path] = typer.Option(None, "--out", help=out_help), as_json: bool = JSON_OPTION) -> None:
+        def fn(out: LabOut = None, as_json: JsonOption = False) -> None:
             _run_and_show(name, None, out, as_json)
-    fn.__doc__ = f"{lab.title} (seed {lab.seed}); writes runs/principles/{name}.json."
+    fn.__doc__ = (f"{lab.title} (seed {lab.seed}); writes runs/principles/{name}.json.\n\n"
+                  f"Example: labkit principles {name}")
     return fn
 
 
@@ -561,11 +565,15 @@ for _name in LABS:
 
 @app.command("all")
 def all_cmd(
-    model: Optional[str] = typer.Option(None, "--model", help="Model folder for the tokenizer and config "
-                                        "(default: the tiny model's tokenizer, the qwen3-0.6b preset's config)."),
-    as_json: bool = JSON_OPTION,
+    model: Optional[str] = typer.Option(None, "--model", metavar="DIR",
+                                        help="Model folder for the tokenizer and config (default: the tiny model's "
+                                             "tokenizer, the qwen3-0.6b preset's config)."),
+    as_json: JsonOption = False,
 ) -> None:
-    """Run every principles lab; exit 1 if any FAILs."""
+    """Run every principles lab; exit 1 if any FAILs.
+
+    Example: labkit principles all --json
+    """
     console = Console(quiet=as_json)
     results = []
     for name in LABS:

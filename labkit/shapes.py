@@ -24,8 +24,9 @@ from rich.console import Console
 from rich.table import Table
 
 from labkit.errors import LabkitError
-from labkit.output import EXIT_FAIL, EXIT_PASS, JSON_OPTION, Device, envelope, evidence_for, finish, print_json, \
-    resolve_device, runs_dir, write_json
+from labkit.options import Device, DeviceOption, JsonOption, ModelOption, Out, TpOption
+from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, \
+    write_json
 
 _ITEMSIZE = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 _DIVISIBLE = ("num_attention_heads", "num_key_value_heads", "vocab_size", "intermediate_size")
@@ -259,17 +260,21 @@ def print_table(table_data: dict, title: str, console: Console) -> None:
 
 
 def run(
-    tp: int = typer.Option(2, "--tp", min=1, max=8, help="tensor_parallel_size."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model folder (only config.json is read without --check; "
-                                                              "default: $MODEL_DIR, else the tiny model)."),
+    tp: TpOption = 2,
+    model: ModelOption = None,
     preset: Optional[str] = typer.Option(None, "--preset", help="tiny or qwen3-0.6b: a fake preset's config."),
     check: bool = typer.Option(False, "--check", help="Build the engine (--device, default cpu with gloo) and compare "
                                                       "every rank's parameters and KV pool with the table."),
-    device: Device = typer.Option(Device.cpu, "--device", help="Where --check builds the engine."),
-    out: Optional[Path] = typer.Option(None, "--out", help="JSON path (default: runs/shapes-tpN.json)."),
-    as_json: bool = JSON_OPTION,
+    device: DeviceOption = Device.cpu,
+    out: Out("JSON path (default: runs/shapes-tpN.json).") = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """Per-rank tensor-parallel shapes from config.json (static); --check compares with the engine."""
+    """Per-rank tensor-parallel shapes from config.json (static); --check compares with the engine.
+
+    Without --check only the model's config.json is read (or a --preset's), no weights.
+
+    Example: labkit shapes --tp 2 --preset qwen3-0.6b
+    """
     cfg, model_dir, source = _load_config(model, preset)
     expected = per_rank_shapes(cfg, tp)
     console = Console(quiet=as_json)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -18,10 +18,10 @@ from rich.text import Text
 
 from labkit.errors import LabkitError
 from labkit.model import resolve_model
+from labkit.options import Device, DeviceOption, EagerOption, ModelOption, TpOption
 from labkit.output import (
     EXIT_FAIL,
     EXIT_PASS,
-    Device,
     device_info,
     envelope,
     evidence_for,
@@ -120,15 +120,17 @@ def print_summary(result: dict, console: Console) -> None:
 
 
 def run(
-    model: Optional[str] = typer.Option(
-        None, "--model", help="Model folder (default: $MODEL_DIR, else the embedded tiny model)."),
-    device: Device = typer.Option(Device.auto, "--device", help="auto picks cuda when a GPU is visible."),
-    eager: bool = typer.Option(True, "--eager/--graph", help="Eager execution, or CUDA graphs for decode."),
+    model: ModelOption = None,
+    device: DeviceOption = Device.auto,
+    eager: EagerOption = True,
     max_tokens: int = typer.Option(2, "--max-tokens", min=1, help="Tokens to generate (EOS ignored)."),
     prompt: str = typer.Option(DEFAULT_PROMPT, "--prompt", help="User message, wrapped in the chat template."),
-    tp: int = typer.Option(1, "--tp", min=1, max=8, help="tensor_parallel_size: ranks (GPUs, or CPU processes)."),
+    tp: TpOption = 1,
 ) -> None:
-    """Load the engine on the model and generate a couple of tokens; exit 0 when the counts check out."""
+    """Load the engine on the model and generate a couple of tokens; exit 0 when the counts check out.
+
+    Example: labkit smoke --device cpu --max-tokens 4
+    """
     model_dir = Path(resolve_model(model))
     dev = resolve_device(device)
     env = envelope("smoke", device=dev, model_dir=model_dir, evidence=evidence_for(dev))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+import yaml
 
 from labkit.errors import LabkitError
 from labkit.trace.cases import (ENGINE_KEYS, Case, build_prompt_ids, expand_positions,
@@ -211,7 +212,7 @@ BAD = {
                         + "  - {id: B, prompt: {tokens: [1, 2], share_prefix: {with: A, tokens: 1}}}\n",
                         "share_prefix"),
     "negative_max_tokens": ("requests:\n  - {id: A, prompt: {tokens: [100]}, max_tokens: -1}\n",
-                            "max_tokens: must not be negative"),
+                            "requests[0] (A).max_tokens: must be an integer >= 1, got -1"),
     "negative_random": ("requests:\n  - {id: A, prompt: {random: -5}}\n", "prompt.random"),
     "negative_range": ("requests:\n  - {id: A, prompt: {range: [-3, 5]}}\n", "prompt.range"),
     "negative_token": ("requests:\n  - {id: A, prompt: {tokens: [100, -1]}}\n", "tokens[1]"),
@@ -221,6 +222,22 @@ BAD = {
     "engine_negative": ("engine: {max_num_seqs: -2}\nrequests:\n" + GOOD_REQ,
                         "engine.max_num_seqs"),
     "engine_type": ("engine: {enforce_eager: 3}\nrequests:\n" + GOOD_REQ, "engine.enforce_eager"),
+    # values judged by the engine's own Config / SamplingParams checks, reported against the case's key
+    "engine_choice": ("engine: {scheduling_policy: fifo}\nrequests:\n" + GOOD_REQ,
+                      "engine.scheduling_policy: must be one of prefill_first, balanced, got 'fifo'"),
+    "engine_device": ("engine: {device: gpu}\nrequests:\n" + GOOD_REQ, "engine.device: must be one of"),
+    "engine_range": ("engine: {gpu_memory_utilization: 1.5}\nrequests:\n" + GOOD_REQ,
+                     "engine.gpu_memory_utilization: must be in (0, 1], got 1.5"),
+    "engine_not_a_number": ("engine: {gpu_memory_utilization: lots}\nrequests:\n" + GOOD_REQ,
+                            "engine.gpu_memory_utilization: must be a number, got 'lots'"),
+    "engine_run_field": ("engine: {model: /m}\nrequests:\n" + GOOD_REQ, "engine: unknown key 'model'"),
+    "top_k_below_off": ("requests:\n  - {id: A, prompt: {tokens: [1]}, top_k: -2}\n",
+                        "requests[0] (A).top_k: must be an integer >= 1, or -1/0 for off, got -2"),
+    "top_p_zero": ("requests:\n  - {id: A, prompt: {tokens: [1]}, top_p: 0}\n", "(A).top_p: must be in (0, 1]"),
+    "temperature_nan": ("requests:\n  - {id: A, prompt: {tokens: [1]}, temperature: .nan}\n",
+                        "(A).temperature: must be a finite number"),
+    "ignore_eos_type": ("requests:\n  - {id: A, prompt: {tokens: [1]}, ignore_eos: 1}\n",
+                        "(A).ignore_eos: must be true or false, got 1"),
     "prompt_too_long": ("engine: {max_model_len: 2}\nrequests:\n" + GOOD_REQ, "max_model_len"),
     "no_requests": ("name: x\n", "'requests'"),
     "not_mapping": ("- 1\n- 2\n", "mapping"),
@@ -250,6 +267,25 @@ BAD = {
     "expect_negative_free": ("requests:\n" + GOOD_REQ + "expect:\n  - {step: 1, free: -1}\n",
                              "free"),
 }
+
+
+def test_a_case_may_set_any_engine_setting_and_sampling_field(tmp_path):
+    """SPEC 5: `engine` takes any Config field the run does not give itself; a request any SamplingParams field."""
+    import dataclasses
+
+    from engine.config import Config
+    from engine.sampling import SamplingParams
+
+    given_by_the_run = {"model", "tracer", "hf_config", "eos", "dist_init_addr", "shm_name", "shm_size",
+                        "dist_timeout_s"}
+    settings = {f.name: f.default for f in dataclasses.fields(Config) if f.name not in given_by_the_run}
+    sampling = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
+    p = tmp_path / "all.yaml"
+    p.write_text(yaml.safe_dump({"engine": settings, "requests": [{"id": "A", "prompt": {"tokens": [100]},
+                                                                    **sampling}]}))
+    case = load_case(str(p))
+    assert case.engine == settings and set(case.engine) == set(ENGINE_KEYS)
+    assert case.requests[0].sampling_kwargs() == sampling
 
 
 @pytest.mark.parametrize("label", sorted(BAD))

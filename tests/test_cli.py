@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from labkit import __version__, cli, doctor, output
+from labkit import __version__, cli, doctor, options, output
 from labkit.errors import LabkitError
 
 from .helpers import run_cli
@@ -154,7 +154,125 @@ def test_python_dash_m_runs_the_same_entry_point():
     assert done.stdout.strip() == f"labkit {__version__}"
 
 
+# ---- the command line itself: fast to start, options declared once, help with an example ----------------
+
+# Modules a command may import only inside the function that needs them: `--help` must not pay for them.
+HEAVY = ("torch", "transformers", "engine.llm", "fastapi", "matplotlib")
+
+
+def _command_paths(command=None, path=()):
+    """(path, click command) of `labkit` and every command and subcommand under it, loading each."""
+    command = command or typer.main.get_command(cli.app)
+    yield path, command
+    if hasattr(command, "list_commands"):
+        for name in command.list_commands(None):
+            yield from _command_paths(command.get_command(None, name), (*path, name))
+
+
+def _imported_after(*runs: list[str]) -> tuple[set[str], list]:
+    """The modules loaded by a fresh interpreter that ran `labkit ARGS` once per ARGS (stdout discarded), and the
+    exit code of each run."""
+    code = ("import json, sys\nfrom labkit import cli\ncodes = []\n"
+            f"for args in {[[str(a) for a in r] for r in runs]!r}:\n"
+            "    try:\n        cli.main(args)\n    except SystemExit as exit:\n        codes.append(exit.code)\n"
+            "sys.stderr.write('MODULES ' + json.dumps([sorted(sys.modules), codes]))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert "MODULES " in done.stderr, done.stderr[-2000:]
+    modules, codes = json.loads(done.stderr.rsplit("MODULES ", 1)[1])
+    return set(modules), codes
+
+
+def _heavy(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if m in HEAVY or m.startswith(tuple(h + "." for h in HEAVY)))
+
+
+def test_labkit_help_imports_no_command_module_and_nothing_heavy():
+    modules, codes = _imported_after(["--help"])
+    assert codes == [0]
+    assert _heavy(modules) == []
+    command_modules = {target.split(":")[0] for target, _ in cli.COMMANDS.values()}
+    assert sorted(command_modules & modules) == []  # the listing comes from cli.COMMANDS alone
+
+
+def test_every_help_and_the_engineless_commands_import_nothing_heavy(tiny_model, lab_env):
+    paths = [list(path) for path, _ in _command_paths()]
+    helps = [[*p, "--help"] for p in paths]
+    # Commands that run no engine: they start without torch, transformers or the engine (lab_env: outputs in tmp).
+    engineless = [["notes", "list"], ["patch", "list"], ["model", "info", tiny_model, "--json"],
+                  ["shapes", "--tp", "2", "--model", tiny_model], ["principles", "slots"], ["principles", "cache"]]
+    modules, codes = _imported_after(*helps, *engineless)
+    assert len(paths) > 30 and codes == [0] * (len(helps) + len(engineless))
+    assert _heavy(modules) == []
+
+
+def test_every_command_help_reads_well_and_shows_an_example(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    for path, _ in _command_paths():
+        code, out, err = run_cli([*path, "--help"], capsys)
+        assert code == 0, (path, err)
+        text = " ".join(out.split())
+        assert "Example: " + " ".join(["labkit", *path]) in text, path
+        # typer artefacts: a type after a flag, required arguments in braces, an optional one in double brackets
+        for artefact in ("<bool>", "{", "[["):
+            assert artefact not in out, (path, artefact)
+
+
+def _shared_options() -> dict[str, list[tuple[tuple[str, ...], object]]]:
+    """--flag -> [(command path, its click option)] over every command that has it."""
+    found: dict[str, list] = {}
+    for path, command in _command_paths():
+        for param in getattr(command, "params", []):
+            for flag in param.opts:
+                found.setdefault(flag, []).append((path, param))
+    return found
+
+
+def test_engine_options_are_declared_once_with_the_engines_choices_and_limits():
+    from engine import config
+
+    found = _shared_options()
+    tp = found["--tp"]
+    assert len(tp) >= 8
+    assert {(p.min, p.max) for _, p in tp} == {(1, config.MAX_TENSOR_PARALLEL_SIZE)}, \
+        [(" ".join(path), p.min, p.max) for path, p in tp]
+    choices = {"--device": config.DEVICES, "--policy": config.SCHEDULING_POLICIES,
+               "--attention": config.ATTENTION_BACKENDS, "--dtype": config.DTYPES}
+    for flag, values in choices.items():
+        for path, p in found[flag]:
+            assert tuple(c.value for c in p.type_descriptor.choices) == values, (path, flag)
+    # One declaration: every command shows the same help, limits and panel for an engine option.
+    for flag in ("--model", "--device", "--tp", "--eager", "--policy", "--dtype", "--attention", "--budget",
+                 "--block-size", "--num-blocks", "--max-num-seqs", "--max-model-len", "--json"):
+        seen = {(p.help, p.min, p.max, p.rich_help_panel, tuple(p.secondary_opts))
+                for path, p in found[flag] if path[0] != "principles"}  # its --model: a tokenizer, no engine
+        assert len(seen) == 1, (flag, seen)
+
+
+def test_the_first_source_env_sh_says_what_it_installs_and_for_how_long(tmp_path):
+    shutil.copy(ROOT / "env.sh", tmp_path / "env.sh")
+    python = tmp_path / "no-python"  # fails at once: the message must come before anything slow
+    python.write_text("#!/bin/sh\nexit 1\n")
+    python.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LABKIT_PYTHON": str(python)}
+    done = subprocess.run(["bash", "-c", "source ./env.sh"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    first, *rest = done.stderr.splitlines()
+    assert "first-time setup" in first and "torch" in first and "GB" in first and "minutes" in first, done.stderr
+    assert "venv creation failed" in done.stderr
+
+
 # ---- output: the JSON envelope ----------------------------------------------------------------
+
+
+def test_versions_name_torch_and_its_cuda_without_importing_torch():
+    import torch
+
+    code = ("import json, sys\nfrom labkit import output\n"
+            "print(json.dumps([output.versions(), 'torch' in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    found, imported = json.loads(done.stdout)
+    assert (found["torch"], found["cuda"], imported) == (str(torch.__version__), torch.version.cuda, False)
+    assert output.versions()["torch"] == str(torch.__version__)  # this process has torch: read from it
 
 
 def test_envelope_carries_provenance(tmp_path):
@@ -266,7 +384,7 @@ def test_git_archive_writes_the_commit_into_labkit_commit(tmp_path):
 
 def test_resolve_device():
     assert output.resolve_device("cpu") == "cpu"
-    assert output.resolve_device(output.Device.auto) == ("cpu" if NO_GPU else "cuda")
+    assert output.resolve_device(options.Device.auto) == ("cpu" if NO_GPU else "cuda")
     with pytest.raises(LabkitError):
         output.resolve_device("tpu")
 

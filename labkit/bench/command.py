@@ -26,18 +26,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from labkit.options import Backend, DType, Attention, Policy
 from labkit.bench import compare as cmp
 from labkit.bench.offline import Stepper
 from labkit.bench.profile import DEFAULT_SKIP, DEFAULT_STEPS, check_request, finish_profile, summary_lines
 from labkit.bench.workloads import Workload, draw, list_workloads, load_workload
 from labkit.errors import LabkitError
-from labkit.output import (JSON_OPTION, Device, device_info, envelope, evidence_for, finish, print_json, resolve_device,
-                           runs_dir, write_json)
+from labkit.options import (AttentionOption, Backend, BackendOption, BlockSizeOption, BudgetOption, Device,
+                            DeviceOption, DTypeOption, EagerOption, JsonOption, MaxModelLenOption, MaxNumSeqsOption,
+                            ModelOption, NumBlocksOption, NumRequestsOption, Out, PolicyOption, TpOption,
+                            WorkloadOption)
+from labkit.output import device_info, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, write_json
 
-app = typer.Typer(help="Offline throughput (engine or HF baseline), online load against serve, and B/A comparisons.",
-                  invoke_without_command=True, no_args_is_help=False)
+app = typer.Typer(invoke_without_command=True, no_args_is_help=False)
 
+
+ENGINE_ON_GPU = "Engine on a GPU"  # the help panel of the engine options only a CUDA run uses
 
 # CLI flag -> engine Config field (flags only the engine backend understands).
 ENGINE_FLAGS = {"--eager/--graph": "enforce_eager", "--attention": "attention_backend", "--tp": "tensor_parallel_size",
@@ -79,33 +82,30 @@ def _enum(v: Any) -> Any:
 # ---------------------------------------------------------------------------------------- run
 
 def run(
-    workload: str = typer.Option("fixed", "--workload", "-w",
-                                 help="nano, fixed (workloads/bench/NAME.yaml) or a workload YAML path."),
-    backend: Backend = typer.Option(Backend.engine, "--backend",
-                                    help="engine (ours) or hf (transformers generate, the baseline)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model folder (default: $MODEL_DIR, else the tiny model)."),
-    device: Device = typer.Option(Device.auto, "--device", help="auto picks cuda when a GPU is visible."),
-    dtype: Optional[DType] = typer.Option(None, "--dtype", help="auto = the checkpoint's dtype (default)."),
-    eager: Optional[bool] = typer.Option(None, "--eager/--graph",
-                                         help="enforce_eager (default: the workload's, else graph on cuda, "
-                                              "eager on cpu)."),
-    attention: Optional[Attention] = typer.Option(None, "--attention", help="Attention backend (engine)."),
-    tp: Optional[int] = typer.Option(None, "--tp", min=1, help="tensor_parallel_size (engine)."),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="max_num_seqs (engine)."),
-    budget: Optional[int] = typer.Option(None, "--budget", min=1, help="max_num_batched_tokens (engine)."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", min=1, help="kvcache_block_size (engine)."),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1, help="max_model_len (engine)."),
-    num_blocks: Optional[int] = typer.Option(None, "--num-blocks", min=1, help="num_kvcache_blocks (engine)."),
-    policy: Optional[Policy] = typer.Option(None, "--policy", help="scheduling_policy (engine)."),
+    workload: WorkloadOption = "fixed",
+    backend: BackendOption = Backend.engine,
+    model: ModelOption = None,
+    device: DeviceOption = Device.auto,
+    dtype: DTypeOption = None,
+    eager: EagerOption = None,
+    attention: AttentionOption = None,
+    tp: TpOption = None,
+    max_num_seqs: MaxNumSeqsOption = None,
+    budget: BudgetOption = None,
+    block_size: BlockSizeOption = None,
+    max_model_len: MaxModelLenOption = None,
+    num_blocks: NumBlocksOption = None,
+    policy: PolicyOption = None,
     gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization", min=0.0, max=1.0,
-                                                           help="Fraction of GPU memory for weights + KV (engine)."),
+                                                           metavar="F", rich_help_panel=ENGINE_ON_GPU,
+                                                           help="Fraction F of GPU memory for weights + KV."),
     custom_kernels: Optional[bool] = typer.Option(None, "--custom-kernels/--no-custom-kernels",
-                                                  help="Our Triton GEMV and q/k norm+RoPE kernels on CUDA (engine "
-                                                       "default: on); off: cuBLAS and compiled torch ops."),
+                                                  rich_help_panel=ENGINE_ON_GPU,
+                                                  help="Our Triton GEMV and q/k norm+RoPE kernels (engine default: "
+                                                       "on); off: cuBLAS and compiled torch ops."),
     warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Warm-up rounds (default: the workload's)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Timed repeats (default: the workload's)."),
-    num_requests: Optional[int] = typer.Option(None, "--num-requests", min=1,
-                                               help="Keep the first N requests (scale a workload down, e.g. on CPU)."),
+    num_requests: NumRequestsOption = None,
     hf_batch: int = typer.Option(64, "--hf-batch", min=1, help="Prompts per transformers generate batch (hf)."),
     profile: bool = typer.Option(False, "--profile",
                                  help="After the timed repeats, one more run under torch.profiler: writes a trace "
@@ -115,12 +115,18 @@ def run(
     profile_skip: Optional[int] = typer.Option(None, "--profile-skip",
                                                help=f"Steps of the profiled run before the window (default "
                                                     f"{DEFAULT_SKIP}: the prefill of batch1)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="JSON path (default: runs/bench-WORKLOAD-BACKEND[-MODE].json); "
-                                                           "a .md twin is written beside it."),
+    out: Out("JSON path (default: runs/bench-WORKLOAD-BACKEND[-eager|-graph].json); a .md twin goes beside it.") = None,
     list_: bool = typer.Option(False, "--list", help="List the shipped workloads and exit."),
-    as_json: bool = JSON_OPTION,
+    as_json: JsonOption = False,
 ) -> None:
-    """Run a workload through the engine (or transformers) and report throughput."""
+    """Run a workload through the engine (or Transformers) and report throughput.
+
+    Engine options left out take the workload's values, else the engine's defaults.
+    --eager/--graph left out (and not in the workload): graph on cuda, eager on cpu.
+    --backend hf refuses Engine options: they are the engine backend's alone.
+
+    Example: labkit bench run --workload nano --num-requests 8 --device cpu
+    """
     console = Console(quiet=as_json)
     if list_:
         for name in list_workloads():
@@ -370,7 +376,7 @@ def markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
-app.command("run", help="Run a workload and report throughput (also the default: `labkit bench --workload ...`).")(run)
+app.command("run")(run)
 
 
 def _default(ctx: typer.Context, **kwargs: Any) -> None:
@@ -384,16 +390,17 @@ _sig = inspect.signature(run, eval_str=True)
 _default.__signature__ = _sig.replace(parameters=[
     inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
     *_sig.parameters.values()])
-_default.__doc__ = run.__doc__
-app.callback(invoke_without_command=True)(_default)
+app.callback(invoke_without_command=True, help=(
+    "Offline throughput of the engine (or the Transformers baseline), online load against `labkit serve`, and B/A "
+    "comparisons. Without a subcommand it runs `bench run` with these options.\n\n"
+    "Example: labkit bench --workload nano --num-requests 8 --device cpu"))(_default)
 
 
 # ------------------------------------------------------------------------------------ load
 
 from labkit.bench.load_command import load as _load  # noqa: E402
 
-app.command("load", help="Online load bench: requests on a schedule at `labkit serve`; ttft/tpot/itl/e2el, "
-                         "throughput, goodput.")(_load)
+app.command("load")(_load)
 
 
 # ------------------------------------------------------------------------------------ compare
@@ -408,11 +415,15 @@ def compare_cmd(
                                       "server) or a config key (engine.max_model_len)."),
     allow_single: bool = typer.Option(False, "--allow-single", help="Compare even when a side has a single "
                                       "repeat (or completed request): the ratio then has no interval."),
-    out: Optional[Path] = typer.Option(None, "--out", help="JSON path (default: runs/bench-compare-VARIABLE.json)."),
-    as_json: bool = JSON_OPTION,
+    out: Out("JSON path (default: runs/bench-compare-VARIABLE.json); a .md twin is written beside it.") = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """B/A of median output tok/s (load runs: median e2el) with each side's spread and a bootstrap interval;
-    "within noise" when the interval holds 1.0."""
+    """B/A of two bench runs: median output tok/s (load runs: median e2el), each side's spread, a bootstrap interval.
+
+    "within noise" when the interval holds 1.0.
+
+    Example: labkit bench compare runs/eager.json runs/graph.json --variable eager
+    """
     da, db = cmp.load_bench(a), cmp.load_bench(b)
     res = cmp.compare(da, db, variable, a_name=str(a), b_name=str(b), allow_single=allow_single)
     evidence = cmp.weakest_evidence(da, db)

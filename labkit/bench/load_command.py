@@ -33,38 +33,36 @@ from labkit.bench import load_metrics as M
 from labkit.bench.workloads import draw_warmup, fold_to_vocab, load_workload
 from labkit.errors import LabkitError
 from labkit.model import resolve_model
-from labkit.options import Policy
-from labkit.output import (JSON_OPTION, Device, device_info, envelope, finish, print_json, resolve_device, runs_dir,
-                           write_json)
+from labkit.options import (BudgetOption, Device, DeviceOption, EagerOption, JsonOption, MaxModelLenOption,
+                            MaxNumSeqsOption, MaxQueueOption, ModelOption, NumRequestsOption, Out, PolicyOption,
+                            TpOption, WorkloadOption)
+from labkit.output import device_info, envelope, finish, print_json, resolve_device, runs_dir, write_json
+
 
 def load(
-    workload: str = typer.Option("fixed", "--workload", "-w",
-                                 help="Requests (and temperature / ignore_eos) from a bench workload: nano, fixed "
-                                      "or a YAML path."),
+    workload: WorkloadOption = "fixed",
     rate: float = typer.Option(math.inf, "--rate",
                                help="Poisson arrivals, requests per second (inf: all at once)."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the arrival times (and of prompt_len prompts)."),
     arrivals: Optional[Path] = typer.Option(None, "--arrivals",
                                             help="Arrivals JSONL (t, prompt | prompt_ids | prompt_len, max_tokens) "
                                                  "instead of the workload's requests at --rate."),
-    num_requests: Optional[int] = typer.Option(None, "--num-requests", min=1, help="Keep the first N requests."),
+    num_requests: NumRequestsOption = None,
     url: Optional[str] = typer.Option(None, "--url", help="A running `labkit serve` (default: start one)."),
     endpoints: Optional[str] = typer.Option(None, "--endpoints",
                                             help="Several running servers, URL,URL,...: arrivals go round-robin "
                                                  "in arrival order (replicas of one model)."),
     allow_mixed: bool = typer.Option(False, "--allow-mixed",
                                      help="Accept --endpoints that serve different models (config_sha256)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model folder for the started server."),
-    device: Device = typer.Option(Device.auto, "--device", help="Device of the started server."),
-    eager: Optional[bool] = typer.Option(None, "--eager/--graph", help="Started server: eager or CUDA graphs."),
-    tp: Optional[int] = typer.Option(None, "--tp", min=1, max=8, help="Started server: tensor parallel size."),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="Started server: max_num_seqs."),
-    budget: Optional[int] = typer.Option(None, "--budget", min=1, help="Started server: max_num_batched_tokens."),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1, help="Started server: max_model_len."),
-    policy: Optional[Policy] = typer.Option(None, "--policy", help="Started server: scheduling policy."),
-    max_queue: Optional[int] = typer.Option(None, "--max-queue", min=1,
-                                            help="Started server: waiting requests before 503 (default: enough "
-                                                 "for every request)."),
+    model: ModelOption = None,
+    device: DeviceOption = Device.auto,
+    eager: EagerOption = None,
+    tp: TpOption = None,
+    max_num_seqs: MaxNumSeqsOption = None,
+    budget: BudgetOption = None,
+    max_model_len: MaxModelLenOption = None,
+    policy: PolicyOption = None,
+    max_queue: MaxQueueOption = None,
     max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", min=1,
                                                   help="At most N requests in flight (default: no limit)."),
     slo: Optional[str] = typer.Option(None, "--slo", help="Goodput bounds in ms, e.g. ttft:500,tpot:50 "
@@ -78,10 +76,16 @@ def load(
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds a request may take."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Before timing, send the workload's warm-up "
                                 "requests (its own random prompts, short outputs) so compile caches are warm."),
-    out: Optional[Path] = typer.Option(None, "--out", help="JSON path (default: runs/bench-load-NAME.json)."),
-    as_json: bool = JSON_OPTION,
+    out: Out("JSON path (default: runs/bench-load-NAME.json).") = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """Send requests on a schedule to `labkit serve` and report ttft / tpot / itl / e2el and throughput."""
+    """Online load bench: requests on a schedule at `labkit serve`; ttft, tpot, itl, e2el, throughput, goodput.
+
+    Without --url or --endpoints it starts a server, which the Engine options and --max-queue configure
+    (--max-queue left out: room for every request). --url and --endpoints name running servers instead.
+
+    Example: labkit bench load --workload nano --rate 4 --device cpu
+    """
     slo_ms = M.parse_slo(slo)
     pcts = M.parse_percentiles(percentiles)
     client_lib = L.client_name(client)

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from labkit.options import Backend, DType, Attention
 from labkit.errors import LabkitError
 from labkit.logits import compare as cmp
 from labkit.logits import gates
@@ -35,10 +34,12 @@ from labkit.logits.collect import (Collection, collect_engine, collect_hf, prefi
                                   write_collection)
 from labkit.logits.suites import SUITES, get_suite
 from labkit.model import resolve_model
-from labkit.output import (EXIT_FAIL, EXIT_PASS, Device, envelope, finish, resolve_device, runs_dir,
-                           write_json)
+from labkit.options import (Attention, AttentionOption, Backend, BackendOption, Device, DeviceOption, DType,
+                            DTypeOption, ModelOption, Out, TpOption)
+from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, finish, resolve_device, runs_dir, write_json
 
-app = typer.Typer(help="Teacher-forced logits of the engine against Transformers (or TP=2 / another execution).",
+app = typer.Typer(help="Teacher-forced logits of the engine against Transformers (or TP=2 / another execution).\n\n"
+                       "Example: labkit logits-check run --suite baseline --device cpu",
                   no_args_is_help=True)
 
 
@@ -57,6 +58,9 @@ SuiteName = enum.Enum("SuiteName", {name: name for name in SUITES}, type=str)
 _SUITE_HELP = ("Suite: " + ", ".join(f"{s.name} ({s.rows} rows)" for s in SUITES.values())
                + "; tp compares TP=2 with TP=1, kv adds the new K/V per layer (engine vs engine). "
                "labkit/logits/suites.py lists each suite's cases.")
+SuiteOption = Annotated[SuiteName, typer.Option("--suite", help=_SUITE_HELP)]
+ExecutionOption = Annotated[Optional[Execution], typer.Option(
+    "--execution", help="The engine side: eager or CUDA graphs (default eager).")]
 
 
 def _console() -> Console:
@@ -68,11 +72,6 @@ def _console() -> Console:
 
 def _val(x):
     return None if x is None else getattr(x, "value", x)
-
-
-def _check_tp(tp: int) -> None:
-    if tp < 1:
-        raise LabkitError(f"--tp must be >= 1, got {tp}")
 
 
 def _collect(backend: str, suite_name: str, model_dir: Path, device: str, dtype: str, execution: str | None,
@@ -215,21 +214,24 @@ def _finish_exit(result: dict) -> None:
 
 @app.command("collect")
 def collect_cmd(
-    suite: SuiteName = typer.Option(..., "--suite", help=_SUITE_HELP),
-    backend: Backend = typer.Option(Backend.engine, "--backend", help="engine (paged KV, scheduler) or hf "
-                                    "(Transformers, whole prefix recomputed each step)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output PREFIX: writes PREFIX.json and PREFIX.npz "
-                                       "(default: runs/logits-SUITE/BACKEND)."),
-    execution: Optional[Execution] = typer.Option(None, "--execution", help="Engine: eager or graph (default eager)."),
-    attention: Optional[Attention] = typer.Option(None, "--attention", help="Engine attention backend (default auto)."),
-    tp: int = typer.Option(1, "--tp", help="Engine tensor_parallel_size."),
-    device: Device = typer.Option(Device.auto, "--device", help="auto, cpu or cuda."),
-    dtype: DType = typer.Option(DType.auto, "--dtype", help="auto (the model's), float32, bfloat16 or float16."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model folder (default: $MODEL_DIR or the tiny model)."),
+    suite: SuiteOption,
+    backend: BackendOption = Backend.engine,
+    out: Out("Output PREFIX: writes PREFIX.json and PREFIX.npz (default: runs/logits-SUITE/BACKEND).") = None,
+    execution: ExecutionOption = None,
+    attention: AttentionOption = None,
+    tp: TpOption = 1,
+    device: DeviceOption = Device.auto,
+    dtype: DTypeOption = DType.auto,
+    model: ModelOption = None,
     seed: int = typer.Option(0, "--seed", help="Seed of the forced continuation ids (stored in the JSON)."),
 ) -> None:
-    """Walk a suite's fixed token path with one backend and save every accepted step's logits row."""
-    _check_tp(tp)
+    """Walk a suite's fixed token path with one backend and save every accepted step's logits row.
+
+    The engine walks it with its paged KV cache and scheduler.
+    hf (Transformers) recomputes the whole prefix each step (TP=1, eager attention only).
+
+    Example: labkit logits-check collect --suite baseline --backend hf --dtype float32
+    """
     suite_name = _val(suite)
     dev = resolve_device(device)
     model_dir = resolve_model(model)
@@ -274,10 +276,12 @@ def compare_cmd(
     max_abs: Optional[float] = _MAX_ABS,
     rel_l2: Optional[float] = _REL_L2,
     kv_max_abs: Optional[float] = _KV_MAX_ABS,
-    out: Optional[Path] = typer.Option(None, "--out", help="Report FILE (JSON; a Markdown twin goes next to it "
-                                       "with .md; default: runs/logits-check.json)."),
+    out: Out("Report JSON (default: runs/logits-check.json); a .md twin goes beside it.") = None,
 ) -> None:
-    """Compare collections row by row; exit 1 on FAIL (REVIEW exits 0 but says so)."""
+    """Compare collections row by row; exit 1 on FAIL (REVIEW exits 0 but says so).
+
+    Example: labkit logits-check compare --lhs runs/lc/engine --rhs runs/lc/truth
+    """
     paths = {"lhs": lhs, "rhs": rhs, "truth": truth, "reference": reference}
     cols = {name: read_collection(p) for name, p in paths.items() if p is not None}
     prefixes = {name: prefix_of(p) for name, p in paths.items() if p is not None}
@@ -289,28 +293,33 @@ def compare_cmd(
 
 @app.command("run")
 def run_cmd(
-    suite: SuiteName = typer.Option(..., "--suite", help=_SUITE_HELP),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default: runs/logits-SUITE)."),
-    execution: Optional[Execution] = typer.Option(None, "--execution", help="Engine side: eager or graph."),
-    attention: Optional[Attention] = typer.Option(None, "--attention", help="Engine side attention backend."),
-    tp: Optional[int] = typer.Option(None, "--tp", help="Engine side tensor_parallel_size "
-                                     "(default 1; the tp suite's default is 2, against 1)."),
+    suite: SuiteOption,
+    out: Out("Output folder (default: runs/logits-SUITE).") = None,
+    execution: ExecutionOption = None,
+    attention: AttentionOption = None,
+    tp: TpOption = None,
     ref_execution: Execution = typer.Option(Execution.eager, "--ref-execution",
                                             help="kv suite: the second engine's execution."),
     ref_attention: Optional[Attention] = typer.Option(None, "--ref-attention", help="kv suite: the second "
                                                       "engine's attention backend (default: the same as --attention)."),
-    device: Device = typer.Option(Device.auto, "--device", help="auto, cpu or cuda."),
-    dtype: DType = typer.Option(DType.auto, "--dtype", help="auto (the model's), float32, bfloat16 or float16."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model folder (default: $MODEL_DIR or the tiny model)."),
+    device: DeviceOption = Device.auto,
+    dtype: DTypeOption = DType.auto,
+    model: ModelOption = None,
     seed: int = typer.Option(0, "--seed", help="Seed of the forced continuation ids."),
     gate: Gate = _gate_option(),
     max_abs: Optional[float] = _MAX_ABS,
     rel_l2: Optional[float] = _REL_L2,
     kv_max_abs: Optional[float] = _KV_MAX_ABS,
 ) -> None:
-    """Collect every side and compare. anchored: the engine side(s), Transformers float32 (the truth) and, for a
-    bf16/fp16 engine, Transformers in that dtype (the reference). fixed: engine vs Transformers in the engine's
-    dtype (tp: TP=2 vs TP=1; kv: engine vs engine)."""
+    """Collect every side of a suite and compare them: the usual way to run a logits check.
+
+    anchored: the engine side(s), Transformers float32 (the truth) and, for a bf16/fp16 engine,
+    Transformers in its dtype (the reference).
+    fixed: engine vs Transformers in the engine's dtype (tp: TP=2 vs TP=1; kv: engine vs engine).
+    --tp is the engine side's tensor_parallel_size (default 1; the tp suite's 2, against 1).
+
+    Example: labkit logits-check run --suite baseline --dtype bfloat16
+    """
     suite_name = _val(suite)
     s = get_suite(suite_name)
     if gate == Gate.anchored:  # refuse before minutes of collecting
@@ -326,16 +335,13 @@ def run_cmd(
     exe, att = _val(execution), _val(attention)
     if s.reference == "tp":
         tp_l = 2 if tp is None else tp
-        _check_tp(tp_l)
         if tp_l == 1:
             raise LabkitError("--tp 1: the tp suite compares TP>1 against TP=1; give --tp 2 (or more)")
         plan = [("lhs", f"tp{tp_l}", exe, att, tp_l), ("rhs", "tp1", exe, att, 1)]
     elif s.reference == "engine":
-        _check_tp(tp or 1)
         ref_att = _val(ref_attention) or att
         plan = [("lhs", "engine", exe, att, tp or 1), ("rhs", "engine-ref", ref_execution.value, ref_att, 1)]
     else:
-        _check_tp(tp or 1)
         plan = [("lhs", "engine", exe, att, tp or 1)]
     cols: dict[str, Collection] = {}
     prefixes: dict[str, Path] = {}

@@ -11,8 +11,8 @@ from rich.text import Text
 
 from labkit.errors import LabkitError
 from labkit.notes import lab_note_path, note_state, todo_count, user_notes
-from labkit.output import (EVIDENCE_KINDS, EXIT_FAIL, EXIT_PASS, JSON_OPTION, envelope, finish, print_json, runs_dir,
-                           write_json)
+from labkit.options import JsonOption, Out
+from labkit.output import EVIDENCE_KINDS, EXIT_FAIL, EXIT_PASS, envelope, finish, print_json, runs_dir, write_json
 from labkit.report import archive as arch
 from labkit.report.plan import load_plan, plan_path
 from labkit.report.render import VERDICT_COLORS, markdown, page, pictures
@@ -20,8 +20,7 @@ from labkit.report.results import attach, gather
 from labkit.report.status import assign, caveats
 from labkit.report.verify import verify
 
-app = typer.Typer(help="Gather runs/ into an evidence report and archive; `report verify ARCHIVE` re-checks one.",
-                  invoke_without_command=True, no_args_is_help=False)
+app = typer.Typer(invoke_without_command=True, no_args_is_help=False)
 
 
 def _style(verdict: str) -> str:
@@ -32,13 +31,18 @@ def _style(verdict: str) -> str:
 def report(
     ctx: typer.Context,
     runs: Optional[Path] = typer.Option(None, "--runs", help="Folder of results (default: $RUNS_DIR or runs/)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Report folder (default: RUNS/report)."),
+    out: Out("Report folder (default: RUNS/report).") = None,
     title: str = typer.Option("labkit evidence report", "--title", help="The report's title."),
     with_logs: bool = typer.Option(False, "--with-logs", help="Also archive *.log files (server and tool logs)."),
-    as_json: bool = JSON_OPTION,
+    as_json: JsonOption = False,
 ) -> None:
-    """Every lab of the plan with its verdict and evidence; report.md, report.html, manifest.json and
-    evidence.tar.gz. Exit 1 when a file under runs/ cannot be read (UNREADABLE), else 0."""
+    """Every lab of the plan with its verdict and evidence: report.md, report.html, manifest.json, evidence.tar.gz.
+
+    Exit 1 when a file under runs/ cannot be read (UNREADABLE), else 0.
+    `labkit report verify ARCHIVE` re-checks an archive.
+
+    Example: labkit report --runs runs --out runs/report
+    """
     if ctx.invoked_subcommand is not None:
         return
     root = (runs if runs is not None else runs_dir()).resolve()
@@ -114,11 +118,16 @@ def _print(statuses, gathered, warn, figures_note, dest, tarball, manifest, n_fi
 
 @app.command("verify")
 def verify_cmd(
-    archive: Path = typer.Argument(..., help="An evidence.tar.gz written by `labkit report`."),
-    as_json: bool = JSON_OPTION,
+    archive: Path = typer.Argument(..., metavar="ARCHIVE", help="An evidence.tar.gz written by `labkit report`."),
+    as_json: JsonOption = False,
 ) -> None:
-    """Re-check every sha256, re-validate every trace log against its case, re-judge every logits check from its
-    arrays (no GPU needed); exit 1 naming the first file that differs."""
+    """Re-check an evidence archive: its sha256s, trace logs and logits checks (no GPU needed).
+
+    Every file's sha256 against the manifest; every trace log re-validated against its case;
+    every logits check re-judged from its arrays. Exit 1 naming the first file that differs.
+
+    Example: labkit report verify runs/report/evidence.tar.gz
+    """
     v = verify(archive)
     if as_json:
         print_json({"archive": str(archive), **v.to_dict()})

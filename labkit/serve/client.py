@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 
 from labkit.errors import LabkitError
+from labkit.options import Out
 
 
 class _Log:
@@ -144,13 +145,16 @@ def run(
     prompt: str = typer.Option(..., "--prompt", help="The prompt text."),
     max_tokens: int = typer.Option(16, "--max-tokens", min=1, help="Tokens to generate at most."),
     stream: bool = typer.Option(False, "--stream/--no-stream", help="Stream tokens as they arrive (SSE)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Per-token events (JSONL) to this file."),
+    out: Out("Per-token events (JSONL) to this file.") = None,
     chat: bool = typer.Option(False, "--chat", help="Send the prompt as one user message to /v1/chat/completions."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Keep generating past EOS (to max tokens)."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for the server."),
 ) -> None:
-    """Send one request to a running `labkit serve`; print tokens as they arrive; --out writes timings."""
+    """Send one request to a running `labkit serve`; print tokens as they arrive; --out writes per-token timings.
+
+    Example: labkit serve client --prompt "Hello" --stream --out runs/client.jsonl
+    """
     res = request(url, prompt, max_tokens=max_tokens, stream=stream, out=out, chat=chat, temperature=temperature,
                   ignore_eos=ignore_eos, timeout=timeout)
     ttft = f"{res['ttft_ms']:.1f}" if res["ttft_ms"] is not None else "-"

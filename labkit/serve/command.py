@@ -19,15 +19,15 @@ from typing import Optional
 import typer
 
 from labkit.errors import LabkitError
-from labkit.options import Policy
-from labkit.output import Device, resolve_device
+from labkit.options import (BlockSizeOption, BudgetOption, Device, DeviceOption, EagerOption, MaxModelLenOption,
+                            MaxNumSeqsOption, MaxQueueOption, ModelOption, NumBlocksOption, Policy, PolicyOption,
+                            TpOption)
+from labkit.output import resolve_device
 from labkit.serve import client as client_mod
 
-app = typer.Typer(help="Serve the engine over HTTP (OpenAI-shaped); `client` sends a request.",
-                  invoke_without_command=True, no_args_is_help=False)
+app = typer.Typer(invoke_without_command=True, no_args_is_help=False)
 
-app.command("client", help="Send one request to a running server; print tokens; --out writes per-token JSONL.")(
-    client_mod.run)
+app.command("client")(client_mod.run)
 
 
 def is_loopback(host: str) -> bool:
@@ -63,22 +63,20 @@ def _check_port(host: str, port: int) -> None:
 @app.callback()
 def serve(
     ctx: typer.Context,
-    model: Optional[str] = typer.Option(None, "--model", help="Model folder (default: $MODEL_DIR, else the tiny model)."),
-    device: Device = typer.Option(Device.auto, "--device", help="auto picks cuda when a GPU is visible."),
+    model: ModelOption = None,
+    device: DeviceOption = Device.auto,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback unless --allow-remote)."),
     port: int = typer.Option(8000, "--port", min=1, max=65535),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback --host."),
-    tp: int = typer.Option(1, "--tp", min=1, max=8, help="Tensor parallel size."),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="Engine max_num_seqs."),
-    budget: Optional[int] = typer.Option(None, "--budget", min=1, help="Engine max_num_batched_tokens."),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1, help="Engine max_model_len."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", min=1, help="Engine kvcache_block_size."),
-    num_blocks: Optional[int] = typer.Option(None, "--num-blocks", min=1, help="Engine num_kvcache_blocks "
-                                             "(default: sized from memory)."),
-    eager: Optional[bool] = typer.Option(None, "--eager/--graph", help="Eager execution or CUDA graphs (default: the engine's)."),
-    policy: Policy = typer.Option(Policy.prefill_first, "--policy", help="Scheduling policy."),
-    max_queue: int = typer.Option(256, "--max-queue", min=1, help="Requests waiting for their first token beyond "
-                                  "which new ones get 503."),
+    tp: TpOption = 1,
+    max_num_seqs: MaxNumSeqsOption = None,
+    budget: BudgetOption = None,
+    max_model_len: MaxModelLenOption = None,
+    block_size: BlockSizeOption = None,
+    num_blocks: NumBlocksOption = None,
+    eager: EagerOption = None,
+    policy: PolicyOption = Policy.prefill_first,
+    max_queue: MaxQueueOption = 256,
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", min=0.0, help="On SIGTERM/SIGINT, seconds "
                                         "in-flight requests may take to finish before they are cancelled."),
     max_body_bytes: int = typer.Option(4 << 20, "--max-body-bytes", min=1024, help="Largest request body "
@@ -88,7 +86,14 @@ def serve(
     trace: Optional[str] = typer.Option(None, "--trace", help="Write the engine's JSONL event log (schema v1) "
                                         "here: which requests ran in which step, as the server admitted them."),
 ) -> None:
-    """Run the HTTP server (the `client` subcommand talks to it)."""
+    """Serve the engine over OpenAI-shaped HTTP (/v1/completions, /v1/chat/completions, /health, /metrics).
+
+    Listens on loopback only unless --allow-remote. Engine options left out take the engine's defaults.
+    SIGTERM or SIGINT drains for --drain-timeout seconds, then exits 0; exit 1 when the engine dies while serving.
+    `labkit serve client` sends one request.
+
+    Example: labkit serve --device cpu --port 8000
+    """
     if ctx.invoked_subcommand is not None:
         return
     _need_serve_packages()

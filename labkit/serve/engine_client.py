@@ -111,7 +111,8 @@ class EngineClient:
 
         from labkit.serve.core import core_main
 
-        self._dir = tempfile.mkdtemp(prefix="labkit-serve-")  # mode 700: only this user can reach the sockets
+        # Mode 700: only this user can reach the sockets. The pid in the name says whose folder it is.
+        self._dir = tempfile.mkdtemp(prefix=f"labkit-serve-{os.getpid()}-")
         in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
         self._ctx = zmq.asyncio.Context()
         self._push = self._ctx.socket(zmq.PUSH)

@@ -3,12 +3,14 @@
 A case names engine settings, a list of requests and, optionally, the states the engine must
 go through. `load_case` reads and checks one strictly (every error names the file and the key,
 raised as LabkitError, exit code 2); `build_prompt_ids` turns the prompt specs into token ids.
+Engine settings are the engine's Config fields and a request's sampling settings its SamplingParams
+fields: the names and types come from those dataclasses, and their own checks judge the values.
 
 Case file
 ---------
     name: chunk                        # optional, defaults to the file's stem
     about: one line                    # optional
-    engine: {max_num_batched_tokens: 512, kvcache_block_size: 256, ...}   # ENGINE_KEYS only
+    engine: {max_num_batched_tokens: 512, kvcache_block_size: 256, ...}   # Config fields: ENGINE_KEYS
     requests:
       - id: A                          # label; the engine's events carry it as request_id
         prompt: {random: 700, seed: 1} # exactly one of:
@@ -19,8 +21,8 @@ Case file
                                        # random/range may add share_prefix: {with: ID, tokens: K}:
                                        # the first K ids are replaced by the first K ids of an
                                        # earlier request's prompt (the length stays as stated)
-        max_tokens: 3                  # default 64
-        ignore_eos: true               # default true
+        max_tokens: 3                  # default 64     max_tokens, ignore_eos, temperature,
+        ignore_eos: true               # default true   top_k, top_p: SamplingParams fields
         temperature: 0.6               # default 0.0 (greedy); top_k, top_p optional
         after: B                       # optional: submit once an earlier request has finished
     expect: [...]                      # optional; without it a case is recorded, not judged
@@ -62,47 +64,39 @@ After loading, `Case.expect` holds normalised entries: positions expanded to lis
 """
 from __future__ import annotations
 
-import copy
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
+from engine.config import Config
 
 from labkit import yamlfile
 from labkit.errors import LabkitError
 
-# Engine Config fields a case may set.
-ENGINE_KEYS = (
-    "max_num_batched_tokens",
-    "max_num_seqs",
-    "max_model_len",
-    "gpu_memory_utilization",
-    "tensor_parallel_size",
-    "enforce_eager",
-    "kvcache_block_size",
-    "num_kvcache_blocks",
-    "device",
-    "attention_backend",
-    "scheduling_policy",
-    "dtype",
-    "seed",
-    "kvcache_memory_bytes",   # engine addition: KV pool budget when not sized from GPU memory
-)
-_ENGINE_POSITIVE_INTS = {"max_num_batched_tokens", "max_num_seqs", "max_model_len",
-                         "tensor_parallel_size", "kvcache_block_size"}
-_ENGINE_STRS = {"device", "attention_backend", "scheduling_policy", "dtype"}
+# A case may set any engine Config field (SPEC 5) but these: the run gives the model folder and the tracer, the
+# engine fills in the model's config and EOS id, and the tensor-parallel channel belongs to the process.
+_NOT_FROM_A_CASE = ("model", "tracer", "hf_config", "eos", "dist_init_addr", "shm_name", "shm_size",
+                    "dist_timeout_s")
+_ENGINE_FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.init and f.name not in _NOT_FROM_A_CASE}
+ENGINE_KEYS = tuple(_ENGINE_FIELDS)
+# Config checks its settings before it reads the model: a folder and a model config that limit nothing let those
+# checks judge a case's engine settings without a model (the run checks them again against the real one).
+_NO_MODEL = {"model": os.path.dirname(__file__),
+             "hf_config": SimpleNamespace(model_type="qwen3", max_position_embeddings=1 << 30)}
 
 TOP_KEYS = ("name", "about", "engine", "requests", "expect")
-REQUEST_KEYS = ("id", "prompt", "max_tokens", "ignore_eos", "temperature", "top_k", "top_p", "after")
+# A request is an id, a prompt, an optional `after`, and SamplingParams fields (_sampling_fields()).
+REQUEST_KEYS = ("id", "prompt", "after")
 PROMPT_KINDS = ("random", "tokens", "range", "text")
 _PROMPT_EXTRA = {"random": ("seed", "share_prefix"), "range": ("share_prefix",),
                  "tokens": (), "text": ()}
 SHARE_KEYS = ("with", "tokens")
 
-STEP_KEYS = ("step", "phase", "scheduled", "preempted", "before", "inputs", "after", "free",
-             "refs", "released", "note")
 SCHEDULED_FIELDS = ("total", "cached", "scheduled", "blocks")
 AFTER_FIELDS = ("total", "cached", "outputs", "status", "blocks", "accepted")
 FINAL_FIELDS = ("total", "outputs", "status")
@@ -129,10 +123,6 @@ class RequestSpec:
     top_k: int | None = None
     top_p: float | None = None
     after: str | None = None
-
-    @property
-    def prompt_kind(self) -> str:
-        return _prompt_kind(self.prompt)
 
     @property
     def prompt_len(self) -> int | None:
@@ -281,32 +271,46 @@ def _rid(ctx: _Ctx, where: str, v) -> str:
     return v
 
 
+# What a dataclass field's annotation asks of a YAML value (the engine's classes use these four).
+_TYPES = {"int": (_is_int, "an integer"), "float": (_is_num, "a number"),
+          "bool": (lambda v: isinstance(v, bool), "true or false"), "str": (lambda v: isinstance(v, str), "a string")}
+
+
+def _engine_checks(ctx: _Ctx, where: str, cls, values: dict, fields: dict, **more) -> None:
+    """`values` against the engine dataclass `cls`: each of the type its field declares, then cls's own checks
+    (its ValueError, "field: why", becomes "FILE: where.field: why")."""
+    for k, v in values.items():
+        t = fields[k].type      # a string under `from __future__ import annotations`
+        ok, what = _TYPES.get(getattr(t, "__name__", t), (lambda v: True, ""))
+        if not ok(v):
+            ctx.fail(f"{where}.{k}", f"must be {what}, got {v!r}")
+    try:
+        cls(**more, **values)
+    except ValueError as e:
+        key, sep, why = str(e).partition(": ")
+        if sep and key in values:
+            ctx.fail(f"{where}.{key}", why)
+        ctx.fail(where, str(e))
+
+
 def _check_engine(ctx: _Ctx, engine) -> dict:
     if engine is None:
         return {}
     engine = _mapping(ctx, "engine", engine)
-    for k, v in engine.items():
-        where = f"engine.{k}"
-        if k not in ENGINE_KEYS:
+    for k in engine:
+        if k not in _ENGINE_FIELDS:
             ctx.fail("engine", f"unknown key {k!r}: not an engine Config field "
                                f"(allowed: {', '.join(ENGINE_KEYS)})")
-        if k in _ENGINE_POSITIVE_INTS:
-            _int(ctx, where, v, minimum=1)
-        elif k in ("num_kvcache_blocks", "kvcache_memory_bytes"):
-            if not _is_int(v) or (v < 1 and v != -1):
-                ctx.fail(where, f"must be a positive integer or -1 (auto), got {v!r}")
-        elif k == "seed":
-            _int(ctx, where, v, minimum=0)
-        elif k == "gpu_memory_utilization":
-            if not _is_num(v) or not (0 < v <= 1):
-                ctx.fail(where, f"must be a number in (0, 1], got {v!r}")
-        elif k == "enforce_eager":
-            if not isinstance(v, bool):
-                ctx.fail(where, f"must be true or false, got {v!r}")
-        elif k in _ENGINE_STRS:
-            if not isinstance(v, str) or not v:
-                ctx.fail(where, f"must be a non-empty string, got {v!r}")
+    _engine_checks(ctx, "engine", Config, engine, _ENGINE_FIELDS, **_NO_MODEL)
     return dict(engine)
+
+
+@cache
+def _sampling_fields() -> tuple:
+    """The engine's SamplingParams and its fields (imported on first use: the module loads torch)."""
+    from engine.sampling import SamplingParams
+
+    return SamplingParams, {f.name: f for f in dataclasses.fields(SamplingParams) if f.init}
 
 
 def _check_prompt(ctx: _Ctx, where: str, prompt, earlier: dict[str, RequestSpec]) -> dict:
@@ -377,26 +381,17 @@ def _check_request(ctx: _Ctx, i: int, raw, earlier: dict[str, RequestSpec],
         ctx.fail(where, "missing key 'id'")
     rid = _rid(ctx, f"{where}.id", raw["id"])
     where = f"requests[{i}] ({rid})"
-    _unknown(ctx, where, raw, REQUEST_KEYS)
+    _unknown(ctx, where, raw, REQUEST_KEYS + tuple(_sampling_fields()[1]))
     if rid in earlier:
         ctx.fail(f"{where}.id", f"duplicate request id {rid!r}")
     if "prompt" not in raw:
         ctx.fail(where, "missing key 'prompt'")
     prompt = _check_prompt(ctx, f"{where}.prompt", raw["prompt"], earlier)
-    max_tokens = _int(ctx, f"{where}.max_tokens", raw.get("max_tokens", DEFAULT_MAX_TOKENS),
-                      minimum=1)
-    ignore_eos = raw.get("ignore_eos", True)
-    if not isinstance(ignore_eos, bool):
-        ctx.fail(f"{where}.ignore_eos", f"must be true or false, got {ignore_eos!r}")
-    temperature = raw.get("temperature", DEFAULT_TEMPERATURE)
-    if not _is_num(temperature) or temperature < 0:
-        ctx.fail(f"{where}.temperature", f"must be a number >= 0, got {temperature!r}")
-    top_k = raw.get("top_k")
-    if top_k is not None:
-        _int(ctx, f"{where}.top_k", top_k, minimum=0)
-    top_p = raw.get("top_p")
-    if top_p is not None and (not _is_num(top_p) or not (0 < top_p <= 1)):
-        ctx.fail(f"{where}.top_p", f"must be a number in (0, 1], got {top_p!r}")
+    sampling_params, fields = _sampling_fields()
+    # the case's defaults (greedy, ignore_eos) differ from SamplingParams' (temperature 1, stop at EOS)
+    sampling = {"max_tokens": DEFAULT_MAX_TOKENS, "ignore_eos": True, "temperature": DEFAULT_TEMPERATURE}
+    sampling.update((k, v) for k, v in raw.items() if k in fields)
+    _engine_checks(ctx, where, sampling_params, sampling, fields)
     after = raw.get("after")
     if after is not None:
         after = _rid(ctx, f"{where}.after", after)
@@ -409,8 +404,9 @@ def _check_request(ctx: _Ctx, i: int, raw, earlier: dict[str, RequestSpec],
     mml = engine.get("max_model_len")
     if plen is not None and _is_int(mml) and plen > mml:
         ctx.fail(f"{where}.prompt", f"prompt has {plen} tokens, more than engine.max_model_len {mml}")
-    return RequestSpec(id=rid, prompt=prompt, max_tokens=max_tokens, ignore_eos=ignore_eos,
-                       temperature=float(temperature), top_k=top_k,
+    top_p = sampling.get("top_p")
+    return RequestSpec(id=rid, prompt=prompt, max_tokens=sampling["max_tokens"], ignore_eos=sampling["ignore_eos"],
+                       temperature=float(sampling["temperature"]), top_k=sampling.get("top_k"),
                        top_p=None if top_p is None else float(top_p), after=after)
 
 
@@ -516,81 +512,99 @@ def _check_per_request(ctx: _Ctx, where: str, d, known: set[str], fields) -> dic
     return out
 
 
+def _expect_phase(ctx: _Ctx, where: str, v, known: set[str]) -> str:
+    if v not in PHASES:
+        ctx.fail(where, f"must be prefill or decode, got {v!r}")
+    return v
+
+
+def _expect_scheduled(ctx: _Ctx, where: str, v, known: set[str]) -> dict[str, dict]:
+    """ID -> N (num_scheduled_tokens) or ID -> {total, cached, scheduled, blocks}; always the full form."""
+    out: dict[str, dict] = {}
+    for rid_raw, x in _mapping(ctx, where, v).items():
+        rid = _rid(ctx, where, rid_raw)
+        w = f"{where}.{rid}"
+        if rid not in known:
+            ctx.fail(where, f"unknown request id {rid!r}")
+        if _is_int(x):
+            out[rid] = {"scheduled": _int(ctx, w, x, minimum=0)}
+        else:
+            x = _mapping(ctx, w, x)
+            _unknown(ctx, w, x, SCHEDULED_FIELDS)
+            out[rid] = {f: _int(ctx, f"{w}.{f}", n, minimum=0) for f, n in x.items()}
+    return out
+
+
+def _expect_preempted(ctx: _Ctx, where: str, v, known: set[str]) -> list[str]:
+    return _check_ids(ctx, where, v or [], known)
+
+
+def _expect_before(ctx: _Ctx, where: str, v, known: set[str]) -> dict:
+    b = _mapping(ctx, where, v)
+    _unknown(ctx, where, b, BEFORE_FIELDS)
+    return {f: _int(ctx, f"{where}.free", x, minimum=0) if f == "free" else
+            _check_ids(ctx, f"{where}.{f}", x or [], known) for f, x in b.items()}
+
+
+def _expect_inputs(ctx: _Ctx, where: str, v, known: set[str]) -> dict:
+    inp = _mapping(ctx, where, v)
+    _unknown(ctx, where, inp, INPUT_FIELDS)
+    out: dict[str, Any] = {}
+    for f, x in inp.items():
+        w = f"{where}.{f}"
+        if f == "positions":
+            try:
+                out[f] = expand_positions(x)
+            except ValueError as ex:
+                ctx.fail(w, str(ex))
+        elif f in ("cu_seqlens_q", "cu_seqlens_k", "context_lens"):
+            out[f] = _int_list(ctx, w, x, allow_none=True)
+        elif f == "execution":
+            if x not in ("eager", "graph"):
+                ctx.fail(w, f"must be eager or graph, got {x!r}")
+            out[f] = x
+        else:   # num_input_ids, max_seqlen_q, max_seqlen_k, graph_batch
+            out[f] = None if x is None else _int(ctx, w, x, minimum=0)
+    return out
+
+
+def _expect_after(ctx: _Ctx, where: str, v, known: set[str]) -> dict[str, dict]:
+    return _check_per_request(ctx, where, v, known, AFTER_FIELDS)
+
+
+def _expect_free(ctx: _Ctx, where: str, v, known: set[str]) -> int:
+    return _int(ctx, where, v, minimum=0)
+
+
+def _expect_ref_counts(ctx: _Ctx, where: str, v, known: set[str]) -> dict[str, list[int]]:
+    """refs / released: ID -> the ref counts of its blocks."""
+    out = {}
+    for rid_raw, x in _mapping(ctx, where, v).items():
+        rid = _rid(ctx, where, rid_raw)
+        if rid not in known:
+            ctx.fail(where, f"unknown request id {rid!r}")
+        out[rid] = [_int(ctx, f"{where}.{rid}", n, minimum=0) for n in _int_list(ctx, f"{where}.{rid}", x)]
+    return out
+
+
+def _expect_note(ctx: _Ctx, where: str, v, known: set[str]) -> str:
+    return str(v)
+
+
+# A step entry's keys (STEP_KEYS but `step`) -> what checks and normalises its value.
+_STEP_ENTRY_KEYS = {"phase": _expect_phase, "scheduled": _expect_scheduled, "preempted": _expect_preempted,
+                    "before": _expect_before, "inputs": _expect_inputs, "after": _expect_after, "free": _expect_free,
+                    "refs": _expect_ref_counts, "released": _expect_ref_counts, "note": _expect_note}
+STEP_KEYS = ("step", *_STEP_ENTRY_KEYS)
+
+
 def _check_step_entry(ctx: _Ctx, where: str, e: dict, known: set[str]) -> dict:
     _unknown(ctx, where, e, STEP_KEYS)
     out: dict[str, Any] = {"step": _int(ctx, f"{where}.step", e["step"], minimum=1)}
     where = f"expect step {out['step']}"
-    if "phase" in e:
-        if e["phase"] not in PHASES:
-            ctx.fail(f"{where}.phase", f"must be prefill or decode, got {e['phase']!r}")
-        out["phase"] = e["phase"]
-    if "scheduled" in e:
-        sched = _mapping(ctx, f"{where}.scheduled", e["scheduled"])
-        s2: dict[str, dict] = {}
-        for rid_raw, v in sched.items():
-            rid = _rid(ctx, f"{where}.scheduled", rid_raw)
-            w = f"{where}.scheduled.{rid}"
-            if rid not in known:
-                ctx.fail(f"{where}.scheduled", f"unknown request id {rid!r}")
-            if _is_int(v):
-                s2[rid] = {"scheduled": _int(ctx, w, v, minimum=0)}
-            else:
-                v = _mapping(ctx, w, v)
-                _unknown(ctx, w, v, SCHEDULED_FIELDS)
-                s2[rid] = {f: _int(ctx, f"{w}.{f}", x, minimum=0) for f, x in v.items()}
-        out["scheduled"] = s2
-    if "preempted" in e:
-        out["preempted"] = _check_ids(ctx, f"{where}.preempted", e["preempted"] or [], known)
-    if "before" in e:
-        b = _mapping(ctx, f"{where}.before", e["before"])
-        _unknown(ctx, f"{where}.before", b, BEFORE_FIELDS)
-        b2: dict[str, Any] = {}
-        for f, v in b.items():
-            if f == "free":
-                b2[f] = _int(ctx, f"{where}.before.free", v, minimum=0)
-            else:
-                b2[f] = _check_ids(ctx, f"{where}.before.{f}", v or [], known)
-        out["before"] = b2
-    if "inputs" in e:
-        inp = _mapping(ctx, f"{where}.inputs", e["inputs"])
-        _unknown(ctx, f"{where}.inputs", inp, INPUT_FIELDS)
-        i2: dict[str, Any] = {}
-        for f, v in inp.items():
-            w = f"{where}.inputs.{f}"
-            if f == "positions":
-                try:
-                    i2[f] = expand_positions(v)
-                except ValueError as ex:
-                    ctx.fail(w, str(ex))
-            elif f in ("cu_seqlens_q", "cu_seqlens_k", "context_lens"):
-                i2[f] = _int_list(ctx, w, v, allow_none=True)
-            elif f == "execution":
-                if v not in ("eager", "graph"):
-                    ctx.fail(w, f"must be eager or graph, got {v!r}")
-                i2[f] = v
-            else:   # num_input_ids, max_seqlen_q, max_seqlen_k, graph_batch
-                i2[f] = None if v is None else _int(ctx, w, v, minimum=0)
-        out["inputs"] = i2
-    if "after" in e:
-        out["after"] = _check_per_request(ctx, f"{where}.after", e["after"], known, AFTER_FIELDS)
-    if "free" in e:
-        out["free"] = _int(ctx, f"{where}.free", e["free"], minimum=0)
-    for key in ("refs", "released"):
-        if key not in e:
-            continue
-        refs = _mapping(ctx, f"{where}.{key}", e[key])
-        r2 = {}
-        for rid_raw, v in refs.items():
-            rid = _rid(ctx, f"{where}.{key}", rid_raw)
-            if rid not in known:
-                ctx.fail(f"{where}.{key}", f"unknown request id {rid!r}")
-            lst = _int_list(ctx, f"{where}.{key}.{rid}", v)
-            for x in lst:
-                _int(ctx, f"{where}.{key}.{rid}", x, minimum=0)
-            r2[rid] = lst
-        out[key] = r2
-    if "note" in e:
-        out["note"] = str(e["note"])
+    for key, check in _STEP_ENTRY_KEYS.items():
+        if key in e:
+            out[key] = check(ctx, f"{where}.{key}", e[key], known)
     return out
 
 
@@ -716,19 +730,3 @@ def build_prompt_ids(case: Case, vocab_size: int,
         out[r.id] = ids
     return out
 
-
-def case_to_dict(case: Case) -> dict:
-    """A plain-dict view of a case (for JSON outputs)."""
-    return {
-        "name": case.name,
-        "about": case.about,
-        "path": str(case.path) if case.path else None,
-        "engine": copy.deepcopy(case.engine),
-        "requests": [
-            {"id": r.id, "prompt": copy.deepcopy(r.prompt), "max_tokens": r.max_tokens,
-             "ignore_eos": r.ignore_eos, "temperature": r.temperature, "top_k": r.top_k,
-             "top_p": r.top_p, "after": r.after}
-            for r in case.requests
-        ],
-        "expect": copy.deepcopy(case.expect),
-    }

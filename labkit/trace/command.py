@@ -23,15 +23,21 @@ from rich.console import Console
 from rich.table import Table
 
 from labkit.errors import LabkitError
-from labkit.output import (EXIT_FAIL, EXIT_PASS, JSON_OPTION, Device, envelope, evidence_for, finish, print_json,
-                           resolve_device, runs_dir, write_json)
+from labkit.options import (BlockSizeOption, BudgetOption, Device, DeviceOption, EagerOption, JsonOption,
+                            MaxNumSeqsOption, ModelOption, NumBlocksOption, Out, PolicyOption, TpOption)
+from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, \
+    write_json
 from labkit.trace.cases import list_cases, load_case
 from labkit.trace.events import read_jsonl
 from labkit.trace.run import engine_changes
 from labkit.trace.tables import config_differences, diff_rows, steps_table, write_tsv
 from labkit.trace.validate import Report, change_text, validate
 
-app = typer.Typer(help="Run a traced case, show every step, and check it against expected states.",
+app = typer.Typer(help="Run a traced case, show every step, and check it against expected states.\n\n"
+                       "An engine option (Engine panel) overrides the case's value: the run is then an experiment, "
+                       "its differences from the case are shown as a diff and the verdict is CHANGED (exit 0). "
+                       "Every invariant always gates (FAIL, exit 1).\n\n"
+                       "Example: labkit trace --case chunk --budget 100",
                   invoke_without_command=True, no_args_is_help=False)
 
 
@@ -105,26 +111,25 @@ def _outputs(out_dir: Path, events: list[dict], report: Report, env: dict, extra
 def trace(
     ctx: typer.Context,
     case: Optional[str] = typer.Option(None, "--case", help="Case name in workloads/cases/ or a YAML path."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model folder (default: $MODEL_DIR or the tiny model)."),
-    device: Device = typer.Option(Device.auto, "--device", help="auto, cpu or cuda."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default: runs/trace-CASE)."),
+    model: ModelOption = None,
+    device: DeviceOption = Device.auto,
+    out: Out("Output folder (default: runs/trace-CASE).") = None,
     shapes: bool = typer.Option(False, "--shapes", help="Also record model_shape events for layer 0."),
     perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="Write a Chrome trace-event JSON for ui.perfetto.dev."),
-    budget: Optional[int] = typer.Option(None, "--budget", help="Override max_num_batched_tokens."),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="Override max_num_seqs."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", help="Override kvcache_block_size."),
-    num_blocks: Optional[int] = typer.Option(None, "--num-blocks", help="Override num_kvcache_blocks."),
-    policy: Optional[str] = typer.Option(None, "--policy", help="Override scheduling_policy (prefill_first|balanced)."),
-    eager: Optional[bool] = typer.Option(None, "--eager/--graph", help="Override enforce_eager."),
-    tp: Optional[int] = typer.Option(None, "--tp", min=1, max=8,
-                                     help="Override tensor_parallel_size (events and shapes are rank 0's)."),
+    budget: BudgetOption = None,
+    max_num_seqs: MaxNumSeqsOption = None,
+    block_size: BlockSizeOption = None,
+    num_blocks: NumBlocksOption = None,
+    policy: PolicyOption = None,
+    eager: EagerOption = None,
+    tp: TpOption = None,
     expect_changes: Optional[bool] = typer.Option(
         None, "--expect-changes/--no-expect-changes",
         help="Whether this run is meant to differ from the case's expected states (default: yes with an "
              "override or an engine that differs from git HEAD). Differences are then a diff, verdict CHANGED."),
     list_: bool = typer.Option(False, "--list", help="List the shipped cases and exit."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step table."),
-    as_json: bool = JSON_OPTION,
+    as_json: JsonOption = False,
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -145,7 +150,7 @@ def trace(
     dev = resolve_device(device)
     out_dir = out or runs_dir() / f"trace-{the_case.name}"
     overrides = {"max_num_batched_tokens": budget, "max_num_seqs": max_num_seqs, "kvcache_block_size": block_size,
-                 "num_kvcache_blocks": num_blocks, "scheduling_policy": policy,
+                 "num_kvcache_blocks": num_blocks, "scheduling_policy": policy.value if policy else None,
                  "enforce_eager": eager, "tensor_parallel_size": tp}
     env = envelope("trace", device=dev, model_dir=model_dir, evidence=evidence_for(dev))
     expected, why = changes_expected(overrides, expect_changes)
@@ -201,16 +206,19 @@ def _print_shapes(events: list[dict], console: Console) -> None:
 
 @app.command("check")
 def check(
-    log: Path = typer.Argument(..., help="A saved events.jsonl."),
+    log: Path = typer.Argument(..., metavar="LOG", help="A saved events.jsonl."),
     case: Optional[str] = typer.Option(None, "--case", help="Judge against this case's expectations too."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Where to write check.json (default: beside the log)."),
+    out: Out("Where to write the check JSON (default: check-replay.json beside the log).") = None,
     expect_changes: Optional[bool] = typer.Option(
         None, "--expect-changes/--no-expect-changes",
         help="Whether the run was meant to differ from the case (default: what the run decided, from the "
              "log's trace_context event; no when the log has none). Differences are then a diff, verdict CHANGED."),
-    as_json: bool = JSON_OPTION,
+    as_json: JsonOption = False,
 ) -> None:
-    """Re-validate a saved log without running a model."""
+    """Re-validate a saved log without running a model.
+
+    Example: labkit trace check runs/trace-chunk/events.jsonl --case chunk
+    """
     console = Console(quiet=as_json)
     if not log.is_file():
         raise LabkitError(f"trace check: no such log {log}")
@@ -236,10 +244,13 @@ def check(
 
 @app.command("diff")
 def diff(
-    log_a: Path = typer.Argument(..., help="The first event log (before)."),
-    log_b: Path = typer.Argument(..., help="The second event log (after)."),
+    log_a: Path = typer.Argument(..., metavar="LOG_A", help="The first event log (before)."),
+    log_b: Path = typer.Argument(..., metavar="LOG_B", help="The second event log (after)."),
 ) -> None:
-    """Two event logs of a case side by side, step by step, with the first divergence marked (a view: exit 0)."""
+    """Two event logs of a case side by side, step by step, with the first divergence marked (a view: exit 0).
+
+    Example: labkit trace diff runs/before/events.jsonl runs/trace-chunk/events.jsonl
+    """
     a, b = read_jsonl(log_a), read_jsonl(log_b)
     console = Console()
     for line in config_differences(a, b):

@@ -1,18 +1,19 @@
-"""Checking an engine event log (SPEC section 6) against a case's expectations and invariants.
+"""Checking an engine event log (SPEC section 6) by replaying it.
 
     events = read_jsonl("runs/.../events.jsonl")       # labkit.trace.events; LabkitError on a bad line
     report = validate(events, load_case("chunk"))      # Report(checks=[Check, ...])
     report.ok, report.first_failure, report.failures
     (steps_table and write_tsv, the readable views, live in labkit.trace.tables)
 
-`validate` does two things:
-  (a) every field a case's `expect` lists is compared (kind "expect"), one Check per field;
-  (b) invariants that hold for any log of a nano-vLLM-style engine (kind "invariant"): slots
-      follow the block tables, cu_seqlens follow the scheduled counts, prefill positions start
-      at the cached count, decode shapes, a discarded chunk candidate never becomes an output,
-      block accounting, every request finishes and every block comes back, etc.
-For (b) a failure is reported per occurrence (capped per invariant) and every invariant that
-never failed gets one passing Check saying how many times it was checked.
+`validate` replays the log through a model of the engine (`_Replay`: every sequence's state and block
+table, the token ids whose KV each block holds, the free blocks). Each event type has a handler that
+updates the model; before it does, the handler runs the invariants that event must keep (kind
+"invariant"): functions registered with `@invariant(name, about)` in the INVARIANTS table, which compare
+the event with the model as the events before it left it (slots follow the block tables, a discarded
+chunk candidate never becomes an output, every block is free or held, ...). A failure is reported per
+occurrence (capped per invariant); an invariant that never failed gets one passing Check saying how many
+times it was checked. The same replay compares each step with the case's `expect` entry for it (kind
+"expect", one Check per field) and the requests the log added with the case's (kind "case").
 
 The verdict (`report.verdict`): FAIL when an invariant, the schema or the case's requests fail;
 RECORDED for a case without expectations; PASS when every expectation holds; and when some do
@@ -23,23 +24,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 from labkit.trace.cases import Case, format_positions
 from labkit.trace.events import PHASES, STATUSES, EventLog, event_problems, is_int
 
-# Every invariant validate() checks; each one that never fails gets one passing Check.
-INVARIANTS = (
-    "log.single_run", "log.run_start", "time.monotonic", "steps.contiguous", "step.events",
-    "seq.known", "phase", "phase.mixed", "queues", "free.continuity", "preempted",
-    "state.continuity", "block_table.size", "block_table.ids", "decode.shape",
-    "chunk.fits", "policy.chunk_first_only", "budget", "inputs.num_input_ids", "inputs.positions", "slots",
-    "inputs.cu_seqlens_q", "inputs.cu_seqlens_k", "inputs.max_seqlen", "inputs.context_lens",
-    "inputs.block_tables", "inputs.execution", "sampled", "after.complete", "accepted.rule",
-    "accepted.counts", "discarded", "after.cached", "finished.released", "max_tokens",
-    "refs", "prefix.content", "blocks.accounting", "engine.raised", "run.end", "requests.finished",
-    "requests.outputs", "blocks.returned",
-)
+# Every invariant validate() checks, name -> what it asserts, in the order the report lists them (filled
+# by @invariant below). Each one that never fails gets one passing Check.
+INVARIANTS: dict[str, str] = {}
 # Rules of nano-vLLM's scheduling policy rather than of correctness: they gate like invariants, but an
 # experiment may change the policy on purpose (patches/exp-chunk-any-sequence.patch), so under
 # expect_changes they are part of the diff (kind "policy").
@@ -192,17 +185,22 @@ def change_text(c: Check) -> str:
     return f"{where}: {who}{fld} {_show(c.actual)} instead of {_show(c.expected)}"
 
 
-def _cfg_int(cfg: dict, key: str):
-    v = cfg.get(key) if isinstance(cfg, dict) else None
-    return v if is_int(v) else None
-
-
 def _show(v) -> str:
     if isinstance(v, list) and len(v) > 12 and all(is_int(x) for x in v):
         return format_positions(v)
     if isinstance(v, (list, dict)):
         return json.dumps(v)
     return str(v)
+
+
+def _where(step, request=None) -> str:
+    s = f"step {step}" if step is not None else "run"
+    return f"{s}, request {request}" if request is not None else s
+
+
+def _cfg_int(cfg: dict, key: str):
+    v = cfg.get(key)
+    return v if is_int(v) else None
 
 
 def _cumsum(xs) -> list[int]:
@@ -226,67 +224,45 @@ def _strip_pad(row) -> list:
     return row
 
 
-class _Collector:
-    def __init__(self):
-        self.checks: list[Check] = []
-        self.counts: dict[str, int] = {}
-        self.failed: dict[str, int] = {}
-        self.skips: dict[str, str] = {}
-
-    def ran(self, name: str, n: int = 1):
-        self.counts[name] = self.counts.get(name, 0) + n
-
-    def fail(self, name: str, message: str, *, step=None, request=None, field=None,
-             expected=None, actual=None, kind="invariant"):
-        if name in POLICY_RULES:
-            kind = "policy"
-        self.ran(name)
-        k = self.failed.get(name, 0)
-        self.failed[name] = k + 1
-        if k < _MAX_FAILURES_PER_NAME:
-            self.checks.append(Check(name, False, step, request, field, expected, actual,
-                                     message, kind))
-        elif k == _MAX_FAILURES_PER_NAME:
-            self.checks.append(Check(name, False, step, request, field, None, None,
-                                     f"{name}: more failures not listed", kind))
-
-    def check(self, cond: bool, name: str, message: str, **kw) -> bool:
-        if cond:
-            self.ran(name)
-            return True
-        self.fail(name, message, **kw)
-        return False
-
-    def skip(self, name: str, why: str):
-        self.skips.setdefault(name, why)
-
-    def finish(self) -> list[Check]:
-        out = list(self.checks)
-        for name in INVARIANTS:
-            if self.failed.get(name):
-                continue
-            n = self.counts.get(name, 0)
-            kind = "policy" if name in POLICY_RULES else "invariant"
-            if n:
-                out.append(Check(name, True, message=f"{name}: held {n} time(s)", kind=kind))
-            else:
-                why = self.skips.get(name, "nothing to check in this log")
-                out.append(Check(name, True, message=f"{name}: not checked ({why})", kind=kind, skipped=True))
-        return out
+def _counts(e: dict) -> tuple:
+    """num_tokens, num_cached_tokens, num_scheduled_tokens of a scheduled entry."""
+    return e.get("num_tokens"), e.get("num_cached_tokens"), e.get("num_scheduled_tokens")
 
 
-def _where(step, request=None) -> str:
-    s = f"step {step}" if step is not None else "run"
-    return f"{s}, request {request}" if request is not None else s
+def _completes(e: dict) -> bool:
+    """Whether a prefill of the scheduled entry `e` computes its last prompt token (its token is an output)."""
+    nt, nc, ns = _counts(e)
+    return is_int(nc) and is_int(ns) and _start(nc, nt) + ns == nt
 
 
-# ----------------------------------------------------------------------------- invariants
+# ----------------------------------------------------------------------------- the registry
+
+@dataclass
+class _Failure:
+    message: str
+    fields: dict      # step, request, field, expected, actual of its Check
+
+
+def need(cond, message: str, **fields) -> _Failure | None:
+    """One result of an invariant: None when `cond` holds, else the failure `message` describes."""
+    return None if cond else _Failure(message, fields)
+
+
+def invariant(name: str, about: str):
+    """Add a check to INVARIANTS: its name and, in one line, what it asserts. The decorated method of _Replay
+    yields one result per thing it checked (None when it held, `need`'s failure when not), counted under `name`."""
+    def register(fn):
+        INVARIANTS[name] = about
+        fn.invariant = name
+        return fn
+    return register
+
 
 @dataclass
 class _Seq:
+    """A sequence as the replay knows it."""
     seq_id: Any
     request_id: str
-    prompt_len: int | None
     max_tokens: int | None
     ignore_eos: bool | None
     num_tokens: int | None
@@ -298,707 +274,836 @@ class _Seq:
     tokens: list | None = None       # prompt + accepted ids, when request_added lists the prompt
 
 
-def _written_positions(phase: str, nt, nc, ns) -> range:
-    """Positions whose KV a scheduled sequence writes this step."""
-    if phase == "decode":
-        return range(nt - 1, nt) if is_int(nt) else range(0)
-    if not (is_int(nt) and is_int(ns)):
-        return range(0)
-    start = _start(nc, nt)
-    return range(start, start + ns)
+class _Step:
+    """One engine step's events (the first of each kind), and what the checks of one need of another."""
+
+    def __init__(self, log: EventLog, n: int):
+        self.n, self.log, self.events = n, log, log.steps[n]
+        self.scheduled, self.before, self.inputs, self.sampled, self.after = (log.one(n, ev) for ev in (
+            "scheduled", "before_schedule", "gpu_inputs", "sampled", "after_postprocess"))
+        self.ids: set = set()               # the seq_ids it scheduled
+        self.sampled_tok: dict = {}         # seq_id -> the sampled token id
+
+    @cached_property
+    def phase(self):
+        return self.scheduled.get("phase")
+
+    @cached_property
+    def seqs(self) -> list[dict]:
+        return [e for e in (self.scheduled.get("seqs") or []) if isinstance(e, dict)]
+
+    @cached_property
+    def counts(self) -> list:
+        return [e.get("num_scheduled_tokens") or 0 for e in self.seqs]
+
+    @cached_property
+    def positions(self) -> list[list[int]]:
+        """The positions each scheduled sequence feeds: from num_cached_tokens in prefill, num_tokens - 1 in decode."""
+        out = []
+        for e in self.seqs:
+            nt, nc, ns = (e.get(k) or 0 for k in ("num_tokens", "num_cached_tokens", "num_scheduled_tokens"))
+            start = _start(nc, nt)
+            out.append(list(range(start, start + ns)) if self.phase == "prefill" else [nt - 1])
+        return out
+
+    def k_lens(self) -> list:
+        """Keys each sequence attends to in prefill: cached (or the last token's start) + scheduled."""
+        return [_start(e.get("num_cached_tokens"), e.get("num_tokens")) + (e.get("num_scheduled_tokens") or 0)
+                for e in self.seqs]
+
+    def need(self, cond, what: str, entry: dict | None = None, **fields) -> _Failure | None:
+        """need() for this step, or for the sequence `entry` names: "step N[, request R]: what"."""
+        if entry is None:
+            return need(cond, f"step {self.n}: {what}", step=self.n, **fields)
+        rid = self.log.rid(entry)
+        return need(cond, f"step {self.n}, request {rid}: {what}", step=self.n, request=rid, **fields)
 
 
-def _check_prefix_hit(col: "_Collector", st: int, s: "_Seq", table: list, nc: int, bs: int,
-                      written: dict) -> None:
-    """A prefix-cache hit must land on blocks whose KV was computed from this sequence's own tokens.
-    `written` maps a physical block to {offset: token id} as this log's steps filled it."""
-    if s.tokens is None:
-        col.skip("prefix.content", "request_added carries no prompt_token_ids")
-        return
-    for i in range(nc // bs):
-        if i >= len(table):
-            break  # block_table.size reports a short table
-        b = table[i]
-        want = s.tokens[i * bs:(i + 1) * bs]
-        have = written.get(b, {})
-        got = [have.get(k) for k in range(len(want))]
-        if got != want:
-            k = next(j for j in range(len(want)) if got[j] != want[j])
-            what = ("was never computed in this run" if not have else
-                    f"holds token {got[k]} at position {i * bs + k} where this prompt has {want[k]}")
-            col.fail("prefix.content",
-                     f"step {st}, request {s.request_id}: prefix-cache hit on block {b} (logical block "
-                     f"{i}), but that block {what}", step=st, request=s.request_id,
-                     field="block_table", expected=want, actual=got)
-            return
-    col.ran("prefix.content")
+class _Replay:
+    """The engine as the log tells it: every sequence's state and block table, the token ids whose KV each
+    block holds, the free blocks. One handler per event type runs the invariants (methods registered with
+    @invariant) that compare the event with the model, then updates the model."""
 
+    def __init__(self, log: EventLog, case: Case | None, block_size: int | None, num_blocks: int | None):
+        self.log, self.case, self.bs, self.nb = log, case, block_size, num_blocks
+        self.max_batched = _cfg_int(log.config, "max_num_batched_tokens")
+        self.max_seqs = _cfg_int(log.config, "max_num_seqs")
+        self.enforce_eager = log.config.get("enforce_eager")
+        self.ignore_eos = {r.id: r.ignore_eos for r in case.requests} if case is not None else {}
+        self.seqs: dict[Any, _Seq] = {}
+        self.written: dict = {}      # physical block -> {offset: token id} whose KV the log's steps computed
+        self.free = num_blocks       # free blocks as the last step left them
+        self.last_free = None        # ... as the last after_postprocess (or abort) reported them
+        self.checks: list[Check] = []
+        self.counts: dict[str, int] = {}
+        self.failed: dict[str, int] = {}
+        self.skips: dict[str, str] = {}
+        self.expected: dict[int, list[Check]] = {}      # index of the case's expect entry -> its checks
 
-def _check_invariants(log: EventLog, col: _Collector, block_size: int | None,
-                      num_blocks: int | None, ignore_eos: dict[str, bool]) -> None:
-    cfg = log.config
-    max_batched = _cfg_int(cfg, "max_num_batched_tokens")
-    max_seqs = _cfg_int(cfg, "max_num_seqs")
-    enforce_eager = cfg.get("enforce_eager") if isinstance(cfg, dict) else None
+    # --- what the checks found
+    def run(self, check, *args) -> bool:
+        """Run one invariant method; whether everything it checked held."""
+        ok = True
+        for res in check(*args):
+            ok = self.record(check.invariant, res) and ok
+        return ok
 
-    runs = {e.get("run") for e in log.events}
-    col.check(len(runs) <= 1, "log.single_run",
-              f"the log mixes {len(runs)} runs: {', '.join(sorted(map(str, runs)))}")
-    col.check(len(log.run_starts) == 1, "log.run_start",
-              f"run: expected one run_start event, found {len(log.run_starts)}")
-    last_t = None
-    for e in log.events:
-        t = e.get("t_ns")
-        if is_int(t):
-            if last_t is not None and t < last_t:
-                col.fail("time.monotonic", f"run: t_ns goes backwards at {e.get('event')} "
-                                           f"(step {e.get('step')}): {last_t} -> {t}",
-                         step=e.get("step"))
+    def record(self, name: str, res: _Failure | None) -> bool:
+        self.counts[name] = self.counts.get(name, 0) + 1
+        if res is None:
+            return True
+        kind = "policy" if name in POLICY_RULES else "invariant"
+        k = self.failed[name] = self.failed.get(name, 0) + 1
+        if k <= _MAX_FAILURES_PER_NAME:
+            self.checks.append(Check(name, False, message=res.message, kind=kind, **res.fields))
+        elif k == _MAX_FAILURES_PER_NAME + 1:
+            f = res.fields
+            self.checks.append(Check(name, False, f.get("step"), f.get("request"), f.get("field"),
+                                     message=f"{name}: more failures not listed", kind=kind))
+        return False
+
+    def skip(self, name: str, why: str):
+        self.skips.setdefault(name, why)
+
+    def finish(self) -> list[Check]:
+        """Failures as they came, the case's checks, then one passing Check per invariant that never failed."""
+        out = self.checks + [c for i in sorted(self.expected) for c in self.expected[i]]
+        for name in INVARIANTS:
+            if self.failed.get(name):
+                continue
+            n, kind = self.counts.get(name, 0), "policy" if name in POLICY_RULES else "invariant"
+            if n:
+                out.append(Check(name, True, message=f"{name}: held {n} time(s)", kind=kind))
             else:
-                col.ran("time.monotonic")
-            last_t = t
+                why = self.skips.get(name, "nothing to check in this log")
+                out.append(Check(name, True, message=f"{name}: not checked ({why})", kind=kind, skipped=True))
+        return out
 
-    steps = sorted(log.steps)
-    if steps:
-        col.check(steps == list(range(1, len(steps) + 1)), "steps.contiguous",
-                  f"run: steps are not numbered 1..{len(steps)} (found {steps[:5]}...)")
-    if block_size is None:
-        for n in ("slots", "block_table.size"):
-            col.skip(n, "block size unknown: no run_start.block_size or config.kvcache_block_size")
-    if num_blocks is None:
-        for n in ("blocks.accounting", "blocks.returned", "block_table.ids"):
-            col.skip(n, "num_kvcache_blocks unknown")
+    # --- the log as a whole
+    def replay(self):
+        for check in (self.single_run, self.one_run_start, self.monotonic, self.contiguous):
+            self.run(check)
+        if self.bs is None:
+            for n in ("slots", "block_table.size"):
+                self.skip(n, "block size unknown: no run_start.block_size or config.kvcache_block_size")
+        if self.nb is None:
+            for n in ("blocks.accounting", "blocks.returned", "block_table.ids"):
+                self.skip(n, "num_kvcache_blocks unknown")
+        log = self.log
+        # request_added and aborted events, and steps (at their first event), in log order
+        agenda = [(i, self.request_added, e) for i, e in log.added]
+        agenda += [(log.first_index[n], self.step, n) for n in log.steps]
+        agenda += [(i, self.aborted, e) for i, e in enumerate(log.events) if e.get("event") == "aborted"]
+        for _, handler, item in sorted(agenda, key=lambda x: x[0]):
+            handler(item)
+        self.run_end()
 
-    seqs: dict[Any, _Seq] = {}
-    written: dict = {}   # physical block -> {offset: token id} whose KV the log's steps computed
-    # Work through request_added events and steps in log order.
-    agenda = [(i, "add", e) for i, e in log.added] + [(log.first_index[s], "step", s) for s in steps]
-    agenda += [(i, "abort", e) for i, e in enumerate(log.events) if e.get("event") == "aborted"]
-    agenda.sort(key=lambda x: x[0])
-    prev_free = num_blocks
-    last_free = None
-    for _, kind, item in agenda:
-        if kind == "add":
-            e = item
-            sid = e.get("seq_id")
-            rid = log.rid(e)
-            ie = e.get("ignore_eos")
-            if ie is None:
-                ie = ignore_eos.get(rid)
-            pl = e.get("prompt_len")
-            toks = e.get("prompt_token_ids")
-            toks = list(toks) if isinstance(toks, list) and (not is_int(pl) or len(toks) == pl) else None
-            seqs[sid] = _Seq(sid, rid, pl if is_int(pl) else None,
-                             e.get("max_tokens") if is_int(e.get("max_tokens")) else None,
-                             ie, pl if is_int(pl) else None, tokens=toks)
-            continue
-        if kind == "abort":   # cancelled between steps: it leaves and gives its blocks back
-            gone = seqs.get(item.get("seq_id"))
-            if gone is not None:
-                gone.status, gone.table, gone.num_cached, gone.finish_reason = "FINISHED", [], 0, "abort"
-            if is_int(item.get("free_blocks")):
-                prev_free = last_free = item["free_blocks"]
-            continue
-        st = item
+    @invariant("log.single_run", "every event carries the same run id")
+    def single_run(self):
+        runs = {e.get("run") for e in self.log.events}
+        yield need(len(runs) <= 1, f"the log mixes {len(runs)} runs: {', '.join(sorted(map(str, runs)))}")
+
+    @invariant("log.run_start", "the log has exactly one run_start event")
+    def one_run_start(self):
+        n = len(self.log.run_starts)
+        yield need(n == 1, f"run: expected one run_start event, found {n}")
+
+    @invariant("time.monotonic", "t_ns never goes backwards")
+    def monotonic(self):
+        last = None
+        for e in self.log.events:
+            t = e.get("t_ns")
+            if is_int(t):
+                yield need(last is None or t >= last, f"run: t_ns goes backwards at {e.get('event')} (step "
+                                                      f"{e.get('step')}): {last} -> {t}", step=e.get("step"))
+                last = t
+
+    @invariant("steps.contiguous", "steps are numbered 1..N")
+    def contiguous(self):
+        steps = sorted(self.log.steps)
+        if steps:
+            yield need(steps == list(range(1, len(steps) + 1)),
+                       f"run: steps are not numbered 1..{len(steps)} (found {steps[:5]}...)")
+
+    def request_added(self, e: dict):
+        rid, pl, toks, ie = self.log.rid(e), e.get("prompt_len"), e.get("prompt_token_ids"), e.get("ignore_eos")
+        toks = list(toks) if isinstance(toks, list) and (not is_int(pl) or len(toks) == pl) else None
+        mt = e.get("max_tokens")
+        self.seqs[e.get("seq_id")] = _Seq(e.get("seq_id"), rid, mt if is_int(mt) else None,
+                                          self.ignore_eos.get(rid) if ie is None else ie, pl if is_int(pl) else None,
+                                          tokens=toks)
+
+    def aborted(self, e: dict):
+        """Cancelled between steps: the sequence leaves and gives its blocks back."""
+        q = self.seqs.get(e.get("seq_id"))
+        if q is not None:
+            q.status, q.table, q.num_cached, q.finish_reason = "FINISHED", [], 0, "abort"
+        if is_int(e.get("free_blocks")):
+            self.free = self.last_free = e["free_blocks"]
+
+    # --- a step: its events in the order the engine emits them
+    def step(self, n: int):
+        """A step too malformed to check fails step.events; the model keeps what its events before that set. The
+        case's expectations for the step are compared with its events whatever the invariants found."""
+        s = _Step(self.log, n)
         try:
-            prev_free, lf = _check_step(log, col, st, seqs, block_size, num_blocks, max_batched,
-                                        max_seqs, enforce_eager, prev_free, written)
-            if lf is not None:
-                last_free = lf
+            self.run(self.step_events, s)
+            if s.scheduled is not None:
+                self.run(self.phase, s)
+                if s.phase in PHASES:
+                    self.before_schedule(s)
+                    s.ids = {e.get("seq_id") for e in s.seqs}
+                    for p in self.log.all(n, "preempted"):
+                        self.preempted(s, p)
+                    self.scheduled(s)
+                    if s.inputs is not None:
+                        self.gpu_inputs(s)
+                    self.sampled(s)
+                    if s.after is not None:
+                        self.after_postprocess(s)
         except Exception as ex:  # a malformed log must give a failure, not a crash
-            col.fail("step.events", f"step {st}: could not check this step "
-                                    f"({type(ex).__name__}: {ex})", step=st)
+            self.record("step.events", need(False, f"step {n}: could not check this step ({type(ex).__name__}: "
+                                                   f"{ex})", step=n))
+        self.expect_step(n)
 
-    # end of run
-    errors = [e for e in log.events if e.get("event") == "engine_error"]
-    for e in errors:
-        col.fail("engine.raised", f"{_where(e.get('step'))}: the engine raised {e.get('error')}: "
-                                  f"{e.get('message')}", step=e.get("step") if is_int(e.get("step")) else None)
-    if not errors:
-        col.ran("engine.raised")
-    n_steps = len(steps)
-    if col.check(len(log.run_ends) == 1, "run.end",
-                 f"run: expected one run_end event, found {len(log.run_ends)} "
-                 f"(the run did not finish?)"):
-        rs = log.run_ends[0].get("steps")
-        col.check(rs == n_steps, "run.end",
-                  f"run: run_end.steps is {rs} but the log has {n_steps} steps",
-                  field="steps", expected=n_steps, actual=rs)
-    for s in seqs.values():
-        col.check(s.status == "FINISHED", "requests.finished",
-                  f"run, request {s.request_id}: ended {s.status}, not FINISHED",
-                  request=s.request_id, field="status", expected="FINISHED", actual=s.status)
-        # A request ended another way (cancelled, aborted: a finish_reason other than
-        # length/stop) legitimately has fewer outputs.
-        if (s.status == "FINISHED" and s.ignore_eos and s.max_tokens is not None
-                and s.finish_reason in (None, "length", "stop")):
-            col.check(s.completion == s.max_tokens, "requests.outputs",
-                      f"run, request {s.request_id}: finished with {s.completion} outputs, "
-                      f"expected max_tokens={s.max_tokens} (ignore_eos)",
-                      request=s.request_id, field="outputs", expected=s.max_tokens,
-                      actual=s.completion)
-    if not any(s.ignore_eos for s in seqs.values()):
-        col.skip("requests.outputs", "no request is known to ignore EOS")
-    if num_blocks is not None and last_free is not None:
-        col.check(last_free == num_blocks, "blocks.returned",
-                  f"run: {num_blocks - last_free} of {num_blocks} KV blocks were not returned "
-                  f"at the end (free_blocks {last_free})",
-                  field="free_blocks", expected=num_blocks, actual=last_free)
+    @invariant("step.events", "a step has one scheduled, gpu_inputs, after_postprocess and sampled event, at most "
+                              "one before_schedule, and can be read")
+    def step_events(self, s: _Step):
+        for name, least in (("scheduled", 1), ("gpu_inputs", 1), ("after_postprocess", 1), ("sampled", 1),
+                            ("before_schedule", 0)):
+            n = len(s.events.get(name, []))
+            yield s.need(least <= n <= 1, f"{n} {name} events (expected {'exactly one' if least else 'at most one'})",
+                         field=name)
 
+    @invariant("seq.known", "every sequence a step names was added by a request_added event")
+    def known(self, s: _Step, e: dict, how: str):
+        if how != "reported" or e.get("seq_id") not in self.seqs:   # a reported one counts only when unknown
+            what = {"preempted": "preempted an unknown sequence {}",
+                    "scheduled": "seq {} scheduled without a request_added event",
+                    "reported": "after_postprocess reports unknown seq {}"}[how]
+            yield s.need(e.get("seq_id") in self.seqs, what.format(e.get("seq_id")), e)
 
-def _check_step(log: EventLog, col: _Collector, st: int, seqs: dict, bs, num_blocks, max_batched,
-                max_seqs, enforce_eager, prev_free, written: dict):
-    evs = log.steps[st]
-    for name, lo, hi in (("scheduled", 1, 1), ("gpu_inputs", 1, 1), ("after_postprocess", 1, 1),
-                         ("sampled", 1, 1), ("before_schedule", 0, 1)):
-        n = len(evs.get(name, []))
-        col.check(lo <= n <= hi, "step.events",
-                  f"step {st}: {n} {name} events (expected {'exactly one' if lo == hi else 'at most one'})",
-                  step=st, field=name)
-    sched = log.one(st, "scheduled")
-    if sched is None:
-        return prev_free, None
-    phase = sched.get("phase")
-    if not col.check(phase in PHASES, "phase", f"step {st}: phase {phase!r} is not prefill or decode",
-                     step=st, field="phase", actual=phase):
-        return prev_free, None
-    sseqs = [s for s in (sched.get("seqs") or []) if isinstance(s, dict)]
-    col.check(bool(sseqs), "phase", f"step {st}: nothing scheduled", step=st)
+    @invariant("phase", "a step is prefill or decode and schedules something; a status is WAITING, RUNNING or "
+                        "FINISHED")
+    def phase(self, s: _Step, a: dict | None = None):
+        if a is not None:
+            yield s.need(a.get("status") in STATUSES, f"unknown status {a.get('status')!r}", a, field="status",
+                         actual=a.get("status"))
+            return
+        yield s.need(s.phase in PHASES, f"phase {s.phase!r} is not prefill or decode", field="phase", actual=s.phase)
+        if s.phase in PHASES:
+            yield s.need(bool(s.seqs), "nothing scheduled")
 
-    # before_schedule: queues and free blocks as the previous step left them
-    before = log.one(st, "before_schedule")
-    if before is not None:
-        fb = before.get("free_blocks")
-        if prev_free is not None:
-            col.check(fb == prev_free, "free.continuity",
-                      f"step {st}: before_schedule.free_blocks {fb}, but the previous step "
-                      f"left {prev_free}", step=st, field="free_blocks", expected=prev_free, actual=fb)
-        live = [s for s in seqs.values() if s.status != "FINISHED"]
-        want_w = sorted(str(s.seq_id) for s in live if s.status == "WAITING")
-        want_r = sorted(str(s.seq_id) for s in live if s.status == "RUNNING")
-        got_w = sorted(str(x) for x in before.get("waiting") or [])
-        got_r = sorted(str(x) for x in before.get("running") or [])
-        if got_w == want_w and got_r == want_r:
-            col.ran("queues")
-        else:
-            names = {str(s.seq_id): s.request_id for s in seqs.values()}
+    # --- before_schedule and preempted
+    def before_schedule(self, s: _Step):
+        if s.before is not None:
+            self.run(self.free_continuity, s)
+            self.run(self.queues, s)
+        self.run(self.right_queue, s)
 
-            def _n(ids):
-                return [names.get(i, f"seq{i}") for i in ids]
-            col.fail("queues", f"step {st}: before_schedule has waiting {_n(got_w)} running "
-                               f"{_n(got_r)}, but the states so far give waiting {_n(want_w)} "
-                               f"running {_n(want_r)}", step=st)
-        waiting_set = {str(x) for x in before.get("waiting") or []}
-        running_set = {str(x) for x in before.get("running") or []}
-        for s in sseqs:
-            src = waiting_set if phase == "prefill" else running_set
-            col.check(str(s.get("seq_id")) in src, "phase.mixed",
-                      f"step {st}, request {log.rid(s)}: scheduled in a {phase} step but it was "
-                      f"not {'waiting' if phase == 'prefill' else 'running'} before scheduling",
-                      step=st, request=log.rid(s))
-    else:
-        for s in sseqs:
-            prev = seqs.get(s.get("seq_id"))
-            if prev is not None:
-                want = "WAITING" if phase == "prefill" else "RUNNING"
-                col.check(prev.status == want, "phase.mixed",
-                          f"step {st}, request {prev.request_id}: scheduled in a {phase} step "
-                          f"while {prev.status}", step=st, request=prev.request_id)
+    @invariant("phase.mixed", "a prefill step schedules only waiting sequences, a decode step only running ones")
+    def right_queue(self, s: _Step):
+        want = "waiting" if s.phase == "prefill" else "running"
+        if s.before is not None:
+            queue = {str(x) for x in s.before.get(want) or []}
+            for e in s.seqs:
+                yield s.need(str(e.get("seq_id")) in queue, f"scheduled in a {s.phase} step but it was not {want} "
+                                                            f"before scheduling", e)
+            return
+        for e in s.seqs:
+            q = self.seqs.get(e.get("seq_id"))
+            if q is not None:
+                yield need(q.status == want.upper(), f"step {s.n}, request {q.request_id}: scheduled in a {s.phase} "
+                                                     f"step while {q.status}", step=s.n, request=q.request_id)
 
-    # preemptions
-    sched_ids = {s.get("seq_id") for s in sseqs}
-    for p in log.all(st, "preempted"):
-        sid = p.get("seq_id")
-        rid = log.rid(p)
-        ok = col.check(sid in seqs, "seq.known", f"step {st}, request {rid}: preempted an unknown "
-                                                 f"sequence {sid}", step=st, request=rid)
-        col.check(sid not in sched_ids, "preempted",
-                  f"step {st}, request {rid}: preempted and scheduled in the same step",
-                  step=st, request=rid)
-        if ok:
-            s = seqs[sid]
-            col.check(s.status == "RUNNING", "preempted",
-                      f"step {st}, request {rid}: preempted while {s.status}", step=st, request=rid)
-            s.status, s.num_cached, s.table = "WAITING", 0, []
+    @invariant("queues", "before_schedule's waiting and running queues hold the sequences the replay has there")
+    def queues(self, s: _Step):
+        live = [q for q in self.seqs.values() if q.status != "FINISHED"]
+        want_w, want_r = (sorted(str(q.seq_id) for q in live if q.status == st) for st in ("WAITING", "RUNNING"))
+        got_w, got_r = (sorted(str(x) for x in s.before.get(k) or []) for k in ("waiting", "running"))
+        names = {str(q.seq_id): q.request_id for q in self.seqs.values()}
 
-    # scheduled states
-    if max_seqs is not None:
-        col.check(len(sseqs) <= max_seqs, "budget",
-                  f"step {st}: {len(sseqs)} sequences scheduled, max_num_seqs is {max_seqs}",
-                  step=st, field="max_num_seqs", expected=max_seqs, actual=len(sseqs))
-    total_sched = 0
-    for j, s in enumerate(sseqs):
-        rid = log.rid(s)
-        sid = s.get("seq_id")
-        nt, nc, ns = s.get("num_tokens"), s.get("num_cached_tokens"), s.get("num_scheduled_tokens")
-        table = list(s.get("block_table") or [])
-        total_sched += ns if is_int(ns) else 0
-        prev = seqs.get(sid)
-        col.check(prev is not None, "seq.known",
-                  f"step {st}, request {rid}: seq {sid} scheduled without a request_added event",
-                  step=st, request=rid)
-        if prev is not None:
-            col.check(nt == prev.num_tokens or prev.num_tokens is None, "state.continuity",
-                      f"step {st}, request {rid}: scheduled with num_tokens {nt}, but the "
-                      f"previous state had {prev.num_tokens}", step=st, request=rid,
-                      field="num_tokens", expected=prev.num_tokens, actual=nt)
-            if prev.table:
-                col.check(nc == prev.num_cached and table[:len(prev.table)] == prev.table,
-                          "state.continuity",
-                          f"step {st}, request {rid}: holds blocks {prev.table} with cached "
-                          f"{prev.num_cached}, scheduled with blocks {table} cached {nc}",
-                          step=st, request=rid, field="block_table")
-        if bs is not None and is_int(nt):
-            want = -(-nt // bs)
-            col.check(len(table) == want, "block_table.size",
-                      f"step {st}, request {rid}: {len(table)} blocks for {nt} tokens "
-                      f"(block size {bs} needs {want})", step=st, request=rid, field="blocks",
-                      expected=want, actual=len(table))
-        bad = [b for b in table if not is_int(b) or b < 0 or (num_blocks is not None and b >= num_blocks)]
-        col.check(not bad and len(set(table)) == len(table), "block_table.ids",
-                  f"step {st}, request {rid}: block table {table} has invalid or repeated ids",
-                  step=st, request=rid, field="block_table", actual=table)
+        def n(ids):
+            return [names.get(i, f"seq{i}") for i in ids]
+        yield s.need(got_w == want_w and got_r == want_r, f"before_schedule has waiting {n(got_w)} running "
+                                                          f"{n(got_r)}, but the states so far give waiting "
+                                                          f"{n(want_w)} running {n(want_r)}")
+
+    @invariant("free.continuity", "a step starts with the free blocks the previous one left")
+    def free_continuity(self, s: _Step):
+        fb = s.before.get("free_blocks")
+        if self.free is not None:
+            yield s.need(fb == self.free, f"before_schedule.free_blocks {fb}, but the previous step left {self.free}",
+                         field="free_blocks", expected=self.free, actual=fb)
+
+    def preempted(self, s: _Step, p: dict):
+        self.run(self.known, s, p, "preempted")
+        self.run(self.preemptable, s, p)
+        q = self.seqs.get(p.get("seq_id"))
+        if q is not None:
+            q.status, q.num_cached, q.table = "WAITING", 0, []
+
+    @invariant("preempted", "only a running sequence is preempted, and not scheduled in the same step")
+    def preemptable(self, s: _Step, p: dict):
+        yield s.need(p.get("seq_id") not in s.ids, "preempted and scheduled in the same step", p)
+        q = self.seqs.get(p.get("seq_id"))
+        if q is not None:
+            yield s.need(q.status == "RUNNING", f"preempted while {q.status}", p)
+
+    # --- scheduled
+    def scheduled(self, s: _Step):
+        self.run(self.budget, s, "seqs")
+        for j, e in enumerate(s.seqs):
+            table = list(e.get("block_table") or [])
+            q = self.seqs.get(e.get("seq_id"))
+            self.run(self.known, s, e, "scheduled")
+            if q is not None:
+                self.run(self.continuity, s, e, q)
+            for check in (self.table_size, self.table_ids) + ((self.decode_shape,) if s.phase == "decode" else
+                                                              (self.chunk_fits,)):
+                self.run(check, s, e)
+            if s.phase == "prefill":
+                self.run(self.chunk_first_only, s, e, j)
+            if q is not None:
+                self.run(self.prefix_content, s, e, q)
+                nt, nc, ns = _counts(e)
+                if self.bs is not None:      # the KV this step writes, for later prefix hits
+                    for p in self.written_positions(s.phase, nt, nc, ns):
+                        if 0 <= p // self.bs < len(table):
+                            tok = q.tokens[p] if q.tokens is not None and p < len(q.tokens) else None
+                            self.written.setdefault(table[p // self.bs], {})[p % self.bs] = tok
+                q.num_tokens, q.num_cached, q.table = nt, nc, table
+        self.run(self.budget, s, "tokens")
+
+    @staticmethod
+    def written_positions(phase: str, nt, nc, ns) -> range:
+        """Positions whose KV a scheduled sequence writes this step."""
         if phase == "decode":
-            col.check(ns == 1 and is_int(nt) and is_int(nc) and nt == nc + 1, "decode.shape",
-                      f"step {st}, request {rid}: decode needs scheduled 1 and total = cached + 1, "
-                      f"got total {nt} cached {nc} scheduled {ns}", step=st, request=rid)
+            return range(nt - 1, nt) if is_int(nt) else range(0)
+        if not (is_int(nt) and is_int(ns)):
+            return range(0)
+        return range(_start(nc, nt), _start(nc, nt) + ns)
+
+    @invariant("state.continuity", "a sequence is scheduled with the tokens, cached count and blocks it was left with")
+    def continuity(self, s: _Step, e: dict, q: _Seq):
+        nt, nc, _ = _counts(e)
+        table = list(e.get("block_table") or [])
+        yield s.need(nt == q.num_tokens or q.num_tokens is None, f"scheduled with num_tokens {nt}, but the previous "
+                                                                 f"state had {q.num_tokens}", e, field="num_tokens",
+                     expected=q.num_tokens, actual=nt)
+        if q.table:
+            yield s.need(nc == q.num_cached and table[:len(q.table)] == q.table,
+                         f"holds blocks {q.table} with cached {q.num_cached}, scheduled with blocks {table} cached "
+                         f"{nc}", e, field="block_table")
+
+    @invariant("block_table.size", "a scheduled sequence holds ceil(num_tokens / block_size) blocks")
+    def table_size(self, s: _Step, e: dict):
+        nt, n = e.get("num_tokens"), len(list(e.get("block_table") or []))
+        if self.bs is not None and is_int(nt):
+            want = -(-nt // self.bs)
+            yield s.need(n == want, f"{n} blocks for {nt} tokens (block size {self.bs} needs {want})", e,
+                         field="blocks", expected=want, actual=n)
+
+    @invariant("block_table.ids", "a block table holds distinct block ids of the pool")
+    def table_ids(self, s: _Step, e: dict):
+        table = list(e.get("block_table") or [])
+        bad = [b for b in table if not is_int(b) or b < 0 or (self.nb is not None and b >= self.nb)]
+        yield s.need(not bad and len(set(table)) == len(table), f"block table {table} has invalid or repeated ids", e,
+                     field="block_table", actual=table)
+
+    @invariant("decode.shape", "a decode step schedules one token of a sequence whose other tokens are cached")
+    def decode_shape(self, s: _Step, e: dict):
+        nt, nc, ns = _counts(e)
+        yield s.need(ns == 1 and is_int(nt) and is_int(nc) and nt == nc + 1, f"decode needs scheduled 1 and total = "
+                                                                             f"cached + 1, got total {nt} cached {nc} "
+                                                                             f"scheduled {ns}", e)
+
+    @staticmethod
+    def _fits(e: dict) -> bool:
+        nt, nc, ns = _counts(e)
+        return is_int(ns) and is_int(nc) and is_int(nt) and ns >= 1 and _start(nc, nt) + ns <= nt
+
+    @invariant("chunk.fits", "a prefill computes at least one token and no more than the sequence has")
+    def chunk_fits(self, s: _Step, e: dict):
+        nt, nc, ns = _counts(e)
+        yield s.need(self._fits(e), f"prefill of {ns} tokens from cached {nc} does not fit total {nt}", e)
+
+    @invariant("policy.chunk_first_only", "only the first sequence of a prefill batch is chunked (nano's policy)")
+    def chunk_first_only(self, s: _Step, e: dict, j: int):
+        nt, nc, ns = _counts(e)
+        if self._fits(e) and j > 0:
+            yield s.need(_start(nc, nt) + ns == nt, f"{self.log.rid(e)} is chunked ({ns} of {nt - nc} tokens) but is "
+                                                    f"not first in the prefill batch (nano chunks only the first)", e)
+
+    @invariant("budget", "a step schedules at most max_num_seqs sequences and max_num_batched_tokens tokens")
+    def budget(self, s: _Step, what: str):
+        if what == "seqs" and self.max_seqs is not None:
+            yield s.need(len(s.seqs) <= self.max_seqs, f"{len(s.seqs)} sequences scheduled, max_num_seqs is "
+                                                       f"{self.max_seqs}", field="max_num_seqs",
+                         expected=self.max_seqs, actual=len(s.seqs))
+        elif what == "tokens" and self.max_batched is not None:
+            total = sum(ns for ns in (e.get("num_scheduled_tokens") for e in s.seqs) if is_int(ns))
+            yield s.need(total <= self.max_batched, f"{total} tokens scheduled, max_num_batched_tokens is "
+                                                    f"{self.max_batched}", field="max_num_batched_tokens",
+                         expected=self.max_batched, actual=total)
+
+    # --- gpu_inputs
+    def gpu_inputs(self, s: _Step):
+        for check in (self.num_input_ids, self.positions, self.slots, self.cu_seqlens_q, self.cu_seqlens_k,
+                      self.max_seqlen, self.context_lens, self.block_tables, self.execution):
+            self.run(check, s, s.inputs)
+
+    @staticmethod
+    def _rows(gi: dict, got: list, n: int) -> list:
+        """The step's rows of an input: a CUDA-graph batch is padded past them."""
+        return got[:n] if len(got) > n and gi.get("execution") == "graph" else got
+
+    @invariant("inputs.num_input_ids", "the model gets as many input ids as the step scheduled tokens")
+    def num_input_ids(self, s: _Step, gi: dict):
+        want, got = sum(s.counts), gi.get("num_input_ids")
+        yield s.need(got == want, f"num_input_ids {got}, the scheduled counts sum to {want}", field="num_input_ids",
+                     expected=want, actual=got)
+
+    @invariant("inputs.positions", "positions run from num_cached_tokens in prefill, are num_tokens - 1 in decode")
+    def positions(self, s: _Step, gi: dict):
+        want = [p for ps in s.positions for p in ps]
+        got = self._rows(gi, list(gi.get("positions") or []), len(want))
+        yield s.need(got == want, f"positions {format_positions(got)}, expected "
+                                  f"{format_positions(want, [len(p) for p in s.positions])} "
+                                  f"({'from num_cached_tokens' if s.phase == 'prefill' else 'num_tokens - 1'})",
+                     field="positions", expected=want, actual=got)
+
+    @invariant("slots", "position p writes its KV to slot block_table[p // block_size] * block_size + p % block_size")
+    def slots(self, s: _Step, gi: dict):
+        n, bs = sum(len(ps) for ps in s.positions), self.bs
+        slots = list(gi.get("slot_mapping") or [])
+        if len(slots) > n and all(x == -1 for x in slots[n:]):
+            slots = slots[:n]
+        if bs is None:
+            return
+        if len(slots) != n:
+            yield s.need(False, f"slot_mapping has {len(slots)} entries for {n} positions", field="slot_mapping",
+                         expected=n, actual=len(slots))
+            return
+        off = 0
+        for e, ps in zip(s.seqs, s.positions):
+            table = list(e.get("block_table") or [])
+            bad = []
+            for k, p in enumerate(ps):
+                want = table[p // bs] * bs + p % bs if 0 <= p // bs < len(table) else None
+                if slots[off + k] != want:
+                    bad.append((off + k, p, want, slots[off + k]))
+            idx, p, want, got = bad[0] if bad else (None,) * 4
+            yield s.need(not bad, f"slot_mapping[{idx}] (position {p}) expected {want}, got {got} ({len(bad)} of "
+                                  f"{len(ps)} slots differ; block_table {table})", e, field="slot_mapping",
+                         expected=want, actual=got)
+            off += len(ps)
+
+    @invariant("inputs.cu_seqlens_q", "cu_seqlens_q is the running sum of the scheduled counts")
+    def cu_seqlens_q(self, s: _Step, gi: dict):
+        got, want = gi.get("cu_seqlens_q"), _cumsum(s.counts)
+        if s.phase == "prefill" or got is not None:
+            yield s.need(got == want, f"cu_seqlens_q {got}, the scheduled counts give {want}", field="cu_seqlens_q",
+                         expected=want, actual=got)
+
+    @invariant("inputs.cu_seqlens_k", "cu_seqlens_k is the running sum of cached + scheduled (prefill) or of the "
+                                      "context lengths (decode)")
+    def cu_seqlens_k(self, s: _Step, gi: dict):
+        got = gi.get("cu_seqlens_k")
+        if s.phase == "prefill":
+            want, why = _cumsum(s.k_lens()), "cached + scheduled gives"
+        elif got is not None:
+            want, why = _cumsum([e.get("num_tokens") for e in s.seqs]), "the context lengths give"
         else:
-            okp = is_int(ns) and is_int(nc) and is_int(nt) and ns >= 1 and _start(nc, nt) + ns <= nt
-            col.check(okp, "chunk.fits",
-                      f"step {st}, request {rid}: prefill of {ns} tokens from cached {nc} does not "
-                      f"fit total {nt}", step=st, request=rid)
-            if okp and j > 0:
-                col.check(_start(nc, nt) + ns == nt, "policy.chunk_first_only",
-                          f"step {st}, request {rid}: {rid} is chunked ({ns} of {nt - nc} tokens) but is "
-                          f"not first in the prefill batch (nano chunks only the first)", step=st, request=rid)
-        if prev is not None:
-            # A fresh allocation (nothing held before this step) with cached tokens is a prefix hit.
-            if phase == "prefill" and not prev.table and is_int(nc) and nc > 0 and bs is not None:
-                _check_prefix_hit(col, st, prev, table, nc, bs, written)
-            if bs is not None:
-                for p in _written_positions(phase, nt, nc, ns):
-                    if 0 <= p // bs < len(table):
-                        tok = prev.tokens[p] if prev.tokens is not None and p < len(prev.tokens) else None
-                        written.setdefault(table[p // bs], {})[p % bs] = tok
-            prev.num_tokens, prev.num_cached, prev.table = nt, nc, table
-    if max_batched is not None:
-        col.check(total_sched <= max_batched, "budget",
-                  f"step {st}: {total_sched} tokens scheduled, max_num_batched_tokens is {max_batched}",
-                  step=st, field="max_num_batched_tokens", expected=max_batched, actual=total_sched)
+            return
+        yield s.need(got == want, f"cu_seqlens_k {got}, {why} {want}", field="cu_seqlens_k", expected=want,
+                     actual=got)
 
-    gi = log.one(st, "gpu_inputs")
-    if gi is not None:
-        _check_inputs(log, col, st, phase, sseqs, gi, bs, enforce_eager)
+    @invariant("inputs.max_seqlen", "max_seqlen_q / max_seqlen_k are the longest query and key lengths (prefill)")
+    def max_seqlen(self, s: _Step, gi: dict):
+        if s.phase == "prefill":
+            mq, mk = gi.get("max_seqlen_q"), gi.get("max_seqlen_k")
+            wq, wk = max(s.counts, default=0), max(s.k_lens(), default=0)
+            yield s.need(mq == wq and mk == wk, f"max_seqlen_q/k {mq}/{mk}, expected {wq}/{wk}", field="max_seqlen")
 
-    # sampled
-    sampled = log.one(st, "sampled")
-    sampled_tok: dict = {}
-    if sampled is not None:
-        for t in sampled.get("tokens") or []:
-            if isinstance(t, dict):
-                sampled_tok[t.get("seq_id")] = t.get("token_id")
-        extra = [k for k in sampled_tok if k not in sched_ids]
-        col.check(not extra, "sampled", f"step {st}: sampled tokens for sequences not scheduled "
-                                        f"this step: {extra}", step=st)
+    @invariant("inputs.context_lens", "context_lens are the scheduled totals in decode, null in prefill")
+    def context_lens(self, s: _Step, gi: dict):
+        if s.phase == "prefill":
+            cl = gi.get("context_lens")
+            yield s.need(not cl, f"context_lens should be null in prefill, got {_show(cl)}", field="context_lens",
+                         expected=None, actual=cl)
+            return
+        want = [e.get("num_tokens") for e in s.seqs]
+        got = self._rows(gi, list(gi.get("context_lens") or []), len(want))
+        yield s.need(got == want, f"context_lens {got}, the scheduled totals are {want}", field="context_lens",
+                     expected=want, actual=got)
 
-    # after_postprocess
-    ap = log.one(st, "after_postprocess")
-    if ap is None:
-        return prev_free, None
-    aseqs = [a for a in (ap.get("seqs") or []) if isinstance(a, dict)]
-    by_sid = {a.get("seq_id"): a for a in aseqs}
-    sched_by_sid = {s.get("seq_id"): s for s in sseqs}
-    for s in sseqs:
-        col.check(s.get("seq_id") in by_sid, "after.complete",
-                  f"step {st}, request {log.rid(s)}: scheduled but missing from after_postprocess",
-                  step=st, request=log.rid(s))
-    for a in aseqs:
-        sid = a.get("seq_id")
-        rid = log.rid(a)
-        prev = seqs.get(sid)
-        sc = sched_by_sid.get(sid)
-        if prev is None:
-            col.fail("seq.known", f"step {st}, request {rid}: after_postprocess reports unknown "
-                                  f"seq {sid}", step=st, request=rid)
-            continue
-        nt, nc = a.get("num_tokens"), a.get("num_cached_tokens")
+    @invariant("inputs.block_tables", "block_tables rows are the scheduled block tables (decode, and prefill over "
+                                      "cached tokens), null otherwise")
+    def block_tables(self, s: _Step, gi: dict):
+        bt = gi.get("block_tables")
+        if s.phase == "prefill" and not any((e.get("num_cached_tokens") or 0) > 0 for e in s.seqs):
+            yield s.need(bt is None, "block_tables should be null in a prefill without cached tokens",
+                         field="block_tables", expected=None, actual=bt)
+            return
+        why = "prefill over cached tokens" if s.phase == "prefill" else "decode"
+        yield s.need(bt is not None, f"{why} needs block_tables, got null", field="block_tables")
+        rows = None if bt is None else list(bt or [])
+        if rows is not None and len(rows) < len(s.seqs):
+            yield s.need(False, f"block_tables has {len(rows)} rows for {len(s.seqs)} sequences", field="block_tables")
+            return
+        for e, row in zip(s.seqs, rows or []):
+            want, got = list(e.get("block_table") or []), _strip_pad(row)
+            yield s.need(got == want, f"block_tables row {got}, the scheduled block_table is {want}", e,
+                         field="block_tables", expected=want, actual=got)
+
+    @invariant("inputs.execution", "a step runs eagerly, or as a CUDA graph of a decode batch that fits when graphs "
+                                   "are allowed")
+    def execution(self, s: _Step, gi: dict):
+        ex, gb = gi.get("execution"), gi.get("graph_batch")
+        ok = ex in ("eager", "graph")
+        if ex == "graph":
+            ok = ok and s.phase == "decode" and is_int(gb) and gb >= len(s.seqs) and self.enforce_eager is not True
+        elif ex == "eager":
+            ok = ok and gb is None
+        yield s.need(ok, f"execution {ex!r} with graph_batch {gb!r} in a {s.phase} step of {len(s.seqs)} sequences "
+                         f"(enforce_eager {self.enforce_eager})", field="execution", actual=ex)
+
+    # --- sampled
+    def sampled(self, s: _Step):
+        if s.sampled is not None:
+            for t in s.sampled.get("tokens") or []:
+                if isinstance(t, dict):
+                    s.sampled_tok[t.get("seq_id")] = t.get("token_id")
+            self.run(self.sampled_ok, s)
+
+    @invariant("sampled", "tokens are sampled for scheduled sequences only, and an accepted token is the sampled one")
+    def sampled_ok(self, s: _Step, a: dict | None = None):
+        if a is None:
+            extra = [k for k in s.sampled_tok if k not in s.ids]
+            yield s.need(not extra, f"sampled tokens for sequences not scheduled this step: {extra}")
+        elif s.sampled is not None and a.get("seq_id") in s.sampled_tok:
+            want = s.sampled_tok[a.get("seq_id")]
+            yield s.need(a.get("token_id") == want, f"token_id {a.get('token_id')} differs from the sampled {want}", a,
+                         field="token_id", expected=want, actual=a.get("token_id"))
+
+    # --- after_postprocess
+    def after_postprocess(self, s: _Step):
+        reported = [a for a in (s.after.get("seqs") or []) if isinstance(a, dict)]
+        sched = {e.get("seq_id"): e for e in s.seqs}
+        self.run(self.after_complete, s, {a.get("seq_id") for a in reported})
+        for a in reported:
+            q, sc = self.seqs.get(a.get("seq_id")), sched.get(a.get("seq_id"))
+            if not self.run(self.known, s, a, "reported"):
+                continue
+            table = list(a.get("block_table") or [])
+            if sc is not None:
+                self.run(self.accepted_rule, s, a, sc)
+                if a.get("accepted") is False:
+                    self.run(self.discarded, s, a, sc, q)
+                elif a.get("accepted") is True:
+                    if q.tokens is not None:
+                        q.tokens.append(a.get("token_id"))
+                    self.run(self.accepted_counts, s, a, sc, q)
+                    self.run(self.sampled_ok, s, a)
+                self.run(self.after_cached, s, a, sc)
+            self.run(self.finished_released, s, a)
+            self.run(self.phase, s, a)
+            self.run(self.max_tokens, s, a, q)
+            nt, nc, comp, status = (a.get(k) for k in ("num_tokens", "num_cached_tokens", "num_completion_tokens",
+                                                      "status"))
+            q.num_tokens = nt if is_int(nt) else q.num_tokens
+            q.num_cached = nc if is_int(nc) else 0
+            q.completion = comp if is_int(comp) else q.completion
+            q.status = status if status in STATUSES else q.status
+            q.table, q.finish_reason = table, a.get("finish_reason", q.finish_reason)
+        holders: dict = {}          # block -> how many live sequences hold it
+        for q in self.seqs.values():
+            if q.status != "FINISHED":
+                for b in q.table:
+                    holders[b] = holders.get(b, 0) + 1
+        fb = s.after.get("free_blocks")
+        self.run(self.accounting, s, fb, holders)
+        for a in reported:
+            self.run(self.refs, s, a, holders)
+        if is_int(fb):
+            self.free = self.last_free = fb
+
+    @invariant("after.complete", "every scheduled sequence is in after_postprocess")
+    def after_complete(self, s: _Step, reported: set):
+        for e in s.seqs:
+            yield s.need(e.get("seq_id") in reported, "scheduled but missing from after_postprocess", e)
+
+    @invariant("accepted.rule", "a token is accepted exactly when the step completes the prompt (or decodes)")
+    def accepted_rule(self, s: _Step, a: dict, sc: dict):
+        completes, acc = s.phase == "decode" or _completes(sc), a.get("accepted")
+        nt, nc, ns = _counts(sc)
+        yield s.need(acc is completes, f"accepted is {acc}, but the step "
+                                       f"{'completes' if completes else 'does not complete'} the prompt (cached {nc} "
+                                       f"+ scheduled {ns} of {nt})", a, field="accepted", expected=completes,
+                     actual=acc)
+
+    @invariant("accepted.counts", "an accepted token adds one output and one token")
+    def accepted_counts(self, s: _Step, a: dict, sc: dict, q: _Seq):
+        comp, nt, snt = a.get("num_completion_tokens"), a.get("num_tokens"), sc.get("num_tokens")
+        yield s.need(comp == q.completion + 1 and nt == (snt or 0) + 1, f"an accepted token must add one output and "
+                                                                        f"one token (outputs {q.completion} -> {comp}, "
+                                                                        f"total {snt} -> {nt})", a, field="outputs",
+                     expected=q.completion + 1, actual=comp)
+
+    @invariant("discarded", "a discarded chunk candidate never becomes an output")
+    def discarded(self, s: _Step, a: dict, sc: dict, q: _Seq):
+        comp, nt, snt = a.get("num_completion_tokens"), a.get("num_tokens"), sc.get("num_tokens")
+        yield s.need(comp == q.completion and nt == snt, f"a discarded chunk candidate became an output (outputs "
+                                                         f"{q.completion} -> {comp}, total {snt} -> {nt})", a,
+                     field="outputs", expected=q.completion, actual=comp)
+
+    @invariant("after.cached", "after a step every computed token is cached: the chunk, or all but the new token")
+    def after_cached(self, s: _Step, a: dict, sc: dict):
+        nt, nc, acc = a.get("num_tokens"), a.get("num_cached_tokens"), a.get("accepted")
+        snt, snc, sns = _counts(sc)
+        if a.get("status") == "FINISHED":
+            return
+        if acc is False and is_int(snc) and is_int(sns):
+            want = _start(snc, snt) + sns
+            yield s.need(nc == want, f"after a discarded chunk cached should be {want}, got {nc}", a, field="cached",
+                         expected=want, actual=nc)
+        elif acc is True and is_int(nt):
+            yield s.need(nc == nt - 1, f"after an accepted token cached should be {nt - 1}, got {nc}", a,
+                         field="cached", expected=nt - 1, actual=nc)
+
+    @invariant("finished.released", "a finished sequence holds no blocks and no cached tokens")
+    def finished_released(self, s: _Step, a: dict):
+        if a.get("status") == "FINISHED":
+            table, nc = list(a.get("block_table") or []), a.get("num_cached_tokens")
+            yield s.need(table == [] and nc == 0, f"FINISHED but still holds blocks {table} / cached {nc}", a,
+                         field="block_table", expected=[], actual=table)
+
+    @invariant("max_tokens", "a request makes at most max_tokens outputs and finishes when it reaches them")
+    def max_tokens(self, s: _Step, a: dict, q: _Seq):
         comp, status = a.get("num_completion_tokens"), a.get("status")
-        table = list(a.get("block_table") or [])
-        acc = a.get("accepted")
-        if sc is not None:
-            snt, snc, sns = sc.get("num_tokens"), sc.get("num_cached_tokens"), sc.get("num_scheduled_tokens")
-            completes = phase == "decode" or (is_int(snc) and is_int(sns) and _start(snc, snt) + sns == snt)
-            col.check(acc is completes, "accepted.rule",
-                      f"step {st}, request {rid}: accepted is {acc}, but the step "
-                      f"{'completes' if completes else 'does not complete'} the prompt "
-                      f"(cached {snc} + scheduled {sns} of {snt})", step=st, request=rid,
-                      field="accepted", expected=completes, actual=acc)
-            if acc is False:
-                col.check(comp == prev.completion and nt == snt, "discarded",
-                          f"step {st}, request {rid}: a discarded chunk candidate became an output "
-                          f"(outputs {prev.completion} -> {comp}, total {snt} -> {nt})",
-                          step=st, request=rid, field="outputs", expected=prev.completion, actual=comp)
-                if status != "FINISHED" and is_int(snc) and is_int(sns):
-                    want_c = _start(snc, snt) + sns
-                    col.check(nc == want_c, "after.cached",
-                              f"step {st}, request {rid}: after a discarded chunk cached should be "
-                              f"{want_c}, got {nc}", step=st, request=rid, field="cached",
-                              expected=want_c, actual=nc)
-            elif acc is True:
-                if prev.tokens is not None:
-                    prev.tokens.append(a.get("token_id"))
-                col.check(comp == prev.completion + 1 and nt == (snt or 0) + 1, "accepted.counts",
-                          f"step {st}, request {rid}: an accepted token must add one output and one "
-                          f"token (outputs {prev.completion} -> {comp}, total {snt} -> {nt})",
-                          step=st, request=rid, field="outputs", expected=prev.completion + 1,
-                          actual=comp)
-                if sampled is not None and sid in sampled_tok:
-                    col.check(a.get("token_id") == sampled_tok[sid], "sampled",
-                              f"step {st}, request {rid}: token_id {a.get('token_id')} differs from "
-                              f"the sampled {sampled_tok[sid]}", step=st, request=rid,
-                              field="token_id", expected=sampled_tok[sid], actual=a.get("token_id"))
-                if status != "FINISHED" and is_int(nt):
-                    col.check(nc == nt - 1, "after.cached",
-                              f"step {st}, request {rid}: after an accepted token cached should be "
-                              f"{nt - 1}, got {nc}", step=st, request=rid, field="cached",
-                              expected=nt - 1, actual=nc)
-        if status == "FINISHED":
-            col.check(table == [] and nc == 0, "finished.released",
-                      f"step {st}, request {rid}: FINISHED but still holds blocks {table} / cached {nc}",
-                      step=st, request=rid, field="block_table", expected=[], actual=table)
-        col.check(status in STATUSES, "phase", f"step {st}, request {rid}: unknown status {status!r}",
-                  step=st, request=rid, field="status", actual=status)
-        if prev.max_tokens is not None and is_int(comp):
-            col.check(comp <= prev.max_tokens and (comp < prev.max_tokens or status == "FINISHED"),
-                      "max_tokens",
-                      f"step {st}, request {rid}: {comp} outputs with max_tokens {prev.max_tokens}, "
-                      f"status {status}", step=st, request=rid, field="outputs",
-                      expected=prev.max_tokens, actual=comp)
-        prev.num_tokens = nt if is_int(nt) else prev.num_tokens
-        prev.num_cached = nc if is_int(nc) else 0
-        prev.completion = comp if is_int(comp) else prev.completion
-        prev.status = status if status in STATUSES else prev.status
-        prev.table = table
-        prev.finish_reason = a.get("finish_reason", prev.finish_reason)
+        if q.max_tokens is not None and is_int(comp):
+            yield s.need(comp <= q.max_tokens and (comp < q.max_tokens or status == "FINISHED"),
+                         f"{comp} outputs with max_tokens {q.max_tokens}, status {status}", a, field="outputs",
+                         expected=q.max_tokens, actual=comp)
 
-    # block accounting over all live sequences
-    fb = ap.get("free_blocks")
-    holders: dict = {}
-    for s in seqs.values():
-        if s.status != "FINISHED":
-            for b in s.table:
-                holders[b] = holders.get(b, 0) + 1
-    if num_blocks is not None and is_int(fb):
-        # Every block is either free (a freed block keeps its hash, but it is back in the free list) or
-        # held by a live sequence: more is double counting, less is a leak (e.g. a preemption that did
-        # not give its blocks back).
-        held = len(holders)
-        col.check(0 <= fb <= num_blocks and fb + held == num_blocks, "blocks.accounting",
-                  f"step {st}: free_blocks {fb} + {held} blocks held by live sequences = {fb + held}, "
-                  f"but the pool has {num_blocks}"
-                  + (f": {num_blocks - fb - held} block(s) neither free nor held (leaked)"
-                     if fb + held < num_blocks else ""),
-                  step=st, field="free_blocks", expected=num_blocks - held, actual=fb)
-    for a in aseqs:
+    # --- blocks: who holds them, and what their KV was computed from
+    @invariant("refs", "a block's ref count is the number of live sequences holding it")
+    def refs(self, s: _Step, a: dict, holders: dict):
         rc = a.get("ref_counts")
         if rc is None:
-            continue
-        rid = log.rid(a)
+            return
         table = list(a.get("block_table") or [])
-        if not col.check(isinstance(rc, list) and len(rc) == len(table), "refs",
-                         f"step {st}, request {rid}: {len(rc) if isinstance(rc, list) else rc!r} "
-                         f"ref counts for {len(table)} blocks", step=st, request=rid):
-            continue
-        want = [holders.get(b, 0) for b in table]
-        col.check(list(rc) == want, "refs",
-                  f"step {st}, request {rid}: ref_counts {list(rc)}, but {want} live sequences "
-                  f"hold blocks {table}", step=st, request=rid, field="ref_counts",
-                  expected=want, actual=list(rc))
-    return (fb if is_int(fb) else prev_free), (fb if is_int(fb) else None)
+        ok = isinstance(rc, list) and len(rc) == len(table)
+        yield s.need(ok, f"{len(rc) if isinstance(rc, list) else rc!r} ref counts for {len(table)} blocks", a)
+        if ok:
+            want = [holders.get(b, 0) for b in table]
+            yield s.need(list(rc) == want, f"ref_counts {list(rc)}, but {want} live sequences hold blocks {table}", a,
+                         field="ref_counts", expected=want, actual=list(rc))
 
+    @invariant("prefix.content", "a prefix-cache hit lands on blocks whose KV this run computed from the same tokens")
+    def prefix_content(self, s: _Step, e: dict, q: _Seq):
+        nc, table, bs = e.get("num_cached_tokens"), list(e.get("block_table") or []), self.bs
+        # a fresh allocation (nothing held before this step) with cached tokens is a prefix hit
+        if not (s.phase == "prefill" and not q.table and is_int(nc) and nc > 0 and bs is not None):
+            return
+        if q.tokens is None:
+            self.skip("prefix.content", "request_added carries no prompt_token_ids")
+            return
+        for i in range(min(nc // bs, len(table))):       # block_table.size reports a short table
+            want, have = q.tokens[i * bs:(i + 1) * bs], self.written.get(table[i], {})
+            got = [have.get(k) for k in range(len(want))]
+            if got != want:
+                k = next(j for j in range(len(want)) if got[j] != want[j])
+                what = ("was never computed in this run" if not have else
+                        f"holds token {got[k]} at position {i * bs + k} where this prompt has {want[k]}")
+                yield need(False, f"step {s.n}, request {q.request_id}: prefix-cache hit on block {table[i]} (logical "
+                                  f"block {i}), but that block {what}", step=s.n, request=q.request_id,
+                           field="block_table", expected=want, actual=got)
+                return
+        yield None
 
-def _check_inputs(log: EventLog, col: _Collector, st, phase, sseqs, gi, bs, enforce_eager):
-    counts = [s.get("num_scheduled_tokens") or 0 for s in sseqs]
-    T = sum(counts)
-    n_in = gi.get("num_input_ids")
-    col.check(n_in == T, "inputs.num_input_ids",
-              f"step {st}: num_input_ids {n_in}, the scheduled counts sum to {T}",
-              step=st, field="num_input_ids", expected=T, actual=n_in)
-    # positions each scheduled sequence must feed
-    per_seq_pos: list[list[int]] = []
-    for s in sseqs:
-        nc, ns, nt = s.get("num_cached_tokens") or 0, s.get("num_scheduled_tokens") or 0, s.get("num_tokens") or 0
-        start = _start(nc, nt)
-        per_seq_pos.append(list(range(start, start + ns)) if phase == "prefill" else [nt - 1])
-    want_pos = [p for ps in per_seq_pos for p in ps]
-    got_pos = list(gi.get("positions") or [])
-    if len(got_pos) > len(want_pos) and gi.get("execution") == "graph":
-        got_pos = got_pos[:len(want_pos)]
-    col.check(got_pos == want_pos, "inputs.positions",
-              f"step {st}: positions {format_positions(got_pos)}, expected "
-              f"{format_positions(want_pos, [len(p) for p in per_seq_pos])} "
-              f"({'from num_cached_tokens' if phase == 'prefill' else 'num_tokens - 1'})",
-              step=st, field="positions", expected=want_pos, actual=got_pos)
-    # slots
-    slots = list(gi.get("slot_mapping") or [])
-    if len(slots) > len(want_pos) and all(x == -1 for x in slots[len(want_pos):]):
-        slots = slots[:len(want_pos)]
-    if bs is not None:
-        if len(slots) != len(want_pos):
-            col.fail("slots", f"step {st}: slot_mapping has {len(slots)} entries for "
-                              f"{len(want_pos)} positions", step=st, field="slot_mapping",
-                     expected=len(want_pos), actual=len(slots))
-        else:
-            off = 0
-            for s, ps in zip(sseqs, per_seq_pos):
-                rid = log.rid(s)
-                table = list(s.get("block_table") or [])
-                bad = []
-                for k, p in enumerate(ps):
-                    i = p // bs
-                    want = table[i] * bs + p % bs if 0 <= i < len(table) else None
-                    if slots[off + k] != want:
-                        bad.append((off + k, p, want, slots[off + k]))
-                if bad:
-                    idx, p, want, got = bad[0]
-                    col.fail("slots", f"step {st}, request {rid}: slot_mapping[{idx}] (position {p}) "
-                                      f"expected {want}, got {got} ({len(bad)} of {len(ps)} slots "
-                                      f"differ; block_table {table})", step=st, request=rid,
-                             field="slot_mapping", expected=want, actual=got)
+    @invariant("blocks.accounting", "every block of the pool is free or held by a live sequence, never both")
+    def accounting(self, s: _Step, fb, holders: dict):
+        if self.nb is not None and is_int(fb):
+            held, nb = len(holders), self.nb
+            yield s.need(0 <= fb <= nb and fb + held == nb, f"free_blocks {fb} + {held} blocks held by live sequences "
+                                                            f"= {fb + held}, but the pool has {nb}"
+                         + (f": {nb - fb - held} block(s) neither free nor held (leaked)" if fb + held < nb else ""),
+                         field="free_blocks", expected=nb - held, actual=fb)
+
+    # --- the end of the run
+    def run_end(self):
+        self.run(self.engine_raised)
+        self.run(self.run_ended)
+        for q in self.seqs.values():
+            self.run(self.finished, q)
+            self.run(self.outputs, q)
+        if not any(q.ignore_eos for q in self.seqs.values()):
+            self.skip("requests.outputs", "no request is known to ignore EOS")
+        self.run(self.returned)
+        if self.case is not None:
+            self.case_requests()
+            for i, x in enumerate(self.case.expect or []):
+                if "final" in x:
+                    self.expect_final(i, x["final"])
+                elif x["step"] not in self.log.steps:
+                    self.missing(i, x["step"], None, "step", f"not in the log (the run has {len(self.log.steps)} steps)")
+
+    @invariant("engine.raised", "the engine did not raise (no engine_error event)")
+    def engine_raised(self):
+        errors = [e for e in self.log.events if e.get("event") == "engine_error"]
+        for e in errors:
+            yield need(False, f"{_where(e.get('step'))}: the engine raised {e.get('error')}: {e.get('message')}",
+                       step=e.get("step") if is_int(e.get("step")) else None)
+        if not errors:
+            yield None
+
+    @invariant("run.end", "the log ends with one run_end event counting its steps")
+    def run_ended(self):
+        ends, n = self.log.run_ends, len(self.log.steps)
+        yield need(len(ends) == 1, f"run: expected one run_end event, found {len(ends)} (the run did not finish?)")
+        if len(ends) == 1:
+            got = ends[0].get("steps")
+            yield need(got == n, f"run: run_end.steps is {got} but the log has {n} steps", field="steps", expected=n,
+                       actual=got)
+
+    @invariant("requests.finished", "every request finishes")
+    def finished(self, q: _Seq):
+        yield need(q.status == "FINISHED", f"run, request {q.request_id}: ended {q.status}, not FINISHED",
+                   request=q.request_id, field="status", expected="FINISHED", actual=q.status)
+
+    @invariant("requests.outputs", "a request that ignores EOS ends with max_tokens outputs")
+    def outputs(self, q: _Seq):
+        # one ended another way (cancelled, aborted: a finish_reason other than length/stop) has fewer
+        if (q.status == "FINISHED" and q.ignore_eos and q.max_tokens is not None
+                and q.finish_reason in (None, "length", "stop")):
+            yield need(q.completion == q.max_tokens, f"run, request {q.request_id}: finished with {q.completion} "
+                                                     f"outputs, expected max_tokens={q.max_tokens} (ignore_eos)",
+                       request=q.request_id, field="outputs", expected=q.max_tokens, actual=q.completion)
+
+    @invariant("blocks.returned", "every block is free again at the end")
+    def returned(self):
+        if self.nb is not None and self.last_free is not None:
+            yield need(self.last_free == self.nb, f"run: {self.nb - self.last_free} of {self.nb} KV blocks were not "
+                                                  f"returned at the end (free_blocks {self.last_free})",
+                       field="free_blocks", expected=self.nb, actual=self.last_free)
+
+    # --- the case: its requests, and the states it expects
+    def case_requests(self):
+        """The log ran the case's requests, with their max_tokens, and `after` was respected."""
+        log, case = self.log, self.case
+        added = {log.rid(e): (i, e) for i, e in log.added}
+        for r in case.requests:
+            if r.id not in added:
+                self.checks.append(Check("case.requests", False, None, r.id, "request_added",
+                                         message=f"run, request {r.id}: never added to the engine", kind="case"))
+                continue
+            i, e = added[r.id]
+            for fld, want in (("max_tokens", r.max_tokens), ("prompt_len", r.prompt_len)):
+                if want is not None:    # a text prompt's length is known only after tokenizing
+                    ok = e.get(fld) == want
+                    self.checks.append(Check("case.requests", ok, None, r.id, fld, want, e.get(fld),
+                                             f"request {r.id} added with {fld} {want}" if ok else
+                                             f"run, request {r.id}, {fld}: expected {want}, got {e.get(fld)}", "case"))
+            if r.after is not None:
+                done = next((j for j, ev in enumerate(log.events) if ev.get("event") == "after_postprocess" and any(
+                    isinstance(a, dict) and log.rid(a) == r.after and a.get("status") == "FINISHED"
+                    for a in ev.get("seqs") or [])), None)
+                ok = done is not None and i > done
+                self.checks.append(Check("case.after", ok, None, r.id, "after", r.after, None,
+                                         f"request {r.id} added after {r.after} finished" if ok else
+                                         f"run, request {r.id}: added before {r.after} finished", "case"))
+        extra = sorted(set(added) - set(case.request_ids))
+        if extra:
+            self.checks.append(Check("case.requests", False, None, None, "request_added", None, extra,
+                                     f"run: requests not in the case were added: {', '.join(extra)}", "case"))
+
+    def compare(self, i: int, step, request, fld, expected, actual):
+        """One field of the case's expect entry `i`."""
+        where, ok = _where(step, request), expected == actual
+        self.expected.setdefault(i, []).append(Check("expect", ok, step, request, fld, expected, actual,
+                                                     f"{where}, {fld}: {_show(expected)}" if ok else
+                                                     f"{where}, {fld}: expected {_show(expected)}, got {_show(actual)}",
+                                                     "expect"))
+
+    def missing(self, i: int, step, request, fld, what):
+        self.expected.setdefault(i, []).append(Check("expect", False, step, request, fld, None, None,
+                                                     f"{_where(step, request)}, {fld}: {what}", "expect"))
+
+    def expect_step(self, st: int):
+        """The step against the case's entry for it, field by field, as its events report them."""
+        entries = [(i, x) for i, x in enumerate(self.case.expect or []) if x.get("step") == st] if self.case else []
+        if not entries:
+            return
+        i, x = entries[0]
+        log = self.log
+        sched = log.one(st, "scheduled") or {}
+        sseqs = [e for e in sched.get("seqs") or [] if isinstance(e, dict)]
+        if "phase" in x:
+            self.compare(i, st, None, "phase", x["phase"], sched.get("phase"))
+        if "scheduled" in x:
+            self.compare(i, st, None, "scheduled", list(x["scheduled"]), [log.rid(e) for e in sseqs])
+            by_rid = {log.rid(e): e for e in sseqs}
+            for rid, fields in x["scheduled"].items():
+                for f, v in fields.items() if rid in by_rid else ():     # else the id list already differs
+                    self.compare(i, st, rid, "scheduled" if f == "scheduled" else f"scheduled.{f}", v,
+                                 _field_value(by_rid[rid], f, _SCHED_MAP))
+        if "preempted" in x:
+            self.compare(i, st, None, "preempted", x["preempted"], [log.rid(p) for p in log.all(st, "preempted")])
+        b, gi, ap = log.one(st, "before_schedule"), log.one(st, "gpu_inputs"), log.one(st, "after_postprocess")
+        if "before" in x and b is None:
+            self.missing(i, st, None, "before", "no before_schedule event")
+        for f, v in (x.get("before") or {}).items() if b is not None else ():
+            self.compare(i, st, None, f"before.{f}", v, b.get("free_blocks") if f == "free" else log.rids(b.get(f)))
+        if "inputs" in x and gi is None:
+            self.missing(i, st, None, "inputs", "no gpu_inputs event")
+        for f, v in (x.get("inputs") or {}).items() if gi is not None else ():
+            self.compare(i, st, None, f, v, gi.get(f))
+        a_by_rid = {log.rid(a): a for a in ((ap or {}).get("seqs") or []) if isinstance(a, dict)}
+        for rid, fields in (x.get("after") or {}).items():
+            if rid not in a_by_rid:
+                self.missing(i, st, rid, "after", "missing from after_postprocess")
+            for f, v in fields.items() if rid in a_by_rid else ():
+                self.compare(i, st, rid, f, v, _field_value(a_by_rid[rid], f, _AFTER_MAP))
+        for key, fld in (("refs", "ref_counts"), ("released", "released_ref_counts")):
+            for rid, v in (x.get(key) or {}).items():
+                a = a_by_rid.get(rid)
+                if a is None or a.get(fld) is None:
+                    self.missing(i, st, rid, key, "missing from after_postprocess" if a is None else
+                                 f"after_postprocess carries no {fld}")
                 else:
-                    col.ran("slots")
-                off += len(ps)
-    # cu_seqlens / max_seqlen / context_lens / block_tables
-    cu_q, cu_k = gi.get("cu_seqlens_q"), gi.get("cu_seqlens_k")
-    want_q = _cumsum(counts)
-    if phase == "prefill":
-        kl = [_start(s.get("num_cached_tokens"), s.get("num_tokens")) + (s.get("num_scheduled_tokens") or 0)
-              for s in sseqs]
-        want_k = _cumsum(kl)
-        col.check(cu_q == want_q, "inputs.cu_seqlens_q",
-                  f"step {st}: cu_seqlens_q {cu_q}, the scheduled counts give {want_q}",
-                  step=st, field="cu_seqlens_q", expected=want_q, actual=cu_q)
-        col.check(cu_k == want_k, "inputs.cu_seqlens_k",
-                  f"step {st}: cu_seqlens_k {cu_k}, cached + scheduled gives {want_k}",
-                  step=st, field="cu_seqlens_k", expected=want_k, actual=cu_k)
-        mq, mk = gi.get("max_seqlen_q"), gi.get("max_seqlen_k")
-        col.check(mq == max(counts, default=0) and mk == max(kl, default=0), "inputs.max_seqlen",
-                  f"step {st}: max_seqlen_q/k {mq}/{mk}, expected {max(counts, default=0)}/"
-                  f"{max(kl, default=0)}", step=st, field="max_seqlen")
-        cl = gi.get("context_lens")
-        col.check(not cl, "inputs.context_lens",
-                  f"step {st}: context_lens should be null in prefill, got {_show(cl)}",
-                  step=st, field="context_lens", expected=None, actual=cl)
-        has_cache = any((s.get("num_cached_tokens") or 0) > 0 for s in sseqs)
-        bt = gi.get("block_tables")
-        if has_cache:
-            if col.check(bt is not None, "inputs.block_tables",
-                         f"step {st}: prefill over cached tokens needs block_tables, got null",
-                         step=st, field="block_tables"):
-                _check_tables(log, col, st, sseqs, bt)
-        else:
-            col.check(bt is None, "inputs.block_tables",
-                      f"step {st}: block_tables should be null in a prefill without cached tokens",
-                      step=st, field="block_tables", expected=None, actual=bt)
-    else:
-        if cu_q is not None:
-            col.check(cu_q == want_q, "inputs.cu_seqlens_q",
-                      f"step {st}: cu_seqlens_q {cu_q}, the scheduled counts give {want_q}",
-                      step=st, field="cu_seqlens_q", expected=want_q, actual=cu_q)
-        want_ctx = [s.get("num_tokens") for s in sseqs]
-        if cu_k is not None:
-            col.check(cu_k == _cumsum(want_ctx), "inputs.cu_seqlens_k",
-                      f"step {st}: cu_seqlens_k {cu_k}, the context lengths give {_cumsum(want_ctx)}",
-                      step=st, field="cu_seqlens_k", expected=_cumsum(want_ctx), actual=cu_k)
-        cl = list(gi.get("context_lens") or [])
-        if len(cl) > len(want_ctx) and gi.get("execution") == "graph":
-            cl = cl[:len(want_ctx)]
-        col.check(cl == want_ctx, "inputs.context_lens",
-                  f"step {st}: context_lens {cl}, the scheduled totals are {want_ctx}",
-                  step=st, field="context_lens", expected=want_ctx, actual=cl)
-        bt = gi.get("block_tables")
-        if col.check(bt is not None, "inputs.block_tables",
-                     f"step {st}: decode needs block_tables, got null", step=st, field="block_tables"):
-            _check_tables(log, col, st, sseqs, bt)
-    ex, gb = gi.get("execution"), gi.get("graph_batch")
-    okx = ex in ("eager", "graph")
-    if ex == "graph":
-        okx = okx and phase == "decode" and is_int(gb) and gb >= len(sseqs) and enforce_eager is not True
-    elif ex == "eager":
-        okx = okx and gb is None
-    col.check(okx, "inputs.execution",
-              f"step {st}: execution {ex!r} with graph_batch {gb!r} in a {phase} step of "
-              f"{len(sseqs)} sequences (enforce_eager {enforce_eager})", step=st, field="execution",
-              actual=ex)
+                    self.compare(i, st, rid, key, v, a.get(fld))
+        if "free" in x:
+            if ap is None:
+                self.missing(i, st, None, "free", "no after_postprocess event")
+            else:
+                self.compare(i, st, None, "free", x["free"], ap.get("free_blocks"))
+
+    def expect_final(self, i: int, final: dict):
+        """Each request's last state in the log against the case's `final` entry."""
+        log = self.log
+        for rid, fields in final.items():
+            last = None
+            for st in sorted(log.steps):
+                for a in (log.one(st, "after_postprocess") or {}).get("seqs") or []:
+                    if isinstance(a, dict) and log.rid(a) == rid:
+                        last = a
+            if last is None:
+                self.missing(i, None, rid, "final", "the request never appears in after_postprocess")
+            for f, v in fields.items() if last is not None else ():
+                self.compare(i, None, rid, f"final.{f}", v, _field_value(last, f, _AFTER_MAP))
 
 
-def _check_tables(log: EventLog, col: _Collector, st, sseqs, bt):
-    rows = list(bt or [])
-    if len(rows) < len(sseqs):
-        col.fail("inputs.block_tables", f"step {st}: block_tables has {len(rows)} rows for "
-                                        f"{len(sseqs)} sequences", step=st, field="block_tables")
-        return
-    for s, row in zip(sseqs, rows):
-        want = list(s.get("block_table") or [])
-        got = _strip_pad(row)
-        col.check(got == want, "inputs.block_tables",
-                  f"step {st}, request {log.rid(s)}: block_tables row {got}, the scheduled "
-                  f"block_table is {want}", step=st, request=log.rid(s), field="block_tables",
-                  expected=want, actual=got)
-
-
-# ----------------------------------------------------------------------------- expectations
-
-_SCHED_MAP = {"total": "num_tokens", "cached": "num_cached_tokens",
-              "scheduled": "num_scheduled_tokens", "blocks": None}
-_AFTER_MAP = {"total": "num_tokens", "cached": "num_cached_tokens",
-              "outputs": "num_completion_tokens", "status": "status", "blocks": None,
-              "accepted": "accepted"}
+# The case's field names -> the event's (None: the number of blocks in block_table).
+_SCHED_MAP = {"total": "num_tokens", "cached": "num_cached_tokens", "scheduled": "num_scheduled_tokens", "blocks": None}
+_AFTER_MAP = {"total": "num_tokens", "cached": "num_cached_tokens", "outputs": "num_completion_tokens",
+              "status": "status", "blocks": None, "accepted": "accepted"}
 
 
 def _field_value(entry: dict, f: str, mapping: dict):
     key = mapping[f]
-    if key is None:
-        return len(entry.get("block_table") or [])
-    return entry.get(key)
-
-
-class _Expect:
-    def __init__(self, col: _Collector):
-        self.col = col
-
-    def cmp(self, step, request, fld, expected, actual):
-        where = _where(step, request)
-        if expected == actual:
-            self.col.checks.append(Check("expect", True, step, request, fld, expected, actual,
-                                         f"{where}, {fld}: {_show(expected)}", "expect"))
-        else:
-            self.col.checks.append(Check("expect", False, step, request, fld, expected, actual,
-                                         f"{where}, {fld}: expected {_show(expected)}, "
-                                         f"got {_show(actual)}", "expect"))
-
-    def missing(self, step, request, fld, what):
-        self.col.checks.append(Check("expect", False, step, request, fld, None, None,
-                                     f"{_where(step, request)}, {fld}: {what}", "expect"))
-
-
-def _check_expectations(log: EventLog, case: Case, col: _Collector) -> None:
-    x = _Expect(col)
-    n_steps = len(log.steps)
-    for e in case.expect or []:
-        if "final" in e:
-            for rid, fields in e["final"].items():
-                last = None
-                for st in sorted(log.steps):
-                    ap = log.one(st, "after_postprocess")
-                    for a in (ap or {}).get("seqs") or []:
-                        if isinstance(a, dict) and log.rid(a) == rid:
-                            last = a
-                if last is None:
-                    x.missing(None, rid, "final", "the request never appears in after_postprocess")
-                    continue
-                for f, v in fields.items():
-                    x.cmp(None, rid, f"final.{f}", v, _field_value(last, f, _AFTER_MAP))
-            continue
-        st = e["step"]
-        if st not in log.steps:
-            x.missing(st, None, "step", f"not in the log (the run has {n_steps} steps)")
-            continue
-        sched = log.one(st, "scheduled") or {}
-        sseqs = [s for s in sched.get("seqs") or [] if isinstance(s, dict)]
-        if "phase" in e:
-            x.cmp(st, None, "phase", e["phase"], sched.get("phase"))
-        if "scheduled" in e:
-            got_ids = [log.rid(s) for s in sseqs]
-            x.cmp(st, None, "scheduled", list(e["scheduled"]), got_ids)
-            by_rid = {log.rid(s): s for s in sseqs}
-            for rid, fields in e["scheduled"].items():
-                s = by_rid.get(rid)
-                if s is None:
-                    continue  # the id list comparison above already failed
-                for f, v in fields.items():
-                    x.cmp(st, rid, f"scheduled.{f}" if f != "scheduled" else "scheduled", v,
-                          _field_value(s, f, _SCHED_MAP))
-        if "preempted" in e:
-            got = [log.rid(p) for p in log.all(st, "preempted")]
-            x.cmp(st, None, "preempted", e["preempted"], got)
-        if "before" in e:
-            b = log.one(st, "before_schedule")
-            if b is None:
-                x.missing(st, None, "before", "no before_schedule event")
-            else:
-                for f, v in e["before"].items():
-                    if f == "free":
-                        x.cmp(st, None, "before.free", v, b.get("free_blocks"))
-                    else:
-                        x.cmp(st, None, f"before.{f}", v, log.rids(b.get(f)))
-        if "inputs" in e:
-            gi = log.one(st, "gpu_inputs")
-            if gi is None:
-                x.missing(st, None, "inputs", "no gpu_inputs event")
-            else:
-                for f, v in e["inputs"].items():
-                    x.cmp(st, None, f, v, gi.get(f))
-        ap = log.one(st, "after_postprocess")
-        a_by_rid = {log.rid(a): a for a in ((ap or {}).get("seqs") or []) if isinstance(a, dict)}
-        if "after" in e:
-            for rid, fields in e["after"].items():
-                a = a_by_rid.get(rid)
-                if a is None:
-                    x.missing(st, rid, "after", "missing from after_postprocess")
-                    continue
-                for f, v in fields.items():
-                    x.cmp(st, rid, f, v, _field_value(a, f, _AFTER_MAP))
-        for key, field in (("refs", "ref_counts"), ("released", "released_ref_counts")):
-            for rid, v in (e.get(key) or {}).items():
-                a = a_by_rid.get(rid)
-                if a is None:
-                    x.missing(st, rid, key, "missing from after_postprocess")
-                elif a.get(field) is None:
-                    x.missing(st, rid, key, f"after_postprocess carries no {field}")
-                else:
-                    x.cmp(st, rid, key, v, a.get(field))
-        if "free" in e:
-            if ap is None:
-                x.missing(st, None, "free", "no after_postprocess event")
-            else:
-                x.cmp(st, None, "free", e["free"], ap.get("free_blocks"))
-
-
-def _check_case_requests(log: EventLog, case: Case, col: _Collector) -> None:
-    """The log ran the case's requests, with their max_tokens, and `after` was respected."""
-    added = {log.rid(e): (i, e) for i, e in log.added}
-    for r in case.requests:
-        got = added.get(r.id)
-        if got is None:
-            col.checks.append(Check("case.requests", False, None, r.id, "request_added", None, None,
-                                    f"run, request {r.id}: never added to the engine", "case"))
-            continue
-        i, e = got
-        for field, want in (("max_tokens", r.max_tokens), ("prompt_len", r.prompt_len)):
-            if want is None:  # a text prompt's length is known only after tokenizing
-                continue
-            ok = e.get(field) == want
-            col.checks.append(Check("case.requests", ok, None, r.id, field, want, e.get(field),
-                                    f"run, request {r.id}, {field}: expected {want}, got {e.get(field)}"
-                                    if not ok else f"request {r.id} added with {field} {want}", "case"))
-        if r.after is not None:
-            finished_at = None
-            for j, ev in enumerate(log.events):
-                if ev.get("event") == "after_postprocess":
-                    if any(isinstance(a, dict) and log.rid(a) == r.after and a.get("status") == "FINISHED"
-                           for a in ev.get("seqs") or []):
-                        finished_at = j
-                        break
-            ok = finished_at is not None and i > finished_at
-            col.checks.append(Check("case.after", ok, None, r.id, "after", r.after, None,
-                                    f"run, request {r.id}: added before {r.after} finished"
-                                    if not ok else f"request {r.id} added after {r.after} finished",
-                                    "case"))
-    extra = sorted(set(added) - set(case.request_ids))
-    if extra:
-        col.checks.append(Check("case.requests", False, None, None, "request_added", None, extra,
-                                f"run: requests not in the case were added: {', '.join(extra)}", "case"))
+    return len(entry.get("block_table") or []) if key is None else entry.get(key)
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -1014,22 +1119,20 @@ def validate(events: list[dict], case: Case | None = None, *, block_size: int | 
     block_size / num_kvcache_blocks default to run_start's block_size / num_kvcache_blocks,
     then its config's kvcache_block_size / num_kvcache_blocks (when > 0), then the case's engine.
     """
-    col = _Collector()
     events = list(events or [])
-    schema_bad = 0
+    schema: list[Check] = []
+    bad = 0
     for i, e in enumerate(events):
         probs = event_problems(e)
         if probs:
-            schema_bad += 1
-            if schema_bad <= _MAX_FAILURES_PER_NAME:
+            bad += 1
+            if bad <= _MAX_FAILURES_PER_NAME:
                 st = e.get("step") if isinstance(e, dict) else None
-                col.checks.append(Check("schema", False, st if is_int(st) else None, None, None,
-                                        None, None, f"event #{i + 1} "
-                                        f"({e.get('event') if isinstance(e, dict) else '?'}): "
-                                        f"{'; '.join(probs)}", "schema"))
-    if not schema_bad:
-        col.checks.append(Check("schema", True, message=f"schema: {len(events)} events are v1",
-                                kind="schema"))
+                schema.append(Check("schema", False, st if is_int(st) else None, message=f"event #{i + 1} "
+                                    f"({e.get('event') if isinstance(e, dict) else '?'}): {'; '.join(probs)}",
+                                    kind="schema"))
+    if not bad:
+        schema.append(Check("schema", True, message=f"schema: {len(events)} events are v1", kind="schema"))
     log = EventLog(events)
     rs, cfg = log.run_start, log.config
     eng = case.engine if case is not None else {}
@@ -1037,20 +1140,11 @@ def validate(events: list[dict], case: Case | None = None, *, block_size: int | 
         or _cfg_int(cfg, "kvcache_block_size") or _cfg_int(eng, "kvcache_block_size")
     nb = num_kvcache_blocks or (rs.get("num_kvcache_blocks") if is_int(rs.get("num_kvcache_blocks")) else None)
     if nb is None:
-        for src in (cfg, eng):
-            v = _cfg_int(src, "num_kvcache_blocks")
-            if v is not None and v > 0:
-                nb = v
-                break
-    ignore_eos = {r.id: r.ignore_eos for r in case.requests} if case is not None else {}
-
-    _check_invariants(log, col, bs, nb, ignore_eos)
-    if case is not None:
-        _check_case_requests(log, case, col)
-        if case.expect:
-            _check_expectations(log, case, col)
-    checks = col.finish()
+        nb = next((v for v in (_cfg_int(cfg, "num_kvcache_blocks"), _cfg_int(eng, "num_kvcache_blocks"))
+                   if v is not None and v > 0), None)
+    replay = _Replay(log, case, bs, nb)
+    replay.replay()
     run = next((e.get("run") for e in log.events if e.get("run") is not None), None)
-    return Report(checks=checks, run=run, steps=len(log.steps),
+    return Report(checks=schema + replay.finish(), run=run, steps=len(log.steps),
                   case=case.name if case is not None else None, expect_changes=expect_changes,
                   why_changes=why_changes)
