@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["LLM", "LLMEngine", "SamplingParams"]
 
 # public name -> the module that defines it
-_HOME = {"LLM": ".llm", "LLMEngine": ".llm", "SamplingParams": ".sampling"}
+_HOME = {"LLM": ".llm", "LLMEngine": ".llm", "SamplingParams": ".sampling_params"}
 
 if TYPE_CHECKING:  # for type checkers and readers; at run time __getattr__ loads them
     from .llm import LLM, LLMEngine
-    from .sampling import SamplingParams
+    from .sampling_params import SamplingParams
 
 
 def __getattr__(name: str) -> Any:

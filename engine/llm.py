@@ -19,7 +19,7 @@ from .config import Config
 from .device import resolve_device
 from .request_limits import RequestLimits
 from .runner import ModelRunner
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .step_result import StepFailed, StepResult

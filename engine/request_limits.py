@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)

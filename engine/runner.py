@@ -18,7 +18,7 @@ from .layers.attention import Attention
 from .loader import load_model
 from .models.qwen3 import Qwen3ForCausalLM
 from .profiling import phase
-from .sampling import Sampler
+from .sampler import Sampler
 from .sequence import Sequence
 from .staging import Staging
 
@@ -141,7 +141,7 @@ class ModelRunner:
         cfg = self.config
         seq_len = min(cfg.max_num_batched_tokens, cfg.max_model_len)
         num_seqs = max(1, min(cfg.max_num_batched_tokens // seq_len, cfg.max_num_seqs))
-        from .sampling import SamplingParams
+        from .sampling_params import SamplingParams
 
         seqs = [Sequence([0] * seq_len, SamplingParams(), -1 - i, self.block_size) for i in range(num_seqs)]
         for seq in seqs:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from copy import copy
 from enum import Enum, auto
 
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams
 
 
 class SequenceStatus(Enum):

@@ -274,7 +274,7 @@ def test_a_case_may_set_any_engine_setting_and_sampling_field(tmp_path):
     import dataclasses
 
     from engine.config import Config
-    from engine.sampling import SamplingParams
+    from engine.sampling_params import SamplingParams
 
     given_by_the_run = {"model", "tracer", "hf_config", "eos", "dist_init_addr", "shm_name", "shm_size",
                         "dist_timeout_s"}

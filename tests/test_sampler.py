@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from engine.sampling import Sampler, SamplingParams
+from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
 
 
 def _logits(batch=4, vocab=50, seed=0):

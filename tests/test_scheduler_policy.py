@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from engine.config import Config
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 

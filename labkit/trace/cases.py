@@ -308,7 +308,7 @@ def _check_engine(ctx: _Ctx, engine) -> dict:
 @cache
 def _sampling_fields() -> tuple:
     """The engine's SamplingParams and its fields (imported on first use: the module loads torch)."""
-    from engine.sampling import SamplingParams
+    from engine.sampling_params import SamplingParams
 
     return SamplingParams, {f.name: f for f in dataclasses.fields(SamplingParams) if f.init}
 

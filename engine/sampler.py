@@ -1,30 +1,7 @@
-"""Sampling parameters and the on-device sampler."""
+"""The on-device sampler: temperature, top-k, top-p, then one draw per row."""
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
-
-
-@dataclass
-class SamplingParams:
-    temperature: float = 1.0  # 0 means greedy
-    max_tokens: int = 64
-    ignore_eos: bool = False
-    top_k: int = -1  # -1 or 0: off
-    top_p: float = 1.0  # 1.0: off
-
-    def __post_init__(self):
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
-                or not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature: must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
-            raise ValueError(f"top_k: must be an integer >= 1, or -1/0 for off, got {self.top_k!r}")
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p!r}")
 
 
 class Sampler:
