@@ -150,7 +150,9 @@ def check_command(spec: CheckSpec, model: Path, out: Path, patched: bool) -> lis
         # Patched: the case's states become a diff, so only invariants can fail the run. Clean: they gate.
         return cmd + (["--expect-changes"] if patched else ["--no-expect-changes"])
     if spec.kind == "test":
-        return [py, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", spec.args[0]]
+        # One test, in this process: no xdist workers, and no addopts (their `-m 'not slow'` would deselect it).
+        return [py, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "addopts=",
+                spec.args[0]]
     return [py, "-m", "labkit", "logits-check", "run", "--suite", spec.args[0], "--device", "cpu",
             "--dtype", "float32", "--model", str(model), "--out", str(out)]
 

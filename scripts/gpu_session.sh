@@ -130,7 +130,7 @@ if [ "$what" = tp-perf ]; then
 fi
 if [ "$what" = kernels ]; then
   step 300 python3 scripts/kernel_bench.py --out $OUT/logs/kernel_bench.json
-  step 200 python3 -m pytest -q tests/test_triton_kernels.py tests/test_small_gemm.py tests/test_qk_norm_rope_kernel.py
+  step 200 python3 -m pytest -q -p no:xdist -o addopts= tests/test_triton_kernels.py tests/test_small_gemm.py tests/test_qk_norm_rope_kernel.py
 fi
 LOAD="python3 -m labkit bench load --workload nano --model $M --device cuda --graph"
 if [ "$what" = serve ]; then

@@ -6,7 +6,13 @@ import os
 import pytest
 import torch
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# pytest-xdist runs one worker per core: each worker (and every process it starts, through OMP_NUM_THREADS)
+# gets its share of the cores. Oversubscribed OpenMP threads spin against each other and made some tests 7x
+# slower than alone.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
+os.environ["OMP_NUM_THREADS"] = str(_THREADS)
+torch.set_num_threads(_THREADS)
 
 
 @pytest.fixture(scope="session")

@@ -376,6 +376,7 @@ def two_servers(tiny_model, tmp_path_factory):
                 s.close()
 
 
+@pytest.mark.slow
 def test_endpoints_spread_one_load_over_two_real_servers(two_servers, tmp_path, capsys):
     a, b = two_servers
     out = tmp_path / "replicas.json"
@@ -399,6 +400,7 @@ def test_endpoints_spread_one_load_over_two_real_servers(two_servers, tmp_path, 
     assert all(sum(x["chunk_tokens"]) == x["output_tokens"] == 32 for x in lines)
 
 
+@pytest.mark.slow
 def test_max_concurrency_one_sends_each_request_after_the_previous_finished(two_servers):
     server = two_servers[0]
     arr = [L.Arrival(t=0.0, prompt=[101 + i, 102, 103], max_tokens=4, id=f"r{i}") for i in range(3)]

@@ -449,6 +449,7 @@ def test_verdict_words_follow_the_verdict(collections, bf16_baseline, tmp_path, 
 # --- the CLI --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tp_suite_passes_or_refuses_cleanly(tiny_model, tmp_path, capsys):
     """TP=2 against TP=1 on baseline's inputs. An engine without tensor parallel refuses in one line (exit 2);
     one with it must match TP=1 (exit 0, PASS)."""

@@ -381,7 +381,7 @@ def _open_streams(s: Server, n: int, max_tokens: int = 900):
     return client, streams
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_signal_during_streams_ends_each_with_an_error_and_done_then_exits_0(tiny_model, tmp_path, sig):
     s = Server(tiny_model, tmp_path, "--drain-timeout", "1")
     core = s.core_pid
@@ -426,6 +426,7 @@ def test_a_dead_engine_core_fails_streams_and_the_server_exits_1(tiny_model, tmp
     assert s.proc.returncode == 1 and "engine core exited with code -9" in s.log()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_tp2_serve_matches_tp1_and_cleans_up_on_sigterm(tiny_model, tmp_path, reference):
     s = Server(tiny_model, tmp_path, "--tp", "2")
@@ -443,6 +444,7 @@ def test_tp2_serve_matches_tp1_and_cleans_up_on_sigterm(tiny_model, tmp_path, re
     assert not [n for n in shm if (Path("/dev/shm") / n).exists() and str(core) in n]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_dead_tp_worker_makes_the_server_log_why_and_exit_1(tiny_model, tmp_path):
     s = Server(tiny_model, tmp_path, "--tp", "2")

@@ -39,9 +39,9 @@ def _check(out, ref, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
-@pytest.mark.parametrize("M", [1, 3, 8, 16])
+@pytest.mark.parametrize("M", [1, 3, 16])
 @pytest.mark.parametrize("N, K, block_k", [(200, 72, 32), (64, 256, 64)])
-@pytest.mark.parametrize("split_k", [1, 2, 4])
+@pytest.mark.parametrize("split_k", [1, 4])
 @pytest.mark.parametrize("bias", [True, False])
 def test_small_matmul_matches_torch(dtype, M, N, K, block_k, split_k, bias):
     x, w, b = _inputs(M, N, K, dtype, bias)

@@ -162,7 +162,13 @@ def test_teacher_forced_logits_tp2_match_tp1(tiny_model):
         assert (r - g).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("name", list_cases())
+# Four cases cover what two ranks change (shapes, chunks, preemption, the balanced policy's alternation) in
+# the default run; the slow run (CI) takes every case.
+TP_QUICK_CASES = ("lifecycle", "chunk", "preempt", "balanced")
+
+
+@pytest.mark.parametrize("name", [n if n in TP_QUICK_CASES else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in list_cases()])
 def test_every_case_passes_with_two_ranks(name, tiny_model, tmp_path):
     case = load_case(name)
     run = run_case(case, Path(tiny_model), tmp_path / "events.jsonl", device="cpu", tensor_parallel_size=2,
@@ -181,7 +187,7 @@ def test_every_case_passes_with_two_ranks(name, tiny_model, tmp_path):
 
 
 def test_a_killed_worker_raises_a_clear_error_and_leaves_nothing(tiny_model):
-    llm = LLM(tiny_model, tensor_parallel_size=2, dist_timeout_s=20, **SMALL)
+    llm = LLM(tiny_model, tensor_parallel_size=2, dist_timeout_s=120, **SMALL)
     name, proc = llm.config.shm_name, llm._tp.procs[0]
     try:
         llm.add_request([5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
@@ -190,7 +196,7 @@ def test_a_killed_worker_raises_a_clear_error_and_leaves_nothing(tiny_model):
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match=r"tensor parallel worker rank 1 died \(exit code -9\)"):
             llm.step()
-        assert time.monotonic() - t0 < 20
+        assert time.monotonic() - t0 < 60  # seen as a death, not by waiting out the 120 s timeout
         assert not _shm_exists(name) and _gone(proc.pid)
         assert not [p for p in multiprocessing.active_children() if p.name.startswith("labkit-tp")]
         with pytest.raises(RuntimeError, match="rank 1 died"):  # the engine stays failed, it never hangs
@@ -223,6 +229,7 @@ def test_a_worker_dying_inside_a_collective_is_named_too(tiny_model, monkeypatch
         llm.exit()
 
 
+@pytest.mark.slow
 def test_a_hung_worker_turns_into_an_error_after_dist_timeout_s(tiny_model):
     llm = LLM(tiny_model, tensor_parallel_size=2, dist_timeout_s=3, **SMALL)
     proc, name = llm._tp.procs[0], llm.config.shm_name
@@ -236,7 +243,7 @@ def test_a_hung_worker_turns_into_an_error_after_dist_timeout_s(tiny_model):
         with pytest.raises(RuntimeError, match=r"(the 'run' call failed on rank 0|did not finish the previous "
                                                r"call within 3 s \(dist_timeout_s\)).*workers were stopped"):
             llm.step()
-        assert time.monotonic() - t0 < 3 + 10
+        assert time.monotonic() - t0 < 3 + 30  # dist_timeout_s took effect (the default is 60 s)
         assert not _shm_exists(name) and _gone(proc.pid)
     finally:
         if proc.exitcode is None:
@@ -353,6 +360,7 @@ _OTHER_ENGINE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_tp_engines_with_default_isolation_run_at_once(tiny_model, tp1_tokens, tmp_path):
     script = tmp_path / "other.py"
     script.write_text(_OTHER_ENGINE)

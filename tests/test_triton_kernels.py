@@ -177,11 +177,11 @@ def test_gumbel_argmax_greedy_rows_are_argmax_and_sampled_rows_follow_the_distri
     greedy = gumbel_argmax(logits, torch.zeros(3, device=DEVICE), seed=1, block=128)
     assert greedy.tolist() == logits.argmax(-1).tolist()
     probs = torch.tensor([0.6, 0.25, 0.1, 0.05])
-    n = 800  # Triton's CPU interpreter runs one program per row: keep this small
+    n = 400  # Triton's CPU interpreter runs one program per row: keep this small (one standard error is ~0.025)
     rows = probs.log().expand(n, 4).contiguous().to(DEVICE)
     drawn = gumbel_argmax(rows, torch.ones(n, device=DEVICE), seed=3, block=4)
     freq = torch.bincount(drawn.cpu(), minlength=4).float() / n
-    assert torch.allclose(freq, probs, atol=0.05)
+    assert torch.allclose(freq, probs, atol=0.06)
     again = gumbel_argmax(rows[:50], torch.ones(50, device=DEVICE), seed=3, block=4)
     assert torch.equal(drawn[:50], again)  # the seed fixes the draw
     hot = gumbel_argmax(rows[:100], torch.full((100,), 50.0, device=DEVICE), seed=4, block=4)
