@@ -589,3 +589,39 @@ def test_incremental_detokenizer_matches_a_full_decode(reference):
         text = "".join(detok.add(ids[i:i + 3]) for i in range(0, len(ids), 3))
         full = tok.decode(ids, skip_special_tokens=True)
         assert full.startswith(text) and full[len(text):].strip("\ufffd") == ""
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_stopping_a_core_that_no_longer_reads_does_not_hang(tmp_path):
+    """The core may close its socket and still be alive (its last message lingering) when the frontend stops
+    it, as after a refused engine argument: a PUSH send with no reader waits forever, so the stop must not."""
+    import asyncio
+    import multiprocessing
+
+    import zmq.asyncio
+
+    from labkit.serve.engine_client import EngineClient
+    from labkit.serve.metrics import ServerMetrics
+
+    client = EngineClient("unused", {}, metrics=ServerMetrics("m"))
+    client._ctx = zmq.asyncio.Context()
+    client._push = client._ctx.socket(zmq.PUSH)
+    client._push.setsockopt(zmq.LINGER, 0)
+    client._push.bind(f"ipc://{tmp_path}/in")  # nobody connects
+    client._pack = lambda msg: json.dumps(msg).encode()
+    client._proc = multiprocessing.get_context("spawn").Process(target=_sleep, args=(600,))
+    client._proc.start()
+
+    async def stop() -> None:
+        await asyncio.wait_for(client._stop_core(timeout_s=1.0), 60)
+
+    try:
+        asyncio.run(stop())
+        assert not client._proc.is_alive()
+    finally:
+        if client._proc.is_alive():
+            client._proc.kill()
+        client._close_sockets()

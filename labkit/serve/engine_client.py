@@ -210,9 +210,11 @@ class EngineClient:
         if proc is None:
             return
         if proc.is_alive():
+            # A PUSH send waits for a reader: a core that has closed its socket but not yet exited (its last
+            # message lingering, as after a refused engine argument) would never take it. Bounded, then signals.
             try:
-                await self._send(["stop"])
-            except Exception:  # noqa: BLE001 - the socket may be gone already
+                await asyncio.wait_for(self._send(["stop"]), min(1.0, timeout_s))
+            except Exception:  # noqa: BLE001 - the socket may be gone already, or nobody reads it
                 pass
             deadline = time.monotonic() + timeout_s
             while proc.is_alive() and time.monotonic() < deadline:
