@@ -134,15 +134,16 @@ def test_bench_load_end_to_end_against_a_started_server(tiny_model, tmp_path, ca
     assert out.with_suffix(".server.log").is_file()
 
 
-def test_bench_load_arrivals_file_and_bad_inputs(tiny_model, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("MODEL_DIR", tiny_model)
+def test_bench_load_arrivals_file_and_bad_inputs(tmp_path, capsys):
+    fake = start_in_thread()  # the arrivals' path through the client; a real server is the test above's
     arr = tmp_path / "two.jsonl"
     arr.write_text('{"t": 0, "prompt_len": 20, "max_tokens": 3}\n{"t": 0.2, "prompt": "hello", "max_tokens": 2}\n')
     out = tmp_path / "two.json"
-    code, stdout, err = run_cli(["bench", "load", "--arrivals", arr, "--device", "cpu", "--out", out], capsys)
+    code, stdout, err = run_cli(["bench", "load", "--arrivals", arr, "--url", fake.url, "--no-warmup", "--out", out],
+                                capsys)
     assert code == 0, err + stdout
     m = json.loads(out.read_text())["metrics"]
-    assert m["completed"] == 2 and m["output_tokens"] == 5
+    assert m["completed"] == 2 and m["output_tokens"] == 5 and fake.completions == 2
     # Server settings with --url: refused before anything runs.
     code, _, err = run_cli(["bench", "load", "--url", "http://127.0.0.1:9", "--max-num-seqs", "4"], capsys)
     assert code == 2 and "--max-num-seqs" in err and len(err.strip().splitlines()) == 1
