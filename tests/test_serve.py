@@ -595,12 +595,8 @@ def _sleep(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def test_stopping_a_core_that_no_longer_reads_does_not_hang(tmp_path):
-    """The core may close its socket and still be alive (its last message lingering) when the frontend stops
-    it, as after a refused engine argument: a PUSH send with no reader waits forever, so the stop must not."""
-    import asyncio
-    import multiprocessing
-
+def _client_nobody_reads(tmp_path):
+    """An EngineClient whose core socket has no reader (the core closed it, or is gone)."""
     import zmq.asyncio
 
     from labkit.serve.engine_client import EngineClient
@@ -612,6 +608,16 @@ def test_stopping_a_core_that_no_longer_reads_does_not_hang(tmp_path):
     client._push.setsockopt(zmq.LINGER, 0)
     client._push.bind(f"ipc://{tmp_path}/in")  # nobody connects
     client._pack = lambda msg: json.dumps(msg).encode()
+    return client
+
+
+def test_stopping_a_core_that_no_longer_reads_does_not_hang(tmp_path):
+    """The core may close its socket and still be alive (its last message lingering) when the frontend stops
+    it, as after a refused engine argument: a PUSH send with no reader waits forever, so the stop must not."""
+    import asyncio
+    import multiprocessing
+
+    client = _client_nobody_reads(tmp_path)
     client._proc = multiprocessing.get_context("spawn").Process(target=_sleep, args=(600,))
     client._proc.start()
 
@@ -624,4 +630,23 @@ def test_stopping_a_core_that_no_longer_reads_does_not_hang(tmp_path):
     finally:
         if client._proc.is_alive():
             client._proc.kill()
+        client._close_sockets()
+
+
+def test_a_request_the_core_never_takes_is_a_503_not_a_hang(tmp_path):
+    import asyncio
+
+    from labkit.serve.protocol import APIError
+
+    client = _client_nobody_reads(tmp_path)
+
+    async def submit():
+        return await asyncio.wait_for(client.submit("r1", [1, 2, 3], {"max_tokens": 2}), 60)
+
+    try:
+        with pytest.raises(APIError) as err:
+            asyncio.run(submit())
+        assert err.value.status == 503 and "not running" in str(err.value)
+        assert client.num_live == 0 and client.num_waiting == 0  # nothing left counted against --max-queue
+    finally:
         client._close_sockets()

@@ -182,7 +182,7 @@ class EngineClient:
             self._fail(rid, APIError(503, "the server is shutting down; the request was cancelled",
                                      "service_unavailable"))
         if left and self.dead is None:
-            await self._send(["abort", left])
+            await self._send_if_read(["abort", left])
         return len(left)
 
     async def close(self, timeout_s: float = 60.0) -> None:
@@ -212,10 +212,7 @@ class EngineClient:
         if proc.is_alive():
             # A PUSH send waits for a reader: a core that has closed its socket but not yet exited (its last
             # message lingering, as after a refused engine argument) would never take it. Bounded, then signals.
-            try:
-                await asyncio.wait_for(self._send(["stop"]), min(1.0, timeout_s))
-            except Exception:  # noqa: BLE001 - the socket may be gone already, or nobody reads it
-                pass
+            await self._send_if_read(["stop"], min(1.0, timeout_s))
             deadline = time.monotonic() + timeout_s
             while proc.is_alive() and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
@@ -262,17 +259,31 @@ class EngineClient:
         stream = RequestStream(rid, len(prompt_ids))
         self._live[rid] = stream
         self._no_token_yet += 1
-        await self._send(["add", rid, prompt_ids, params])
+        try:
+            await self._send(["add", rid, prompt_ids, params])
+        except Exception as exc:  # noqa: BLE001 - nobody took it: the core went away after the check above
+            self._end(rid)
+            raise APIError(503, "the engine is not running (it did not take the request)",
+                           "service_unavailable") from exc
         return stream
 
     def abort(self, rid: str) -> None:
         """The client went away: end the stream now, drop the request in the core."""
         if rid in self._live:
             self._end(rid, reason="abort")
-            asyncio.ensure_future(self._send(["abort", [rid]]))
+            asyncio.ensure_future(self._send_if_read(["abort", [rid]]))
 
-    async def _send(self, msg) -> None:
-        await self._push.send(self._pack(msg), copy=False)
+    async def _send(self, msg, timeout_s: float = 5.0) -> None:
+        """Hand a message to the core. With SNDHWM 0 a send waits only when no core is connected to read it
+        (it exited, or closed its socket on the way out): then it gives up after timeout_s."""
+        await asyncio.wait_for(self._push.send(self._pack(msg), copy=False), timeout_s)
+
+    async def _send_if_read(self, msg, timeout_s: float = 5.0) -> None:
+        """`_send` for messages that only matter to a core that is still there (abort, stop)."""
+        try:
+            await self._send(msg, timeout_s)
+        except Exception:  # noqa: BLE001 - the socket is gone, or no core reads it any more
+            pass
 
     def _end(self, rid: str, reason: str | None = None, error: APIError | None = None) -> RequestStream | None:
         stream = self._live.pop(rid, None)
