@@ -115,6 +115,7 @@ def test_metrics_follow_vllm_definitions():
     assert s["errors"] == {"HTTP 503: overloaded": 1}
 
 
+@pytest.mark.slow
 def test_bench_load_end_to_end_against_a_started_server(tiny_model, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("MODEL_DIR", tiny_model)
     out = tmp_path / "load.json"

@@ -82,6 +82,7 @@ def _comment_patch(runner: str) -> str:
     return "diff --git a/engine/runner.py b/engine/runner.py\n" + "".join(diff)
 
 
+@pytest.mark.slow
 def test_prove_passes_a_caught_fault_and_fails_an_uncaught_one(project, tmp_path, capsys):
     code, out, err = run_cli(["patch", "prove", "--all", "--out", str(tmp_path / "p")], capsys)
     text = " ".join(out.split())

@@ -349,6 +349,7 @@ def test_metrics_families_parse_and_count(server):
 
 
 # --- overload --------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_overload_is_503_with_retry_after(tiny_model, tmp_path):
     # A budget of 4 tokens a step: a 1000-token prompt waits 250 steps for its first token, so it stays
     # queued while the next request arrives and is refused.
@@ -381,7 +382,8 @@ def _open_streams(s: Server, n: int, max_tokens: int = 900):
     return client, streams
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_during_streams_ends_each_with_an_error_and_done_then_exits_0(tiny_model, tmp_path, sig):
     s = Server(tiny_model, tmp_path, "--drain-timeout", "1")
     core = s.core_pid
@@ -400,6 +402,7 @@ def test_signal_during_streams_ends_each_with_an_error_and_done_then_exits_0(tin
     assert not list(Path(tempfile.gettempdir()).glob(f"labkit-serve-{s.proc.pid}-*"))  # its socket folder is gone
 
 
+@pytest.mark.slow
 def test_sigterm_drain_lets_short_requests_finish(tiny_model, tmp_path):
     s = Server(tiny_model, tmp_path, "--drain-timeout", "60")
     client, streams = _open_streams(s, 2, max_tokens=30)
@@ -415,6 +418,7 @@ def test_sigterm_drain_lets_short_requests_finish(tiny_model, tmp_path):
     assert s.stop() == 0, s.log()
 
 
+@pytest.mark.slow
 def test_a_dead_engine_core_fails_streams_and_the_server_exits_1(tiny_model, tmp_path):
     s = Server(tiny_model, tmp_path)
     client, streams = _open_streams(s, 1)
@@ -460,6 +464,7 @@ def test_a_dead_tp_worker_makes_the_server_log_why_and_exit_1(tiny_model, tmp_pa
 
 
 # --- the commands as processes ------------------------------------------------------------------------
+@pytest.mark.slow
 def test_serve_client_and_trace(tiny_model, tmp_path):
     trace = tmp_path / "engine.jsonl"
     s = Server(tiny_model, tmp_path, "--trace", str(trace))
@@ -488,6 +493,7 @@ def test_serve_client_and_trace(tiny_model, tmp_path):
     assert res.returncode == 2 and "cannot reach" in res.stderr
 
 
+@pytest.mark.slow
 def test_serve_refuses_remote_host_and_bad_engine_arguments(tiny_model):
     from labkit.serve.command import is_loopback
 
