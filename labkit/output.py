@@ -84,8 +84,9 @@ def _installed_version(module: str) -> str | None:
         return None
 
 
-def _dist_version(dist: str) -> str | None:
-    # Reading package metadata avoids importing transformers (seconds) just to name its version.
+def dist_version(dist: str) -> str | None:
+    """An installed distribution's version, or None. Reading package metadata avoids importing the package
+    (transformers takes seconds) just to name its version."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -120,7 +121,7 @@ def _cached_versions() -> tuple[tuple[str, Any], ...]:
         "cuda": cuda,
         "triton": _installed_version("triton"),
         "flash_attn": _installed_version("flash_attn"),
-        "transformers": _dist_version("transformers"),
+        "transformers": dist_version("transformers"),
         "labkit": __version__,
     }
     return tuple(found.items())

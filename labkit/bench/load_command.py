@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.metadata
 import json
 import math
 import time
@@ -36,7 +35,8 @@ from labkit.model import resolve_model
 from labkit.options import (BudgetOption, Device, DeviceOption, EagerOption, JsonOption, MaxModelLenOption,
                             MaxNumSeqsOption, MaxQueueOption, ModelOption, NumRequestsOption, Out, PolicyOption,
                             TpOption, WorkloadOption)
-from labkit.output import device_info, envelope, finish, print_json, resolve_device, runs_dir, write_json
+from labkit.output import (device_info, dist_version, envelope, finish, print_json, resolve_device, runs_dir,
+                           write_json)
 
 
 def load(
@@ -152,7 +152,7 @@ def load(
               "server": ({"url": urls[0]} if url is not None else {"endpoints": urls} if endpoints is not None
                          else {"started": True, **{k: v for k, v in server_args.items() if v is not None}})}
     # The client's share of the run: CPU seconds near the wall time mean the client, not the server, set the pace.
-    client_info = {"library": client_lib, "version": _version(client_lib), "cpu_s": cpu_s, "wall_s": wall_s,
+    client_info = {"library": client_lib, "version": dist_version(client_lib), "cpu_s": cpu_s, "wall_s": wall_s,
                    "busy": cpu_s / wall_s if wall_s > 0 else None, "host": device_info("cpu")}
     requests_path = json_path.with_suffix(".requests.jsonl")
     result = finish(env, status="ok" if summary["failed"] == 0 else "failed_requests", config=config,
@@ -236,13 +236,6 @@ def _fold_prompts(reqs: list, vocab_sizes: list) -> bool:
         if isinstance(a.prompt, list):
             a.prompt = next(it)
     return folded
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _id_range(w) -> tuple[int, int]:
