@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -490,24 +489,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-sweep", action="store_true", help="decode: the default launch only")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    if args.dry_run:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
-    import torch
+    from engine.kernels.interpreter import script_device
 
-    cuda = torch.cuda.is_available() and not args.dry_run
-    if not cuda and not args.dry_run:
+    device = script_device(args.dry_run)
+    if device is None:
         print("kernel_bench: no CUDA device (use --dry-run to exercise the script on the CPU)", file=sys.stderr)
         return 2
-    if args.dry_run:
-        from engine.kernels.interpreter import patch_interpreter
-
-        patch_interpreter()
+    cuda = device == "cuda"
+    import torch
     import triton
 
     from engine.device import num_sms
     from labkit.output import git_head
 
-    device = "cuda" if cuda else "cpu"
     dtype = torch.bfloat16 if cuda else torch.float32
     geo = geometry(args.dry_run)
     timer = Timer(cuda)

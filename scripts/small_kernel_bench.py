@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -163,21 +162,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", action="store_true", help="GEMM launch knobs at M = 1 and 8, best per shape")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    if args.dry_run:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
-    import torch
+    from engine.kernels.interpreter import script_device
 
-    cuda = torch.cuda.is_available() and not args.dry_run
-    if not cuda and not args.dry_run:
+    device = script_device(args.dry_run)
+    if device is None:
         print("small_kernel_bench: no CUDA device (use --dry-run to exercise the script on the CPU)", file=sys.stderr)
         return 2
-    if args.dry_run:
-        from engine.kernels.interpreter import patch_interpreter
+    cuda = device == "cuda"
+    import torch
 
-        patch_interpreter()
     from labkit.output import git_head
 
-    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    dtype = torch.bfloat16 if cuda else torch.float32
     geo = geometry(args.dry_run)
     timed = timer(torch, cuda)
     log = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": git_head(), "dry_run": args.dry_run,

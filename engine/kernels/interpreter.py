@@ -1,7 +1,22 @@
 """Running our Triton kernels on a CPU, in Triton's interpreter (tests and `kernel_bench.py --dry-run`).
 
-TRITON_INTERPRET=1 must be in the environment before triton is first imported; then call patch_interpreter()."""
+TRITON_INTERPRET=1 must be in the environment before triton is first imported; then call patch_interpreter().
+"""
 from __future__ import annotations
+
+import os
+
+
+def script_device(dry_run: bool) -> str | None:
+    """A kernel benchmark script's device: "cpu" under --dry-run (Triton's interpreter, set up before triton is
+    imported), "cuda" when a GPU is visible, None when there is neither."""
+    if dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        patch_interpreter()
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else None
 
 
 def patch_interpreter() -> None:
