@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
-#   bash scripts/gpu_session.sh [evidence|perf|all|tp|kernels|serve|serve-profile]
+#   bash scripts/gpu_session.sh [evidence|perf|floor|all|tp|kernels|serve|serve-profile]
 # Measured on one H200 (docs/perf.md): evidence ~2 minutes, perf ~7 (3.5 of them the Transformers baseline);
 # `all` is ~9.5, close to a 10-minute device call: two calls (evidence, perf) are safer.
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
@@ -11,6 +11,7 @@
 #           and batch1 (`--profile`: table + trace, into reports.tgz), then the Transformers baseline on the
 #           nano workload and the engine/baseline ratio, one at a time (each takes the GPU's memory).
 #           perf-hf: the baseline alone.
+# floor:    issue 14's bar minus perf-hf and kernels: nano (3 repeats), batch1, profiles of both.
 # tp:       issue 15 on a two-GPU kind (nvidia-h200-x2), call 1: shapes --check, the tp logits suite eager and
 #           graph, every trace case with --tp 2 in eager and graph mode, worker failures (scripts/tp_failure_check.py).
 # tp-perf:  call 2: offline nano TP=1 vs TP=2 (3 repeats each), and replicas (`bench load --endpoints`) versus
@@ -70,6 +71,15 @@ if [ "$what" = perf ] || [ "$what" = all ]; then
   step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --no-custom-kernels --out $P/bench-batch1-no-custom.json
   step 30 python3 -m labkit bench compare $P/bench-batch1-no-custom.json $P/bench-batch1.json --variable custom_kernels --out $P/compare-batch1-custom-kernels.json
   step 150 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 1 --profile --profile-steps 64 --out $P/profile-nano.json
+  step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --repeats 3 --profile --profile-steps 64 --out $P/profile-batch1.json
+fi
+if [ "$what" = floor ]; then
+  # Issue 14's bar without the Transformers baseline (perf-hf) and the kernels (kernels): nano median of 3, batch-1
+  # ms per token, and both profiles (nano's window decode-only at batch 256).
+  P=$OUT/runs/perf; mkdir -p $P
+  step 200 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 3 --out $OUT/logs/bench-nano-graph.json
+  step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --out $OUT/logs/bench-batch1.json
+  step 150 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 1 --profile --profile-skip 16 --profile-steps 32 --out $P/profile-nano-decode.json
   step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --repeats 3 --profile --profile-steps 64 --out $P/profile-batch1.json
 fi
 if [ "$what" = perf ] || [ "$what" = all ] || [ "$what" = perf-hf ]; then
