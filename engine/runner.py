@@ -59,11 +59,14 @@ def graph_input_views(buf: torch.Tensor, max_bs: int, max_blocks: int) -> dict[s
 
 def fill_graph_inputs(a, inputs: StepInputs, max_bs: int, max_blocks: int) -> int:
     """Write one decode step into `a` (a numpy view of the host mirror, laid out as graph_input_views);
-    return how many leading elements must reach the device. Padding rows up to the bucket write no KV
-    (slot -1) and attend to nothing (context 0); table entries past a row's width are never read."""
+    return how many leading elements must reach the device. Padding rows up to the bucket read token 0 at
+    position 0, write no KV (slot -1) and attend to nothing (context 0); table entries past a row's width
+    and rows past the bucket are never read."""
     bs, bucket = len(inputs.input_ids), inputs.graph_batch
     a[0:bs] = inputs.input_ids
+    a[bs:bucket] = 0  # the staging buffer is shared: padding rows must not keep another upload's bytes
     a[max_bs:max_bs + bs] = inputs.positions
+    a[max_bs + bs:max_bs + bucket] = 0  # (as ids and positions, those index the embedding and RoPE tables)
     a[2 * max_bs:2 * max_bs + bs] = inputs.slot_mapping
     a[2 * max_bs + bs:2 * max_bs + bucket] = -1
     a[3 * max_bs:3 * max_bs + bs] = inputs.context_lens

@@ -33,8 +33,8 @@ export RUNS_DIR=$OUT/runs
 M=/tmp/qwen3-fake
 what=${1:-all}
 log() { echo "$*" | tr -c 'a-zA-Z0-9\n' _ | cut -c1-90; }
-# step SECONDS CMD...: run, log to $OUT/logs, print the exit code.
-step() { local t=$1; shift; local f; f=$OUT/logs/$(log "$*").log; timeout "$t" "$@" > "$f" 2>&1; echo "rc=$? $*" | cut -c1-200; }
+# step SECONDS CMD...: run, log to $OUT/logs (the name's hash keeps commands with the same start apart), print the exit code.
+step() { local t=$1; shift; local f; f=$OUT/logs/$(log "$*")-$(echo "$*" | md5sum | cut -c1-6).log; timeout "$t" "$@" > "$f" 2>&1; echo "rc=$? $*" | cut -c1-200; }
 LC="python3 -m labkit logits-check"
 BF="--device cuda --dtype bfloat16 --model $M"
 

@@ -42,3 +42,20 @@ def test_views_see_the_step_and_padding_rows_write_nothing():
     assert copied[1] < copied[0]  # the copy shrinks with the batch
     assert v["input_ids"][:1].tolist() == [21] and v["slot_mapping"][:1].tolist() == [2057]
     assert v["context_lens"][:1].tolist() == [10] and v["block_tables"][0, 0].item() == 8
+
+
+def test_padding_rows_never_carry_another_uploads_bytes():
+    """The staging host buffer is shared with every other upload (sampler settings, prefill inputs): a
+    padding row of a bucket must read a valid token at a valid position, not what was staged before.
+    (On the H200 a batch of 254 in bucket 256 read floats as positions: an out-of-bounds RoPE gather.)"""
+    max_bs, max_blocks = 16, 3
+    staging = Staging(torch.device("cpu"))
+    staging.upload(temperatures=([0.6] * 64, torch.float32), cu_seqlens_q=(list(range(10**6, 10**6 + 64)), torch.int32))
+    dev = torch.zeros(4 * max_bs + max_bs * max_blocks, dtype=torch.int32)
+    step = _decode([5, 6, 7], [40, 41, 42], [100, 101, 102], [41, 42, 43], [[0], [1], [2]], bucket=16)
+    staging.upload_into(dev, lambda host: fill_graph_inputs(host, step, max_bs, max_blocks))
+    v = graph_input_views(dev, max_bs, max_blocks)
+    assert v["input_ids"][:16].tolist() == [5, 6, 7] + [0] * 13
+    assert v["positions"][:16].tolist() == [40, 41, 42] + [0] * 13
+    assert v["slot_mapping"][:16].tolist() == [100, 101, 102] + [-1] * 13
+    assert v["context_lens"][:16].tolist() == [41, 42, 43] + [0] * 13
