@@ -37,6 +37,10 @@ class Config:
     # matmuls of <= 16 rows and one fused q/k RMSNorm + RoPE kernel (False: cuBLAS + compiled torch ops).
     # The rest of the kernel choices follow from the device and enforce_eager (engine/kernel_choice.py).
     custom_kernels: bool = True
+    # Async scheduling: launch the likely next decode step before this step's sampled ids reach the host,
+    # and keep it only if the real schedule matches it (so every traced state stays nano's). The device
+    # then never waits for the host's postprocess and scheduling in steady decode.
+    async_scheduling: bool = True
     # KV pool budget when the pool is not sized from free GPU memory (CPU, or set explicitly).
     kvcache_memory_bytes: int = -1
     seed: int = 0

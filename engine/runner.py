@@ -22,6 +22,8 @@ from .sampler import Sampler
 from .sequence import Sequence
 from .staging import Staging
 
+# Decode contexts up to this many tokens run in the one-split graph of a small batch (capture_cudagraph).
+SHORT_CONTEXT = 512
 # A CPU KV pool takes at most this much memory unless num_kvcache_blocks / kvcache_memory_bytes say otherwise.
 DEFAULT_CPU_KV_BYTES = 512 << 20
 
@@ -42,6 +44,47 @@ class StepInputs:
     block_tables: list[list[int]] | None = None
     execution: str = "eager"
     graph_batch: int | None = None
+
+
+@dataclass
+class Launched:
+    """A step queued on the device: its inputs, and (rank 0) its sampled ids on the device and on their way
+    to the host, or the ids a choose_tokens hook picked."""
+    inputs: StepInputs
+    sampled: torch.Tensor | None = None
+    fetch: object = None                      # staging.Fetch
+    chosen: list[int] | None = None
+
+    def token_ids(self) -> list[int] | None:
+        """The step's ids on the host (waits for the device); None off rank 0."""
+        if self.chosen is not None:
+            return self.chosen
+        return None if self.fetch is None else self.fetch.tolist()
+
+
+@dataclass
+class Ahead:
+    """A planned step launched before its schedule was known (async scheduling)."""
+    plan: list                                # Scheduler.plan_next_decode's rows
+    launched: Launched
+    rng: tuple                                # the sampler's state before it: restored on discard
+
+    def matches(self, seqs: list, is_prefill: bool) -> bool:
+        """Whether the scheduled step is exactly the planned one: same sequences in the same order, each
+        with the planned length and block table (so the same positions, slots and graph bucket)."""
+        plan = self.plan
+        return (not is_prefill and len(seqs) == len(plan)
+                and all(seq is row[0] and seq.num_tokens == row[1] and seq.block_table == row[2]
+                        for seq, row in zip(seqs, plan)))
+
+
+def _patch_ids(ids: torch.Tensor, patch, dst, src) -> None:
+    """Write the previous step's sampled ids into this step's input ids, on the device."""
+    sampled, n, _, _ = patch
+    if n is not None:
+        ids[:n].copy_(sampled[:n])
+    else:
+        ids.index_copy_(0, dst, sampled.index_select(0, src).to(ids.dtype))
 
 
 def graph_input_views(buf: torch.Tensor, max_bs: int, max_blocks: int) -> dict[str, torch.Tensor]:
@@ -213,22 +256,29 @@ class ModelRunner:
         return StepInputs(input_ids, positions, slot_mapping, cu_q, cu_k, max_q, max_k, None, block_tables)
 
     def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
-        input_ids = [seq.last_token for seq in seqs]
-        positions = [len(seq) - 1 for seq in seqs]
-        context_lens = [len(seq) for seq in seqs]
+        return self.decode_inputs([seq.last_token for seq in seqs], [seq.num_tokens for seq in seqs],
+                                  [seq.block_table for seq in seqs])
+
+    def decode_inputs(self, input_ids: list[int], lengths: list[int], tables: list[list[int]]) -> StepInputs:
+        """A decode step's inputs from each row's last token, length and block table (a scheduled batch's,
+        or a planned one's under async scheduling)."""
         bs = self.block_size
-        slot_mapping = [seq.block_table[-1] * bs + seq.last_block_num_tokens - 1 for seq in seqs]
-        tables = self._block_tables(seqs)
-        inputs = StepInputs(input_ids, positions, slot_mapping, context_lens=context_lens, block_tables=tables)
-        if self.graphs and len(seqs) <= self.graph_bs[-1]:
+        slot_mapping = [table[(n - 1) // bs] * bs + (n - 1) % bs for n, table in zip(lengths, tables)]
+        inputs = StepInputs(input_ids, [n - 1 for n in lengths], slot_mapping, context_lens=list(lengths),
+                            block_tables=self._pad(tables))
+        if self.graphs and len(input_ids) <= self.graph_bs[-1]:
             inputs.execution = "graph"
-            inputs.graph_batch = next(b for b in self.graph_bs if b >= len(seqs))
+            inputs.graph_batch = next(b for b in self.graph_bs if b >= len(input_ids))
         return inputs
 
     @staticmethod
     def _block_tables(seqs: list[Sequence]) -> list[list[int]]:
-        width = max(len(seq.block_table) for seq in seqs)
-        return [seq.block_table + [-1] * (width - len(seq.block_table)) for seq in seqs]
+        return ModelRunner._pad([seq.block_table for seq in seqs])
+
+    @staticmethod
+    def _pad(tables: list[list[int]]) -> list[list[int]]:
+        width = max(len(table) for table in tables)
+        return [table + [-1] * (width - len(table)) for table in tables]
 
     # --- execution ------------------------------------------------------------------------------
     @phase("engine::prepare")
@@ -237,16 +287,29 @@ class ModelRunner:
 
     @phase("engine::forward")
     @torch.inference_mode()
-    def forward_logits(self, inputs: StepInputs, is_prefill: bool) -> torch.Tensor:
-        """Logits of each sequence's last position for this step: [num_seqs, vocab] (None off rank 0)."""
+    def forward_logits(self, inputs: StepInputs, is_prefill: bool, ids_from=None) -> torch.Tensor:
+        """Logits of each sequence's last position for this step: [num_seqs, vocab] (None off rank 0).
+        `ids_from` (sampled ids on the device, row per input) takes input ids that are not known on the host
+        yet from the step before: row i reads sampled[rows[i]] where rows[i] >= 0."""
         set_tp(self.rank, self.world_size)
+        patch = None
+        if ids_from is not None:
+            sampled, rows = ids_from
+            dst = [i for i, r in enumerate(rows) if r >= 0]
+            src = [rows[i] for i in dst]
+            identity = dst == src and len(dst) == len(rows)
+            patch = (sampled, len(dst) if identity else None, dst, src)
         if inputs.execution == "graph":
-            return self._replay(inputs)
+            return self._replay(inputs, patch)
         i32, i64 = torch.int32, torch.int64
+        index = patch is not None and patch[1] is None
         t = self.staging.upload(input_ids=(inputs.input_ids, i64), positions=(inputs.positions, i64),
                                 cu_seqlens_q=(inputs.cu_seqlens_q, i32), cu_seqlens_k=(inputs.cu_seqlens_k, i32),
                                 slot_mapping=(inputs.slot_mapping, i32), context_lens=(inputs.context_lens, i32),
-                                block_tables=(inputs.block_tables, i32))
+                                block_tables=(inputs.block_tables, i32),
+                                ids_dst=(patch[2] if index else None, i64), ids_src=(patch[3] if index else None, i64))
+        if patch is not None:
+            _patch_ids(t["input_ids"], patch, t.get("ids_dst"), t.get("ids_src"))
         set_context(Context(
             is_prefill=is_prefill,
             cu_seqlens_q=t.get("cu_seqlens_q"),
@@ -268,7 +331,8 @@ class ModelRunner:
 
     @phase("engine::sample")
     @torch.inference_mode()
-    def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+    def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        """The sampled ids, on the device (int64)."""
         temps = [s.temperature for s in seqs]
         top_k = any(s.top_k > 0 for s in seqs)
         top_p = any(s.top_p < 1.0 for s in seqs)
@@ -283,23 +347,55 @@ class ModelRunner:
             from .kernels.gumbel_sampler import gumbel_argmax
 
             self._sample_calls += 1
-            return gumbel_argmax(logits, temperatures, self.config.seed * 1_000_003 + self._sample_calls).tolist()
+            return gumbel_argmax(logits, temperatures, self.config.seed * 1_000_003 + self._sample_calls)
         greedy = sum(t <= 0 for t in temps)
         greedy_rows = "all" if greedy == len(temps) else ("none" if greedy == 0 else "some")
-        return self.sampler(logits, temperatures, dev.get("top_ks"), dev.get("top_ps"), greedy_rows).tolist()
+        return self.sampler(logits, temperatures, dev.get("top_ks"), dev.get("top_ps"), greedy_rows)
 
     def run(self, seqs: list[Sequence], is_prefill: bool, on_inputs=None,
             choose_tokens=None) -> tuple[list[int] | None, StepInputs]:
         """One step on this rank: build the inputs, run the model and, on rank 0 (where the logits are
         gathered), pick the tokens: sampled, or `choose_tokens(seqs, logits)`'s. Returns (tokens or None,
         the inputs). `on_inputs(inputs)` sees the inputs before the forward pass (the engine's tracer)."""
+        launched = self.launch(seqs, is_prefill, on_inputs, choose_tokens)
+        return launched.token_ids(), launched.inputs
+
+    def launch(self, seqs: list[Sequence], is_prefill: bool, on_inputs=None, choose_tokens=None) -> "Launched":
+        """run() without waiting: the step is queued on the device and its ids are on their way back."""
         inputs = self.prepare(seqs, is_prefill)
         if on_inputs is not None:
             on_inputs(inputs)
         logits = self.forward_logits(inputs, is_prefill)
         if self.rank != 0:
-            return None, inputs
-        return (self.sample(seqs, logits) if choose_tokens is None else list(choose_tokens(seqs, logits))), inputs
+            return Launched(inputs)
+        if choose_tokens is not None:
+            return Launched(inputs, chosen=list(choose_tokens(seqs, logits)))
+        sampled = self.sample(seqs, logits)
+        return Launched(inputs, sampled, self.staging.fetch(sampled))
+
+    def launch_ahead(self, plan: list[tuple[Sequence, int, list[int], int]], previous: "Launched") -> "Ahead":
+        """Queue the planned next decode step (Scheduler.plan_next_decode) behind `previous`, whose sampled
+        ids it reads on the device. The engine adopts it if the real schedule matches, else discards it."""
+        seqs = [row[0] for row in plan]
+        rows = [row[3] for row in plan]
+        ids = [0 if r >= 0 else seq.last_token for seq, _, _, r in plan]
+        inputs = self.decode_inputs(ids, [row[1] for row in plan], [row[2] for row in plan])
+        rng = (self._sample_calls, self.sampler.generator.get_state())
+        logits = self.forward_logits(inputs, False, ids_from=(previous.sampled, rows))
+        sampled = self.sample(seqs, logits)
+        return Ahead(plan, Launched(inputs, sampled, self.staging.fetch(sampled)), rng)
+
+    def adopt(self, ahead: "Ahead", seqs: list[Sequence]) -> "Launched":
+        """The planned step is the scheduled one: its inputs now get the ids the host has learnt since."""
+        ahead.launched.inputs.input_ids = [seq.last_token for seq in seqs]
+        return ahead.launched
+
+    def discard(self, ahead: "Ahead") -> None:
+        """The planned step was not the scheduled one: forget it, and rewind the sampler's random stream
+        so the step that runs instead draws what it would have drawn without async scheduling. (The KV it
+        wrote went to slots nobody reads: see Scheduler.plan_next_decode.)"""
+        self._sample_calls, state = ahead.rng
+        self.sampler.generator.set_state(state)
 
     # --- CUDA graphs ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -329,24 +425,38 @@ class ModelRunner:
         sms = num_sms(dev, 0)
         self.graph_splits = {bs: num_splits_for(bs, self.num_kv_heads, cfg.max_model_len, sms) for bs in self.graph_bs}
         pool = None
+        # Small buckets split each context across programs (and merge the parts in a second kernel) so that
+        # long contexts fill the GPU; while every context is short, one program per head reading it all is
+        # faster than the split and the merge launch. Those buckets get a second graph of one split.
+        self.short_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         for bs in reversed(self.graph_bs):
-            graph = torch.cuda.CUDAGraph()
-            set_context(Context(is_prefill=False, slot_mapping=gv["slot_mapping"][:bs],
-                                context_lens=gv["context_lens"][:bs], block_tables=gv["block_tables"][:bs],
-                                num_splits=self.graph_splits[bs]))
-            gv["outputs"][:bs] = self.model(gv["input_ids"][:bs], gv["positions"][:bs])  # warm-up
-            with torch.cuda.graph(graph, pool):
-                gv["outputs"][:bs] = self.model(gv["input_ids"][:bs], gv["positions"][:bs])
-            if pool is None:
-                pool = graph.pool()
-            self.graphs[bs] = graph
-            torch.cuda.synchronize()
-            reset_context()
+            for graphs, splits in ((self.graphs, self.graph_splits[bs]),
+                                   (self.short_graphs, 1 if self.graph_splits[bs] > 1 else None)):
+                if splits is None:
+                    continue
+                graph = torch.cuda.CUDAGraph()
+                set_context(Context(is_prefill=False, slot_mapping=gv["slot_mapping"][:bs],
+                                    context_lens=gv["context_lens"][:bs], block_tables=gv["block_tables"][:bs],
+                                    num_splits=splits))
+                gv["outputs"][:bs] = self.model(gv["input_ids"][:bs], gv["positions"][:bs])  # warm-up
+                with torch.cuda.graph(graph, pool):
+                    gv["outputs"][:bs] = self.model(gv["input_ids"][:bs], gv["positions"][:bs])
+                if pool is None:
+                    pool = graph.pool()
+                graphs[bs] = graph
+                torch.cuda.synchronize()
+                reset_context()
 
-    def _replay(self, inputs: StepInputs) -> torch.Tensor:
+    def _replay(self, inputs: StepInputs, patch=None) -> torch.Tensor:
         self.staging.upload_into(self._graph_inputs, lambda host: fill_graph_inputs(
             host, inputs, self.graph_max_bs, self.graph_max_blocks))
-        self.graphs[inputs.graph_batch].replay()
+        if patch is not None:
+            index = {} if patch[1] is not None else self.staging.upload(
+                ids_dst=(patch[2], torch.int64), ids_src=(patch[3], torch.int64))
+            _patch_ids(self.graph_vars["input_ids"], patch, index.get("ids_dst"), index.get("ids_src"))
+        bucket = inputs.graph_batch
+        short = bucket in self.short_graphs and max(inputs.context_lens) <= SHORT_CONTEXT
+        (self.short_graphs if short else self.graphs)[bucket].replay()
         set_context(Context(is_prefill=False))
         try:
             return self.model.compute_logits(self.graph_vars["outputs"][:len(inputs.input_ids)])
@@ -355,6 +465,7 @@ class ModelRunner:
 
     def exit(self):
         self.graphs = {}
+        self.short_graphs = {}
         self.graph_vars = None
         self._graph_inputs = None
         self.staging.release()

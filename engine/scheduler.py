@@ -98,6 +98,49 @@ class Scheduler:
             self.running.extendleft(reversed(scheduled))
         return scheduled
 
+    def plan_next_decode(self, seqs: list[Sequence]) -> list[tuple[Sequence, int, list[int], int]] | None:
+        """What the next schedule() will most likely return, worked out before this step's tokens are known
+        (async scheduling: the runner launches that step while this one runs; the engine keeps it only if
+        the real schedule() after postprocess matches it exactly). Assumes no sequence of `seqs` (this
+        step's batch) samples EOS; every other outcome of postprocess is known now.
+
+        Rows (seq, num_tokens, block_table, row in `seqs` or -1) of a decode step, or None when the next
+        step is not a plain decode of the running sequences: a chunk or a waiting request (prefill next), a
+        preemption, or a new block that still holds a prefix-cache entry. (The launched step writes one KV
+        slot per row: into a block only that sequence holds, or into the new block the plan gives it, which
+        must hold nothing anyone could read if the plan turns out wrong.)"""
+        if self.waiting:
+            return None
+        row_of = {}
+        finishing = set()
+        for i, seq in enumerate(seqs):
+            if seq.num_cached_tokens + seq.num_scheduled_tokens < seq.num_tokens:
+                return None  # a chunk: its prompt goes on next step
+            row_of[seq.seq_id] = i
+            if seq.num_completion_tokens + 1 == seq.max_tokens or seq.num_tokens + 1 >= self.max_model_len:
+                finishing.add(seq.seq_id)
+        running = [seq for seq in self.running if seq.seq_id not in finishing][:self.max_num_seqs]
+        if not running:
+            return None
+        bm = self.block_manager
+        free = bm.free_block_ids
+        rows, taken = [], 0
+        for seq in running:
+            row = row_of.get(seq.seq_id, -1)
+            num_tokens = seq.num_tokens + (row >= 0)
+            need = (num_tokens + bm.block_size - 1) // bm.block_size - len(seq.block_table)
+            table = seq.block_table
+            if need > 0:
+                if taken + need > len(free):
+                    return None  # someone would be preempted
+                new = [free[taken + k] for k in range(need)]
+                if any(bm.blocks[b].hash != -1 for b in new):
+                    return None
+                table = table + new
+                taken += need
+            rows.append((seq, num_tokens, table, row))
+        return rows
+
     def preempt(self, seq: Sequence):
         seq.status = SequenceStatus.WAITING
         self.block_manager.deallocate(seq)

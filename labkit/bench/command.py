@@ -48,7 +48,8 @@ ENGINE_FLAGS = {"--eager/--graph": "enforce_eager", "--attention": "attention_ba
                 "--block-size": "kvcache_block_size", "--max-model-len": "max_model_len",
                 "--num-blocks": "num_kvcache_blocks", "--policy": "scheduling_policy",
                 "--gpu-memory-utilization": "gpu_memory_utilization",
-                "--custom-kernels/--no-custom-kernels": "custom_kernels"}
+                "--custom-kernels/--no-custom-kernels": "custom_kernels",
+                "--async-scheduling/--no-async-scheduling": "async_scheduling"}
 
 
 class RichStepper(Stepper):
@@ -103,6 +104,9 @@ def run(
                                                   rich_help_panel=ENGINE_ON_GPU,
                                                   help="Our Triton GEMV and q/k norm+RoPE kernels (engine default: "
                                                        "on); off: cuBLAS and compiled torch ops."),
+    async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling",
+                                                    help="Launch the planned next decode step before this one's "
+                                                         "ids reach the host (engine default: on)."),
     warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Warm-up rounds (default: the workload's)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Timed repeats (default: the workload's)."),
     num_requests: NumRequestsOption = None,
@@ -145,7 +149,8 @@ def run(
     overrides = {"enforce_eager": eager, "attention_backend": _enum(attention), "tensor_parallel_size": tp,
                  "max_num_seqs": max_num_seqs, "max_num_batched_tokens": budget, "kvcache_block_size": block_size,
                  "max_model_len": max_model_len, "num_kvcache_blocks": num_blocks, "scheduling_policy": _enum(policy),
-                 "gpu_memory_utilization": gpu_memory_utilization, "custom_kernels": custom_kernels}
+                 "gpu_memory_utilization": gpu_memory_utilization, "custom_kernels": custom_kernels,
+                 "async_scheduling": async_scheduling}
     if backend_name == "hf":
         given = [flag for flag, field in ENGINE_FLAGS.items() if overrides[field] is not None]
         if given:

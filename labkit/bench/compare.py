@@ -67,6 +67,7 @@ VARIABLES: dict[str, tuple[str, ...]] = {
     "kvcache_memory_bytes": ("engine.num_kvcache_blocks", "engine.kvcache_memory_bytes"),
     "engine_seed": ("engine.seed",),
     "custom_kernels": ("engine.custom_kernels",),
+    "async_scheduling": ("engine.async_scheduling",),
     "dtype": ("dtype",),
     "device": ("device.*",),
     "model": ("model_config_sha256",),

@@ -37,7 +37,7 @@ from labkit.bench.workloads import Draw, Workload, draw_repeat, draw_warmup, fol
 RECORDED_ENGINE_FIELDS = ("enforce_eager", "attention_backend", "tensor_parallel_size", "max_num_seqs",
                           "max_num_batched_tokens", "max_model_len", "kvcache_block_size", "num_kvcache_blocks",
                           "gpu_memory_utilization", "kvcache_memory_bytes", "scheduling_policy", "seed",
-                          "custom_kernels")
+                          "custom_kernels", "async_scheduling")
 
 
 class Stepper:
@@ -259,11 +259,16 @@ def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: d
 
         def generate(d: Draw) -> tuple[float, int, dict]:
             prompts, params = requests(d)
+            before = dict(llm.async_steps)
             if w.timing == "steps":
                 wall, times = timed(lambda: run_steps(llm, prompts, params), run_device)
-                return wall, sum(t.new_tokens for t in times), step_stats(times)
-            wall, outs = timed(lambda: llm.generate(prompts, params, use_tqdm=False), run_device)
-            return wall, sum(len(o["token_ids"]) for o in outs), {}
+                out, stats = sum(t.new_tokens for t in times), step_stats(times)
+            else:
+                wall, outs = timed(lambda: llm.generate(prompts, params, use_tqdm=False), run_device)
+                out, stats = sum(len(o["token_ids"]) for o in outs), {}
+            # Async scheduling: decode steps launched ahead and kept / thrown away (a wrong plan).
+            stats["async_steps"] = {k: llm.async_steps[k] - before[k] for k in before}
+            return wall, out, stats
 
         warmup_rounds = []
         stepper.start("warm-up", w.warmup.rounds)
