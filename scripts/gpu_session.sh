@@ -11,7 +11,8 @@
 #           and batch1 (`--profile`: table + trace, into reports.tgz), then the Transformers baseline on the
 #           nano workload and the engine/baseline ratio, one at a time (each takes the GPU's memory).
 #           perf-hf: the baseline alone.
-# floor:    issue 14's bar minus perf-hf and kernels: nano (3 repeats), batch1, profiles of both.
+# floor:    issue 14's bar minus perf-hf and kernels: nano (3 repeats) and batch1, async scheduling on and off
+#           (and .old/'s engine, if present), profiles of both.
 # tp:       issue 15 on a two-GPU kind (nvidia-h200-x2), call 1: shapes --check, the tp logits suite eager and
 #           graph, every trace case with --tp 2 in eager and graph mode, worker failures (scripts/tp_failure_check.py).
 # tp-perf:  call 2: offline nano TP=1 vs TP=2 (3 repeats each), and replicas (`bench load --endpoints`) versus
@@ -74,13 +75,24 @@ if [ "$what" = perf ] || [ "$what" = all ]; then
   step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --repeats 3 --profile --profile-steps 64 --out $P/profile-batch1.json
 fi
 if [ "$what" = floor ]; then
-  # Issue 14's bar without the Transformers baseline (perf-hf) and the kernels (kernels): nano median of 3, batch-1
-  # ms per token, and both profiles (nano's window decode-only at batch 256).
+  # Issue 14's bar without the Transformers baseline (perf-hf) and the kernels (kernels): nano median of 3 and
+  # batch-1 ms per token, each with async scheduling on (the default) and off, compared as ratios; with .old/ (a
+  # `git archive` of an earlier commit) batch1 and nano on that commit's engine too; then both profiles (nano's
+  # window decode-only at batch 256).
   P=$OUT/runs/perf; mkdir -p $P
-  step 200 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 3 --out $OUT/logs/bench-nano-graph.json
-  step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --out $OUT/logs/bench-batch1.json
-  step 150 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 1 --profile --profile-skip 16 --profile-steps 32 --out $P/profile-nano-decode.json
-  step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --repeats 3 --profile --profile-steps 64 --out $P/profile-batch1.json
+  B="python3 -m labkit bench --model $M --device cuda"
+  step 200 $B --workload nano --graph --repeats 3 --out $OUT/logs/bench-nano-graph.json
+  step 200 $B --workload nano --graph --repeats 3 --no-async-scheduling --out $OUT/logs/bench-nano-graph-sync.json
+  step 30 python3 -m labkit bench compare $OUT/logs/bench-nano-graph-sync.json $OUT/logs/bench-nano-graph.json --variable async_scheduling --out $OUT/logs/compare-nano-async.json
+  step 90 $B --workload batch1 --out $OUT/logs/bench-batch1.json
+  step 90 $B --workload batch1 --no-async-scheduling --out $OUT/logs/bench-batch1-sync.json
+  step 30 python3 -m labkit bench compare $OUT/logs/bench-batch1-sync.json $OUT/logs/bench-batch1.json --variable async_scheduling --out $OUT/logs/compare-batch1-async.json
+  if [ -d .old ]; then
+    (cd .old && export PYTHONPATH=$PWD && step 90 python3 -m labkit bench --model $M --device cuda --workload batch1 --out $OUT/logs/bench-batch1-old.json)
+    (cd .old && export PYTHONPATH=$PWD && step 200 python3 -m labkit bench --model $M --device cuda --workload nano --graph --repeats 3 --out $OUT/logs/bench-nano-old.json)
+  fi
+  step 150 $B --workload nano --graph --repeats 1 --profile --profile-skip 16 --profile-steps 32 --out $P/profile-nano-decode.json
+  step 90 $B --workload batch1 --repeats 3 --profile --profile-steps 64 --out $P/profile-batch1.json
 fi
 if [ "$what" = perf ] || [ "$what" = all ] || [ "$what" = perf-hf ]; then
   step 400 python3 -m labkit bench --workload nano --backend hf --hf-batch 256 --model $M --device cuda --repeats 1 --out $OUT/bench-nano-hf.json
