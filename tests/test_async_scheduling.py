@@ -109,3 +109,35 @@ def test_every_decode_step_that_can_be_planned_is_adopted(tiny_model):
     plannable = sum(1 for prev, step in zip(steps, steps[1:]) if step[0] == "decode" and prev[7] == 0)
     assert plannable > 10
     assert counts == {"adopted": plannable, "discarded": 0}
+
+
+def test_a_planned_launch_that_raises_fails_its_step_and_the_engine_carries_on(tiny_model, monkeypatch):
+    from engine.step_result import StepFailed
+
+    llm = LLM(tiny_model, device="cpu", kvcache_block_size=4)
+    runner = llm.model_runner
+    launch_ahead = runner.launch_ahead
+    calls = {"n": 0}
+
+    def fails_third(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OverflowError("planted")
+        return launch_ahead(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "launch_ahead", fails_third)
+    ids = [llm.add_request([5 + i, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True)) for i in range(2)]
+    failed = None
+    while not llm.is_finished():
+        try:
+            llm.step()
+        except StepFailed as exc:
+            failed = exc
+    assert failed is not None and not failed.fatal and sorted(failed.seq_ids) == ids
+    assert all(llm.get_sequence(i).finish_reason == "error" for i in ids)
+    assert llm.stats()["free_blocks"] == llm.stats()["num_blocks"]
+    late = llm.add_request([9, 9, 9], SamplingParams(max_tokens=4, ignore_eos=True))
+    while not llm.is_finished():
+        llm.step()
+    assert llm.get_sequence(late).finish_reason == "length" and llm.async_steps["adopted"] >= 2
+    llm.exit()

@@ -552,16 +552,16 @@ def test_core_rejects_one_request_and_keeps_the_rest(core):
 
 def test_core_survives_a_step_that_raises(core, monkeypatch):
     runner = core.llm.model_runner
-    run = runner.run
+    launch = runner.launch  # the engine's path to the runner in one process
     calls = {"n": 0}
 
     def fails_once(*a, **k):
         calls["n"] += 1
         if calls["n"] == 1:
             raise OverflowError("planted")
-        return run(*a, **k)
+        return launch(*a, **k)
 
-    monkeypatch.setattr(runner, "run", fails_once)
+    monkeypatch.setattr(runner, "launch", fails_once)
     sp = {"temperature": 0, "max_tokens": 2, "ignore_eos": True, "top_k": -1, "top_p": 1.0}
     core.handle(["add", "x", [100, 101], sp])
     failed = core.step()
