@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
-#   bash scripts/gpu_session.sh [evidence|perf|floor|all|tp|kernels|serve|serve-profile]
+#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile]
 # Measured on one H200 (docs/perf.md): evidence ~2 minutes, perf ~7 (3.5 of them the Transformers baseline);
 # `all` is ~9.5, close to a 10-minute device call: two calls (evidence, perf) are safer.
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
@@ -11,6 +11,7 @@
 #           and batch1 (`--profile`: table + trace, into reports.tgz), then the Transformers baseline on the
 #           nano workload and the engine/baseline ratio, one at a time (each takes the GPU's memory).
 #           perf-hf: the baseline alone.
+# bar:      issue 14's bar: nano (3 repeats), batch1, kernel_bench's decode TB/s, Transformers and the ratio.
 # floor:    issue 14's bar minus perf-hf and kernels: nano (3 repeats) and batch1, async scheduling on and off
 #           (and .old/'s engine, if present), profiles of both.
 # tp:       issue 15 on a two-GPU kind (nvidia-h200-x2), call 1: shapes --check, the tp logits suite eager and
@@ -93,6 +94,15 @@ if [ "$what" = floor ]; then
   fi
   step 150 $B --workload nano --graph --repeats 1 --profile --profile-skip 16 --profile-steps 32 --out $P/profile-nano-decode.json
   step 90 $B --workload batch1 --repeats 3 --profile --profile-steps 64 --out $P/profile-batch1.json
+fi
+if [ "$what" = bar ]; then
+  # Issue 14's bar in one call (~6 minutes; run `evidence` after it in the same call for the correctness half):
+  # nano median of 3, batch-1 ms per token, decode attention TB/s (kernel_bench), Transformers on nano and the ratio.
+  step 200 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 3 --out $OUT/logs/bench-nano-graph.json
+  step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --out $OUT/logs/bench-batch1.json
+  step 200 python3 scripts/kernel_bench.py --out $OUT/logs/kernel_bench.json
+  step 400 python3 -m labkit bench --workload nano --backend hf --hf-batch 256 --model $M --device cuda --repeats 1 --out $OUT/logs/bench-nano-hf.json
+  step 30 python3 -m labkit bench compare $OUT/logs/bench-nano-hf.json $OUT/logs/bench-nano-graph.json --variable backend --out $OUT/logs/compare-backend.json
 fi
 if [ "$what" = perf ] || [ "$what" = all ] || [ "$what" = perf-hf ]; then
   step 400 python3 -m labkit bench --workload nano --backend hf --hf-batch 256 --model $M --device cuda --repeats 1 --out $OUT/bench-nano-hf.json
