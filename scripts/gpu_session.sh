@@ -102,7 +102,7 @@ if [ "$what" = bar ]; then
   step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --out $OUT/logs/bench-batch1.json
   step 200 python3 scripts/kernel_bench.py --out $OUT/logs/kernel_bench.json
   step 400 python3 -m labkit bench --workload nano --backend hf --hf-batch 256 --model $M --device cuda --repeats 1 --out $OUT/logs/bench-nano-hf.json
-  step 30 python3 -m labkit bench compare $OUT/logs/bench-nano-hf.json $OUT/logs/bench-nano-graph.json --variable backend --out $OUT/logs/compare-backend.json
+  step 30 python3 -m labkit bench compare $OUT/logs/bench-nano-hf.json $OUT/logs/bench-nano-graph.json --variable backend --allow-single --out $OUT/logs/compare-backend.json
 fi
 if [ "$what" = perf ] || [ "$what" = all ] || [ "$what" = perf-hf ]; then
   step 400 python3 -m labkit bench --workload nano --backend hf --hf-batch 256 --model $M --device cuda --repeats 1 --out $OUT/bench-nano-hf.json
