@@ -17,7 +17,9 @@ import torch
 
 from .profiling import phase
 
-_ALIGN = 8  # bytes: every part starts where a view of any dtype may start
+# Bytes: every part starts where a view of any dtype may start, and 16-byte aligned because Triton compiles a
+# separate variant of a kernel for pointers that are not: parts at 8 mod 16 built new kernels on first use.
+_ALIGN = 16
 _NUMPY = {torch.int32: np.int32, torch.int64: np.int64, torch.float32: np.float32}
 
 

@@ -14,7 +14,8 @@ import triton.language as tl
 from ..device import num_sms
 
 
-@triton.jit
+# The seed changes every call: specialised (== 1, % 16 == 0) it would build extra variants on first use.
+@triton.jit(do_not_specialize=["seed"])
 def _gumbel_chunk_kernel(logits_ptr, stride_row, temps_ptr, best_ptr, idx_ptr, seed, vocab, chunk, num_chunks,
                          BLOCK: tl.constexpr):
     row = tl.program_id(0)

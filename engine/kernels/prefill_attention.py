@@ -15,7 +15,9 @@ import triton.language as tl
 from . import dot_precision
 
 
-@triton.jit
+# The block tables' width changes with the batch; specialised (== 1 when every prompt fits one block) it built
+# a second variant on a bench's first timed repeat (scripts/first_use_compiles.py).
+@triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_q_ptr, cu_k_ptr, out_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bt,
