@@ -63,6 +63,10 @@ MaxModelLenOption = Annotated[Optional[int], typer.Option(
     help="max_model_len: prompt and output tokens of one sequence.")]
 BlockSizeOption = Annotated[Optional[int], typer.Option(
     "--block-size", min=1, metavar="N", rich_help_panel=ENGINE, help="kvcache_block_size: tokens per KV block.")]
+AsyncSchedulingOption = Annotated[Optional[bool], typer.Option(
+    "--async-scheduling/--no-async-scheduling", rich_help_panel=ENGINE,
+    help="async_scheduling: launch the planned next decode step before this one's ids reach the host, kept only "
+         "if the real schedule matches (engine default: on; states are the same either way).")]
 NumBlocksOption = Annotated[Optional[int], typer.Option(
     "--num-blocks", min=1, metavar="N", rich_help_panel=ENGINE,
     help="num_kvcache_blocks (default: sized from free memory).")]

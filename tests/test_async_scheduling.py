@@ -141,3 +141,40 @@ def test_a_planned_launch_that_raises_fails_its_step_and_the_engine_carries_on(t
         llm.step()
     assert llm.get_sequence(late).finish_reason == "length" and llm.async_steps["adopted"] >= 2
     llm.exit()
+
+
+@pytest.mark.parametrize("case", ["preempt", "chunk", "prefix-reuse", "balanced", "decode-order"])
+def test_trace_logs_are_event_for_event_the_same(tiny_model, tmp_path, case):
+    """With tracing on, async scheduling on and off write the same event log: every scheduled, gpu_inputs,
+    sampled and after_postprocess event (timestamps and the run's own settings aside)."""
+    from labkit.trace.cases import load_case
+    from labkit.trace.events import read_jsonl
+    from labkit.trace.run import run_case
+
+    logs = {}
+    for on in (True, False):
+        path = tmp_path / f"{on}.jsonl"
+        run_case(load_case(case), tiny_model, path, overrides={"async_scheduling": on}, device="cpu")
+        events = []
+        for e in read_jsonl(path):
+            e = {k: v for k, v in e.items() if k not in ("t_ns", "run", "wall_s")}
+            if e["event"] == "run_start":
+                e["config"] = {k: v for k, v in e["config"].items() if k not in ("async_scheduling", "shm_name")}
+            events.append(e)
+        logs[on] = events
+    assert len(logs[True]) > 10 and any(e["event"] == "gpu_inputs" for e in logs[True])
+    assert logs[True] == logs[False]
+
+
+def test_trace_without_async_scheduling_is_judged_strictly(tiny_model, tmp_path, capsys):
+    """--no-async-scheduling is a state-neutral override: the case's states gate (PASS), not a CHANGED diff."""
+    import json
+
+    from .helpers import run_cli
+
+    code, out, err = run_cli(["trace", "--case", "preempt", "--model", tiny_model, "--device", "cpu", "-q",
+                              "--no-async-scheduling", "--out", str(tmp_path / "t")], capsys)
+    check = json.loads((tmp_path / "t" / "check.json").read_text())
+    assert code == 0 and check["verdict"] == "PASS", (out, err)
+    assert check["engine"]["async_scheduling"] is False
+    assert check["report"]["expect_changes"] is False  # judged against the case, not as an intended change

@@ -31,7 +31,7 @@ from labkit.bench.offline import Stepper
 from labkit.bench.profile import DEFAULT_SKIP, DEFAULT_STEPS, check_request, finish_profile, summary_lines
 from labkit.bench.workloads import Workload, draw, list_workloads, load_workload
 from labkit.errors import LabkitError
-from labkit.options import (AttentionOption, Backend, BackendOption, BlockSizeOption, BudgetOption, Device,
+from labkit.options import (AsyncSchedulingOption, AttentionOption, Backend, BackendOption, BlockSizeOption, BudgetOption, Device,
                             DeviceOption, DTypeOption, EagerOption, JsonOption, MaxModelLenOption, MaxNumSeqsOption,
                             ModelOption, NumBlocksOption, NumRequestsOption, Out, PolicyOption, TpOption,
                             WorkloadOption)
@@ -104,9 +104,7 @@ def run(
                                                   rich_help_panel=ENGINE_ON_GPU,
                                                   help="Our Triton GEMV and q/k norm+RoPE kernels (engine default: "
                                                        "on); off: cuBLAS and compiled torch ops."),
-    async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling",
-                                                    help="Launch the planned next decode step before this one's "
-                                                         "ids reach the host (engine default: on)."),
+    async_scheduling: AsyncSchedulingOption = None,
     warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Warm-up rounds (default: the workload's)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Timed repeats (default: the workload's)."),
     num_requests: NumRequestsOption = None,

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from labkit.errors import LabkitError
-from labkit.options import (BlockSizeOption, BudgetOption, Device, DeviceOption, EagerOption, JsonOption,
+from labkit.options import (AsyncSchedulingOption, BlockSizeOption, BudgetOption, Device, DeviceOption, EagerOption, JsonOption,
                             MaxNumSeqsOption, ModelOption, NumBlocksOption, Out, PolicyOption, TpOption)
 from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, \
     write_json
@@ -75,11 +75,15 @@ def _print_report(report: Report, console: Console) -> None:
     console.print(f"[{_STYLE[report.verdict]}]{report.summary()}[/]")
 
 
+# Overrides that must not change a single state: the run is judged strictly against the case.
+_STATE_NEUTRAL = {"async_scheduling"}
+
+
 def changes_expected(overrides: dict, flag: bool | None) -> tuple[bool, str]:
     """Whether a run is meant to differ from its case, and why (shown beside the verdict)."""
     if flag is not None:
         return flag, "--expect-changes" if flag else "--no-expect-changes: the case's states gate"
-    given = [f"{_OVERRIDE_FLAGS[k]} {v}" for k, v in overrides.items() if v is not None]
+    given = [f"{_OVERRIDE_FLAGS[k]} {v}" for k, v in overrides.items() if v is not None and k not in _STATE_NEUTRAL]
     changed, how = engine_changes()
     why = []
     if given:
@@ -96,7 +100,7 @@ def changes_expected(overrides: dict, flag: bool | None) -> tuple[bool, str]:
 _OVERRIDE_FLAGS = {"max_num_batched_tokens": "--budget", "max_num_seqs": "--max-num-seqs",
                    "kvcache_block_size": "--block-size", "num_kvcache_blocks": "--num-blocks",
                    "scheduling_policy": "--policy", "enforce_eager": "--eager/--graph",
-                   "tensor_parallel_size": "--tp"}
+                   "tensor_parallel_size": "--tp", "async_scheduling": "--async-scheduling/--no-async-scheduling"}
 
 
 def _outputs(out_dir: Path, events: list[dict], report: Report, env: dict, extra: dict) -> dict:
@@ -123,6 +127,7 @@ def trace(
     policy: PolicyOption = None,
     eager: EagerOption = None,
     tp: TpOption = None,
+    async_scheduling: AsyncSchedulingOption = None,
     expect_changes: Optional[bool] = typer.Option(
         None, "--expect-changes/--no-expect-changes",
         help="Whether this run is meant to differ from the case's expected states (default: yes with an "
@@ -151,7 +156,7 @@ def trace(
     out_dir = out or runs_dir() / f"trace-{the_case.name}"
     overrides = {"max_num_batched_tokens": budget, "max_num_seqs": max_num_seqs, "kvcache_block_size": block_size,
                  "num_kvcache_blocks": num_blocks, "scheduling_policy": policy.value if policy else None,
-                 "enforce_eager": eager, "tensor_parallel_size": tp}
+                 "enforce_eager": eager, "tensor_parallel_size": tp, "async_scheduling": async_scheduling}
     env = envelope("trace", device=dev, model_dir=model_dir, evidence=evidence_for(dev))
     expected, why = changes_expected(overrides, expect_changes)
     run = run_case(the_case, model_dir, out_dir / "events.jsonl", overrides=overrides, device=dev, shapes=shapes,
