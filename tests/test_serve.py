@@ -331,7 +331,8 @@ def test_metrics_families_parse_and_count(server):
                 "labkit:prompt_tokens": "counter", "labkit:generation_tokens": "counter",
                 "labkit:engine_steps": "counter", "labkit:time_to_first_token_seconds": "histogram",
                 "labkit:inter_token_latency_seconds": "histogram", "labkit:e2e_request_latency_seconds": "histogram",
-                "labkit:request_queue_time_seconds": "histogram", "labkit:request_success": "counter"}
+                "labkit:request_queue_time_seconds": "histogram", "labkit:request_success": "counter",
+                "labkit:async_scheduled_steps": "counter"}
     for fam, kind in families.items():
         assert fam in after and after[fam].type == kind, fam
         assert all(s.labels.get("model_name") == name for s in after[fam].samples), fam
@@ -340,6 +341,14 @@ def test_metrics_families_parse_and_count(server):
         return _value(after[fam], suffix) - _value(before[fam], suffix)
 
     assert delta("labkit:prompt_tokens") == 1200 and delta("labkit:generation_tokens") == 8
+    # Each request: a prefill, then 3 decode steps, each launched ahead while the step before it ran.
+    def kept(snapshot):
+        family = snapshot.get("labkit:async_scheduled_steps")
+        try:
+            return _value(family, "_total", outcome="adopted")
+        except (KeyError, AttributeError):
+            return 0.0  # no step launched ahead yet: a labelled counter has no sample until its first inc
+    assert kept(after) - kept(before) == 6
     assert delta("labkit:prefix_cache_queries") == 1200 and delta("labkit:prefix_cache_hits") == 512
     assert delta("labkit:time_to_first_token_seconds", "_count") == 2
     assert delta("labkit:inter_token_latency_seconds", "_count") == 6
@@ -537,6 +546,20 @@ def test_core_streams_each_request_its_tokens_once_per_step(core):
         assert len(mine) == 3 and [r[2] for r in mine] == [None, None, "length"]
     assert sorted(r for m in msgs for r, _ in m[1]["queued"]) == ["a", "b"]
     assert not core.live and not core.llm._seqs  # finished requests are forgotten
+
+
+def test_core_reports_steps_launched_ahead_and_discarded(core):
+    """Async scheduling in the server: each step message says how many planned steps were kept or thrown away
+    since the last; a request arriving between steps makes the next step a prefill, so the plan is discarded."""
+    sp = {"temperature": 0, "max_tokens": 6, "ignore_eos": True, "top_k": -1, "top_p": 1.0}
+    core.handle(["add", "a", [100, 101, 102], sp])
+    msgs = core.step() + core.step() + core.step()  # prefill, then decode steps planned ahead
+    core.handle(["add", "b", [200, 201], sp])       # arrives while a decode step is planned
+    msgs += _run(core)
+    ahead = [m[1]["ahead"] for m in msgs]
+    adopted, discarded = sum(a for a, _ in ahead), sum(d for _, d in ahead)
+    assert discarded == 1 and adopted == core.llm.async_steps["adopted"] >= 5
+    assert [m[1]["phase"] for m in msgs].count("prefill") == 2
 
 
 def test_core_rejects_one_request_and_keeps_the_rest(core):

@@ -15,7 +15,8 @@ PUSH/PULL sockets on ipc:// paths in a private folder, one msgpack message at a 
                             "out": [[request_id, token_id|None, finish_reason|None], ...]  (only rows with news),
                             "queued": [[request_id, seconds waited before its first schedule], ...],
                             "stats": [waiting, running, free_blocks, total_blocks, preempted,
-                                      prefix_queries, prefix_hits]}
+                                      prefix_queries, prefix_hits],
+                            "ahead": [steps launched ahead and kept, ... thrown away] since the last step}
                        ["stats", stats]                the same stats after adds/aborts while idle
                        ["rejected", request_id, message]      add_request refused it (ValueError)
                        ["failed", [request_id, ...], message] a step raised; those requests were aborted
@@ -47,6 +48,7 @@ class EngineCore:
         self.live: dict[str, int] = {}          # request_id -> seq_id
         self.unscheduled: dict[str, float] = {}  # request_id -> monotonic time it was added
         self.stopping = False
+        self._ahead_seen = (0, 0)               # async scheduling's adopted / discarded steps already reported
 
     def info(self) -> dict:
         llm = self.llm
@@ -56,7 +58,7 @@ class EngineCore:
                 "tp": cfg.tensor_parallel_size, "model": os.path.abspath(cfg.model), "eos": cfg.eos,
                 "block_size": cfg.kvcache_block_size, "num_blocks": cfg.num_kvcache_blocks,
                 "max_num_seqs": cfg.max_num_seqs, "policy": cfg.scheduling_policy,
-                "enforce_eager": cfg.enforce_eager}
+                "enforce_eager": cfg.enforce_eager, "async_scheduling": cfg.async_scheduling}
         if dev.type == "cuda":
             import torch
 
@@ -137,8 +139,11 @@ class EngineCore:
                     queued.append([rid, t0 - t_added])
         stats = [r.num_waiting, r.num_running, r.num_free_blocks, r.num_blocks, len(r.preempted),
                  r.prefix_cache_queries, r.prefix_cache_hits]
+        counts = llm.async_steps
+        ahead = [counts["adopted"] - self._ahead_seen[0], counts["discarded"] - self._ahead_seen[1]]
+        self._ahead_seen = (counts["adopted"], counts["discarded"])
         return [["step", {"n": r.step, "phase": r.phase, "batch": r.batch_size, "tokens": r.num_computed_tokens,
-                          "wall_s": wall, "out": out, "queued": queued, "stats": stats}]]
+                          "wall_s": wall, "out": out, "queued": queued, "stats": stats, "ahead": ahead}]]
 
 
 def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, parent_pid: int,

@@ -49,11 +49,20 @@ class ServerMetrics:
                                 ["model_name", "finished_reason"], registry=r)
         self._http = Counter("labkit:http_requests", "HTTP requests by endpoint and status",
                              ["model_name", "endpoint", "status"], registry=r)
+        self._ahead = Counter("labkit:async_scheduled_steps", "Decode steps launched before the step before them "
+                              "finished (async scheduling): kept, or discarded when the schedule differed",
+                              ["model_name", "outcome"], registry=r)
         self.healthy = gauge("healthy", "1 while the engine core is alive and admitting")
         self.model_name = model_name
 
     def finished(self, reason: str) -> None:
         self._success.labels(self.model_name, reason).inc()
+
+    def async_step(self, adopted: int, discarded: int) -> None:
+        if adopted:
+            self._ahead.labels(self.model_name, "adopted").inc(adopted)
+        if discarded:
+            self._ahead.labels(self.model_name, "discarded").inc(discarded)
 
     def http(self, endpoint: str, status: int) -> None:
         self._http.labels(self.model_name, endpoint, str(status)).inc()
