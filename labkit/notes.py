@@ -13,7 +13,10 @@ lists the notes that still hold TODO. Exit 0 on success, 2 on an unknown templat
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Optional
 
@@ -69,10 +72,29 @@ def _slug(text: str) -> str:
 
 
 def machine() -> str:
-    gpu = device_info("auto")
-    if gpu["type"] == "cuda":
-        return f"{gpu['name']} x{gpu['count']}"
-    return f"CPU ({gpu['name']}, {gpu['count']} cores)"
+    """The GPUs nvidia-smi lists (asking torch would import it: seconds, for one line of a note), else the CPU."""
+    gpus = _nvidia_smi_names()
+    if gpus:
+        return f"{gpus[0]} x{len(gpus)}"
+    cpu = device_info("cpu")
+    return f"CPU ({cpu['name']}, {cpu['count']} cores)"
+
+
+def _nvidia_smi_names() -> list[str]:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    try:
+        done = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
+    if visible is not None and names:
+        keep = [int(i) for i in visible.split(",") if i.strip().isdigit() and int(i) < len(names)]
+        names = [names[i] for i in keep]
+    return names
 
 
 def render(template: str, title: str | None, today: str, machine_text: str, commit: str) -> str:

@@ -1,6 +1,7 @@
 """`labkit patch` (list / apply / revert on a copy of the project) and `labkit notes` (a note from a template)."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tarfile
@@ -117,3 +118,18 @@ def test_notes_init_writes_one_note_per_lab_and_keeps_what_a_user_wrote(project,
     assert re.search(r"\| trace-B \| MISSING \|[^\n]*\| \d+ TODO \|", md)
     with tarfile.open(tmp_path / "report" / "evidence.tar.gz") as tar:
         assert "evidence/notes/trace-chunk.md" in tar.getnames()
+
+
+def test_notes_machine_line_names_the_visible_gpus_without_torch(tmp_path, monkeypatch):
+    from labkit.notes import machine
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf 'NVIDIA H200\\nNVIDIA H100\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert machine() == "NVIDIA H200 x2"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert machine() == "NVIDIA H100 x1"
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert machine().startswith("CPU (")
