@@ -21,7 +21,7 @@
 # kernels:  scripts/kernel_bench.py (decode TB/s at 256x800 / 256x2048 / nano mix, knob sweep, prefill vs SDPA)
 #           and the kernel tests on the GPU.
 # serve:    issue 11's bar: offline nano (3 repeats), then `bench load --workload nano` at rate inf and at
-#           rate 16 (a fresh server each). serve-profile: a rate-inf load on a server with py-spy --gil
+#           rate 16 (a fresh server each), and rate 16 with --no-async-scheduling (compared). serve-profile: a rate-inf load on a server with py-spy --gil
 #           recording it and its engine core; with .old/ (a `git archive` of an earlier commit) the same load
 #           on that commit's server.
 #           Needs fastapi/uvicorn/pyzmq/py-spy wheels installed on PYTHONPATH first (docs/perf.md says how).
@@ -170,6 +170,9 @@ if [ "$what" = serve ]; then
   step 300 $LOAD --rate inf --out $OUT/load-nano-inf.json
   step 300 $LOAD --rate inf --out $OUT/load-nano-inf-2.json
   step 300 $LOAD --rate 16 --out $OUT/load-nano-r16.json
+  # What async scheduling costs or saves under arrivals (each arrival discards one planned decode step).
+  step 300 $LOAD --rate 16 --no-async-scheduling --out $OUT/load-nano-r16-sync.json
+  step 30 python3 -m labkit bench compare $OUT/load-nano-r16-sync.json $OUT/load-nano-r16.json --variable async_scheduling --out $OUT/compare-r16-async.json
   for f in $OUT/load-*.json $OUT/bench-nano.json; do cp $f $OUT/logs/; done
 fi
 if [ "$what" = serve-profile ]; then

@@ -120,9 +120,13 @@ def test_bench_load_end_to_end_against_a_started_server(tiny_model, tmp_path, ca
     monkeypatch.setenv("MODEL_DIR", tiny_model)
     out = tmp_path / "load.json"
     code, stdout, err = run_cli(["bench", "load", "--workload", "fixed", "--num-requests", "4", "--rate", "50",
-                                 "--device", "cpu", "--slo", "ttft:60000", "--out", out], capsys)
+                                 "--device", "cpu", "--slo", "ttft:60000", "--no-async-scheduling", "--out", out],
+                                capsys)
     assert code == 0, err + stdout
     r = json.loads(out.read_text())
+    # The started server got the engine flag, and the record says so (what `bench compare` keys on).
+    assert r["config"]["server"]["--async-scheduling/--no-async-scheduling"] is False
+    assert '"async_scheduling": false' in json.dumps(r), "the server's /health (recorded) names the setting"
     assert r["command"] == "bench load" and r["evidence"] == "cpu-executed" and r["device"]["server"] == "cpu"
     m = r["metrics"]
     assert (m["completed"], m["failed"]) == (4, 0)

@@ -96,6 +96,7 @@ LOAD_VARIABLES: dict[str, tuple[str, ...]] = {
     "max_num_batched_tokens": ("server.--budget",),
     "max_model_len": ("server.--max-model-len",),
     "max_queue": ("server.--max-queue",),
+    "async_scheduling": ("server.--async-scheduling/--no-async-scheduling",),
     "server": ("server.*",),
     "rate": ("source.rate",),
     "seed": ("source.seed",),

@@ -32,7 +32,7 @@ from labkit.bench import load_metrics as M
 from labkit.bench.workloads import draw_warmup, fold_to_vocab, load_workload
 from labkit.errors import LabkitError
 from labkit.model import resolve_model
-from labkit.options import (BudgetOption, Device, DeviceOption, EagerOption, JsonOption, MaxModelLenOption,
+from labkit.options import (AsyncSchedulingOption, BudgetOption, Device, DeviceOption, EagerOption, JsonOption, MaxModelLenOption,
                             MaxNumSeqsOption, MaxQueueOption, ModelOption, NumRequestsOption, Out, PolicyOption,
                             TpOption, WorkloadOption)
 from labkit.output import (device_info, dist_version, envelope, finish, print_json, resolve_device, runs_dir,
@@ -57,6 +57,7 @@ def load(
     model: ModelOption = None,
     device: DeviceOption = Device.auto,
     eager: EagerOption = None,
+    async_scheduling: AsyncSchedulingOption = None,
     tp: TpOption = None,
     max_num_seqs: MaxNumSeqsOption = None,
     budget: BudgetOption = None,
@@ -94,7 +95,7 @@ def load(
     server_args = {"--model": model, "--device": None if device == Device.auto else device.value,
                    "--eager/--graph": eager, "--tp": tp, "--max-num-seqs": max_num_seqs, "--budget": budget,
                    "--max-model-len": max_model_len, "--policy": policy.value if policy else None,
-                   "--max-queue": max_queue}
+                   "--max-queue": max_queue, "--async-scheduling/--no-async-scheduling": async_scheduling}
     if urls:
         given = [f for f, v in server_args.items() if v is not None]
         if given:
@@ -120,7 +121,7 @@ def load(
             model_dir = Path(resolve_model(model))
             server = _start_server(model_dir, device, max_queue, len(reqs), tp, max_num_seqs, budget,
                                    max_model_len, eager, policy, json_path.with_suffix(".server.log"), startup_timeout,
-                                   console)
+                                   console, async_scheduling)
             urls = [server.url]
         prov = L.server_provenance([(u, L.server_info(u)) for u in urls], allow_mixed)
         for u in prov["unverified_model"]:
@@ -192,7 +193,8 @@ def _endpoint_list(url: str | None, endpoints: str | None) -> list[str]:
 
 
 def _start_server(model_dir: Path, device: Device, max_queue, n_requests: int, tp, max_num_seqs, budget,
-                  max_model_len, eager, policy, log_path: Path, startup_timeout: float, console) -> L.SpawnedServer:
+                  max_model_len, eager, policy, log_path: Path, startup_timeout: float, console,
+                  async_scheduling: bool | None = None) -> L.SpawnedServer:
     dev = resolve_device(device)
     args = ["--model", str(model_dir), "--device", dev,
             "--max-queue", str(max_queue if max_queue is not None else max(256, n_requests))]
@@ -202,6 +204,8 @@ def _start_server(model_dir: Path, device: Device, max_queue, n_requests: int, t
             args += [flag, str(value)]
     if eager is not None:
         args.append("--eager" if eager else "--graph")
+    if async_scheduling is not None:
+        args.append("--async-scheduling" if async_scheduling else "--no-async-scheduling")
     if policy is not None:
         args += ["--policy", policy.value]
     console.print(f"starting labkit serve ({dev}) ... log: {log_path}", style="dim")

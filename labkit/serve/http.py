@@ -253,7 +253,8 @@ async def health(request: Request):
     settings: ServeSettings = request.app.state.settings
     info = engine.info
     body = {"model_name": settings.model_name, "device": info.get("device"), "device_name": info.get("device_name"),
-            "tp": info.get("tp"), "vocab_size": (engine.limits.vocab_size if engine.limits else None),
+            "tp": info.get("tp"), "async_scheduling": info.get("async_scheduling"),
+            "vocab_size": (engine.limits.vocab_size if engine.limits else None),
             "max_model_len": (engine.limits.max_model_len if engine.limits else None),
             **settings.health_extra, **engine.stats, "live": engine.num_live, "queued": engine.num_waiting,
             "healthy": engine.healthy and not engine.draining}
