@@ -35,6 +35,13 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def broadcast_from_rank0(x: torch.Tensor) -> torch.Tensor:
+    """Rank 0's `x` into every rank's `x` (same shape and dtype everywhere)."""
+    if _TP_SIZE > 1:
+        dist.broadcast(x, 0)
+    return x
+
+
 def gather_to_rank0(x: torch.Tensor, dim: int = -1) -> torch.Tensor | None:
     """Concatenate every rank's shard of `x` along `dim` on rank 0; other ranks get None."""
     if _TP_SIZE == 1:

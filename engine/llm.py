@@ -70,9 +70,9 @@ class LLMEngine:
         self._seq_ids = count()
         self._seqs: dict[int, Sequence] = {}
         self.step_count = 0
-        # Async scheduling (engine/scheduler.py plan_next_decode): one process only (tensor parallel workers
-        # run what rank 0 sends them, step by step), and not while model_shape hooks trace the forward pass.
-        self._async = config.async_scheduling and self._tp is None and not getattr(self.tracer, "shapes", False)
+        # Async scheduling (engine/scheduler.py plan_next_decode); not while model_shape hooks trace the forward
+        # pass (the planned step's hooks would fire inside the step before it).
+        self._async = config.async_scheduling and not getattr(self.tracer, "shapes", False)
         self._ahead = None
         self.async_steps = {"adopted": 0, "discarded": 0}  # planned steps kept / thrown away
         self._t_start = time.perf_counter()
@@ -216,29 +216,28 @@ class LLMEngine:
         on_inputs = None if tracer is None else functools.partial(self._trace_schedule, seqs, is_prefill)
         ahead, self._ahead = self._ahead, None
         try:
-            if self._tp is not None:
-                token_ids, inputs = self._tp.call("run", (seqs, is_prefill),
-                                                  lambda: runner.run(seqs, is_prefill, on_inputs, choose_tokens))
+            # Async scheduling: the step planned during the last one may already be on the device (on every
+            # rank: the workers ran their part of it then).
+            if ahead is not None and choose_tokens is None and ahead.matches(seqs, is_prefill):
+                launched = runner.adopt(ahead, seqs)
+                self.async_steps["adopted"] += 1
+                if on_inputs is not None:
+                    on_inputs(launched.inputs)
             else:
-                # Async scheduling: the step planned during the last one may already be on the device.
-                if ahead is not None and choose_tokens is None and ahead.matches(seqs, is_prefill):
-                    launched = runner.adopt(ahead, seqs)
-                    self.async_steps["adopted"] += 1
-                    if on_inputs is not None:
-                        on_inputs(launched.inputs)
-                else:
-                    if ahead is not None:
-                        runner.discard(ahead)
-                        self.async_steps["discarded"] += 1
-                    launched = runner.launch(seqs, is_prefill, on_inputs, choose_tokens)
-                if self._async and choose_tokens is None:
-                    # Queue the next step before waiting for this one's ids, so the device has work while
-                    # the host postprocesses and schedules.
-                    plan = sched.plan_next_decode(seqs)
-                    if plan is not None:
-                        self._ahead = runner.launch_ahead(plan, launched)
-                inputs = launched.inputs
-                token_ids = launched.token_ids()
+                if ahead is not None:
+                    runner.discard(ahead)
+                    self.async_steps["discarded"] += 1
+                launched = self._on_all_ranks("run", (seqs, is_prefill),
+                                              lambda: runner.launch(seqs, is_prefill, on_inputs, choose_tokens))
+            if self._async and choose_tokens is None:
+                # Queue the next step before waiting for this one's ids, so the device has work while the
+                # host postprocesses and schedules.
+                plan = sched.plan_next_decode(seqs)
+                if plan is not None:
+                    self._ahead = self._on_all_ranks("launch_planned", runner.planned_step(plan, launched),
+                                                     lambda: runner.launch_ahead(plan, launched))
+            inputs = launched.inputs
+            token_ids = launched.token_ids()
         except Exception as exc:
             if self._ahead is not None:
                 runner.discard(self._ahead)
@@ -273,6 +272,12 @@ class LLMEngine:
         what = "the engine cannot continue" if fatal else f"its {len(seqs)} sequence(s) were aborted"
         return StepFailed(f"step {self.step_count} failed ({type(exc).__name__}: {exc}); {what}",
                           [s.seq_id for s in seqs], [s.request_id for s in seqs], fatal)
+
+    def _on_all_ranks(self, method: str, args: tuple, local):
+        """`local()` here; with tensor parallel, `method(*args)` on every worker's runner first."""
+        if self._tp is None:
+            return local()
+        return self._tp.call(method, args, local)
 
     # --- per-rank facts (tensor parallel workers answer over the control channel) --------------------
     def peak_memory_per_rank(self) -> list[dict]:

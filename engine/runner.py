@@ -11,7 +11,7 @@ import torch
 from .config import Config
 from .context import Context, reset_context, set_context
 from .device import num_sms, resolve_device, resolve_dtype
-from .distributed import all_reduce_min, set_tp
+from .distributed import all_reduce_min, broadcast_from_rank0, set_tp
 from .kernel_choice import choose_kernels
 from .kv_layout import pool_shape
 from .layers.attention import Attention
@@ -373,17 +373,33 @@ class ModelRunner:
         sampled = self.sample(seqs, logits)
         return Launched(inputs, sampled, self.staging.fetch(sampled))
 
+    @staticmethod
+    def planned_step(plan: list[tuple[Sequence, int, list[int], int]], previous: "Launched") -> tuple:
+        """What a tensor-parallel worker needs of a planned step (launch_planned's arguments): each row's
+        known last token (0 where it comes from the previous step's samples), length, block table and row in
+        the previous step, and how many ids the previous step sampled."""
+        return ([0 if r >= 0 else seq.last_token for seq, _, _, r in plan], [row[1] for row in plan],
+                [row[2] for row in plan], [row[3] for row in plan], len(previous.inputs.input_ids))
+
     def launch_ahead(self, plan: list[tuple[Sequence, int, list[int], int]], previous: "Launched") -> "Ahead":
         """Queue the planned next decode step (Scheduler.plan_next_decode) behind `previous`, whose sampled
-        ids it reads on the device. The engine adopts it if the real schedule matches, else discards it."""
-        seqs = [row[0] for row in plan]
-        rows = [row[3] for row in plan]
-        ids = [0 if r >= 0 else seq.last_token for seq, _, _, r in plan]
-        inputs = self.decode_inputs(ids, [row[1] for row in plan], [row[2] for row in plan])
+        ids it reads on the device. The engine adopts it if the real schedule matches, else discards it.
+        Under tensor parallel the workers run launch_planned at the same time."""
+        ids, lengths, tables, rows, _ = self.planned_step(plan, previous)
+        inputs = self.decode_inputs(ids, lengths, tables)
         rng = (self._sample_calls, self.sampler.generator.get_state())
+        set_tp(self.rank, self.world_size)
+        broadcast_from_rank0(previous.sampled)  # the workers' input ids (a no-op in one process)
         logits = self.forward_logits(inputs, False, ids_from=(previous.sampled, rows))
-        sampled = self.sample(seqs, logits)
+        sampled = self.sample([row[0] for row in plan], logits)
         return Ahead(plan, Launched(inputs, sampled, self.staging.fetch(sampled)), rng)
+
+    def launch_planned(self, ids: list[int], lengths: list[int], tables: list[list[int]], rows: list[int],
+                       num_previous: int) -> None:
+        """A worker's part of rank 0's launch_ahead: the previous step's sampled ids come from rank 0."""
+        set_tp(self.rank, self.world_size)
+        sampled = broadcast_from_rank0(torch.empty(num_previous, dtype=torch.int64, device=self.device))
+        self.forward_logits(self.decode_inputs(ids, lengths, tables), False, ids_from=(sampled, rows))
 
     def adopt(self, ahead: "Ahead", seqs: list[Sequence]) -> "Launched":
         """The planned step is the scheduled one: its inputs now get the ids the host has learnt since."""

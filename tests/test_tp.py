@@ -214,14 +214,18 @@ def test_a_worker_dying_inside_a_collective_is_named_too(tiny_model, monkeypatch
     try:
         llm.add_request([5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
         llm.step()
-        run = runner.run
 
-        def dies_first(*args):
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.join(5)
-            return run(*args)
+        def dies_first(method):
+            def call(*args):
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.join(5)
+                return method(*args)
+            return call
 
-        monkeypatch.setattr(runner, "run", dies_first)
+        # Rank 0's part of the next call: a step (launch) or, with async scheduling, the step after it
+        # (launch_ahead); either way the worker is gone by the time rank 0 enters the collective.
+        monkeypatch.setattr(runner, "launch", dies_first(runner.launch))
+        monkeypatch.setattr(runner, "launch_ahead", dies_first(runner.launch_ahead))
         with pytest.raises(RuntimeError, match=r"tensor parallel worker rank 1 died \(exit code -9\)"):
             llm.step()
         assert not _shm_exists(name)
@@ -240,7 +244,8 @@ def test_a_hung_worker_turns_into_an_error_after_dist_timeout_s(tiny_model):
         t0 = time.monotonic()
         # Depending on whether the stop lands before or after the worker acknowledged the last call, rank 0
         # notices it in the collective or while waiting for that acknowledgement: both name the timeout.
-        with pytest.raises(RuntimeError, match=r"(the 'run' call failed on rank 0|did not finish the previous "
+        # (With async scheduling the call in flight is the planned step's, launch_planned, or the next run.)
+        with pytest.raises(RuntimeError, match=r"(the '\w+' call failed on rank 0|did not finish the previous "
                                                r"call within 3 s \(dist_timeout_s\)).*workers were stopped"):
             llm.step()
         assert time.monotonic() - t0 < 3 + 30  # dist_timeout_s took effect (the default is 60 s)
@@ -501,3 +506,40 @@ def test_shapes_check_catches_a_mismatch():
             "params": {k: v["rank"] for k, v in expected["params"].items()}}
     bad = [c for c in compare(expected, [rank, {**rank, "rank": 1}], 4, 16) if not c["passed"]]
     assert [(c["rank"], c["what"]) for c in bad] == [(0, "kv heads"), (1, "kv heads")]
+
+
+@pytest.mark.slow
+def test_async_scheduling_with_two_ranks_changes_no_step(tiny_model):
+    """Planned steps run on both ranks (rank 0 broadcasts the ids they read); kept or thrown away, every step and
+    every token is what the same engine computes without async scheduling."""
+    import random
+
+    rng = random.Random(7)
+    requests = [([rng.randrange(1, 250) for _ in range(rng.randrange(2, 40))],
+                 SamplingParams(max_tokens=rng.randrange(2, 12), temperature=1.0)) for _ in range(6)]
+
+    def run(async_scheduling, eos):
+        llm = LLM(tiny_model, tensor_parallel_size=2, async_scheduling=async_scheduling, **SMALL)
+        try:
+            if eos is not None:
+                llm.scheduler.eos = eos  # a token sampled often: some plans go wrong
+            ids = [llm.add_request(p, sp) for p, sp in requests]
+            steps = []
+            while not llm.is_finished():
+                r = llm.step()
+                steps.append((r.phase, r.seq_ids, r.token_ids, r.finish_reasons, r.inputs.positions,
+                              r.inputs.slot_mapping))
+            return steps, [llm.get_sequence(i).completion_token_ids for i in ids], dict(llm.async_steps)
+        finally:
+            llm.exit()
+
+    sync = run(False, None)
+    counts: dict[int, int] = {}
+    for out in sync[1]:
+        for t in out:
+            counts[t] = counts.get(t, 0) + 1
+    eos = max(counts, key=counts.get)
+    sync = run(False, eos)
+    overlapped = run(True, eos)
+    assert overlapped[:2] == sync[:2]
+    assert overlapped[2]["adopted"] > 3 and overlapped[2]["discarded"] > 0, overlapped[2]
