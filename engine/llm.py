@@ -234,8 +234,9 @@ class LLMEngine:
                 # host postprocesses and schedules.
                 plan = sched.plan_next_decode(seqs)
                 if plan is not None:
-                    self._ahead = self._on_all_ranks("launch_planned", runner.planned_step(plan, launched),
-                                                     lambda: runner.launch_ahead(plan, launched))
+                    planned = runner.planned_step(plan, launched)
+                    self._ahead = self._on_all_ranks("launch_planned", planned,
+                                                     lambda: runner.launch_ahead(plan, planned, launched))
             inputs = launched.inputs
             token_ids = launched.token_ids()
         except Exception as exc:

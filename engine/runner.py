@@ -295,10 +295,11 @@ class ModelRunner:
         patch = None
         if ids_from is not None:
             sampled, rows = ids_from
-            dst = [i for i, r in enumerate(rows) if r >= 0]
-            src = [rows[i] for i in dst]
-            identity = dst == src and len(dst) == len(rows)
-            patch = (sampled, len(dst) if identity else None, dst, src)
+            if rows == list(range(len(rows))):  # steady decode: row i reads sampled[i]
+                patch = (sampled, len(rows), None, None)
+            else:
+                dst = [i for i, r in enumerate(rows) if r >= 0]
+                patch = (sampled, None, dst, [rows[i] for i in dst])
         if inputs.execution == "graph":
             return self._replay(inputs, patch)
         i32, i64 = torch.int32, torch.int64
@@ -381,11 +382,12 @@ class ModelRunner:
         return ([0 if r >= 0 else seq.last_token for seq, _, _, r in plan], [row[1] for row in plan],
                 [row[2] for row in plan], [row[3] for row in plan], len(previous.inputs.input_ids))
 
-    def launch_ahead(self, plan: list[tuple[Sequence, int, list[int], int]], previous: "Launched") -> "Ahead":
-        """Queue the planned next decode step (Scheduler.plan_next_decode) behind `previous`, whose sampled
-        ids it reads on the device. The engine adopts it if the real schedule matches, else discards it.
-        Under tensor parallel the workers run launch_planned at the same time."""
-        ids, lengths, tables, rows, _ = self.planned_step(plan, previous)
+    def launch_ahead(self, plan: list[tuple[Sequence, int, list[int], int]], planned: tuple,
+                     previous: "Launched") -> "Ahead":
+        """Queue the planned next decode step (Scheduler.plan_next_decode; `planned` is planned_step's view
+        of it) behind `previous`, whose sampled ids it reads on the device. The engine adopts it if the real
+        schedule matches, else discards it. Under tensor parallel the workers run launch_planned meanwhile."""
+        ids, lengths, tables, rows, _ = planned
         inputs = self.decode_inputs(ids, lengths, tables)
         rng = (self._sample_calls, self.sampler.generator.get_state())
         set_tp(self.rank, self.world_size)
