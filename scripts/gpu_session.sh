@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
-#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile]
+#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state]
 # Measured on one H200 (docs/perf.md): evidence ~2 minutes, perf ~7 (3.5 of them the Transformers baseline);
 # `all` is ~9.5, close to a 10-minute device call: two calls (evidence, perf) are safer.
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
@@ -201,6 +201,29 @@ if [ "$what" = serve-profile ]; then
     kill -INT $opid; wait $opid
   fi
   for f in $OUT/load-*.json $OUT/bench-nano.json; do cp $f $OUT/logs/; done
+fi
+if [ "$what" = slow-state ]; then
+  # Issue 20: catch a rate-16 round in the slow state (one round in three fell into it at c9f8878) with a per-step
+  # log of the engine core (LABKIT_STEP_LOG) and py-spy on the server and its core, then say where the time went.
+  # One server, rounds back to back with their own prompts (workload seed r) and arrivals (--seed r): random
+  # prompts of another seed share no full block, so no round hits an earlier round's prefix cache.
+  port=8401
+  LABKIT_STEP_LOG=$OUT/logs/steps.jsonl python3 -m labkit serve --model $M --device cuda --port $port \
+    --log-level warning > $OUT/logs/serve.log 2>&1 &
+  spid=$!
+  for _ in $(seq 300); do curl -sf localhost:$port/health > /dev/null && break; sleep 1; done
+  for r in ${SLOW_ROUNDS:-1 2 3 4}; do
+    sed "s/^seed: 0/seed: $r/" workloads/bench/nano.yaml > /tmp/nano-seed$r.yaml
+    echo "round $r $(python3 -c 'import time; print(time.monotonic())')" >> $OUT/logs/rounds.txt
+    PATH=$PATH:/tmp/site/bin timeout 80 py-spy record --idle --subprocesses --rate 100 --format raw --pid $spid \
+      -o $OUT/logs/pyspy-r$r.txt --duration 45 > $OUT/logs/pyspy-r$r.log 2>&1 &
+    pyspy=$!
+    step 150 python3 -m labkit bench load --workload /tmp/nano-seed$r.yaml --rate 16 --seed $r \
+      --url http://127.0.0.1:$port --out $OUT/logs/load-r$r.json
+    curl -s localhost:$port/health > $OUT/logs/health-r$r.json
+    wait $pyspy
+  done
+  kill -TERM $spid; wait $spid; echo "serve exit code $?" >> $OUT/logs/serve.log
 fi
 if [ -f $OUT/bench-nano-hf.json ] && [ -f $OUT/bench-nano-graph.json ]; then
   step 30 python3 -m labkit bench compare $OUT/bench-nano-hf.json $OUT/bench-nano-graph.json --variable backend --out $OUT/compare-backend.json

@@ -37,6 +37,9 @@ from engine import LLM, SamplingParams
 from engine.step_result import StepFailed
 
 IDLE_POLL_MS = 100
+# A file to append one JSON line per engine step to (the step message without its token rows, plus the
+# monotonic time): what a load did step by step, for finding where a slow run's time went.
+STEP_LOG_ENV = "LABKIT_STEP_LOG"
 
 
 class EngineCore:
@@ -205,6 +208,7 @@ def _loop(core: EngineCore, pull, send, parent_pid: int) -> int:
     import zmq
 
     unpack = msgpack.unpackb
+    step_log = _open_step_log()
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
     next_parent_check = 0.0
@@ -225,6 +229,8 @@ def _loop(core: EngineCore, pull, send, parent_pid: int) -> int:
         if core.has_work:
             for msg in core.step():
                 send(msg)
+                if step_log is not None and msg[0] == "step":
+                    _log_step(step_log, msg[1])
         elif changed:
             send(["stats", core.stats()])
         now = time.monotonic()
@@ -232,3 +238,17 @@ def _loop(core: EngineCore, pull, send, parent_pid: int) -> int:
             next_parent_check = now + 1.0
             if os.getppid() != parent_pid:
                 return 0  # the frontend is gone: nobody will ever read our output
+
+
+def _open_step_log():
+    path = os.environ.get(STEP_LOG_ENV)
+    return open(path, "a", buffering=1, encoding="utf-8") if path else None  # line-buffered: the core ends with os._exit
+
+
+def _log_step(f, step: dict) -> None:
+    import json
+
+    row = {k: v for k, v in step.items() if k != "out"}
+    row["t"] = time.monotonic()
+    row["new_tokens"] = sum(1 for o in step["out"] if o[1] is not None)
+    f.write(json.dumps(row, separators=(",", ":")) + "\n")
