@@ -2,7 +2,9 @@
 
 Rules, as nano-vLLM bb823b3 has them:
 - a block's hash covers its tokens and the previous block's hash, so equal hashes mean equal prefixes;
-- hashes are registered only once a block's KV is computed (postprocess calls `hash_blocks`);
+- hashes are registered only once a block's KV is computed, or queued on the device by a launched step, and
+  its tokens are all known (`hash_blocks`: the scheduler calls it as it schedules a step, and again when a
+  step's sampled tokens fill the placeholders of async scheduling);
 - the prefix lookup skips a sequence's last logical block, so at least one token is always computed;
 - a freed block keeps its hash and KV until it is handed out again: a later lookup may revive it;
 - handing a block out for new content drops its old hash mapping.
@@ -112,6 +114,7 @@ class BlockManager:
                 self.used_block_ids.add(block_id)
             seq.block_table.append(block_id)
         seq.num_cached_tokens = num_cached_blocks * self.block_size
+        seq.num_hashed_blocks = num_cached_blocks
         self.prefix_queries += seq.num_tokens
         self.prefix_hits += seq.num_cached_tokens
         for _ in range(seq.num_blocks - num_cached_blocks):
@@ -124,6 +127,7 @@ class BlockManager:
             if block.ref_count == 0:
                 self._deallocate_block(block_id)
         seq.num_cached_tokens = 0
+        seq.num_hashed_blocks = 0
         seq.block_table.clear()
 
     def can_append(self, seq: Sequence) -> bool:
@@ -138,10 +142,12 @@ class BlockManager:
         return max(0, seq.num_blocks - len(seq.block_table))
 
     def hash_blocks(self, seq: Sequence):
-        """Register the blocks this step filled: those ending in (cached, cached + scheduled]."""
-        start = seq.num_cached_tokens // self.block_size
-        end = (seq.num_cached_tokens + seq.num_scheduled_tokens) // self.block_size
-        if start == end:
+        """Register the full blocks whose KV is computed or queued and whose tokens are all known, from the
+        first one not registered yet (each block's hash folds in the previous block's)."""
+        bs = self.block_size
+        start = seq.num_hashed_blocks
+        end = min(seq.num_cached_tokens, seq.num_known_tokens) // bs
+        if start >= end:
             return
         h = self.blocks[seq.block_table[start - 1]].hash if start > 0 else -1
         for i in range(start, end):
@@ -150,6 +156,17 @@ class BlockManager:
             h = self.compute_hash(token_ids, h)
             block.update(h, token_ids)
             self.hash_to_block_id[h] = block.block_id
+        seq.num_hashed_blocks = end
+
+    def unhash(self, seq: Sequence, start: int):
+        """Take back the registrations of `seq`'s blocks from `start` on (their KV will never be written)."""
+        for block_id in seq.block_table[start:seq.num_hashed_blocks]:
+            block = self.blocks[block_id]
+            if self.hash_to_block_id.get(block.hash) == block_id:
+                del self.hash_to_block_id[block.hash]
+            block.hash = -1
+            block.token_ids = []
+        seq.num_hashed_blocks = min(seq.num_hashed_blocks, start)
 
     def ref_counts(self, seq: Sequence) -> list[int]:
         return [self.blocks[b].ref_count for b in seq.block_table]

@@ -7,7 +7,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEDULING_POLICIES = ("prefill_first", "balanced")
+SCHEDULING_POLICIES = ("prefill_first", "balanced", "mixed")
+# scheduling_policy="mixed"'s token budget when max_num_batched_tokens is not given. A mixed step carries every
+# running decode plus up to this many prompt tokens, so a stream's gap between tokens is one such step: on one
+# H200 a 2,048-token chunk of Qwen3-0.6B adds a few milliseconds to a decode step (docs/serving.md), where
+# nano's 16,384 would stall every stream for a whole long prefill, which mixing exists to avoid.
+MIXED_TOKEN_BUDGET = 2048
+NANO_TOKEN_BUDGET = 16384
 ATTENTION_BACKENDS = ("auto", "flash_attn", "triton", "torch")
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -20,7 +26,8 @@ TP_REPLY_SLOT_BYTES = 4096
 @dataclass
 class Config:
     model: str
-    max_num_batched_tokens: int = 16384
+    # None: nano-vLLM's 16384, or MIXED_TOKEN_BUDGET under scheduling_policy="mixed".
+    max_num_batched_tokens: int | None = None
     max_num_seqs: int = 512
     max_model_len: int = 4096
     gpu_memory_utilization: float = 0.9
@@ -37,9 +44,9 @@ class Config:
     # matmuls of <= 16 rows and one fused q/k RMSNorm + RoPE kernel (False: cuBLAS + compiled torch ops).
     # The rest of the kernel choices follow from the device and enforce_eager (engine/kernel_choice.py).
     custom_kernels: bool = True
-    # Async scheduling: launch the likely next decode step before this step's sampled ids reach the host,
-    # and keep it only if the real schedule matches it (so every traced state stays nano's). The device
-    # then never waits for the host's postprocess and scheduling in steady decode.
+    # Async scheduling: schedule and launch the next step before this step's sampled ids reach the host (its
+    # inputs read them on the device), so the device never waits for the host's commit and scheduling. Every
+    # state is a synchronous engine's, except that an EOS learnt late costs that row one wasted token.
     async_scheduling: bool = True
     # KV pool budget when the pool is not sized from free GPU memory (CPU, or set explicitly).
     kvcache_memory_bytes: int = -1
@@ -61,6 +68,9 @@ class Config:
         if not isinstance(self.model, (str, os.PathLike)) or not os.path.isdir(self.model):
             raise ValueError(f"model: {self.model!r} is not a model folder")
         self.model = os.fspath(self.model)
+        _choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = MIXED_TOKEN_BUDGET if self.scheduling_policy == "mixed" else NANO_TOKEN_BUDGET
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive_int("max_num_seqs", self.max_num_seqs)
         _positive_int("max_model_len", self.max_model_len)

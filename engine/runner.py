@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from .config import Config
-from .context import Context, reset_context, set_context
+from .batch_plan import BatchPlan
+from .context import Context, DecodeMeta, PrefillMeta, reset_context, set_context
 from .device import num_sms, resolve_device, resolve_dtype
 from .distributed import all_reduce_min, broadcast_from_rank0, set_tp
 from .kernel_choice import choose_kernels
@@ -18,8 +19,7 @@ from .layers.attention import Attention
 from .loader import load_model
 from .models.qwen3 import Qwen3ForCausalLM
 from .profiling import phase
-from .sampler import Sampler
-from .sequence import Sequence
+from .sampler import DeviceSampling
 from .staging import Staging
 
 # Decode contexts up to this many tokens run in the one-split graph of a small batch (capture_cudagraph).
@@ -30,61 +30,59 @@ DEFAULT_CPU_KV_BYTES = 512 << 20
 
 @dataclass
 class StepInputs:
-    """Host-side view of one step's model inputs (what the tracer records as gpu_inputs)."""
+    """Host-side view of one step's model inputs, built from its BatchPlan (what the tracer records as
+    gpu_inputs). Tokens are the decode rows' first, then the prefill rows'."""
     input_ids: list[int]
     positions: list[int]
     slot_mapping: list[int]
+    num_decodes: int = 0
+    # Prefill rows only (None in a decode step):
     cu_seqlens_q: list[int] | None = None
     cu_seqlens_k: list[int] | None = None
     max_seqlen_q: int | None = None
     max_seqlen_k: int | None = None
+    # Decode rows only (None in a prefill step):
     context_lens: list[int] | None = None
-    # Each sequence's blocks, rows padded with -1: in decode, in a prefill that reads a cached prefix, and in
-    # every prefill for a backend that reads all keys through the pool (KernelChoice.prefill_block_tables).
+    # Every row's blocks, padded with -1 (decode rows first): in a step with decode rows, in a prefill that
+    # reads a cached prefix, and in every prefill for a backend that reads all keys through the pool
+    # (KernelChoice.prefill_block_tables).
     block_tables: list[list[int]] | None = None
     execution: str = "eager"
     graph_batch: int | None = None
 
 
-@dataclass
 class Launched:
-    """A step queued on the device: its inputs, and (rank 0) its sampled ids on the device and on their way
-    to the host, or the ids a choose_tokens hook picked."""
-    inputs: StepInputs
-    sampled: torch.Tensor | None = None
-    fetch: object = None                      # staging.Fetch
-    chosen: list[int] | None = None
+    """A step queued on the device: its inputs and (rank 0) its sampled ids, on the device and on their way
+    to the host, or the ids a host-side sampling strategy chose."""
+
+    __slots__ = ("inputs", "sampled", "_fetch", "_chosen")
+
+    def __init__(self, inputs: StepInputs, sampled: torch.Tensor | None = None, fetch=None,
+                 chosen: list[int] | None = None):
+        self.inputs, self.sampled, self._fetch, self._chosen = inputs, sampled, fetch, chosen
 
     def token_ids(self) -> list[int] | None:
-        """The step's ids on the host (waits for the device); None off rank 0."""
-        if self.chosen is not None:
-            return self.chosen
-        return None if self.fetch is None else self.fetch.tolist()
+        """The sampling rows' ids on the host (waits for the device); None off rank 0."""
+        if self._chosen is not None:
+            return self._chosen
+        return None if self._fetch is None else self._fetch.tolist()
 
 
-@dataclass
-class Ahead:
-    """A planned step launched before its schedule was known (async scheduling)."""
-    plan: list                                # Scheduler.plan_next_decode's rows
-    launched: Launched
-    rng: tuple                                # the sampler's state before it: restored on discard
-
-    def matches(self, seqs: list, is_prefill: bool) -> bool:
-        """Whether the scheduled step is exactly the planned one: same sequences in the same order, each
-        with the planned length and block table (so the same positions, slots and graph bucket)."""
-        plan = self.plan
-        return (not is_prefill and len(seqs) == len(plan)
-                and all(seq is row[0] and seq.num_tokens == row[1] and seq.block_table == row[2]
-                        for seq, row in zip(seqs, plan)))
+def _id_patch(from_previous: list[int] | None) -> tuple[list[int], list[int]] | None:
+    """(destination rows, source rows) for copying the previous step's samples into this step's input ids;
+    None when decode row i takes sample i for every row (steady decode: one plain copy)."""
+    if from_previous is None or all(r == i for i, r in enumerate(from_previous)):
+        return None
+    dst = [i for i, r in enumerate(from_previous) if r >= 0]
+    return dst, [from_previous[i] for i in dst]
 
 
-def _patch_ids(ids: torch.Tensor, patch, dst, src) -> None:
-    """Write the previous step's sampled ids into this step's input ids, on the device."""
-    sampled, n, _, _ = patch
-    if n is not None:
-        ids[:n].copy_(sampled[:n])
+def _copy_ids(ids: torch.Tensor, previous: torch.Tensor, n: int, dst, src) -> None:
+    """The previous step's sampled ids into this step's input ids, on the device."""
+    if dst is None:
+        ids[:n].copy_(previous[:n])
     else:
-        ids.index_copy_(0, dst, sampled.index_select(0, src).to(ids.dtype))
+        ids.index_copy_(0, dst, previous.index_select(0, src).to(ids.dtype))
 
 
 def graph_input_views(buf: torch.Tensor, max_bs: int, max_blocks: int) -> dict[str, torch.Tensor]:
@@ -152,8 +150,10 @@ class ModelRunner:
         self.model.to(self.device).eval()
         self.staging = Staging(self.device)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.sampler = Sampler(config.seed, self.device)
-        self._sample_calls = 0
+        # How rank 0 picks each step's tokens (engine/sampler.py); the engine may swap in another strategy.
+        self.sampling = DeviceSampling(config.seed, self.device, self.staging, self.kernels.gumbel_sampler)
+        self._sampled: torch.Tensor | None = None  # the last step's sampled ids, on the device (rank 0)
+        self._num_sampled = 0                      # how many rows the last step sampled (every rank)
         self.num_kv_heads = self.attn_layers[0].num_kv_heads
         self.head_dim = self.attn_layers[0].head_dim
         if self.device.type == "cuda":
@@ -187,12 +187,12 @@ class ModelRunner:
         cfg = self.config
         seq_len = min(cfg.max_num_batched_tokens, cfg.max_model_len)
         num_seqs = max(1, min(cfg.max_num_batched_tokens // seq_len, cfg.max_num_seqs))
-        from .sampling_params import SamplingParams
-
-        seqs = [Sequence([0] * seq_len, SamplingParams(), -1 - i, self.block_size) for i in range(num_seqs)]
-        for seq in seqs:
-            seq.num_scheduled_tokens = seq_len
-        self.run(seqs, True)
+        # Prompts with no blocks (the pool does not exist yet): nothing is written, nothing sampled.
+        n = num_seqs
+        plan = BatchPlan([-1 - i for i in range(n)], [""] * n, 0, [0] * n, [seq_len] * n, [seq_len] * n,
+                         [0] * (n * seq_len), [[] for _ in range(n)])
+        set_tp(self.rank, self.world_size)
+        self._logits(plan, self.step_inputs(plan), None)
         self.staging.release()  # its buffers come back after the KV pool is sized, as other step tensors do
         torch.cuda.empty_cache()
 
@@ -228,192 +228,123 @@ class ModelRunner:
             layer.v_cache = self.kv_cache[1, i]
 
     # --- inputs ---------------------------------------------------------------------------------
-    def _slots(self, seq: Sequence, start: int, end: int) -> list[int]:
+    @phase("engine::prepare")
+    def step_inputs(self, plan: BatchPlan) -> StepInputs:
+        """The model inputs of a plan: every new token's id, position and KV slot, and each part's metadata."""
         bs = self.block_size
-        table = seq.block_table
-        return [table[p // bs] * bs + p % bs for p in range(start, end)]
-
-    def prepare_prefill(self, seqs: list[Sequence]) -> StepInputs:
-        input_ids, positions, slot_mapping = [], [], []
-        cu_q, cu_k = [0], [0]
-        max_q = max_k = 0
-        for seq in seqs:
-            start = min(seq.num_cached_tokens, len(seq) - 1)
-            end = start + seq.num_scheduled_tokens
-            seqlen_k = end  # keys: everything up to the last position computed this step
-            input_ids.extend(seq.token_ids[start:end])
-            positions.extend(range(start, end))
-            cu_q.append(cu_q[-1] + end - start)
-            cu_k.append(cu_k[-1] + seqlen_k)
-            max_q, max_k = max(max_q, end - start), max(max_k, seqlen_k)
-            if seq.block_table:  # warm-up sequences have none
-                slot_mapping.extend(self._slots(seq, start, end))
-        block_tables = None
-        # Some sequence attends to a cached prefix, or the backend pages every prefill (not warm-up's, which
-        # has no pool yet).
-        if cu_k[-1] > cu_q[-1] or (self.kernels.prefill_block_tables and seqs[0].block_table):
-            block_tables = self._block_tables(seqs)
-        return StepInputs(input_ids, positions, slot_mapping, cu_q, cu_k, max_q, max_k, None, block_tables)
-
-    def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
-        return self.decode_inputs([seq.last_token for seq in seqs], [seq.num_tokens for seq in seqs],
-                                  [seq.block_table for seq in seqs])
-
-    def decode_inputs(self, input_ids: list[int], lengths: list[int], tables: list[list[int]]) -> StepInputs:
-        """A decode step's inputs from each row's last token, length and block table (a scheduled batch's,
-        or a planned one's under async scheduling)."""
-        bs = self.block_size
-        slot_mapping = [table[(n - 1) // bs] * bs + (n - 1) % bs for n, table in zip(lengths, tables)]
-        inputs = StepInputs(input_ids, [n - 1 for n in lengths], slot_mapping, context_lens=list(lengths),
-                            block_tables=self._pad(tables))
-        if self.graphs and len(input_ids) <= self.graph_bs[-1]:
-            inputs.execution = "graph"
-            inputs.graph_batch = next(b for b in self.graph_bs if b >= len(input_ids))
+        nd = plan.num_decodes
+        starts, tables = plan.starts, plan.block_tables
+        positions = starts[:nd]
+        slots = [t[p // bs] * bs + p % bs for p, t in zip(positions, tables)]
+        inputs = StepInputs(plan.input_ids, positions, slots, nd)
+        if nd:
+            inputs.context_lens = [p + 1 for p in positions]
+        if nd < len(plan):
+            positions = inputs.positions = list(positions)
+            cu_q, cu_k = [0], [0]
+            for start, n, table in zip(starts[nd:], plan.num_new[nd:], tables[nd:]):
+                end = start + n
+                positions.extend(range(start, end))
+                if table:  # (warm-up's rows have no blocks, and its pool is not there yet)
+                    for b in range(start // bs, (end - 1) // bs + 1):
+                        lo, hi = max(start, b * bs), min(end, (b + 1) * bs)
+                        slots.extend(range(table[b] * bs + lo - b * bs, table[b] * bs + hi - b * bs))
+                cu_q.append(cu_q[-1] + n)
+                cu_k.append(cu_k[-1] + end)
+            inputs.cu_seqlens_q, inputs.cu_seqlens_k = cu_q, cu_k
+            inputs.max_seqlen_q = max(plan.num_new[nd:])
+            inputs.max_seqlen_k = max(cu_k[i + 1] - cu_k[i] for i in range(len(cu_k) - 1))
+            # Keys through the pool: a cached prefix (or a chunk's earlier part), a backend that always reads
+            # them there, or a mixed step (its decode rows need tables anyway).
+            paged = nd or cu_k[-1] > cu_q[-1] or self.kernels.prefill_block_tables
+            if paged and tables[nd]:
+                inputs.block_tables = self._pad(tables)
+        else:
+            inputs.block_tables = self._pad(tables)
+            if self.graphs and nd <= self.graph_bs[-1]:
+                inputs.execution = "graph"
+                inputs.graph_batch = next(b for b in self.graph_bs if b >= nd)
         return inputs
-
-    @staticmethod
-    def _block_tables(seqs: list[Sequence]) -> list[list[int]]:
-        return ModelRunner._pad([seq.block_table for seq in seqs])
 
     @staticmethod
     def _pad(tables: list[list[int]]) -> list[list[int]]:
         width = max(len(table) for table in tables)
         return [table + [-1] * (width - len(table)) for table in tables]
 
+    @staticmethod
+    def logits_rows(plan: BatchPlan) -> list[int] | None:
+        """Which token rows of the step's hidden states give logits: each sampling row's last token (None:
+        every token, a decode step in which every row samples)."""
+        samples = plan.samples
+        nd = plan.num_decodes
+        if nd == len(plan) and all(samples):
+            return None
+        rows, end = [], nd
+        for i, ok in enumerate(samples):
+            if i >= nd:
+                end += plan.num_new[i]
+            if ok:
+                rows.append(i if i < nd else end - 1)
+        return rows
+
     # --- execution ------------------------------------------------------------------------------
-    @phase("engine::prepare")
-    def prepare(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
-        return self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
+    @torch.inference_mode()
+    def execute(self, plan: BatchPlan) -> Launched:
+        """One step on this rank (every rank runs this for every plan, in the same order): build the inputs,
+        run the model and, on rank 0 (where the logits are gathered), sample the sampling rows. Returns at
+        once: the step is queued on the device and its ids are on their way to the host."""
+        set_tp(self.rank, self.world_size)
+        inputs = self.step_inputs(plan)
+        previous = None
+        if plan.from_previous is not None:
+            # Async scheduling: some input ids are the previous step's samples, still on the device. Rank 0
+            # hands them to the other ranks (a no-op in one process).
+            previous = self._sampled if self.rank == 0 else torch.empty(
+                self._num_sampled, dtype=torch.int64, device=self.device)
+            previous = broadcast_from_rank0(previous)
+        logits = self._logits(plan, inputs, previous)
+        self._num_sampled = len(plan.sample_rows)
+        if self.rank != 0:
+            return Launched(inputs)
+        picked = self.sampling(plan, logits)
+        if isinstance(picked, list):  # a host-side strategy (teacher forcing)
+            self._sampled = None
+            return Launched(inputs, chosen=picked)
+        self._sampled = picked
+        return Launched(inputs, picked, self.staging.fetch(picked))
 
     @phase("engine::forward")
-    @torch.inference_mode()
-    def forward_logits(self, inputs: StepInputs, is_prefill: bool, ids_from=None) -> torch.Tensor:
-        """Logits of each sequence's last position for this step: [num_seqs, vocab] (None off rank 0).
-        `ids_from` (sampled ids on the device, row per input) takes input ids that are not known on the host
-        yet from the step before: row i reads sampled[rows[i]] where rows[i] >= 0."""
-        set_tp(self.rank, self.world_size)
-        patch = None
-        if ids_from is not None:
-            sampled, rows = ids_from
-            if rows == list(range(len(rows))):  # steady decode: row i reads sampled[i]
-                patch = (sampled, len(rows), None, None)
-            else:
-                dst = [i for i, r in enumerate(rows) if r >= 0]
-                patch = (sampled, None, dst, [rows[i] for i in dst])
-        if inputs.execution == "graph":
-            return self._replay(inputs, patch)
-        i32, i64 = torch.int32, torch.int64
-        index = patch is not None and patch[1] is None
-        t = self.staging.upload(input_ids=(inputs.input_ids, i64), positions=(inputs.positions, i64),
-                                cu_seqlens_q=(inputs.cu_seqlens_q, i32), cu_seqlens_k=(inputs.cu_seqlens_k, i32),
-                                slot_mapping=(inputs.slot_mapping, i32), context_lens=(inputs.context_lens, i32),
-                                block_tables=(inputs.block_tables, i32),
-                                ids_dst=(patch[2] if index else None, i64), ids_src=(patch[3] if index else None, i64))
-        if patch is not None:
-            _patch_ids(t["input_ids"], patch, t.get("ids_dst"), t.get("ids_src"))
-        set_context(Context(
-            is_prefill=is_prefill,
-            cu_seqlens_q=t.get("cu_seqlens_q"),
-            cu_seqlens_k=t.get("cu_seqlens_k"),
-            max_seqlen_q=inputs.max_seqlen_q or 0,
-            max_seqlen_k=inputs.max_seqlen_k or 0,
-            slot_mapping=t["slot_mapping"],
-            context_lens=t.get("context_lens"),
-            block_tables=t.get("block_tables"),
-            cu_seqlens_q_host=inputs.cu_seqlens_q,
-            cu_seqlens_k_host=inputs.cu_seqlens_k,
-            context_lens_host=inputs.context_lens,
-        ))
+    def _logits(self, plan: BatchPlan, inputs: StepInputs, previous: torch.Tensor | None) -> torch.Tensor | None:
+        """The sampling rows' logits (None off rank 0): a graph replay or an eager pass, then the LM head."""
         try:
-            hidden = self.model(t["input_ids"], t["positions"])
+            hidden = self._replay(inputs, plan.from_previous, previous) if inputs.execution == "graph" \
+                else self._forward(plan, inputs, previous)
             return self.model.compute_logits(hidden)
         finally:
             reset_context()
 
-    @phase("engine::sample")
-    @torch.inference_mode()
-    def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
-        """The sampled ids, on the device (int64)."""
-        temps = [s.temperature for s in seqs]
-        top_k = any(s.top_k > 0 for s in seqs)
-        top_p = any(s.top_p < 1.0 for s in seqs)
-        # Copied while the forward pass may still run: the step's only wait is fetching the sampled ids.
-        dev = self.staging.upload(temperatures=(temps, torch.float32),
-                                  top_ks=([s.top_k for s in seqs] if top_k else None, torch.int64),
-                                  top_ps=([s.top_p for s in seqs] if top_p else None, torch.float32))
-        temperatures = dev["temperatures"]
-        # One-pass Triton Gumbel-max instead of the torch sampler's passes over the logits; top-k/top-p batches
-        # keep the torch sampler.
-        if self.kernels.gumbel_sampler and not (top_k or top_p):
-            from .kernels.gumbel_sampler import gumbel_argmax
-
-            self._sample_calls += 1
-            return gumbel_argmax(logits, temperatures, self.config.seed * 1_000_003 + self._sample_calls)
-        greedy = sum(t <= 0 for t in temps)
-        greedy_rows = "all" if greedy == len(temps) else ("none" if greedy == 0 else "some")
-        return self.sampler(logits, temperatures, dev.get("top_ks"), dev.get("top_ps"), greedy_rows)
-
-    def run(self, seqs: list[Sequence], is_prefill: bool, on_inputs=None,
-            choose_tokens=None) -> tuple[list[int] | None, StepInputs]:
-        """One step on this rank: build the inputs, run the model and, on rank 0 (where the logits are
-        gathered), pick the tokens: sampled, or `choose_tokens(seqs, logits)`'s. Returns (tokens or None,
-        the inputs). `on_inputs(inputs)` sees the inputs before the forward pass (the engine's tracer)."""
-        launched = self.launch(seqs, is_prefill, on_inputs, choose_tokens)
-        return launched.token_ids(), launched.inputs
-
-    def launch(self, seqs: list[Sequence], is_prefill: bool, on_inputs=None, choose_tokens=None) -> "Launched":
-        """run() without waiting: the step is queued on the device and its ids are on their way back."""
-        inputs = self.prepare(seqs, is_prefill)
-        if on_inputs is not None:
-            on_inputs(inputs)
-        logits = self.forward_logits(inputs, is_prefill)
-        if self.rank != 0:
-            return Launched(inputs)
-        if choose_tokens is not None:
-            return Launched(inputs, chosen=list(choose_tokens(seqs, logits)))
-        sampled = self.sample(seqs, logits)
-        return Launched(inputs, sampled, self.staging.fetch(sampled))
-
-    @staticmethod
-    def planned_step(plan: list[tuple[Sequence, int, list[int], int]], previous: "Launched") -> tuple:
-        """What a tensor-parallel worker needs of a planned step (launch_planned's arguments): each row's
-        known last token (0 where it comes from the previous step's samples), length, block table and row in
-        the previous step, and how many ids the previous step sampled."""
-        return ([0 if r >= 0 else seq.last_token for seq, _, _, r in plan], [row[1] for row in plan],
-                [row[2] for row in plan], [row[3] for row in plan], len(previous.inputs.input_ids))
-
-    def launch_ahead(self, plan: list[tuple[Sequence, int, list[int], int]], planned: tuple,
-                     previous: "Launched") -> "Ahead":
-        """Queue the planned next decode step (Scheduler.plan_next_decode; `planned` is planned_step's view
-        of it) behind `previous`, whose sampled ids it reads on the device. The engine adopts it if the real
-        schedule matches, else discards it. Under tensor parallel the workers run launch_planned meanwhile."""
-        ids, lengths, tables, rows, _ = planned
-        inputs = self.decode_inputs(ids, lengths, tables)
-        rng = (self._sample_calls, self.sampler.generator.get_state())
-        set_tp(self.rank, self.world_size)
-        broadcast_from_rank0(previous.sampled)  # the workers' input ids (a no-op in one process)
-        logits = self.forward_logits(inputs, False, ids_from=(previous.sampled, rows))
-        sampled = self.sample([row[0] for row in plan], logits)
-        return Ahead(plan, Launched(inputs, sampled, self.staging.fetch(sampled)), rng)
-
-    def launch_planned(self, ids: list[int], lengths: list[int], tables: list[list[int]], rows: list[int],
-                       num_previous: int) -> None:
-        """A worker's part of rank 0's launch_ahead: the previous step's sampled ids come from rank 0."""
-        set_tp(self.rank, self.world_size)
-        sampled = broadcast_from_rank0(torch.empty(num_previous, dtype=torch.int64, device=self.device))
-        self.forward_logits(self.decode_inputs(ids, lengths, tables), False, ids_from=(sampled, rows))
-
-    def adopt(self, ahead: "Ahead", seqs: list[Sequence]) -> "Launched":
-        """The planned step is the scheduled one: its inputs now get the ids the host has learnt since."""
-        ahead.launched.inputs.input_ids = [seq.last_token for seq in seqs]
-        return ahead.launched
-
-    def discard(self, ahead: "Ahead") -> None:
-        """The planned step was not the scheduled one: forget it, and rewind the sampler's random stream
-        so the step that runs instead draws what it would have drawn without async scheduling. (The KV it
-        wrote went to slots nobody reads: see Scheduler.plan_next_decode.)"""
-        self._sample_calls, state = ahead.rng
-        self.sampler.generator.set_state(state)
+    def _forward(self, plan: BatchPlan, inputs: StepInputs, previous: torch.Tensor | None) -> torch.Tensor:
+        """An eager forward pass of any plan; leaves the context set for compute_logits."""
+        i32, i64 = torch.int32, torch.int64
+        nd = inputs.num_decodes
+        rows = self.logits_rows(plan)
+        dst, src = _id_patch(plan.from_previous) or (None, None)
+        t = self.staging.upload(input_ids=(inputs.input_ids, i64), positions=(inputs.positions, i64),
+                                slot_mapping=(inputs.slot_mapping, i32), context_lens=(inputs.context_lens, i32),
+                                cu_seqlens_q=(inputs.cu_seqlens_q, i32), cu_seqlens_k=(inputs.cu_seqlens_k, i32),
+                                block_tables=(inputs.block_tables, i32), logits_rows=(rows, i64),
+                                ids_dst=(dst, i64), ids_src=(src, i64))
+        if previous is not None:
+            _copy_ids(t["input_ids"], previous, nd, t.get("ids_dst"), t.get("ids_src"))
+        tables = t.get("block_tables")
+        decode = prefill = None
+        if nd:
+            decode = DecodeMeta(nd, t["context_lens"], tables[:nd], inputs.context_lens)
+        if nd < len(plan):
+            prefill = PrefillMeta(t["cu_seqlens_q"], t["cu_seqlens_k"], inputs.max_seqlen_q, inputs.max_seqlen_k,
+                                  None if tables is None else tables[nd:], inputs.cu_seqlens_q, inputs.cu_seqlens_k)
+        set_context(Context(t["slot_mapping"], decode, prefill, t.get("logits_rows")))
+        return self.model(t["input_ids"], t["positions"])
 
     # --- CUDA graphs ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -453,9 +384,8 @@ class ModelRunner:
                 if splits is None:
                     continue
                 graph = torch.cuda.CUDAGraph()
-                set_context(Context(is_prefill=False, slot_mapping=gv["slot_mapping"][:bs],
-                                    context_lens=gv["context_lens"][:bs], block_tables=gv["block_tables"][:bs],
-                                    num_splits=splits))
+                set_context(Context(gv["slot_mapping"][:bs], DecodeMeta(
+                    bs, gv["context_lens"][:bs], gv["block_tables"][:bs], num_splits=splits)))
                 gv["outputs"][:bs] = self.model(gv["input_ids"][:bs], gv["positions"][:bs])  # warm-up
                 with torch.cuda.graph(graph, pool):
                     gv["outputs"][:bs] = self.model(gv["input_ids"][:bs], gv["positions"][:bs])
@@ -465,21 +395,20 @@ class ModelRunner:
                 torch.cuda.synchronize()
                 reset_context()
 
-    def _replay(self, inputs: StepInputs, patch=None) -> torch.Tensor:
+    def _replay(self, inputs: StepInputs, from_previous: list[int] | None,
+                previous: torch.Tensor | None) -> torch.Tensor:
         self.staging.upload_into(self._graph_inputs, lambda host: fill_graph_inputs(
             host, inputs, self.graph_max_bs, self.graph_max_blocks))
-        if patch is not None:
-            index = {} if patch[1] is not None else self.staging.upload(
-                ids_dst=(patch[2], torch.int64), ids_src=(patch[3], torch.int64))
-            _patch_ids(self.graph_vars["input_ids"], patch, index.get("ids_dst"), index.get("ids_src"))
+        if previous is not None:
+            dst, src = _id_patch(from_previous) or (None, None)
+            index = {} if dst is None else self.staging.upload(ids_dst=(dst, torch.int64), ids_src=(src, torch.int64))
+            _copy_ids(self.graph_vars["input_ids"], previous, inputs.num_decodes, index.get("ids_dst"),
+                      index.get("ids_src"))
         bucket = inputs.graph_batch
         short = bucket in self.short_graphs and max(inputs.context_lens) <= SHORT_CONTEXT
         (self.short_graphs if short else self.graphs)[bucket].replay()
-        set_context(Context(is_prefill=False))
-        try:
-            return self.model.compute_logits(self.graph_vars["outputs"][:len(inputs.input_ids)])
-        finally:
-            reset_context()
+        set_context(Context())
+        return self.graph_vars["outputs"][:inputs.num_decodes]
 
     def exit(self):
         self.graphs = {}

@@ -1,14 +1,26 @@
-"""Which sequences run in the next step, and in which phase.
+"""Which sequences compute which tokens in the next step (a BatchPlan), and what a step's tokens do to them.
 
-`prefill_first` is nano-vLLM bb823b3: any prefill work wins, and a step never mixes phases; only the
-first sequence of a prefill batch may be chunked; decode preempts from the tail of `running`.
-`balanced` alternates the phases when both can run, rotates served decode sequences to the tail of
-`running` so every sequence gets its turn, and takes the other phase when the chosen one cannot run.
+Policies:
+- `prefill_first` is nano-vLLM bb823b3: any prefill work wins, and a step never mixes phases; only the
+  first sequence of a prefill batch may be chunked; decode preempts from the tail of `running`.
+- `balanced` alternates the phases when both can run, rotates served decode sequences to the tail of
+  `running` so every sequence gets its turn, and takes the other phase when the chosen one cannot run.
+- `mixed` (vLLM v1's chunked prefill): every running decode first, then prefill chunks of the waiting
+  sequences, any of which may be chunked, in one step under one token budget; no prefill in a step that
+  had to preempt.
+
+A step has two moments. `schedule()` picks the rows and at once folds in what the step will do whatever it
+samples: the computed tokens count as cached, a sampling row gets a placeholder token, a sequence that
+reaches max_tokens or max_model_len finishes. `commit(plan, token_ids)` fills the placeholders with the
+sampled tokens and stops sequences on EOS. Without async scheduling the two follow each other. With it the
+next step is scheduled between them, while the device still runs this one (engine/llm.py): it sees every
+state a synchronous engine would, except an EOS not yet known, which costs that row one wasted token.
 """
 from __future__ import annotations
 
 from collections import deque
 
+from .batch_plan import BatchPlan
 from .block_manager import BlockManager
 from .config import Config
 from .profiling import phase
@@ -26,8 +38,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
         self.last_phase_prefill: bool | None = None
-        # Sequences preempted by the last schedule() call, for the tracer.
-        self.preempted: list[Sequence] = []
+        # Finished sequences whose blocks wait for a placeholder's value before they can be hashed and freed.
+        self._releasing: list[Sequence] = []
 
     def is_finished(self) -> bool:
         return not self.waiting and not self.running
@@ -35,61 +47,84 @@ class Scheduler:
     def add(self, seq: Sequence):
         self.waiting.append(seq)
 
+    # --- choosing a step ------------------------------------------------------------------------
     @phase("engine::schedule")
-    def schedule(self) -> tuple[list[Sequence], bool]:
-        self.preempted = []
-        if self.policy == "balanced" and self.last_phase_prefill and self.running:
-            order = (False, True)
+    def schedule(self) -> BatchPlan:
+        """The next step's plan (raises when nothing can run although sequences wait)."""
+        preempted: list[Sequence] = []
+        if self.policy == "mixed":
+            decodes = self._schedule_decode(preempted, self.max_num_batched_tokens)
+            # After a preemption nothing new is admitted (it would take the blocks the preemption just freed);
+            # a prompt mid-chunk still goes on, or it could hold its blocks while nothing runs.
+            prefills = self._schedule_prefill(self.max_num_seqs - len(decodes),
+                                              self.max_num_batched_tokens - len(decodes), any_chunk=True,
+                                              admit=not preempted)
         else:
-            order = (True, False)
-        for is_prefill in order:
-            seqs = self._schedule_prefill() if is_prefill else self._schedule_decode()
-            if seqs:
-                self.last_phase_prefill = is_prefill
-                return seqs, is_prefill
-        raise RuntimeError("scheduler: nothing can run (the KV pool cannot hold the first waiting request)")
+            decodes, prefills = [], []
+            order = (False, True) if self.policy == "balanced" and self.last_phase_prefill and self.running \
+                else (True, False)
+            for is_prefill in order:
+                if is_prefill:
+                    prefills = self._schedule_prefill(self.max_num_seqs, self.max_num_batched_tokens)
+                else:
+                    decodes = self._schedule_decode(preempted)
+                if prefills or decodes:
+                    self.last_phase_prefill = is_prefill
+                    break
+        if not decodes and not prefills:
+            raise RuntimeError("scheduler: nothing can run (the KV pool cannot hold the first waiting request)")
+        plan = self._plan(decodes, prefills, preempted)
+        self._fold(decodes + [seq for seq, _ in prefills], plan)
+        return plan
 
-    def _schedule_prefill(self) -> list[Sequence]:
-        scheduled: list[Sequence] = []
+    def _schedule_prefill(self, max_seqs: int, budget: int, any_chunk: bool = False,
+                          admit: bool = True) -> list[tuple[Sequence, int]]:
+        """(sequence, tokens) of waiting sequences, from the head of `waiting`, under `budget` tokens.
+        nano's rule: only the first of them may be chunked; with `any_chunk` the last one may be too.
+        Without `admit`, only a sequence that already holds blocks (mid-chunk) is taken."""
+        scheduled: list[tuple[Sequence, int]] = []
         num_batched_tokens = 0
-        while self.waiting and len(scheduled) < self.max_num_seqs:
+        bm = self.block_manager
+        while self.waiting and len(scheduled) < max_seqs:
             seq = self.waiting[0]
-            remaining = self.max_num_batched_tokens - num_batched_tokens
-            if remaining == 0:
-                break
+            remaining = budget - num_batched_tokens
+            if remaining <= 0 or seq.pending:
+                break  # (a sequence preempted with a token still in flight re-prefills once it is known)
             if not seq.block_table:
-                num_cached_blocks = self.block_manager.can_allocate(seq)
+                if not admit:
+                    break
+                num_cached_blocks = bm.can_allocate(seq)
                 if num_cached_blocks == -1:
                     break
-                num_tokens = seq.num_tokens - num_cached_blocks * self.block_manager.block_size
+                num_tokens = seq.num_tokens - num_cached_blocks * bm.block_size
             else:  # the rest of a chunked prompt
                 num_tokens = seq.num_tokens - seq.num_cached_tokens
-            if remaining < num_tokens and scheduled:
+            if remaining < num_tokens and scheduled and not any_chunk:
                 break  # only the first sequence of a batch may be chunked
             if not seq.block_table:
-                self.block_manager.allocate(seq, num_cached_blocks)
-            seq.num_scheduled_tokens = min(num_tokens, remaining)
-            num_batched_tokens += seq.num_scheduled_tokens
-            scheduled.append(seq)
-            if seq.num_scheduled_tokens < num_tokens:
+                bm.allocate(seq, num_cached_blocks)
+            n = min(num_tokens, remaining)
+            num_batched_tokens += n
+            scheduled.append((seq, n))
+            if n < num_tokens:
                 break  # a chunk: it stays first in `waiting` and continues next step
             seq.status = SequenceStatus.RUNNING
             self.waiting.popleft()
             self.running.append(seq)
         return scheduled
 
-    def _schedule_decode(self) -> list[Sequence]:
+    def _schedule_decode(self, preempted: list[Sequence], budget: int | None = None) -> list[Sequence]:
         scheduled: list[Sequence] = []
-        while self.running and len(scheduled) < self.max_num_seqs:
+        limit = self.max_num_seqs if budget is None else min(self.max_num_seqs, budget)
+        while self.running and len(scheduled) < limit:
             seq = self.running.popleft()
             while not self.block_manager.can_append(seq):
                 if self.running:
-                    self.preempt(self.running.pop())
+                    self.preempt(self.running.pop(), preempted)
                 else:
-                    self.preempt(seq)
+                    self.preempt(seq, preempted)
                     break
             else:
-                seq.num_scheduled_tokens = 1
                 self.block_manager.may_append(seq)
                 scheduled.append(seq)
         if self.policy == "balanced":
@@ -98,59 +133,125 @@ class Scheduler:
             self.running.extendleft(reversed(scheduled))
         return scheduled
 
-    def plan_next_decode(self, seqs: list[Sequence]) -> list[tuple[Sequence, int, list[int], int]] | None:
-        """What the next schedule() will most likely return, worked out before this step's tokens are known
-        (async scheduling: the runner launches that step while this one runs; the engine keeps it only if
-        the real schedule() after postprocess matches it exactly). Assumes no sequence of `seqs` (this
-        step's batch) samples EOS; every other outcome of postprocess is known now.
-
-        Rows (seq, num_tokens, block_table, row in `seqs` or -1) of a decode step, or None when the next
-        step is not a plain decode of the running sequences: a chunk or a waiting request (prefill next), a
-        preemption, or a new block that still holds a prefix-cache entry. (The launched step writes one KV
-        slot per row: into a block only that sequence holds, or into the new block the plan gives it, which
-        must hold nothing anyone could read if the plan turns out wrong.)"""
-        if self.waiting:
-            return None
-        row_of = {}
-        finishing = set()
-        for i, seq in enumerate(seqs):
-            if seq.num_cached_tokens + seq.num_scheduled_tokens < seq.num_tokens:
-                return None  # a chunk: its prompt goes on next step
-            row_of[seq.seq_id] = i
-            if seq.num_completion_tokens + 1 == seq.max_tokens or seq.num_tokens + 1 >= self.max_model_len:
-                finishing.add(seq.seq_id)
-        running = [seq for seq in self.running if seq.seq_id not in finishing][:self.max_num_seqs]
-        if not running:
-            return None
-        bm = self.block_manager
-        free = bm.free_block_ids
-        rows, taken = [], 0
-        for seq in running:
-            row = row_of.get(seq.seq_id, -1)
-            num_tokens = seq.num_tokens + (row >= 0)
-            need = (num_tokens + bm.block_size - 1) // bm.block_size - len(seq.block_table)
-            table = seq.block_table
-            if need > 0:
-                if taken + need > len(free):
-                    return None  # someone would be preempted
-                new = [free[taken + k] for k in range(need)]
-                if any(bm.blocks[b].hash != -1 for b in new):
-                    return None
-                table = table + new
-                taken += need
-            rows.append((seq, num_tokens, table, row))
-        return rows
-
-    def preempt(self, seq: Sequence):
+    def preempt(self, seq: Sequence, preempted: list[Sequence]):
         seq.status = SequenceStatus.WAITING
         self.block_manager.deallocate(seq)
         if self.waiting and self.waiting[0].block_table:
-            # A prompt is mid-chunk (possible only under `balanced`): it keeps its place, or the
+            # A prompt is mid-chunk (possible under `balanced` and `mixed`): it keeps its place, or the
             # preempted sequence could wait forever for the blocks that chunk holds.
             self.waiting.insert(1, seq)
         else:
             self.waiting.appendleft(seq)
-        self.preempted.append(seq)
+        preempted.append(seq)
+
+    def _plan(self, decodes: list[Sequence], prefills: list[tuple[Sequence, int]],
+              preempted: list[Sequence]) -> BatchPlan:
+        seqs = decodes + [seq for seq, _ in prefills]
+        starts = [seq.num_tokens - 1 for seq in decodes] + [seq.num_cached_tokens for seq, _ in prefills]
+        num_new = [1] * len(decodes) + [n for _, n in prefills]
+        input_ids = [seq.last_token for seq in decodes]
+        from_previous = None
+        if any(seq.pending for seq in decodes):
+            # The last token of these is sampled by the step in flight: the runner reads it on the device.
+            from_previous = [seq.sample_row if seq.pending else -1 for seq in decodes]
+            input_ids = [0 if seq.pending else t for seq, t in zip(decodes, input_ids)]
+        for (seq, n), start in zip(prefills, starts[len(decodes):]):
+            input_ids.extend(seq.token_ids[start:start + n])
+        plan = BatchPlan([s.seq_id for s in seqs], [s.request_id for s in seqs], len(decodes), starts, num_new,
+                         [s.num_tokens for s in seqs], input_ids, [list(s.block_table) for s in seqs],
+                         from_previous, [s.seq_id for s in preempted])
+        plan.sampling = [seq.sampling_params for seq, ok in zip(seqs, plan.samples) if ok]
+        plan.seqs = seqs
+        return plan
+
+    def _fold(self, seqs: list[Sequence], plan: BatchPlan) -> None:
+        """What the step does whatever it samples: its tokens count as cached, each sampling row appends a
+        placeholder, and a sequence that reaches max_tokens or max_model_len finishes now."""
+        bm = self.block_manager
+        row = 0
+        for seq, n, samples in zip(seqs, plan.num_new, plan.samples):
+            # (What a discarded row takes back: see _finish.)
+            seq.cached_before_step, seq.hashed_before_step = seq.num_cached_tokens, seq.num_hashed_blocks
+            seq.num_cached_tokens += n
+            seq.in_flight += 1
+            bm.hash_blocks(seq)
+            if not samples:
+                continue  # a chunk: its prompt goes on next step
+            seq.append_placeholder()
+            seq.sample_row = row
+            row += 1
+            if seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= self.max_model_len:
+                # (The max_model_len stop is not nano's, whose sequences would run past its RoPE table;
+                # vLLM stops at the context limit too.)
+                self._finish(seq, "length", later_rows=0)
+
+    # --- a step's tokens ------------------------------------------------------------------------
+    @phase("engine::postprocess")
+    def commit(self, plan: BatchPlan, token_ids: list[int]) -> tuple[list[int | None], list[str | None]]:
+        """Fill the plan's placeholders with its sampled tokens (`token_ids`, one per sampling row) and stop
+        sequences on EOS. Returns each row's new token (None: a chunk, or a discarded row) and the reason of
+        each sequence that finished in this step (None: it goes on, or finished in another step)."""
+        tokens: list[int | None] = []
+        reasons: list[str | None] = []
+        sampled = iter(token_ids)
+        bm = self.block_manager
+        for seq, samples in zip(plan.seqs, plan.samples):
+            seq.in_flight -= 1
+            token = next(sampled) if samples else None
+            if seq.discard_rows:  # scheduled before the sequence stopped or was aborted
+                seq.discard_rows -= 1
+                token = None
+            elif token is not None:
+                seq.fill_placeholder(token)
+                if token == self.eos and not seq.ignore_eos:
+                    self._finish(seq, "stop", later_rows=seq.in_flight)
+                else:
+                    bm.hash_blocks(seq)
+            tokens.append(token)
+            done = token is not None and seq.is_finished and seq.in_flight == seq.discard_rows
+            reasons.append(seq.finish_reason if done else None)
+        for seq in [s for s in self._releasing if s.num_known_tokens >= s.num_cached_tokens]:
+            self._releasing.remove(seq)
+            bm.hash_blocks(seq)
+            bm.deallocate(seq)
+        return tokens, reasons
+
+    def _finish(self, seq: Sequence, reason: str, later_rows: int) -> None:
+        """Finish a sequence. `later_rows`: rows of steps launched after the one that decided it (async
+        scheduling: an EOS learnt late, an abort); they are discarded and leave no trace in its state."""
+        if seq in self.running:
+            self.running.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        bm = self.block_manager
+        if later_rows:
+            seq.discard_rows = later_rows
+            while seq.pending:
+                seq.drop_placeholder()
+            bm.unhash(seq, seq.hashed_before_step)
+            seq.num_cached_tokens = seq.cached_before_step
+        if seq.num_known_tokens < seq.num_cached_tokens:
+            if seq not in self._releasing:
+                self._releasing.append(seq)  # a cached token's value is still in flight: hash, then free
+        elif seq.block_table:
+            if seq in self._releasing:
+                self._releasing.remove(seq)
+            bm.hash_blocks(seq)
+            bm.deallocate(seq)
+
+    def fail(self, seq: Sequence, sampled: bool) -> None:
+        """The step just scheduled with a row for `seq` could not be launched: undo that row and finish the
+        sequence with "error" (unless it had already finished on its own before this step)."""
+        if seq.is_finished and seq.finish_reason != "length":
+            return
+        seq.in_flight -= 1
+        if sampled:
+            seq.drop_placeholder()
+        self.block_manager.unhash(seq, seq.hashed_before_step)
+        seq.num_cached_tokens = seq.cached_before_step
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self._finish(seq, "error", later_rows=0)
 
     def abort(self, seq: Sequence) -> bool:
         """Take a sequence out between steps (a cancelled request): its blocks go back to the pool
@@ -159,38 +260,5 @@ class Scheduler:
             return False
         if seq in self.waiting:
             self.waiting.remove(seq)
-        elif seq in self.running:
-            self.running.remove(seq)
-        if seq.block_table:  # running, or waiting mid-chunk
-            self.block_manager.deallocate(seq)
-        seq.num_scheduled_tokens = 0
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = "abort"
+        self._finish(seq, "abort", later_rows=seq.in_flight)
         return True
-
-    @phase("engine::postprocess")
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[bool]:
-        """Fold the step's computed tokens into each sequence; accept its sampled token only when the
-        whole known sequence is now computed (a chunk's candidate is discarded). Returns accepted flags."""
-        accepted = []
-        for seq, token_id in zip(seqs, token_ids):
-            self.block_manager.hash_blocks(seq)
-            seq.num_cached_tokens += seq.num_scheduled_tokens
-            seq.num_scheduled_tokens = 0
-            if seq.num_cached_tokens < seq.num_tokens:
-                accepted.append(False)
-                continue
-            seq.append_token(token_id)
-            accepted.append(True)
-            if not seq.ignore_eos and token_id == self.eos:
-                seq.finish_reason = "stop"
-            elif seq.num_completion_tokens == seq.max_tokens:
-                seq.finish_reason = "length"
-            elif seq.num_tokens >= self.max_model_len:
-                # Not in nano (it would run past its RoPE table); vLLM stops at the context limit too.
-                seq.finish_reason = "length"
-            if seq.finish_reason is not None:
-                seq.status = SequenceStatus.FINISHED
-                self.block_manager.deallocate(seq)
-                self.running.remove(seq)
-        return accepted

@@ -23,12 +23,25 @@ class Sequence:
         self.last_token = token_ids[-1]
         self.num_tokens = len(token_ids)
         self.num_prompt_tokens = len(token_ids)
-        # Tokens whose KV is written (prefix-cache hits count as written).
+        # Tokens whose KV is written, or queued on the device by a step already launched (prefix-cache hits
+        # count as written).
         self.num_cached_tokens = 0
-        # Tokens the current step computes; postprocess folds them into num_cached_tokens.
-        self.num_scheduled_tokens = 0
+        # Leading blocks whose prefix-cache hash is registered (BlockManager.hash_blocks).
+        self.num_hashed_blocks = 0
+        # Async scheduling: how many of the last tokens are placeholders for tokens that launched steps sample
+        # (their values reach the host as those steps commit; until then token_ids holds -1 there).
+        self.pending = 0
+        # Rows of steps already launched that this sequence no longer wants (it stopped on EOS, or was
+        # aborted, after they were scheduled): their tokens are dropped when those steps commit.
+        self.discard_rows = 0
+        # Steps launched and not yet committed that have a row for this sequence; its sampling row in the latest
+        # of them; its cached tokens and hashed blocks before that step.
+        self.in_flight = 0
+        self.sample_row = -1
+        self.cached_before_step = self.hashed_before_step = 0
         self.block_size = block_size
         self.block_table: list[int] = []
+        self.sampling_params = sampling_params
         self.temperature = sampling_params.temperature
         self.max_tokens = sampling_params.max_tokens
         self.ignore_eos = sampling_params.ignore_eos
@@ -75,47 +88,25 @@ class Sequence:
         self.last_token = token_id
         self.num_tokens += 1
 
-    # --- pickling: what a tensor-parallel worker needs, compactly ---------------------------------
-    # Workers only build model inputs, from the first position whose KV is not written yet: the whole
-    # prompt on a first prefill, the uncached rest after a prefix hit or a preemption, the last token in
-    # decode. So only those tokens travel; nothing else (sampling settings, status, request id) does.
-    # (copy.copy / pickle of a Sequence therefore give this worker view, never a full Sequence.)
-    def __getstate__(self):
-        start = min(self.num_cached_tokens, self.num_tokens - 1)
-        tail = self.last_token if start == self.num_tokens - 1 else self.token_ids[start:]
-        return (self.seq_id, self.num_tokens, self.num_prompt_tokens, self.num_cached_tokens,
-                self.num_scheduled_tokens, self.block_size, self.block_table, start, tail)
+    def append_placeholder(self):
+        """A token the step just scheduled will sample: its length counts now, its value comes at commit."""
+        self.append_token(-1)
+        self.pending += 1
 
-    def __setstate__(self, state):
-        (self.seq_id, self.num_tokens, self.num_prompt_tokens, self.num_cached_tokens,
-         self.num_scheduled_tokens, self.block_size, self.block_table, start, tail) = state
-        if isinstance(tail, int):
-            tail = [tail]
-        self.token_ids = TokenTail(start, tail)
-        self.last_token = tail[-1]
+    def fill_placeholder(self, token_id: int):
+        """The oldest placeholder's value has arrived (steps commit in the order they were scheduled)."""
+        self.token_ids[self.num_tokens - self.pending] = token_id
+        self.pending -= 1
+        self.last_token = self.token_ids[-1]
 
+    def drop_placeholder(self):
+        """Undo the newest append_placeholder (its row was discarded)."""
+        self.token_ids.pop()
+        self.num_tokens -= 1
+        self.pending -= 1
+        self.last_token = self.token_ids[-1]
 
-class TokenTail:
-    """A worker's view of a sequence's tokens: positions from `start` on, indexed as the full list."""
-
-    __slots__ = ("start", "tail")
-
-    def __init__(self, start: int, tail: list[int]):
-        self.start, self.tail = start, tail
-
-    def __len__(self):
-        return self.start + len(self.tail)
-
-    def __getitem__(self, key):
-        if isinstance(key, slice):
-            lo, hi, step = key.indices(len(self))
-            if lo >= hi:
-                return []
-            if lo < self.start:
-                raise IndexError(f"token positions before {self.start} were not sent to this rank")
-            return self.tail[lo - self.start:hi - self.start:step]
-        if key < 0:
-            key += len(self)
-        if not self.start <= key < len(self):
-            raise IndexError(f"token position {key} was not sent to this rank")
-        return self.tail[key - self.start]
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose values are on the host (all but the placeholders at the end)."""
+        return self.num_tokens - self.pending

@@ -1,6 +1,7 @@
 """What one engine step did, as `LLMEngine.step()` returns it: the one thing callers read of a step.
 
 Tracers, servers, benches and the logits lab read this rather than the scheduler's or runner's insides.
+It is built from the step's BatchPlan and what its commit returned, nothing else.
 It is columnar (one list per field, in batch order) because it is built on every step of the hot loop:
 a few list comprehensions cost far less than an object per sequence. `seqs` gives the per-sequence view.
 Token ids are plain ints and nothing but `inputs` (the runner's host-side StepInputs) is an engine object,
@@ -26,18 +27,19 @@ class SeqStep(NamedTuple):
 @dataclasses.dataclass(frozen=True, slots=True)
 class StepResult:
     step: int                         # engine step number, from 1
-    phase: str                        # "prefill" | "decode"
+    phase: str                        # "prefill" | "decode" | "mixed" (decode rows first, then prefill chunks)
     # One entry per scheduled sequence, in batch order.
     seq_ids: list[int]
     request_ids: list[str]
     num_scheduled_tokens: list[int]
     num_cached_tokens: list[int]
     num_tokens: list[int]
-    token_ids: list[int | None]       # None where a chunk's candidate was dropped
+    token_ids: list[int | None]       # None for a chunk (it samples nothing), or a row discarded because its
+                                      # sequence stopped or was aborted after the step was launched
     finish_reasons: list[str | None]
     preempted: list[int]              # seq ids this step's scheduling preempted
     inputs: object                    # the runner's StepInputs (host lists: ids, positions, slots, ...)
-    # Engine state once the step is done.
+    # Engine state once the step is done (with async scheduling: when the next step began scheduling).
     num_waiting: int
     num_running: int
     num_free_blocks: int
@@ -45,6 +47,15 @@ class StepResult:
     # Prefix cache over this step's first-time block allocations, in tokens (vLLM's queries / hits).
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+
+    @classmethod
+    def of(cls, n: int, plan, inputs, tokens: list, reasons: list, queues: tuple[int, int, int],
+           num_blocks: int, prefix: tuple[int, int]) -> "StepResult":
+        cached = [0 if r is not None else (s + k if t is not None or not ok else s)
+                  for s, k, t, r, ok in zip(plan.starts, plan.num_new, tokens, reasons, plan.samples)]
+        return cls(n, plan.phase, plan.seq_ids, plan.request_ids, plan.num_new, cached,
+                   [t + (tok is not None) for t, tok in zip(plan.num_tokens, tokens)], tokens, reasons,
+                   plan.preempted, inputs, *queues, num_blocks, *prefix)
 
     @property
     def batch_size(self) -> int:

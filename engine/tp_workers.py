@@ -13,7 +13,8 @@ Control channel: CPU metadata only, tensors move through the collectives. One Sh
 `Config.shm_size` bytes named `Config.shm_name`:
 
     [0, 16)                      header: payload length (uint32), call number (uint32), 8 spare bytes
-    [16, 16 + length)            pickle of (method, args, wants_reply)
+    [16, 16 + length)            pickle of the message: a BatchPlan (run this step), a RankQuery (answer
+                                 fn(runner) in the reply slot), or EXIT
     last 4096 * (N-1) bytes      one reply slot per worker: length (uint32), call number (uint32), pickle
 
 plus two one-way pipes per worker (multiprocessing.Pipe(duplex=False)): `wake` (rank 0 -> worker: a call
@@ -58,6 +59,8 @@ import struct
 import sys
 import time
 import traceback
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -68,7 +71,6 @@ from .distributed import set_tp
 from .rendezvous import (WatchedStore, connect_store, destroy_group, init_group, serve_store, set_group_timeout,
                          socket_env, start_timeout_s)
 from .runner import ModelRunner
-from .model_shapes import rank_shapes
 
 HEADER_BYTES = 16
 _ERROR_CALL = 0xFFFFFFFF  # call number of a reply slot holding a worker's dying words
@@ -115,8 +117,13 @@ def reset_rank_memory(runner) -> None:
         torch.cuda.reset_peak_memory_stats(runner.device)
 
 
-# Calls a worker answers itself rather than passing on to its ModelRunner.
-_RANK_CALLS = {"peak_memory": rank_memory, "reset_peak_memory": reset_rank_memory, "shapes": rank_shapes}
+@dataclass(frozen=True)
+class RankQuery:
+    """Ask every worker for `fn(its runner)` (a module-level function, so it pickles by name)."""
+    fn: Callable
+
+
+EXIT = "exit"  # the message that ends a worker
 
 
 # --- the shared-memory channel -----------------------------------------------------------------------
@@ -157,11 +164,6 @@ class _Channel:
             return call_no, pickle.loads(bytes(self.shm.buf[at + 8:at + 8 + n]))
         except Exception:
             return 0, None
-
-
-def _error_text(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) < 2000 else text[:2000] + "..."
 
 
 def _error_text(exc: BaseException) -> str:
@@ -213,15 +215,13 @@ def _worker_main(config, rank: int, backend: str, shm_name: str, wake, done) -> 
                 wake.recv_bytes()
             except EOFError:
                 return  # rank 0 is gone: nobody will ever call again
-            call_no, (method, args, wants_reply) = channel.read_call()
-            if method == "exit":
+            call_no, msg = channel.read_call()
+            if msg == EXIT:
                 return
-            if method in _RANK_CALLS:
-                result = _RANK_CALLS[method](runner, *args)
+            if isinstance(msg, RankQuery):
+                channel.write_reply(rank, call_no, ("ok", msg.fn(runner)))
             else:
-                result = getattr(runner, method)(*args)
-            if wants_reply:
-                channel.write_reply(rank, call_no, ("ok", result))
+                runner.execute(msg)  # a BatchPlan: the same step rank 0 runs, on this rank's shard
             done.send_bytes(b"d")
     except BaseException as exc:  # noqa: BLE001 - report anything, then die with a non-zero code
         failed = True
@@ -439,40 +439,46 @@ class TensorParallel:
             self._pending[rank - 1] = True
 
     # --- calls ------------------------------------------------------------------------------------
-    def call(self, method: str, args: tuple = (), local=None, reply: bool = False):
-        """Run `method(*args)` on every worker and `local()` here, in that order; returns local()'s
-        result, or with `reply` the workers' answers [rank 1, rank 2, ...] (after `local()`)."""
+    def execute(self, plan, local):
+        """Run `plan` (a BatchPlan's worker view) on every worker and `local()` (rank 0's part) here."""
+        return self._call(plan, local)
+
+    def ask(self, fn: Callable) -> list:
+        """fn(runner) on every worker: their answers, rank 1 first."""
+        self._call(RankQuery(fn), None)
+        what = getattr(fn, "__name__", "a query")
+        self._wait_done(f"the {what!r} query")
+        answers = []
+        for rank in range(1, self.world):
+            call_no, value = self.channel.read_reply(rank)
+            if call_no != self.call_no or not isinstance(value, tuple):
+                raise self.fail(f"worker rank {rank} answered {what!r} with no reply")
+            if value[0] != "ok":
+                raise self.fail(f"worker rank {rank} could not answer {what!r}: {value[1]}")
+            answers.append(value[1])
+        return answers
+
+    def _call(self, msg, local):
         self.check_alive()
-        payload = pickle.dumps((method, args, reply), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        what = type(msg).__name__
         if len(payload) > self.channel.capacity:
-            raise ValueError(f"shm_size: the {method!r} call needs {len(payload)} bytes of shared memory but "
+            raise ValueError(f"shm_size: a {what} needs {len(payload)} bytes of shared memory but "
                              f"shm_size={self.shm_size} leaves {self.channel.capacity} bytes for a call "
                              f"(the rest holds {self.world - 1} reply slot(s) of {REPLY_SLOT_BYTES}); "
                              "raise shm_size")
         self._wait_done("the previous call")
         self._post(payload)
-        result = None
-        if local is not None:
-            try:
-                result = local()
-            except Exception as exc:
-                raise self.fail(f"the {method!r} call", exc) from exc
-            except BaseException:  # KeyboardInterrupt mid-call: the ranks are out of step for good
-                self.broken = f"tensor parallel: the {method!r} call was interrupted; the workers were stopped"
-                self.shutdown(graceful=False)
-                raise
-        if not reply:
-            return result
-        self._wait_done(f"the {method!r} call")
-        answers = []
-        for rank in range(1, self.world):
-            call_no, value = self.channel.read_reply(rank)
-            if call_no != self.call_no or not isinstance(value, tuple):
-                raise self.fail(f"worker rank {rank} answered {method!r} with no reply")
-            if value[0] != "ok":
-                raise self.fail(f"worker rank {rank} could not answer {method!r}: {value[1]}")
-            answers.append(value[1])
-        return answers
+        if local is None:
+            return None
+        try:
+            return local()
+        except Exception as exc:
+            raise self.fail(f"the {what} call", exc) from exc
+        except BaseException:  # KeyboardInterrupt mid-call: the ranks are out of step for good
+            self.broken = f"tensor parallel: the {what} call was interrupted; the workers were stopped"
+            self.shutdown(graceful=False)
+            raise
 
     def wait_ready(self) -> None:
         """After rank 0 built its runner: wait for the workers' runners, then leave start-up."""
@@ -493,7 +499,7 @@ class TensorParallel:
             if graceful and self.procs and self.broken is None and not self._dead():
                 try:
                     self._wait_done("the previous call", timeout_s=min(self.timeout_s, self.JOIN_TIMEOUT_S))
-                    self._post(pickle.dumps(("exit", (), False)))
+                    self._post(pickle.dumps(EXIT))
                 except Exception:
                     graceful = False
             for p in self.procs:

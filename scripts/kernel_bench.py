@@ -126,7 +126,7 @@ class Timer:
 
 def decode_inputs(torch, geo: dict, lengths: list[int], dtype, device, seed: int = 0):
     """One layer's pool holding len(lengths) sequences, their blocks at random places, and one query each."""
-    from engine.context import Context
+    from engine.context import DecodeMeta, PrefillMeta
 
     bs, kvh, hd = geo["block_size"], geo["kv_heads"], geo["head_dim"]
     per_seq = [-(-n // bs) for n in lengths]
@@ -142,7 +142,7 @@ def decode_inputs(torch, geo: dict, lengths: list[int], dtype, device, seed: int
         at += m
     tables = torch.tensor(rows, dtype=torch.int32, device=device)
     lens = torch.tensor(lengths, dtype=torch.int32, device=device)
-    context = Context(is_prefill=False, context_lens=lens, block_tables=tables, context_lens_host=list(lengths))
+    context = DecodeMeta(len(lengths), lens, tables, list(lengths))
     return {"q": q, "k": k, "v": v, "tables": tables, "lens": lens, "ctx": context,
             "kv_bytes": 2 * sum(lengths) * kvh * hd * k.element_size()}
 
@@ -363,7 +363,7 @@ def bench_prefill(torch, timer: Timer, geo: dict, dtype, device, dry: bool) -> d
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from engine.backends import torch_ref
-    from engine.context import Context
+    from engine.context import DecodeMeta, PrefillMeta
     from engine.kernels.prefill_attention import varlen_prefill
 
     scale = geo["head_dim"] ** -0.5
@@ -418,8 +418,7 @@ def bench_prefill(torch, timer: Timer, geo: dict, dtype, device, dry: bool) -> d
     # The check that decides the exit code: ours against the torch reference backend on the first batch.
     inp = inputs[0]
     cu_host = inp["cu"].tolist()
-    ctx = Context(is_prefill=True, cu_seqlens_q=inp["cu"], cu_seqlens_k=inp["cu"], cu_seqlens_q_host=cu_host,
-                  cu_seqlens_k_host=cu_host, block_tables=inp["tables"], max_seqlen_q=max(inp["lengths"]))
+    ctx = PrefillMeta(inp["cu"], inp["cu"], max(inp["lengths"]), max(inp["lengths"]), inp["tables"], cu_host, cu_host)
     ref = torch_ref.prefill(inp["q"], inp["k"], inp["v"], inp["k_cache"], inp["v_cache"], ctx, scale)
     res["max_abs_err_vs_torch_ref_first_batch"] = (ours_out[0].float() - ref.float()).abs().max().item()
     res["ok"] = bool(res["max_abs_err_vs_torch_ref_first_batch"] <= PREFILL_TOL)

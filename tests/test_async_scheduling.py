@@ -1,6 +1,7 @@
-"""Async scheduling (Config.async_scheduling): the engine launches the planned next decode step before this
-step's ids reach the host and keeps it only when the real schedule matches. Whatever happens between steps
-(EOS, preemption, arrivals, aborts, top-k/top-p draws), every step must come out exactly as without it."""
+"""Async scheduling (Config.async_scheduling): the real scheduler plans step N+1 while step N runs, its inputs
+reading N's samples on the device. Whatever happens between steps (EOS, preemption, arrivals, aborts, top-k/top-p
+draws, any policy), every request must get exactly the tokens a synchronous engine gives it; without EOS and
+aborts every step is the synchronous step, and an EOS or an abort costs at most that row's token."""
 from __future__ import annotations
 
 import random
@@ -9,78 +10,100 @@ import pytest
 
 from engine import LLM, SamplingParams
 
+POLICIES = ("prefill_first", "balanced", "mixed")
+
 
 def _rows(result):
     i = result.inputs
     return (result.phase, result.seq_ids, result.num_scheduled_tokens, result.num_cached_tokens, result.token_ids,
             result.finish_reasons, result.preempted, result.num_waiting, result.num_running, result.num_free_blocks,
-            i.input_ids, i.positions, i.slot_mapping, i.context_lens, i.block_tables, i.execution)
+            i.input_ids, i.positions, i.slot_mapping, i.context_lens, i.block_tables, i.cu_seqlens_q, i.execution)
 
 
-def _requests(seed: int, n: int, sampling: dict):
+def _kept(result):
+    """A step's rows without the ones a late EOS or an abort wasted (their token is dropped)."""
+    return (result.phase, [(s, t, f) for s, t, f, ok in zip(result.seq_ids, result.token_ids, result.finish_reasons,
+                                                            _samples(result)) if t is not None or f is not None or not ok])
+
+
+def _samples(result):
+    return [c + n == t for c, n, t in zip(result.num_cached_tokens, result.num_scheduled_tokens, result.num_tokens)]
+
+
+def _requests(seed: int, n: int, sampling: dict, ignore_eos=None):
     rng = random.Random(seed)
     return [([rng.randrange(1, 250) for _ in range(rng.randrange(2, 30))],
-             SamplingParams(max_tokens=rng.randrange(1, 24), ignore_eos=i % 4 == 0,
+             SamplingParams(max_tokens=rng.randrange(1, 24), ignore_eos=i % 4 == 0 if ignore_eos is None else ignore_eos,
                             temperature=0.0 if i % 3 == 0 else 1.0, **sampling)) for i in range(n)]
 
 
 def _run(model, async_scheduling, requests, eos=None, between=None, **config):
     llm = LLM(model, device="cpu", async_scheduling=async_scheduling, **config)
     if eos is not None:
-        llm.scheduler.eos = eos  # a token the tiny model samples often, so plans are often wrong
+        llm.scheduler.eos = eos  # a token the tiny model samples often, so EOS often comes late
     for prompt, sp in requests:
         llm.add_request(prompt, sp)
-    steps, n = [], 0
+    results, n = [], 0
     while not llm.is_finished():
-        steps.append(_rows(llm.step()))
+        results.append(llm.step())
         n += 1
         if between is not None:
             between(llm, n)
-    outputs = [llm.get_sequence(i).completion_token_ids for i in range(len(requests))]
-    counts = dict(llm.async_steps)
+    outputs = [(llm.get_sequence(i).completion_token_ids, llm.get_sequence(i).finish_reason)
+               for i in range(len(requests) + 8) if i in llm._seqs]
+    counts = dict(llm.async_stats)
     llm.exit()
-    return steps, outputs, counts
+    return results, outputs, counts
 
 
-def _frequent_token(model, requests) -> int:
-    _, outputs, _ = _run(model, False, requests, kvcache_block_size=4)
+def _frequent_token(model, requests, **config) -> int:
+    """The token that most requests sample at some point: as EOS, it stops many of them early."""
+    _, outputs, _ = _run(model, False, requests, kvcache_block_size=4, **config)
     counts: dict[int, int] = {}
-    for out in outputs:
-        for t in out:
+    for out, _ in outputs:
+        for t in set(out):
             counts[t] = counts.get(t, 0) + 1
     return max(counts, key=counts.get)
 
 
+@pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("sampling", [{}, {"top_k": 20, "top_p": 0.9}], ids=["gumbel-or-greedy", "top-k-top-p"])
-def test_steps_are_identical_when_plans_go_wrong(tiny_model, sampling):
-    requests = _requests(1, 16, sampling)
+def test_every_request_gets_the_same_tokens_when_eos_comes_late(tiny_model, sampling, policy):
+    requests = _requests(1, 24, sampling)
     eos = _frequent_token(tiny_model, requests)
-    sync = _run(tiny_model, False, requests, eos=eos, kvcache_block_size=4)
-    overlapped = _run(tiny_model, True, requests, eos=eos, kvcache_block_size=4)
-    assert overlapped[0] == sync[0]
+    sync = _run(tiny_model, False, requests, eos=eos, kvcache_block_size=4, scheduling_policy=policy,
+                max_num_batched_tokens=48)
+    overlapped = _run(tiny_model, True, requests, eos=eos, kvcache_block_size=4, scheduling_policy=policy,
+                      max_num_batched_tokens=48)
     assert overlapped[1] == sync[1]
-    assert sync[2] == {"adopted": 0, "discarded": 0}
-    # Both paths ran: plans kept, and plans thrown away because a sequence sampled EOS.
-    assert overlapped[2]["adopted"] > 5 and overlapped[2]["discarded"] > 0, overlapped[2]
+    assert sum(reason == "stop" for _, reason in sync[1]) >= 2  # EOS did end requests early
+    # An EOS learnt after the next step was launched wastes that row's token and nothing else: take the
+    # wasted rows out and the steps are the synchronous ones.
+    assert overlapped[2]["wasted_rows"] > 0 and sync[2] == {"launched_ahead": 0, "wasted_rows": 0}
+    kept = [_kept(r) for r in overlapped[0]]
+    assert [k for k in kept if k[1]] == [_kept(r) for r in sync[0]]
+    wasted = sum(t is None and f is None and ok for r in overlapped[0]
+                 for t, f, ok in zip(r.token_ids, r.finish_reasons, _samples(r)))
+    assert wasted == overlapped[2]["wasted_rows"]
 
 
-def test_steps_are_identical_under_preemption_and_the_balanced_policy(tiny_model):
-    requests = _requests(2, 12, {})
-    for config in ({"num_kvcache_blocks": 14}, {"num_kvcache_blocks": 40, "scheduling_policy": "balanced",
-                                                 "max_num_seqs": 3}):
-        sync = _run(tiny_model, False, requests, kvcache_block_size=4, **config)
-        overlapped = _run(tiny_model, True, requests, kvcache_block_size=4, **config)
-        assert overlapped[:2] == sync[:2], config
-        assert overlapped[2]["adopted"] > 5, (config, overlapped[2])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_without_eos_every_step_is_the_synchronous_step(tiny_model, policy):
+    """ignore_eos everywhere, a small pool (preemption), more requests than max_num_seqs: every StepResult is
+    identical, inputs included, and every step but the first of each busy stretch was launched ahead."""
+    requests = _requests(2, 12, {}, ignore_eos=True)
+    for config in ({"num_kvcache_blocks": 14}, {"num_kvcache_blocks": 40, "max_num_seqs": 3}):
+        sync = _run(tiny_model, False, requests, kvcache_block_size=4, scheduling_policy=policy, **config)
+        overlapped = _run(tiny_model, True, requests, kvcache_block_size=4, scheduling_policy=policy, **config)
+        assert [_rows(r) for r in overlapped[0]] == [_rows(r) for r in sync[0]], config
+        assert overlapped[1] == sync[1]
+        assert overlapped[2] == {"launched_ahead": len(overlapped[0]) - 1, "wasted_rows": 0}, (config, overlapped[2])
+        if "num_kvcache_blocks" in config and config["num_kvcache_blocks"] < 20:
+            assert any(r.preempted for r in sync[0])  # the small pool did preempt
 
 
-def test_preemption_happens_in_the_small_pool(tiny_model):
-    """(The previous test is only worth something if the small pool really preempts.)"""
-    steps, _, _ = _run(tiny_model, True, _requests(2, 12, {}), kvcache_block_size=4, num_kvcache_blocks=14)
-    assert any(step[6] for step in steps)
-
-
-def test_arrivals_and_aborts_between_steps(tiny_model):
+@pytest.mark.parametrize("policy", POLICIES)
+def test_arrivals_join_a_later_step_and_aborts_cost_their_row(tiny_model, policy):
     requests = _requests(3, 6, {})
     late = _requests(4, 4, {})
 
@@ -91,62 +114,73 @@ def test_arrivals_and_aborts_between_steps(tiny_model):
         if n == 5 and not llm.get_sequence(1).is_finished:
             llm.abort(1)
 
-    sync = _run(tiny_model, False, requests, between=between, kvcache_block_size=4)
-    overlapped = _run(tiny_model, True, requests, between=between, kvcache_block_size=4)
-    assert overlapped[:2] == sync[:2]
-    assert overlapped[2]["adopted"] > 0 and overlapped[2]["discarded"] > 0, overlapped[2]
+    sync = _run(tiny_model, False, requests, between=between, kvcache_block_size=4, scheduling_policy=policy)
+    overlapped = _run(tiny_model, True, requests, between=between, kvcache_block_size=4, scheduling_policy=policy)
+    assert overlapped[1] == sync[1]  # the same tokens for every request, the aborted one's up to its abort
+    assert sync[1][1][1] == "abort"
+    # The arrivals wasted nothing: they joined the step after the one already launched. The abort wasted the
+    # row of request 1 in that step, and that is all.
+    assert overlapped[2]["wasted_rows"] <= 1 + sum(r == "stop" for _, r in sync[1])
+    assert overlapped[2]["launched_ahead"] > len(overlapped[0]) // 2
 
 
-def test_every_decode_step_that_can_be_planned_is_adopted(tiny_model):
-    """No EOS (ignore_eos), no arrivals: a plan can only be wrong if it is built wrong. Sequences finish at
-    max_tokens, more requests than max_num_seqs wait their turn: each decode step whose previous step left
-    nothing waiting must have been launched ahead and kept, and no plan thrown away."""
-    rng = random.Random(5)
-    requests = [([rng.randrange(1, 250) for _ in range(rng.randrange(2, 30))],
-                 SamplingParams(max_tokens=rng.randrange(1, 24), ignore_eos=True, temperature=1.0))
-                for _ in range(10)]
-    steps, _, counts = _run(tiny_model, True, requests, kvcache_block_size=4, max_num_seqs=4)
-    plannable = sum(1 for prev, step in zip(steps, steps[1:]) if step[0] == "decode" and prev[7] == 0)
-    assert plannable > 10
-    assert counts == {"adopted": plannable, "discarded": 0}
+def test_a_request_arriving_while_a_step_runs_joins_the_step_after_the_launched_one(tiny_model):
+    """Steps run ahead: the engine has already launched step N+1 when step N's result comes back, so a request
+    added then is first scheduled in step N+2, and step N+1 is kept."""
+    llm = LLM(tiny_model, device="cpu", kvcache_block_size=4, scheduling_policy="mixed")
+    llm.add_request([5, 6, 7, 8, 9], SamplingParams(max_tokens=10, ignore_eos=True))
+    first = llm.step()
+    late = llm.add_request([11, 12, 13], SamplingParams(max_tokens=2, ignore_eos=True))
+    second, third = llm.step(), llm.step()
+    assert first.phase == "prefill" and second.phase == "decode" and late not in second.seq_ids
+    assert third.phase == "mixed" and third.seq_ids == [0, late]
+    assert llm.async_stats == {"launched_ahead": 3, "wasted_rows": 0}
+    llm.exit()
 
 
-def test_a_planned_launch_that_raises_fails_its_step_and_the_engine_carries_on(tiny_model, monkeypatch):
+def test_a_queued_launch_that_raises_fails_its_step_at_the_next_call_and_the_engine_carries_on(tiny_model,
+                                                                                                monkeypatch):
     from engine.step_result import StepFailed
 
     llm = LLM(tiny_model, device="cpu", kvcache_block_size=4)
     runner = llm.model_runner
-    launch_ahead = runner.launch_ahead
+    execute = runner.execute
     calls = {"n": 0}
 
     def fails_third(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 3:
             raise OverflowError("planted")
-        return launch_ahead(*args, **kwargs)
+        return execute(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "launch_ahead", fails_third)
+    monkeypatch.setattr(runner, "execute", fails_third)
     ids = [llm.add_request([5 + i, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True)) for i in range(2)]
-    failed = None
+    results, failed = [], None
     while not llm.is_finished():
         try:
-            llm.step()
+            results.append(llm.step())
         except StepFailed as exc:
             failed = exc
-    assert failed is not None and not failed.fatal and sorted(failed.seq_ids) == ids
+    # Steps 1 and 2 came back whole (step 3 was launched, and failed, while step 2 ran); step 3 failed.
+    assert [r.step for r in results] == [1, 2] and all(t is not None for r in results for t in r.token_ids)
+    assert failed is not None and not failed.fatal and sorted(failed.seq_ids) == ids and "step 3" in str(failed)
     assert all(llm.get_sequence(i).finish_reason == "error" for i in ids)
+    assert all(len(llm.get_sequence(i).completion_token_ids) == 2 for i in ids)  # no placeholder left behind
     assert llm.stats()["free_blocks"] == llm.stats()["num_blocks"]
     late = llm.add_request([9, 9, 9], SamplingParams(max_tokens=4, ignore_eos=True))
     while not llm.is_finished():
         llm.step()
-    assert llm.get_sequence(late).finish_reason == "length" and llm.async_steps["adopted"] >= 2
+    assert llm.get_sequence(late).finish_reason == "length" and llm.async_stats["launched_ahead"] >= 3
     llm.exit()
 
 
-@pytest.mark.parametrize("case", ["preempt", "chunk", "prefix-reuse", "balanced", "decode-order"])
-def test_trace_logs_are_event_for_event_the_same(tiny_model, tmp_path, case):
+@pytest.mark.parametrize("case, policy", [("preempt", None), ("chunk", None), ("prefix-reuse", None),
+                                          ("balanced", None), ("decode-order", None), ("refs", "mixed"),
+                                          ("balanced", "mixed")])
+def test_trace_logs_are_event_for_event_the_same(tiny_model, tmp_path, case, policy):
     """With tracing on, async scheduling on and off write the same event log: every scheduled, gpu_inputs,
-    sampled and after_postprocess event (timestamps and the run's own settings aside)."""
+    sampled and after_postprocess event (timestamps and the run's own settings aside), `after` arrivals
+    included (balanced, prefix-reuse: a request submitted once another finished)."""
     from labkit.trace.cases import load_case
     from labkit.trace.events import read_jsonl
     from labkit.trace.run import run_case
@@ -154,15 +188,18 @@ def test_trace_logs_are_event_for_event_the_same(tiny_model, tmp_path, case):
     logs = {}
     for on in (True, False):
         path = tmp_path / f"{on}.jsonl"
-        run_case(load_case(case), tiny_model, path, overrides={"async_scheduling": on}, device="cpu")
+        overrides = {"async_scheduling": on, **({"scheduling_policy": policy} if policy else {})}
+        run_case(load_case(case), tiny_model, path, overrides=overrides, device="cpu")
         events = []
         for e in read_jsonl(path):
-            e = {k: v for k, v in e.items() if k not in ("t_ns", "run", "wall_s")}
+            e = {k: v for k, v in e.items() if k not in ("t_ns", "run", "wall_s", "async_scheduling")}
             if e["event"] == "run_start":
                 e["config"] = {k: v for k, v in e["config"].items() if k not in ("async_scheduling", "shm_name")}
             events.append(e)
         logs[on] = events
     assert len(logs[True]) > 10 and any(e["event"] == "gpu_inputs" for e in logs[True])
+    if policy == "mixed":
+        assert any(e["event"] == "scheduled" and e["phase"] == "mixed" for e in logs[True])
     assert logs[True] == logs[False]
 
 

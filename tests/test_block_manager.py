@@ -67,19 +67,20 @@ def test_random_mixes_keep_the_books(tiny_model, seed, policy):
             sched.add(seq)
         if sched.is_finished():
             continue
-        batch, is_prefill = sched.schedule()
+        before = {s.seq_id: s.num_completion_tokens for s in seqs}
+        plan = sched.schedule()
+        batch = plan.seqs
         assert batch
-        if is_prefill:
-            assert sum(s.num_scheduled_tokens for s in batch) <= cfg.max_num_batched_tokens
-            assert all(s.num_scheduled_tokens == s.num_tokens - s.num_cached_tokens for s in batch[1:])
+        if plan.phase == "prefill":
+            assert sum(plan.num_new) <= cfg.max_num_batched_tokens
+            assert all(n == t - c for n, t, c in zip(plan.num_new[1:], plan.num_tokens[1:], plan.starts[1:]))
         else:
-            assert all(s.num_scheduled_tokens == 1 and s.num_tokens == s.num_cached_tokens + 1 for s in batch)
+            assert all(n == 1 and t == c + 1 for n, t, c in zip(plan.num_new, plan.num_tokens, plan.starts))
         assert len(batch) <= cfg.max_num_seqs
-        before = {s.seq_id: s.num_completion_tokens for s in batch}
-        tokens = [rng.choice([7, 150, 160]) for _ in batch]
-        accepted = sched.postprocess(batch, tokens)
+        tokens = [rng.choice([7, 150, 160]) for _ in plan.sample_rows]
+        accepted, _ = sched.commit(plan, tokens)
         for s, acc in zip(batch, accepted):
-            assert s.num_completion_tokens == before[s.seq_id] + (1 if acc else 0)
+            assert s.num_completion_tokens == before[s.seq_id] + (acc is not None)
             if s.is_finished:
                 outputs[s.seq_id] = s.completion_token_ids
         live = [s for s in seqs if s.status != SequenceStatus.FINISHED]
@@ -102,7 +103,7 @@ def test_prefix_lookup_skips_the_last_block(tiny_model):
     a = Sequence(list(range(100, 108)), sp, 0, 4)  # exactly two full blocks
     assert bm.can_allocate(a) == 0
     bm.allocate(a, 0)
-    a.num_scheduled_tokens = 8
+    a.num_cached_tokens = 8
     bm.hash_blocks(a)
     bm.deallocate(a)
     again = Sequence(list(range(100, 108)), sp, 1, 4)
@@ -116,7 +117,7 @@ def test_reused_block_drops_its_old_hash():
     sp = SamplingParams()
     a = Sequence(list(range(100, 106)), sp, 0, 4)
     bm.allocate(a, bm.can_allocate(a))
-    a.num_scheduled_tokens = 6
+    a.num_cached_tokens = 6
     bm.hash_blocks(a)
     first = a.block_table[0]
     bm.deallocate(a)

@@ -224,7 +224,7 @@ BAD = {
     "engine_type": ("engine: {enforce_eager: 3}\nrequests:\n" + GOOD_REQ, "engine.enforce_eager"),
     # values judged by the engine's own Config / SamplingParams checks, reported against the case's key
     "engine_choice": ("engine: {scheduling_policy: fifo}\nrequests:\n" + GOOD_REQ,
-                      "engine.scheduling_policy: must be one of prefill_first, balanced, got 'fifo'"),
+                      "engine.scheduling_policy: must be one of prefill_first, balanced, mixed, got 'fifo'"),
     "engine_device": ("engine: {device: gpu}\nrequests:\n" + GOOD_REQ, "engine.device: must be one of"),
     "engine_range": ("engine: {gpu_memory_utilization: 1.5}\nrequests:\n" + GOOD_REQ,
                      "engine.gpu_memory_utilization: must be in (0, 1], got 1.5"),

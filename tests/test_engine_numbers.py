@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.sampler import TeacherForcing
 from engine.trace import ListTracer
 
 TOL = 1e-4
@@ -25,26 +26,30 @@ def _teacher_forced(llm, prompts, max_tokens, submit_after_finish=False):
     """Run prompts with forced tokens; return [(token_ids_so_far, logits_row)] for accepted steps."""
     rng = random.Random(1234)
     rows = []
+    tokens: dict[int, list[int]] = {}  # seq id -> its prompt and the tokens forced so far
 
-    def choose(seqs, logits):
+    def choose(plan, logits):
         out = []
-        for seq, row in zip(seqs, logits):
-            if seq.num_cached_tokens + seq.num_scheduled_tokens == seq.num_tokens:
-                rows.append((list(seq.token_ids), row.detach().float().cpu()))
+        for j, i in enumerate(plan.sample_rows):
+            seq = tokens[plan.seq_ids[i]]
+            assert len(seq) == plan.num_tokens[i]
+            rows.append((list(seq), logits[j].detach().float().cpu()))
             out.append(rng.randrange(100, 2000))
+            seq.append(out[-1])
         return out
 
+    llm.sampling = TeacherForcing(choose)
     sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     if submit_after_finish:
         for p in prompts:
-            llm.add_request(p, sp)
+            tokens[llm.add_request(p, sp)] = list(p)
             while not llm.is_finished():
-                llm.step(choose)
+                llm.step()
     else:
         for p in prompts:
-            llm.add_request(p, sp)
+            tokens[llm.add_request(p, sp)] = list(p)
         while not llm.is_finished():
-            llm.step(choose)
+            llm.step()
     return rows
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import LLM, SamplingParams
-from engine.sequence import Sequence
+from engine import LLM
+from engine.batch_plan import BatchPlan
 
 NANO_BUCKETS_FOR_20 = [1, 2, 4, 8, 16]   # [1, 2, 4, 8] + range(16, 20 + 1, 16)
 
@@ -29,19 +29,15 @@ def runner(tiny_model):
     llm.exit()
 
 
-def _decoding(n: int, block_size: int) -> list[Sequence]:
-    seqs = []
-    for i in range(n):
-        seq = Sequence([100 + i, 101 + i, 102 + i], SamplingParams(max_tokens=4), i, block_size)
-        seq.block_table = [i]
-        seq.num_cached_tokens = 2
-        seqs.append(seq)
-    return seqs
+def _decoding(n: int) -> BatchPlan:
+    """A decode step of n sequences of 3 tokens (2 cached), each in a block of its own."""
+    return BatchPlan(list(range(n)), [str(i) for i in range(n)], n, [2] * n, [1] * n, [3] * n,
+                     [102 + i for i in range(n)], [[i] for i in range(n)])
 
 
 @pytest.mark.parametrize("batch", [1, 3, 9, 16, 17, 20])
 def test_decode_batch_takes_its_bucket_or_falls_back_to_eager(runner, batch):
-    inputs = runner.prepare_decode(_decoding(batch, runner.block_size))
+    inputs = runner.step_inputs(_decoding(batch))
     if batch <= 16:
         want = min(b for b in NANO_BUCKETS_FOR_20 if b >= batch)
         assert (inputs.execution, inputs.graph_batch) == ("graph", want)

@@ -183,7 +183,7 @@ def test_kv_compare_names_the_first_bad_step(tiny_model, kv_truth, monkeypatch):
     real_store = torch_ref.store_kvcache
 
     def store(k, v, k_cache, v_cache, slot_mapping):
-        if not get_context().is_prefill:
+        if get_context().prefill is None:  # a decode step
             v = v + 0.01
         real_store(k, v, k_cache, v_cache, slot_mapping)
 
@@ -216,16 +216,17 @@ def _baseline_with(monkeypatch, tiny_model, owner, name: str, replacement) -> Co
 def test_perturbed_engine_fails_with_first_bad_row(tiny_model, collections, monkeypatch, tmp_path, capsys):
     from engine.runner import ModelRunner
 
-    real_prepare_decode = ModelRunner.prepare_decode
+    real_step_inputs = ModelRunner.step_inputs
 
-    def late_positions(self, seqs):
+    def late_positions(self, plan):
         # Decode tokens get RoPE one position late (their KV still goes to the right slot). Shifting every
         # position, prefill included, would cancel out: RoPE only sees position differences.
-        inputs = real_prepare_decode(self, seqs)
-        inputs.positions = [p + 1 for p in inputs.positions]
+        inputs = real_step_inputs(self, plan)
+        nd = inputs.num_decodes
+        inputs.positions = [p + 1 for p in inputs.positions[:nd]] + inputs.positions[nd:]
         return inputs
 
-    broken = _baseline_with(monkeypatch, tiny_model, ModelRunner, "prepare_decode", late_positions)
+    broken = _baseline_with(monkeypatch, tiny_model, ModelRunner, "step_inputs", late_positions)
     _, hf = collections("baseline")
     result = cmp.compare(broken, hf)
     s = result["summary"]

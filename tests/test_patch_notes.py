@@ -57,8 +57,8 @@ def test_patch_refuses_unknown_and_conflicting_patches(project, capsys):
     runner = project / "engine" / "runner.py"
     text = runner.read_text()
     # Break the context the slot patch needs: it must refuse and leave the file as it was.
-    assert "slot_mapping = [table[(n - 1) // bs] * bs" in text
-    runner.write_text(text.replace("slot_mapping = [table[(n - 1) // bs] * bs", "slot_mapping = [table[(n - 1) // bs]*bs"))
+    assert "slots = [t[p // bs] * bs + p % bs" in text
+    runner.write_text(text.replace("slots = [t[p // bs] * bs + p % bs", "slots = [t[p // bs]*bs + p % bs"))
     broken = runner.read_bytes()
     code, _, err = run_cli(["patch", "apply", "fault-slot-in-wrong-block"], capsys)
     assert code == 2 and "does not apply cleanly" in err and len(err.strip().splitlines()) == 1

@@ -75,7 +75,7 @@ def project(tmp_path, monkeypatch):
 def _comment_patch(runner: str) -> str:
     import difflib
 
-    line = "    def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:\n"
+    line = "    def step_inputs(self, plan: BatchPlan) -> StepInputs:\n"
     after = runner.replace(line, line + "        # a comment changes no behaviour\n")
     diff = difflib.unified_diff(runner.splitlines(keepends=True), after.splitlines(keepends=True),
                                 "a/engine/runner.py", "b/engine/runner.py")

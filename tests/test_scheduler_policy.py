@@ -18,9 +18,9 @@ def _seq(i, n, max_tokens=50):
 
 
 def _step(sched):
-    seqs, is_prefill = sched.schedule()
-    sched.postprocess(seqs, [150] * len(seqs))
-    return ("P" if is_prefill else "D"), [s.seq_id for s in seqs]
+    plan = sched.schedule()
+    sched.commit(plan, [150] * len(plan.sample_rows))
+    return {"prefill": "P", "decode": "D", "mixed": "M"}[plan.phase], plan.seq_ids
 
 
 def test_decode_rotation_serves_everyone(tiny_model):

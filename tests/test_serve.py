@@ -332,7 +332,7 @@ def test_metrics_families_parse_and_count(server):
                 "labkit:engine_steps": "counter", "labkit:time_to_first_token_seconds": "histogram",
                 "labkit:inter_token_latency_seconds": "histogram", "labkit:e2e_request_latency_seconds": "histogram",
                 "labkit:request_queue_time_seconds": "histogram", "labkit:request_success": "counter",
-                "labkit:async_scheduled_steps": "counter"}
+                "labkit:async_scheduled_steps": "counter", "labkit:async_wasted_rows": "counter"}
     for fam, kind in families.items():
         assert fam in after and after[fam].type == kind, fam
         assert all(s.labels.get("model_name") == name for s in after[fam].samples), fam
@@ -345,7 +345,7 @@ def test_metrics_families_parse_and_count(server):
     def kept(snapshot):
         family = snapshot.get("labkit:async_scheduled_steps")
         try:
-            return _value(family, "_total", outcome="adopted")
+            return _value(family, "_total")
         except (KeyError, AttributeError):
             return 0.0  # no step launched ahead yet: a labelled counter has no sample until its first inc
     assert kept(after) - kept(before) == 6
@@ -548,18 +548,24 @@ def test_core_streams_each_request_its_tokens_once_per_step(core):
     assert not core.live and not core.llm._seqs  # finished requests are forgotten
 
 
-def test_core_reports_steps_launched_ahead_and_discarded(core):
-    """Async scheduling in the server: each step message says how many planned steps were kept or thrown away
-    since the last; a request arriving between steps makes the next step a prefill, so the plan is discarded."""
+def test_core_reports_steps_launched_ahead_and_wasted_rows(core):
+    """Async scheduling in the server: each step message says how many steps were launched while the one before
+    ran, and how many rows were wasted, since the last. A request arriving while a step runs joins a later step
+    and wastes nothing; an abort wastes the row its request had in the step already launched."""
     sp = {"temperature": 0, "max_tokens": 6, "ignore_eos": True, "top_k": -1, "top_p": 1.0}
     core.handle(["add", "a", [100, 101, 102], sp])
-    msgs = core.step() + core.step() + core.step()  # prefill, then decode steps planned ahead
-    core.handle(["add", "b", [200, 201], sp])       # arrives while a decode step is planned
+    msgs = core.step() + core.step() + core.step()  # prefill, then decode steps launched ahead
+    core.handle(["add", "b", [200, 201], sp])       # arrives while the next decode step runs
     msgs += _run(core)
     ahead = [m[1]["ahead"] for m in msgs]
-    adopted, discarded = sum(a for a, _ in ahead), sum(d for _, d in ahead)
-    assert discarded == 1 and adopted == core.llm.async_steps["adopted"] >= 5
+    launched, wasted = sum(a for a, _ in ahead), sum(w for _, w in ahead)
+    assert wasted == 0 and launched == core.llm.async_stats["launched_ahead"] >= 5
     assert [m[1]["phase"] for m in msgs].count("prefill") == 2
+    core.handle(["add", "c", [300, 301], {**sp, "max_tokens": 20}])
+    msgs = core.step() + core.step()
+    core.handle(["abort", ["c"]])                    # its next row is already on the device
+    msgs += _run(core)
+    assert sum(m[1]["ahead"][1] for m in msgs) == 1
 
 
 def test_core_rejects_one_request_and_keeps_the_rest(core):
@@ -575,16 +581,16 @@ def test_core_rejects_one_request_and_keeps_the_rest(core):
 
 def test_core_survives_a_step_that_raises(core, monkeypatch):
     runner = core.llm.model_runner
-    launch = runner.launch  # the engine's path to the runner in one process
+    execute = runner.execute  # the engine's path to the runner in one process
     calls = {"n": 0}
 
     def fails_once(*a, **k):
         calls["n"] += 1
         if calls["n"] == 1:
             raise OverflowError("planted")
-        return launch(*a, **k)
+        return execute(*a, **k)
 
-    monkeypatch.setattr(runner, "launch", fails_once)
+    monkeypatch.setattr(runner, "execute", fails_once)
     sp = {"temperature": 0, "max_tokens": 2, "ignore_eos": True, "top_k": -1, "top_p": 1.0}
     core.handle(["add", "x", [100, 101], sp])
     failed = core.step()
@@ -600,7 +606,9 @@ def test_core_abort_frees_the_blocks(core):
     core.step()
     assert core.llm.stats()["free_blocks"] < core.llm.stats()["num_blocks"]
     core.handle(["abort", ["long"]])
-    assert not core.has_work and core.llm.stats()["free_blocks"] == core.llm.stats()["num_blocks"]
+    assert core.llm.stats()["free_blocks"] == core.llm.stats()["num_blocks"]  # at once
+    # A step launched before the abort still commits (async scheduling); its row for "long" is dropped.
+    assert not [row for m in _run(core) for row in m[1]["out"]] and not core.has_work
     core.handle(["stop"])
     assert core.stopping
 

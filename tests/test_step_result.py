@@ -62,16 +62,16 @@ def test_prefix_cache_queries_and_hits_count_tokens(llm):
 
 def test_a_failed_step_aborts_its_sequences_and_the_engine_carries_on(llm, monkeypatch):
     runner = llm.model_runner
-    launch = runner.launch  # the engine's path to the runner in one process
+    execute = runner.execute  # the engine's path to the runner in one process
     calls = {"n": 0}
 
     def fails_once(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 1:
             raise OverflowError("planted")
-        return launch(*args, **kwargs)
+        return execute(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "launch", fails_once)
+    monkeypatch.setattr(runner, "execute", fails_once)
     free = llm.scheduler.block_manager.num_free_blocks
     bad = llm.add_request(list(range(100, 120)), SamplingParams(max_tokens=3, ignore_eos=True), "bad")
     with pytest.raises(StepFailed, match=r"OverflowError: planted.*aborted") as info:

@@ -24,6 +24,7 @@ from engine.config import Config, free_port
 from engine.distributed import tp_size
 from engine.rendezvous import START_TIMEOUT_FLOOR_S
 from engine.tp_workers import FAIL_ENV, TensorParallel
+from engine.sampler import TeacherForcing
 from engine.sequence import Sequence
 from engine.step_result import StepFailed
 from labkit.trace.cases import list_cases, load_case
@@ -122,7 +123,7 @@ def test_tp2_greedy_tokens_equal_tp1(tiny_model, tp1_tokens):
         assert [o["token_ids"] for o in outs] == tp1_tokens
         mem = llm.peak_memory_per_rank()
         assert [m["rank"] for m in mem] == [0, 1] and all(m["peak_bytes"] > 0 for m in mem)
-        pids = [p.pid for p in llm._tp.procs]
+        pids = [p.pid for p in llm.executor.tp.procs]
         addr = llm.config.dist_init_addr  # the free loopback port the engine bound
         assert addr.startswith("127.0.0.1:") and not _nothing_listens_on(addr)
     finally:
@@ -134,13 +135,17 @@ def test_tp2_greedy_tokens_equal_tp1(tiny_model, tp1_tokens):
 def _forced_logits(llm, prompts, steps=4):
     """Teacher forcing: feed token 100+step on every step; return each step's logits rows."""
     rows = []
+
+    def choose(plan, logits):
+        if plan.sample_rows:  # (a chunk alone samples nothing)
+            rows.append(logits.float().clone())
+        return [100 + len(rows) for _ in plan.sample_rows]
+
+    llm.sampling = TeacherForcing(choose)
     for p in prompts:
         llm.add_request(p, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
     while not llm.is_finished():
-        def choose(seqs, logits):
-            rows.append(logits.float().clone())
-            return [100 + len(rows) for _ in seqs]
-        llm.step(choose_tokens=choose)
+        llm.step()
     return rows
 
 
@@ -188,7 +193,7 @@ def test_every_case_passes_with_two_ranks(name, tiny_model, tmp_path):
 
 def test_a_killed_worker_raises_a_clear_error_and_leaves_nothing(tiny_model):
     llm = LLM(tiny_model, tensor_parallel_size=2, dist_timeout_s=120, **SMALL)
-    name, proc = llm.config.shm_name, llm._tp.procs[0]
+    name, proc = llm.config.shm_name, llm.executor.tp.procs[0]
     try:
         llm.add_request([5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
         llm.step()
@@ -210,7 +215,7 @@ def test_a_worker_dying_inside_a_collective_is_named_too(tiny_model, monkeypatch
     # The worker dies after rank 0 has woken it: rank 0's collective fails (gloo: connection closed by
     # peer) and the engine still names the dead rank rather than passing the gloo error on.
     llm = LLM(tiny_model, tensor_parallel_size=2, dist_timeout_s=20, **SMALL)
-    runner, proc, name = llm.model_runner, llm._tp.procs[0], llm.config.shm_name
+    runner, proc, name = llm.model_runner, llm.executor.tp.procs[0], llm.config.shm_name
     try:
         llm.add_request([5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
         llm.step()
@@ -222,11 +227,11 @@ def test_a_worker_dying_inside_a_collective_is_named_too(tiny_model, monkeypatch
                 return method(*args)
             return call
 
-        # Rank 0's part of the next call: a step (launch) or, with async scheduling, the step after it
-        # (launch_ahead); either way the worker is gone by the time rank 0 enters the collective.
-        monkeypatch.setattr(runner, "launch", dies_first(runner.launch))
-        monkeypatch.setattr(runner, "launch_ahead", dies_first(runner.launch_ahead))
+        # Rank 0's part of the next step (with async scheduling, of the step after it, whose failure the next
+        # step() raises): the worker is gone by the time rank 0 enters the collective.
+        monkeypatch.setattr(runner, "execute", dies_first(runner.execute))
         with pytest.raises(RuntimeError, match=r"tensor parallel worker rank 1 died \(exit code -9\)"):
+            llm.step()
             llm.step()
         assert not _shm_exists(name)
     finally:
@@ -236,7 +241,7 @@ def test_a_worker_dying_inside_a_collective_is_named_too(tiny_model, monkeypatch
 @pytest.mark.slow
 def test_a_hung_worker_turns_into_an_error_after_dist_timeout_s(tiny_model):
     llm = LLM(tiny_model, tensor_parallel_size=2, dist_timeout_s=3, **SMALL)
-    proc, name = llm._tp.procs[0], llm.config.shm_name
+    proc, name = llm.executor.tp.procs[0], llm.config.shm_name
     try:
         llm.add_request([5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
         llm.step()
@@ -261,7 +266,7 @@ _RANK0 = textwrap.dedent("""
     from engine import LLM
     if __name__ == "__main__":
         llm = LLM(sys.argv[1], tensor_parallel_size=2, **json.loads(sys.argv[2]))
-        print(json.dumps({"shm_name": llm.config.shm_name, "pids": [p.pid for p in llm._tp.procs],
+        print(json.dumps({"shm_name": llm.config.shm_name, "pids": [p.pid for p in llm.executor.tp.procs],
                           "addr": llm.config.dist_init_addr}), flush=True)
         time.sleep(120)
 """)
@@ -290,11 +295,17 @@ def test_an_engine_listens_on_loopback_only_and_its_workers_leave_when_rank_0_is
     assert all(_gone(pid) for pid in info["pids"]) and not _shm_exists(info["shm_name"])
 
 
+def _fails_on_workers(runner):
+    if runner.rank:
+        raise ZeroDivisionError("planted on a worker")
+    return runner.rank
+
+
 def test_a_worker_error_is_quoted(tiny_model):
     llm = LLM(tiny_model, tensor_parallel_size=2, **SMALL)
     try:
-        with pytest.raises(RuntimeError, match=r"rank 1 died \(exit code 1\): AttributeError: .*no_such_method"):
-            llm._tp.call("no_such_method", reply=True)
+        with pytest.raises(RuntimeError, match=r"rank 1 died \(exit code 1\): ZeroDivisionError: planted on a worker"):
+            llm.executor.per_rank(_fails_on_workers)
     finally:
         llm.exit()
     assert not _shm_exists(llm.config.shm_name)
@@ -421,7 +432,7 @@ def test_a_call_larger_than_the_shared_memory_is_refused(tiny_model):
     name = llm.config.shm_name
     try:
         llm.add_request([100 + i % 1900 for i in range(1500)], SamplingParams(max_tokens=1))
-        with pytest.raises(StepFailed, match=r"shm_size: the 'run' call needs \d+ bytes .*shm_size=8192") as info:
+        with pytest.raises(StepFailed, match=r"shm_size: a BatchPlan needs \d+ bytes .*shm_size=8192") as info:
             llm.step()
         assert not info.value.fatal and llm.is_finished()  # the request was taken out, its blocks freed
     finally:
@@ -446,20 +457,22 @@ def test_config_checks_divisibility_and_picks_unique_isolation(tiny_model):
     assert a.dist_init_addr is None and a.shm_size == 1 << 20 and a.dist_timeout_s == 60
 
 
-def test_sequences_travel_compactly():
-    seq = Sequence(list(range(1000)), SamplingParams(), 3, 256)
-    seq.block_table = [4, 5, 6, 7]
-    seq.num_cached_tokens = 512  # a prefix hit: only the rest travels
-    seq.num_scheduled_tokens = 488
-    w = pickle.loads(pickle.dumps(seq))
-    assert len(w) == 1000 and w.token_ids[512:1000] == list(range(512, 1000)) and w.block_table == [4, 5, 6, 7]
-    with pytest.raises(IndexError):
-        w.token_ids[0:10]
-    seq.num_cached_tokens, seq.num_scheduled_tokens = 1000, 1
-    seq.append_token(7)  # decode: the last token only
-    data = pickle.dumps(seq)
-    w = pickle.loads(data)
-    assert len(data) < 120 and w.last_token == 7 and len(w) == 1001 and w.last_block_num_tokens == 233
+def test_a_plan_travels_to_the_workers_without_its_sampling_settings_or_sequences(tiny_model):
+    """The workers get the step as data: what to compute, never rank 0's Sequence objects or sampling settings."""
+    from engine.scheduler import Scheduler
+
+    cfg = Config(tiny_model, kvcache_block_size=256, num_kvcache_blocks=8)
+    sched = Scheduler(cfg)
+    seq = Sequence(list(range(1000)), SamplingParams(temperature=0.7, seed=3), 3, 256)
+    sched.add(seq)
+    plan = sched.schedule()
+    w = pickle.loads(pickle.dumps(plan.for_workers()))
+    assert (w.seq_ids, w.starts, w.num_new, w.num_tokens, w.block_tables) == ([3], [0], [1000], [1000], [[0, 1, 2, 3]])
+    assert w.input_ids == list(range(1000)) and w.sampling is None and w.seqs is None and w.samples == [True]
+    sched.commit(plan, [7])
+    plan = sched.schedule()  # decode: one known token a row
+    data = pickle.dumps(plan.for_workers())
+    assert len(data) < 200 and pickle.loads(data).input_ids == [7]
 
 
 def test_shapes_command_static_and_checked(tmp_path, capsys):
@@ -529,7 +542,7 @@ def test_async_scheduling_with_two_ranks_changes_no_step(tiny_model):
                 r = llm.step()
                 steps.append((r.phase, r.seq_ids, r.token_ids, r.finish_reasons, r.inputs.positions,
                               r.inputs.slot_mapping))
-            return steps, [llm.get_sequence(i).completion_token_ids for i in ids], dict(llm.async_steps)
+            return steps, [llm.get_sequence(i).completion_token_ids for i in ids], dict(llm.async_stats)
         finally:
             llm.exit()
 
@@ -541,5 +554,9 @@ def test_async_scheduling_with_two_ranks_changes_no_step(tiny_model):
     eos = max(counts, key=counts.get)
     sync = run(False, eos)
     overlapped = run(True, eos)
-    assert overlapped[:2] == sync[:2]
-    assert overlapped[2]["adopted"] > 3 and overlapped[2]["discarded"] > 0, overlapped[2]
+    # The same tokens for every request; the steps differ only by the rows a late EOS wasted.
+    assert overlapped[1] == sync[1]
+    assert overlapped[2]["launched_ahead"] > 3 and overlapped[2]["wasted_rows"] > 0, overlapped[2]
+    kept = [(p, [(s, t, f) for s, t, f in zip(ids, toks, fins) if t is not None or f is not None])
+            for p, ids, toks, fins, _, _ in overlapped[0]]
+    assert [k for k in kept if k[1]] == [(p, list(zip(i, t, f))) for p, i, t, f, _, _ in sync[0]]

@@ -6,14 +6,16 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.llm import LLMEngine
+from engine.step_events import StepEvents
 
 
 def test_no_tracer_means_no_event_work(tiny_model, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("tracing work done with tracing off")
 
-    for name in ("_trace_schedule", "_trace_postprocess", "_run_start_fields"):
-        monkeypatch.setattr(LLMEngine, name, boom)
+    for name in ("scheduling", "launched", "committed", "emit_now", "aborted"):
+        monkeypatch.setattr(StepEvents, name, boom)
+    monkeypatch.setattr(LLMEngine, "_run_start_fields", boom)
     import engine.model_shapes
 
     monkeypatch.setattr(engine.model_shapes, "register_shape_hooks", boom)

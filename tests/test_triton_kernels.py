@@ -8,7 +8,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from engine.backends import torch_ref  # noqa: E402
-from engine.context import Context  # noqa: E402
+from engine.context import DecodeMeta, PrefillMeta  # noqa: E402
 from engine.kernels.decode_attention import paged_decode  # noqa: E402
 from engine.kernels.kv_write import store_kvcache  # noqa: E402
 from engine.kernels.prefill_attention import varlen_prefill  # noqa: E402
@@ -73,7 +73,7 @@ def _decode_case(dtype, block_size, lengths, heads, kv_heads, head_dim=32):
     tables = _tables(lengths, block_size, num_blocks)
     q = torch.randn(len(lengths), heads, head_dim).to(dtype).to(DEVICE)
     ctx_lens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
-    ctx = Context(is_prefill=False, context_lens=ctx_lens, block_tables=tables, context_lens_host=lengths)
+    ctx = DecodeMeta(len(lengths), ctx_lens, tables, lengths)
     ref = torch_ref.decode(q, k_cache, v_cache, ctx, head_dim ** -0.5)
     return q, k_cache, v_cache, tables, ctx_lens, ref
 
@@ -159,9 +159,8 @@ def test_varlen_prefill_matches_reference(dtype, tol, paged, block_size):
     store_kvcache(k, v, k_cache, v_cache, slot_t)
     cu_q_t = torch.tensor(cu_q, dtype=torch.int32, device=DEVICE)
     cu_k_t = torch.tensor(cu_k, dtype=torch.int32, device=DEVICE)
-    ctx = Context(is_prefill=True, cu_seqlens_q=cu_q_t, cu_seqlens_k=cu_k_t, cu_seqlens_q_host=cu_q,
-                  cu_seqlens_k_host=cu_k, block_tables=tables if paged else None,
-                  max_seqlen_q=max(n for _, n in shapes))
+    ctx = PrefillMeta(cu_q_t, cu_k_t, max(n for _, n in shapes), max(c + n for c, n in shapes),
+                      tables if paged else None, cu_q, cu_k)
     scale = head_dim ** -0.5
     ref = torch_ref.prefill(q, k, v, k_cache, v_cache, ctx, scale)
     out = varlen_prefill(q, k, v, k_cache if paged else None, v_cache if paged else None,
@@ -174,17 +173,18 @@ def test_gumbel_argmax_greedy_rows_are_argmax_and_sampled_rows_follow_the_distri
 
     g = torch.Generator().manual_seed(7)
     logits = (torch.randn(3, 300, generator=g) * 3).to(DEVICE)
-    greedy = gumbel_argmax(logits, torch.zeros(3, device=DEVICE), seed=1, block=128)
+    seeds = torch.arange(400, device=DEVICE) * 7919 + 3
+    greedy = gumbel_argmax(logits, torch.zeros(3, device=DEVICE), seeds[:3], block=128)
     assert greedy.tolist() == logits.argmax(-1).tolist()
     probs = torch.tensor([0.6, 0.25, 0.1, 0.05])
     n = 400  # Triton's CPU interpreter runs one program per row: keep this small (one standard error is ~0.025)
     rows = probs.log().expand(n, 4).contiguous().to(DEVICE)
-    drawn = gumbel_argmax(rows, torch.ones(n, device=DEVICE), seed=3, block=4)
+    drawn = gumbel_argmax(rows, torch.ones(n, device=DEVICE), seeds[:n], block=4)
     freq = torch.bincount(drawn.cpu(), minlength=4).float() / n
     assert torch.allclose(freq, probs, atol=0.06)
-    again = gumbel_argmax(rows[:50], torch.ones(50, device=DEVICE), seed=3, block=4)
-    assert torch.equal(drawn[:50], again)  # the seed fixes the draw
-    hot = gumbel_argmax(rows[:100], torch.full((100,), 50.0, device=DEVICE), seed=4, block=4)
+    again = gumbel_argmax(rows[:50], torch.ones(50, device=DEVICE), seeds[:50], block=4)
+    assert torch.equal(drawn[:50], again)  # a row's seed fixes its draw, whatever else is in the batch
+    hot = gumbel_argmax(rows[:100], torch.full((100,), 50.0, device=DEVICE), seeds[100:200], block=4)
     assert len(set(hot.tolist())) == 4  # a high temperature flattens the distribution
 
 
@@ -195,10 +195,11 @@ def test_gumbel_argmax_draw_does_not_depend_on_how_the_vocabulary_is_split():
     logits = (torch.randn(4, 1000, generator=g) * 2).to(DEVICE)
     logits[3, 517] = logits[3, 901] = 50.0  # a tie: the first index must win in every split
     temps = torch.tensor([0.0, 0.7, 1.3, 0.0], device=DEVICE)
-    draws = [gumbel_argmax(logits, temps, seed=9, block=64, num_chunks=c).tolist() for c in (1, 3, 16)]
+    seeds = torch.tensor([9, 10, 11, 12], device=DEVICE)
+    draws = [gumbel_argmax(logits, temps, seeds, block=64, num_chunks=c).tolist() for c in (1, 3, 16)]
     assert draws[0] == draws[1] == draws[2]
     assert draws[0][0] == logits[0].argmax().item() and draws[0][3] == 517
-    other = gumbel_argmax(logits, temps, seed=10, block=64, num_chunks=3).tolist()
+    other = gumbel_argmax(logits, temps, seeds + 1, block=64, num_chunks=3).tolist()
     assert other[0] == draws[0][0] and other[3] == 517  # greedy rows ignore the seed
 
 
@@ -206,4 +207,5 @@ def test_gumbel_argmax_all_minus_inf_row_gives_index_zero_like_torch():
     from engine.kernels.gumbel_sampler import gumbel_argmax
 
     logits = torch.full((1, 300), float("-inf"), device=DEVICE)
-    assert gumbel_argmax(logits, torch.zeros(1, device=DEVICE), seed=1, block=64, num_chunks=4).tolist() == [0]
+    seeds = torch.ones(1, dtype=torch.int64, device=DEVICE)
+    assert gumbel_argmax(logits, torch.zeros(1, device=DEVICE), seeds, block=64, num_chunks=4).tolist() == [0]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
-from ..context import Context
+from ..context import DecodeMeta, PrefillMeta
 from ..kernels.kv_write import store_kvcache as _store
 from ..kv_layout import token_major
 
@@ -22,7 +22,7 @@ def store_kvcache(k, v, k_cache, v_cache, slot_mapping):
     _store(k, v, k_cache, v_cache, slot_mapping)
 
 
-def prefill(q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+def prefill(q, k, v, k_cache, v_cache, ctx: PrefillMeta, scale: float) -> torch.Tensor:
     if ctx.block_tables is not None:  # a cached prefix: read keys from the pool
         k, v = token_major(k_cache), token_major(v_cache)
     return flash_attn_varlen_func(q, k, v, max_seqlen_q=ctx.max_seqlen_q, cu_seqlens_q=ctx.cu_seqlens_q,
@@ -30,7 +30,7 @@ def prefill(q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tens
                                   softmax_scale=scale, causal=True, block_table=ctx.block_tables)
 
 
-def decode(q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+def decode(q, k_cache, v_cache, ctx: DecodeMeta, scale: float) -> torch.Tensor:
     out = flash_attn_with_kvcache(q.unsqueeze(1), token_major(k_cache), token_major(v_cache),
                                   cache_seqlens=ctx.context_lens, block_table=ctx.block_tables, softmax_scale=scale,
                                   causal=True)

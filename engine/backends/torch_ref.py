@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..context import Context
+from ..context import DecodeMeta, PrefillMeta
 from ..kv_layout import token_major
 
 NEEDS_PREFILL_BLOCK_TABLES = False
@@ -50,7 +50,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
     return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
 
 
-def prefill(q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+def prefill(q, k, v, k_cache, v_cache, ctx: PrefillMeta, scale: float) -> torch.Tensor:
     out = torch.empty_like(q)
     cu_q, cu_k = ctx.cu_seqlens_q_host, ctx.cu_seqlens_k_host
     for i in range(len(cu_q) - 1):
@@ -65,7 +65,7 @@ def prefill(q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tens
     return out
 
 
-def decode(q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+def decode(q, k_cache, v_cache, ctx: DecodeMeta, scale: float) -> torch.Tensor:
     """One query per sequence over its whole context, batched by padding to the longest context."""
     batch, num_heads, head_dim = q.shape
     _, num_kv_heads, block_size, _ = k_cache.shape

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..context import Context
+from ..context import DecodeMeta, PrefillMeta
 from ..device import num_sms
 from ..kernels.decode_attention import num_splits_for, paged_decode
 from ..kernels.kv_write import store_kvcache as _store
@@ -22,14 +22,14 @@ def store_kvcache(k, v, k_cache, v_cache, slot_mapping):
     _store(k, v, k_cache, v_cache, slot_mapping)
 
 
-def prefill(q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+def prefill(q, k, v, k_cache, v_cache, ctx: PrefillMeta, scale: float) -> torch.Tensor:
     paged = ctx.block_tables is not None and k_cache.numel() > 0
     return varlen_prefill(q, k, v, k_cache if paged else None, v_cache if paged else None,
                           ctx.block_tables if paged else None, ctx.cu_seqlens_q, ctx.cu_seqlens_k,
                           ctx.max_seqlen_q, scale)
 
 
-def decode(q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+def decode(q, k_cache, v_cache, ctx: DecodeMeta, scale: float) -> torch.Tensor:
     splits = ctx.num_splits
     if splits is None:
         num_blocks, num_kv_heads, block_size, _ = k_cache.shape  # engine/kv_layout.py

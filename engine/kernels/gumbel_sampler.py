@@ -4,7 +4,8 @@ exactly as the torch sampler's argmax(p / E) does, reading each logit once inste
 
 A row's vocabulary is split into chunks, each scanned by its own program, and a second kernel picks the
 best chunk: at batch 1 a single program streaming 151,936 logits would run on one SM. Each element's
-noise depends only on (seed, row, index), so the draw is the same whatever the chunking."""
+noise depends only on (its row's seed, index), so the draw is the same whatever the chunking, and a row's
+draw does not depend on the other rows of the batch."""
 from __future__ import annotations
 
 import torch
@@ -14,13 +15,13 @@ import triton.language as tl
 from ..device import num_sms
 
 
-# The seed changes every call: specialised (== 1, % 16 == 0) it would build extra variants on first use.
-@triton.jit(do_not_specialize=["seed"])
-def _gumbel_chunk_kernel(logits_ptr, stride_row, temps_ptr, best_ptr, idx_ptr, seed, vocab, chunk, num_chunks,
+@triton.jit
+def _gumbel_chunk_kernel(logits_ptr, stride_row, temps_ptr, seeds_ptr, best_ptr, idx_ptr, vocab, chunk, num_chunks,
                          BLOCK: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
     t = tl.load(temps_ptr + row)
+    seed = tl.load(seeds_ptr + row)
     greedy = t <= 0.0
     inv_t = tl.where(greedy, 1.0, 1.0 / tl.where(greedy, 1.0, t))
     best = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -31,7 +32,7 @@ def _gumbel_chunk_kernel(logits_ptr, stride_row, temps_ptr, best_ptr, idx_ptr, s
         idx = start + tl.arange(0, BLOCK)
         mask = idx < hi
         x = tl.load(logits_ptr + row * stride_row + idx, mask=mask, other=float("-inf")).to(tl.float32)
-        u = tl.rand(seed, row * vocab + idx)
+        u = tl.rand(seed, idx)
         u = tl.minimum(tl.maximum(u, 1e-20), 1.0 - 1e-7)
         gumbel = -tl.log(-tl.log(u))
         score = tl.where(greedy, x, x * inv_t + gumbel)
@@ -71,9 +72,10 @@ def num_chunks_for(rows: int, vocab: int, block: int, num_sms: int = 132) -> int
     return max(1, min(-(-2 * num_sms // max(rows, 1)), -(-vocab // block)))
 
 
-def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seed: int, block: int = 1024,
+def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, block: int = 1024,
                   num_chunks: int | None = None) -> torch.Tensor:
-    """logits [rows, vocab] (any float dtype), temperatures [rows] float32; returns int64 token ids."""
+    """logits [rows, vocab] (any float dtype), temperatures [rows] float32, seeds [rows] int64 (a row's
+    noise); returns int64 token ids."""
     rows, vocab = logits.shape
     assert logits.stride(-1) == 1
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
@@ -87,7 +89,7 @@ def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seed: int, b
     num_chunks = triton.cdiv(vocab, chunk)
     best = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
     idx = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
-    _gumbel_chunk_kernel[(rows, num_chunks)](logits, logits.stride(0), temperatures, best, idx, seed, vocab, chunk,
+    _gumbel_chunk_kernel[(rows, num_chunks)](logits, logits.stride(0), temperatures, seeds, best, idx, vocab, chunk,
                                              num_chunks, BLOCK=block)
     _pick_chunk_kernel[(rows,)](best, idx, out, num_chunks, BLOCK_C=64)
     return out

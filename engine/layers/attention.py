@@ -23,6 +23,12 @@ class Attention(nn.Module):
         ctx = get_context()
         if self.k_cache.numel():
             self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
-        if ctx.is_prefill:
-            return self.backend.prefill(q, k, v, self.k_cache, self.v_cache, ctx, self.scale)
-        return self.backend.decode(q, self.k_cache, self.v_cache, ctx, self.scale)
+        dec, pre = ctx.decode, ctx.prefill
+        if pre is None:
+            return self.backend.decode(q, self.k_cache, self.v_cache, dec, self.scale)
+        if dec is None:
+            return self.backend.prefill(q, k, v, self.k_cache, self.v_cache, pre, self.scale)
+        # A mixed step: its decode rows come first, each part goes to its own kernel.
+        n = dec.num_rows
+        return torch.cat((self.backend.decode(q[:n], self.k_cache, self.v_cache, dec, self.scale),
+                          self.backend.prefill(q[n:], k[n:], v[n:], self.k_cache, self.v_cache, pre, self.scale)))

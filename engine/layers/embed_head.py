@@ -36,9 +36,9 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, x: torch.Tensor) -> torch.Tensor | None:
-        ctx = get_context()
-        if ctx.is_prefill:
-            # Only each sequence's last position predicts a token.
-            x = x[ctx.cu_seqlens_q[1:] - 1].contiguous()
+        indices = get_context().logits_indices
+        if indices is not None:
+            # Only the rows that sample predict a token: each one's last position.
+            x = x[indices].contiguous()
         logits = F.linear(x, self.weight)
         return gather_to_rank0(logits, dim=-1)

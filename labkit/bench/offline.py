@@ -259,15 +259,15 @@ def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: d
 
         def generate(d: Draw) -> tuple[float, int, dict]:
             prompts, params = requests(d)
-            before = dict(llm.async_steps)
+            before = dict(llm.async_stats)
             if w.timing == "steps":
                 wall, times = timed(lambda: run_steps(llm, prompts, params), run_device)
                 out, stats = sum(t.new_tokens for t in times), step_stats(times)
             else:
                 wall, outs = timed(lambda: llm.generate(prompts, params, use_tqdm=False), run_device)
                 out, stats = sum(len(o["token_ids"]) for o in outs), {}
-            # Async scheduling: decode steps launched ahead and kept / thrown away (a wrong plan).
-            stats["async_steps"] = {k: llm.async_steps[k] - before[k] for k in before}
+            # Async scheduling: steps launched while the one before ran, rows wasted on a late EOS.
+            stats["async_steps"] = {k: llm.async_stats[k] - before[k] for k in before}
             return wall, out, stats
 
         warmup_rounds = []

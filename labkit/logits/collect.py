@@ -1,11 +1,11 @@
 """Collectors: walk a suite's fixed token path and keep each accepted step's last-position logits.
 
-engine: the real Scheduler, BlockManager, ModelRunner and paged KV cache. The sampler is bypassed:
-    `LLM.step(choose_tokens=...)` hands us each scheduled sequence's logits row and we return the
-    request's next forced token, which postprocess then accepts (teacher forcing). Rows are taken
-    only where `num_cached_tokens + num_scheduled_tokens == num_tokens`; a chunk's candidate is
-    discarded by postprocess and is not a row. The code path of every step (eager call or graph
-    replay, and the bucket) is read from the engine's own gpu_inputs trace event.
+engine: the real Scheduler, BlockManager, ModelRunner and paged KV cache. The sampler is replaced by
+    the teacher-forcing strategy (`llm.sampling = TeacherForcing(choose)`, engine/sampler.py): the
+    engine hands us each sampling row's logits (a row whose tokens reach the end of its sequence; a
+    chunk samples nothing) with the step's BatchPlan, and we return the request's next forced token,
+    which the commit accepts. The code path of every step (eager call or graph replay, and the bucket)
+    is read from the StepResult's inputs.
 hf: transformers' Qwen3ForCausalLM recomputes the whole prefix for every row (use_cache=False,
     attn_implementation="eager"): no KV cache, no paging, no scheduler.
 
@@ -128,30 +128,6 @@ def _row_meta(index: int, rid: str, k: int, path: dict, **extra) -> dict:
 # Engine
 
 
-class _StepTracer:
-    """A tracer that keeps only what the collector needs: this step's scheduled/gpu_inputs events."""
-
-    def __init__(self):
-        from engine.trace import Tracer
-
-        class _T(Tracer):
-            def __init__(inner):
-                super().__init__("logits-check")
-                inner.last: dict[str, dict] = {}
-
-            def record(inner, event: dict) -> None:
-                if event["event"] in ("scheduled", "gpu_inputs"):
-                    inner.last[event["event"]] = event
-
-        self.tracer = _T()
-
-    def get(self, name: str) -> dict:
-        ev = self.tracer.last.get(name)
-        if ev is None or ev.get("step") != self.tracer.step:
-            raise RuntimeError(f"engine emitted no {name} event for step {self.tracer.step}")
-        return ev
-
-
 def _engine_error(exc: Exception, tp: int) -> LabkitError:
     msg = " ".join(str(exc).split())
     if tp > 1 and "tensor_parallel_size" in msg:
@@ -164,6 +140,7 @@ def collect_engine(suite: Suite, model_dir: str | Path, *, device: str = "cpu", 
                    progress: Callable[[str], None] | None = None) -> Collection:
     """Run every case of `suite` through the engine with forced tokens; one row per accepted step."""
     from engine import LLM, SamplingParams
+    from engine.sampler import TeacherForcing
 
     if execution not in ("eager", "graph"):
         raise LabkitError(f"--execution must be eager or graph, not {execution!r}")
@@ -182,9 +159,8 @@ def collect_engine(suite: Suite, model_dir: str | Path, *, device: str = "cpu", 
     t0 = time.perf_counter()
 
     for case_no, case in enumerate(suite.cases):
-        st = _StepTracer()
         kwargs = {**case.engine_kwargs(), "device": device, "dtype": dtype, "attention_backend": attention,
-                  "enforce_eager": execution == "eager", "tensor_parallel_size": tp, "tracer": st.tracer}
+                  "enforce_eager": execution == "eager", "tensor_parallel_size": tp}
         try:
             llm = LLM(str(model_dir), **kwargs)
         except ValueError as exc:
@@ -198,39 +174,44 @@ def collect_engine(suite: Suite, model_dir: str | Path, *, device: str = "cpu", 
             cfg = {k: v for k, v in vars(llm.config).items() if k not in ("tracer", "hf_config", "model")}
             case_configs.append({"case": case.name, "config": cfg})
 
-            def choose(seqs, logits, _case=case):
-                step = llm.step_count
-                sched = st.get("scheduled")
-                inputs = st.get("gpu_inputs")
-                phase = sched["phase"]
-                record = {"case": _case.name, "step": step, "phase": phase, "num_seqs": len(seqs),
-                          "num_input_ids": inputs["num_input_ids"], "execution": inputs.get("execution"),
-                          "graph_batch": inputs.get("graph_batch"), "seqs": []}
+            seen: dict = {}
+
+            def choose(plan, logits):
+                seen["plan"], seen["logits"] = plan, logits.detach().float().cpu()
                 chosen = []
-                host = logits.detach().float().cpu()
-                for i, seq in enumerate(seqs):
-                    rid = seq.request_id
-                    p = path[rid]
-                    k = seq.num_tokens - len(p["prompt"])
-                    accepted = seq.num_cached_tokens + seq.num_scheduled_tokens == seq.num_tokens
-                    record["seqs"].append({"request_id": rid, "num_tokens": seq.num_tokens,
-                                           "num_cached_tokens": seq.num_cached_tokens,
-                                           "num_scheduled_tokens": seq.num_scheduled_tokens, "row": accepted})
-                    if list(seq.token_ids) != (p["prompt"] + p["continuation"])[:seq.num_tokens]:
-                        raise RuntimeError(f"{rid}: the engine's tokens left the forced path at step {step}")
-                    if accepted:
-                        rows.append(_row_meta(len(rows), rid, k, path, step=step, phase=phase,
-                                              cached_tokens=seq.num_cached_tokens,
-                                              scheduled_tokens=seq.num_scheduled_tokens, batch=len(seqs),
-                                              execution=record["execution"], graph_batch=record["graph_batch"]))
-                        logits_rows.append(host[i].numpy().copy())
-                    chosen.append(p["continuation"][k])
-                if suite.record_kv:
-                    _read_kv(llm, inputs, seqs, phase, kv, request_index, step, case_no)
-                steps.append(record)
+                for i in plan.sample_rows:
+                    rid = plan.request_ids[i]
+                    chosen.append(path[rid]["continuation"][plan.num_tokens[i] - len(path[rid]["prompt"])])
                 return chosen
 
-            _drive(llm, case, path, choose, SamplingParams)
+            def record_step(result, _case=case, _case_no=case_no):
+                plan, host = seen.pop("plan"), seen.pop("logits")
+                step, phase, inputs = result.step, result.phase, result.inputs
+                record = {"case": _case.name, "step": step, "phase": phase, "num_seqs": len(plan),
+                          "num_input_ids": len(inputs.input_ids), "execution": inputs.execution,
+                          "graph_batch": inputs.graph_batch, "seqs": []}
+                at = 0
+                sampled = iter(range(len(plan.sample_rows)))
+                for i, (rid, start, n, total, ok) in enumerate(zip(plan.request_ids, plan.starts, plan.num_new,
+                                                                   plan.num_tokens, plan.samples)):
+                    p = path[rid]
+                    record["seqs"].append({"request_id": rid, "num_tokens": total, "num_cached_tokens": start,
+                                           "num_scheduled_tokens": n, "row": ok})
+                    if plan.input_ids[at:at + n] != (p["prompt"] + p["continuation"])[start:start + n]:
+                        raise RuntimeError(f"{rid}: the engine's input ids left the forced path at step {step}")
+                    at += n
+                    if ok:
+                        k = total - len(p["prompt"])
+                        rows.append(_row_meta(len(rows), rid, k, path, step=step, phase=phase, cached_tokens=start,
+                                              scheduled_tokens=n, batch=len(plan), execution=inputs.execution,
+                                              graph_batch=inputs.graph_batch))
+                        logits_rows.append(host[next(sampled)].numpy().copy())
+                if suite.record_kv:
+                    _read_kv(llm, inputs, plan, kv, request_index, step, _case_no)
+                steps.append(record)
+
+            llm.sampling = TeacherForcing(choose)
+            _drive(llm, case, path, record_step, SamplingParams)
         finally:
             llm.exit()
         if progress:
@@ -261,8 +242,9 @@ def collect_engine(suite: Suite, model_dir: str | Path, *, device: str = "cpu", 
     return Collection(meta, arrays)
 
 
-def _drive(llm, case, path, choose, SamplingParams) -> None:
-    """Submit the case's requests (an `after` request once its predecessor finished) and step to the end."""
+def _drive(llm, case, path, on_step, SamplingParams) -> None:
+    """Submit the case's requests (an `after` request once its predecessor finished) and step to the end,
+    handing each StepResult to `on_step`."""
     pending = list(case.requests)
     finished: set[str] = set()  # request ids, from the steps' StepResults
 
@@ -285,21 +267,17 @@ def _drive(llm, case, path, choose, SamplingParams) -> None:
             if len(pending) == before:
                 raise RuntimeError(f"case {case.name}: requests {[r.id for r in pending]} can never be submitted")
             continue
-        finished.update(s.request_id for s in llm.step(choose_tokens=choose).finished)
+        result = llm.step()
+        on_step(result)
+        finished.update(s.request_id for s in result.finished)
         submit_ready()
 
 
-def _read_kv(llm, inputs: dict, seqs, phase: str, kv: dict, request_index: dict, step: int, case_no: int) -> None:
+def _read_kv(llm, inputs, plan, kv: dict, request_index: dict, step: int, case_no: int) -> None:
     """The K and V every layer wrote this step: the pool read at the step's slot_mapping."""
-    slots = inputs["slot_mapping"]
-    positions = inputs["positions"]
-    owners: list[str] = []
-    if phase == "prefill":
-        cu = inputs["cu_seqlens_q"]
-        for i, seq in enumerate(seqs):
-            owners += [seq.request_id] * (cu[i + 1] - cu[i])
-    else:
-        owners = [seq.request_id for seq in seqs]
+    slots = inputs.slot_mapping
+    positions = inputs.positions
+    owners = [rid for rid, n in zip(plan.request_ids, plan.num_new) for _ in range(n)]
     if not (len(slots) == len(positions) == len(owners)):
         raise RuntimeError(f"step {step}: slot_mapping ({len(slots)}), positions ({len(positions)}) and "
                            f"sequences ({len(owners)}) do not line up")

@@ -16,7 +16,8 @@ PUSH/PULL sockets on ipc:// paths in a private folder, one msgpack message at a 
                             "queued": [[request_id, seconds waited before its first schedule], ...],
                             "stats": [waiting, running, free_blocks, total_blocks, preempted,
                                       prefix_queries, prefix_hits],
-                            "ahead": [steps launched ahead and kept, ... thrown away] since the last step}
+                            "ahead": [steps launched while the one before ran, rows wasted on sequences
+                                      that had stopped or been aborted] since the last step (async scheduling)}
                        ["stats", stats]                the same stats after adds/aborts while idle
                        ["rejected", request_id, message]      add_request refused it (ValueError)
                        ["failed", [request_id, ...], message] a step raised; those requests were aborted
@@ -51,7 +52,7 @@ class EngineCore:
         self.live: dict[str, int] = {}          # request_id -> seq_id
         self.unscheduled: dict[str, float] = {}  # request_id -> monotonic time it was added
         self.stopping = False
-        self._ahead_seen = (0, 0)               # async scheduling's adopted / discarded steps already reported
+        self._ahead_seen = (0, 0)               # async scheduling's steps ahead / wasted rows already reported
 
     def info(self) -> dict:
         llm = self.llm
@@ -70,7 +71,8 @@ class EngineCore:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.live) and not self.llm.is_finished()
+        # (With async scheduling a step may still be on the device after its last request left: it commits.)
+        return not self.llm.is_finished()
 
     def stats(self) -> list:
         s = self.llm.stats()
@@ -142,9 +144,9 @@ class EngineCore:
                     queued.append([rid, t0 - t_added])
         stats = [r.num_waiting, r.num_running, r.num_free_blocks, r.num_blocks, len(r.preempted),
                  r.prefix_cache_queries, r.prefix_cache_hits]
-        counts = llm.async_steps
-        ahead = [counts["adopted"] - self._ahead_seen[0], counts["discarded"] - self._ahead_seen[1]]
-        self._ahead_seen = (counts["adopted"], counts["discarded"])
+        counts = llm.async_stats
+        ahead = [counts["launched_ahead"] - self._ahead_seen[0], counts["wasted_rows"] - self._ahead_seen[1]]
+        self._ahead_seen = (counts["launched_ahead"], counts["wasted_rows"])
         return [["step", {"n": r.step, "phase": r.phase, "batch": r.batch_size, "tokens": r.num_computed_tokens,
                           "wall_s": wall, "out": out, "queued": queued, "stats": stats, "ahead": ahead}]]
 

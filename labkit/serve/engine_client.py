@@ -91,7 +91,7 @@ class EngineClient:
         self.dead: str | None = None         # why the core is gone, once it is
         self.draining = False
         self.stats = {"waiting": 0, "running": 0, "free_blocks": 0, "num_blocks": 0, "steps": 0, "max_batch": 0,
-                      "step_seconds": 0.0, "steps_launched_ahead": 0, "steps_discarded": 0}
+                      "step_seconds": 0.0, "steps_launched_ahead": 0, "wasted_rows": 0}
         self._live: dict[str, RequestStream] = {}
         self._no_token_yet = 0               # live requests still waiting for their first token
         self._proc = None
@@ -347,10 +347,10 @@ class EngineClient:
         s = self.stats
         s["steps"] += 1
         s["step_seconds"] += step["wall_s"]
-        adopted, discarded = step.get("ahead", (0, 0))
-        s["steps_launched_ahead"] += adopted
-        s["steps_discarded"] += discarded
-        m.async_step(adopted, discarded)
+        ahead, wasted = step.get("ahead", (0, 0))
+        s["steps_launched_ahead"] += ahead
+        s["wasted_rows"] += wasted
+        m.async_step(ahead, wasted)
         if step["batch"] > s["max_batch"]:
             s["max_batch"] = step["batch"]
 

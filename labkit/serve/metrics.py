@@ -49,20 +49,22 @@ class ServerMetrics:
                                 ["model_name", "finished_reason"], registry=r)
         self._http = Counter("labkit:http_requests", "HTTP requests by endpoint and status",
                              ["model_name", "endpoint", "status"], registry=r)
-        self._ahead = Counter("labkit:async_scheduled_steps", "Decode steps launched before the step before them "
-                              "finished (async scheduling): kept, or discarded when the schedule differed",
-                              ["model_name", "outcome"], registry=r)
+        self._ahead = Counter("labkit:async_scheduled_steps", "Steps launched while the step before them still ran "
+                              "(async scheduling)", ["model_name"], registry=r)
+        self._wasted = Counter("labkit:async_wasted_rows", "Rows computed for requests that had meanwhile stopped "
+                               "on EOS or been aborted (async scheduling: their tokens are dropped)",
+                               ["model_name"], registry=r)
         self.healthy = gauge("healthy", "1 while the engine core is alive and admitting")
         self.model_name = model_name
 
     def finished(self, reason: str) -> None:
         self._success.labels(self.model_name, reason).inc()
 
-    def async_step(self, adopted: int, discarded: int) -> None:
-        if adopted:
-            self._ahead.labels(self.model_name, "adopted").inc(adopted)
-        if discarded:
-            self._ahead.labels(self.model_name, "discarded").inc(discarded)
+    def async_step(self, ahead: int, wasted: int) -> None:
+        if ahead:
+            self._ahead.labels(self.model_name).inc(ahead)
+        if wasted:
+            self._wasted.labels(self.model_name).inc(wasted)
 
     def http(self, endpoint: str, status: int) -> None:
         self._http.labels(self.model_name, endpoint, str(status)).inc()

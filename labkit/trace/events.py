@@ -38,7 +38,7 @@ SEQ_KEYS: dict[str, tuple[str, ...]] = {
 # Events that belong to one engine step (their `step` must be an integer >= 1).
 STEP_EVENTS = ("before_schedule", "scheduled", "preempted", "gpu_inputs", "sampled",
                "after_postprocess")
-PHASES = ("prefill", "decode")
+PHASES = ("prefill", "decode", "mixed")  # mixed: decode rows first, then prefill chunks (scheduling_policy mixed)
 STATUSES = ("WAITING", "RUNNING", "FINISHED")
 
 
@@ -84,7 +84,7 @@ def event_problems(e) -> list[str]:
                     if miss:
                         probs.append(f"{ev}.seqs[{j}] lacks {', '.join(miss)}")
         if ev == "scheduled" and "phase" in e and e["phase"] not in PHASES:
-            probs.append(f"scheduled.phase must be prefill or decode, got {e['phase']!r}")
+            probs.append(f"scheduled.phase must be prefill, decode or mixed, got {e['phase']!r}")
     return probs
 
 

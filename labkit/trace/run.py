@@ -80,13 +80,16 @@ def run_case(case: Case, model_dir: Path, log_path: Path, *, overrides: dict | N
         vocab = llm.config.hf_config.vocab_size
         prompts = build_prompt_ids(case, vocab, tokenize=llm.tokenizer.encode)
         params = {r.id: SamplingParams(**r.sampling_kwargs()) for r in case.requests}
-        finished: set[str] = set()  # request ids, from the steps' StepResults
+        seq_ids: dict[str, int] = {}
         pending = list(case.requests)
 
         def submit_ready():
+            # `after` means: once the engine has finished that request, i.e. will schedule it no more (with
+            # async scheduling that is known before its last step's tokens are: a length stop is decided
+            # when that step is scheduled, and the next one sees the new request as a synchronous engine would).
             for r in list(pending):
-                if r.after is None or r.after in finished:
-                    llm.add_request(prompts[r.id], params[r.id], request_id=r.id)
+                if r.after is None or r.after in seq_ids and llm.get_sequence(seq_ids[r.after]).is_finished:
+                    seq_ids[r.id] = llm.add_request(prompts[r.id], params[r.id], request_id=r.id)
                     pending.remove(r)
 
         submit_ready()
@@ -97,10 +100,11 @@ def run_case(case: Case, model_dir: Path, log_path: Path, *, overrides: dict | N
             if llm.is_finished():
                 raise LabkitError(f"case {case.name}: requests {[r.id for r in pending]} wait on requests that never finish")
             try:
-                finished.update(s.request_id for s in llm.step().finished)
+                llm.step()
             except Exception as exc:  # noqa: BLE001 - an engine failure is a finding of the trace
                 # Into the log (the validator fails engine.raised at this step; `trace check` sees it
                 # too), and the steps before it are still judged.
+                tracer.step = llm.step_count + 1  # the step that failed: the one after the last committed
                 tracer.emit("engine_error", error=type(exc).__name__, message=" ".join(str(exc).split()))
                 break
             submit_ready()

@@ -293,23 +293,36 @@ class _Step:
         return [e for e in (self.scheduled.get("seqs") or []) if isinstance(e, dict)]
 
     @cached_property
+    def kinds(self) -> list[str]:
+        """Each scheduled row's kind: "decode" or "prefill" (a mixed step names them; older logs have one phase)."""
+        return [e.get("kind") or ("decode" if self.phase == "decode" else "prefill") for e in self.seqs]
+
+    @cached_property
+    def prefill_rows(self) -> list[dict]:
+        return [e for e, k in zip(self.seqs, self.kinds) if k == "prefill"]
+
+    @cached_property
+    def decode_rows(self) -> list[dict]:
+        return [e for e, k in zip(self.seqs, self.kinds) if k == "decode"]
+
+    @cached_property
     def counts(self) -> list:
         return [e.get("num_scheduled_tokens") or 0 for e in self.seqs]
 
     @cached_property
     def positions(self) -> list[list[int]]:
-        """The positions each scheduled sequence feeds: from num_cached_tokens in prefill, num_tokens - 1 in decode."""
+        """The positions each scheduled row feeds: from num_cached_tokens (prefill), num_tokens - 1 (decode)."""
         out = []
-        for e in self.seqs:
+        for e, kind in zip(self.seqs, self.kinds):
             nt, nc, ns = (e.get(k) or 0 for k in ("num_tokens", "num_cached_tokens", "num_scheduled_tokens"))
             start = _start(nc, nt)
-            out.append(list(range(start, start + ns)) if self.phase == "prefill" else [nt - 1])
+            out.append(list(range(start, start + ns)) if kind == "prefill" else [nt - 1])
         return out
 
     def k_lens(self) -> list:
-        """Keys each sequence attends to in prefill: cached (or the last token's start) + scheduled."""
+        """Keys each prefill row attends to: cached (or the last token's start) + scheduled."""
         return [_start(e.get("num_cached_tokens"), e.get("num_tokens")) + (e.get("num_scheduled_tokens") or 0)
-                for e in self.seqs]
+                for e in self.prefill_rows]
 
     def need(self, cond, what: str, entry: dict | None = None, **fields) -> _Failure | None:
         """need() for this step, or for the sequence `entry` names: "step N[, request R]: what"."""
@@ -329,6 +342,9 @@ class _Replay:
         self.max_batched = _cfg_int(log.config, "max_num_batched_tokens")
         self.max_seqs = _cfg_int(log.config, "max_num_seqs")
         self.enforce_eager = log.config.get("enforce_eager")
+        self.policy = log.config.get("scheduling_policy") or "prefill_first"
+        self.eos = log.config.get("eos")
+        self.async_scheduling = bool((log.run_start or {}).get("async_scheduling", log.config.get("async_scheduling")))
         self.ignore_eos = {r.id: r.ignore_eos for r in case.requests} if case is not None else {}
         self.seqs: dict[Any, _Seq] = {}
         self.written: dict = {}      # physical block -> {offset: token id} whose KV the log's steps computed
@@ -483,16 +499,23 @@ class _Replay:
                     "reported": "after_postprocess reports unknown seq {}"}[how]
             yield s.need(e.get("seq_id") in self.seqs, what.format(e.get("seq_id")), e)
 
-    @invariant("phase", "a step is prefill or decode and schedules something; a status is WAITING, RUNNING or "
-                        "FINISHED")
+    @invariant("phase", "a step is prefill, decode or mixed (decode rows first, then prefill rows) and schedules "
+                        "something; a status is WAITING, RUNNING or FINISHED")
     def phase(self, s: _Step, a: dict | None = None):
         if a is not None:
             yield s.need(a.get("status") in STATUSES, f"unknown status {a.get('status')!r}", a, field="status",
                          actual=a.get("status"))
             return
-        yield s.need(s.phase in PHASES, f"phase {s.phase!r} is not prefill or decode", field="phase", actual=s.phase)
+        yield s.need(s.phase in PHASES, f"phase {s.phase!r} is not prefill, decode or mixed", field="phase",
+                     actual=s.phase)
         if s.phase in PHASES:
             yield s.need(bool(s.seqs), "nothing scheduled")
+            kinds = set(s.kinds)
+            want = "mixed" if len(kinds) > 1 else next(iter(kinds), s.phase)
+            yield s.need(want == s.phase and s.kinds == sorted(s.kinds), f"a {s.phase} step with rows {s.kinds} "
+                         "(decode rows come first; a step with both kinds is mixed)", field="phase", actual=s.phase)
+            yield s.need(s.phase != "mixed" or self.policy == "mixed", f"a mixed step under scheduling_policy "
+                         f"{self.policy} (only mixed puts prefill and decode rows in one step)", field="phase")
 
     # --- before_schedule and preempted
     def before_schedule(self, s: _Step):
@@ -501,20 +524,19 @@ class _Replay:
             self.run(self.queues, s)
         self.run(self.right_queue, s)
 
-    @invariant("phase.mixed", "a prefill step schedules only waiting sequences, a decode step only running ones")
+    @invariant("phase.mixed", "a prefill row is a waiting sequence's, a decode row a running one's")
     def right_queue(self, s: _Step):
-        want = "waiting" if s.phase == "prefill" else "running"
-        if s.before is not None:
-            queue = {str(x) for x in s.before.get(want) or []}
-            for e in s.seqs:
-                yield s.need(str(e.get("seq_id")) in queue, f"scheduled in a {s.phase} step but it was not {want} "
+        for e, kind in zip(s.seqs, s.kinds):
+            want = "waiting" if kind == "prefill" else "running"
+            if s.before is not None:
+                queue = {str(x) for x in s.before.get(want) or []}
+                yield s.need(str(e.get("seq_id")) in queue, f"scheduled as a {kind} row but it was not {want} "
                                                             f"before scheduling", e)
-            return
-        for e in s.seqs:
+                continue
             q = self.seqs.get(e.get("seq_id"))
             if q is not None:
-                yield need(q.status == want.upper(), f"step {s.n}, request {q.request_id}: scheduled in a {s.phase} "
-                                                     f"step while {q.status}", step=s.n, request=q.request_id)
+                yield need(q.status == want.upper(), f"step {s.n}, request {q.request_id}: scheduled as a {kind} "
+                                                     f"row while {q.status}", step=s.n, request=q.request_id)
 
     @invariant("queues", "before_schedule's waiting and running queues hold the sequences the replay has there")
     def queues(self, s: _Step):
@@ -553,22 +575,23 @@ class _Replay:
     # --- scheduled
     def scheduled(self, s: _Step):
         self.run(self.budget, s, "seqs")
-        for j, e in enumerate(s.seqs):
+        first_prefill = len(s.decode_rows)
+        for j, (e, kind) in enumerate(zip(s.seqs, s.kinds)):
             table = list(e.get("block_table") or [])
             q = self.seqs.get(e.get("seq_id"))
             self.run(self.known, s, e, "scheduled")
             if q is not None:
                 self.run(self.continuity, s, e, q)
-            for check in (self.table_size, self.table_ids) + ((self.decode_shape,) if s.phase == "decode" else
+            for check in (self.table_size, self.table_ids) + ((self.decode_shape,) if kind == "decode" else
                                                               (self.chunk_fits,)):
                 self.run(check, s, e)
-            if s.phase == "prefill":
-                self.run(self.chunk_first_only, s, e, j)
+            if kind == "prefill":
+                self.run(self.chunk_policy, s, e, j - first_prefill)
             if q is not None:
-                self.run(self.prefix_content, s, e, q)
+                self.run(self.prefix_content, s, e, q, kind)
                 nt, nc, ns = _counts(e)
                 if self.bs is not None:      # the KV this step writes, for later prefix hits
-                    for p in self.written_positions(s.phase, nt, nc, ns):
+                    for p in self.written_positions(kind, nt, nc, ns):
                         if 0 <= p // self.bs < len(table):
                             tok = q.tokens[p] if q.tokens is not None and p < len(q.tokens) else None
                             self.written.setdefault(table[p // self.bs], {})[p % self.bs] = tok
@@ -576,9 +599,9 @@ class _Replay:
         self.run(self.budget, s, "tokens")
 
     @staticmethod
-    def written_positions(phase: str, nt, nc, ns) -> range:
-        """Positions whose KV a scheduled sequence writes this step."""
-        if phase == "decode":
+    def written_positions(kind: str, nt, nc, ns) -> range:
+        """Positions whose KV a scheduled row writes this step."""
+        if kind == "decode":
             return range(nt - 1, nt) if is_int(nt) else range(0)
         if not (is_int(nt) and is_int(ns)):
             return range(0)
@@ -628,12 +651,19 @@ class _Replay:
         nt, nc, ns = _counts(e)
         yield s.need(self._fits(e), f"prefill of {ns} tokens from cached {nc} does not fit total {nt}", e)
 
-    @invariant("policy.chunk_first_only", "only the first sequence of a prefill batch is chunked (nano's policy)")
-    def chunk_first_only(self, s: _Step, e: dict, j: int):
+    @invariant("policy.chunk_first_only", "only the first prefill row is chunked (nano's policy); under mixed, "
+                                          "only the last")
+    def chunk_policy(self, s: _Step, e: dict, j: int):
+        """`j`: the row's index among the step's prefill rows."""
         nt, nc, ns = _counts(e)
-        if self._fits(e) and j > 0:
-            yield s.need(_start(nc, nt) + ns == nt, f"{self.log.rid(e)} is chunked ({ns} of {nt - nc} tokens) but is "
-                                                    f"not first in the prefill batch (nano chunks only the first)", e)
+        if not self._fits(e) or _start(nc, nt) + ns == nt:
+            return
+        if self.policy == "mixed":
+            yield s.need(j == len(s.prefill_rows) - 1, f"{self.log.rid(e)} is chunked ({ns} of {nt - nc} tokens) but "
+                                                      "is not the last prefill row (mixed chunks only the last)", e)
+        else:
+            yield s.need(j == 0, f"{self.log.rid(e)} is chunked ({ns} of {nt - nc} tokens) but is not first in the "
+                                 "prefill batch (nano chunks only the first)", e)
 
     @invariant("budget", "a step schedules at most max_num_seqs sequences and max_num_batched_tokens tokens")
     def budget(self, s: _Step, what: str):
@@ -670,7 +700,7 @@ class _Replay:
         got = self._rows(gi, list(gi.get("positions") or []), len(want))
         yield s.need(got == want, f"positions {format_positions(got)}, expected "
                                   f"{format_positions(want, [len(p) for p in s.positions])} "
-                                  f"({'from num_cached_tokens' if s.phase == 'prefill' else 'num_tokens - 1'})",
+                                  "(from num_cached_tokens in a prefill row, num_tokens - 1 in a decode row)",
                      field="positions", expected=want, actual=got)
 
     @invariant("slots", "position p writes its KV to slot block_table[p // block_size] * block_size + p % block_size")
@@ -699,18 +729,19 @@ class _Replay:
                          expected=want, actual=got)
             off += len(ps)
 
-    @invariant("inputs.cu_seqlens_q", "cu_seqlens_q is the running sum of the scheduled counts")
+    @invariant("inputs.cu_seqlens_q", "cu_seqlens_q is the running sum of the prefill rows' scheduled counts")
     def cu_seqlens_q(self, s: _Step, gi: dict):
-        got, want = gi.get("cu_seqlens_q"), _cumsum(s.counts)
-        if s.phase == "prefill" or got is not None:
+        got = gi.get("cu_seqlens_q")
+        want = _cumsum([e.get("num_scheduled_tokens") or 0 for e in s.prefill_rows]) if s.prefill_rows else None
+        if s.prefill_rows or got is not None:
             yield s.need(got == want, f"cu_seqlens_q {got}, the scheduled counts give {want}", field="cu_seqlens_q",
                          expected=want, actual=got)
 
-    @invariant("inputs.cu_seqlens_k", "cu_seqlens_k is the running sum of cached + scheduled (prefill) or of the "
-                                      "context lengths (decode)")
+    @invariant("inputs.cu_seqlens_k", "cu_seqlens_k is the running sum of the prefill rows' cached + scheduled (or "
+                                      "of the context lengths, in a decode step that reports it)")
     def cu_seqlens_k(self, s: _Step, gi: dict):
         got = gi.get("cu_seqlens_k")
-        if s.phase == "prefill":
+        if s.prefill_rows:
             want, why = _cumsum(s.k_lens()), "cached + scheduled gives"
         elif got is not None:
             want, why = _cumsum([e.get("num_tokens") for e in s.seqs]), "the context lengths give"
@@ -719,21 +750,23 @@ class _Replay:
         yield s.need(got == want, f"cu_seqlens_k {got}, {why} {want}", field="cu_seqlens_k", expected=want,
                      actual=got)
 
-    @invariant("inputs.max_seqlen", "max_seqlen_q / max_seqlen_k are the longest query and key lengths (prefill)")
+    @invariant("inputs.max_seqlen", "max_seqlen_q / max_seqlen_k are the longest query and key lengths of the "
+                                    "prefill rows")
     def max_seqlen(self, s: _Step, gi: dict):
-        if s.phase == "prefill":
+        if s.prefill_rows:
             mq, mk = gi.get("max_seqlen_q"), gi.get("max_seqlen_k")
-            wq, wk = max(s.counts, default=0), max(s.k_lens(), default=0)
+            wq = max((e.get("num_scheduled_tokens") or 0 for e in s.prefill_rows), default=0)
+            wk = max(s.k_lens(), default=0)
             yield s.need(mq == wq and mk == wk, f"max_seqlen_q/k {mq}/{mk}, expected {wq}/{wk}", field="max_seqlen")
 
-    @invariant("inputs.context_lens", "context_lens are the scheduled totals in decode, null in prefill")
+    @invariant("inputs.context_lens", "context_lens are the decode rows' scheduled totals, null without decode rows")
     def context_lens(self, s: _Step, gi: dict):
-        if s.phase == "prefill":
+        if not s.decode_rows:
             cl = gi.get("context_lens")
             yield s.need(not cl, f"context_lens should be null in prefill, got {_show(cl)}", field="context_lens",
                          expected=None, actual=cl)
             return
-        want = [e.get("num_tokens") for e in s.seqs]
+        want = [e.get("num_tokens") for e in s.decode_rows]
         got = self._rows(gi, list(gi.get("context_lens") or []), len(want))
         yield s.need(got == want, f"context_lens {got}, the scheduled totals are {want}", field="context_lens",
                      expected=want, actual=got)
@@ -746,7 +779,7 @@ class _Replay:
             yield s.need(bt is None, "block_tables should be null in a prefill without cached tokens",
                          field="block_tables", expected=None, actual=bt)
             return
-        why = "prefill over cached tokens" if s.phase == "prefill" else "decode"
+        why = "prefill over cached tokens" if s.phase == "prefill" else f"a {s.phase} step"
         yield s.need(bt is not None, f"{why} needs block_tables, got null", field="block_tables")
         rows = None if bt is None else list(bt or [])
         if rows is not None and len(rows) < len(s.seqs):
@@ -798,7 +831,10 @@ class _Replay:
                 continue
             table = list(a.get("block_table") or [])
             if sc is not None:
-                self.run(self.accepted_rule, s, a, sc)
+                if a.get("discarded") is True:
+                    self.run(self.async_discarded, s, a, sc, q)
+                else:
+                    self.run(self.accepted_rule, s, a, sc)
                 if a.get("accepted") is False:
                     self.run(self.discarded, s, a, sc, q)
                 elif a.get("accepted") is True:
@@ -834,14 +870,27 @@ class _Replay:
         for e in s.seqs:
             yield s.need(e.get("seq_id") in reported, "scheduled but missing from after_postprocess", e)
 
-    @invariant("accepted.rule", "a token is accepted exactly when the step completes the prompt (or decodes)")
+    @invariant("accepted.rule", "a token is accepted exactly when the row completes the prompt (or decodes)")
     def accepted_rule(self, s: _Step, a: dict, sc: dict):
-        completes, acc = s.phase == "decode" or _completes(sc), a.get("accepted")
+        kind = sc.get("kind") or ("decode" if s.phase == "decode" else "prefill")
+        completes, acc = kind == "decode" or _completes(sc), a.get("accepted")
         nt, nc, ns = _counts(sc)
         yield s.need(acc is completes, f"accepted is {acc}, but the step "
                                        f"{'completes' if completes else 'does not complete'} the prompt (cached {nc} "
                                        f"+ scheduled {ns} of {nt})", a, field="accepted", expected=completes,
                      actual=acc)
+
+    @invariant("async.discarded", "a row is discarded only under async scheduling, for a sequence aborted while the "
+                                  "step ran or whose last accepted token was EOS, and it leaves the sequence FINISHED")
+    def async_discarded(self, s: _Step, a: dict, sc: dict, q: _Seq):
+        aborted = any(p.get("seq_id") == a.get("seq_id") for p in self.log.all(s.n, "aborted"))
+        eos = (q.tokens[-1] if q.tokens else None) == self.eos and self.eos is not None and not q.ignore_eos
+        yield s.need(self.async_scheduling and (aborted or eos) and a.get("accepted") is False
+                     and a.get("status") == "FINISHED",
+                     f"row discarded (accepted {a.get('accepted')}, status {a.get('status')}) but "
+                     + ("async scheduling is off" if not self.async_scheduling else
+                        "the sequence was neither aborted in this step nor stopped by an EOS in the step before"),
+                     a, field="discarded")
 
     @invariant("accepted.counts", "an accepted token adds one output and one token")
     def accepted_counts(self, s: _Step, a: dict, sc: dict, q: _Seq):
@@ -851,10 +900,10 @@ class _Replay:
                                                                         f"total {snt} -> {nt})", a, field="outputs",
                      expected=q.completion + 1, actual=comp)
 
-    @invariant("discarded", "a discarded chunk candidate never becomes an output")
+    @invariant("discarded", "a chunk (or a discarded row) never adds an output")
     def discarded(self, s: _Step, a: dict, sc: dict, q: _Seq):
         comp, nt, snt = a.get("num_completion_tokens"), a.get("num_tokens"), sc.get("num_tokens")
-        yield s.need(comp == q.completion and nt == snt, f"a discarded chunk candidate became an output (outputs "
+        yield s.need(comp == q.completion and nt == snt, f"a chunk or discarded row became an output (outputs "
                                                          f"{q.completion} -> {comp}, total {snt} -> {nt})", a,
                      field="outputs", expected=q.completion, actual=comp)
 
@@ -902,10 +951,10 @@ class _Replay:
                          field="ref_counts", expected=want, actual=list(rc))
 
     @invariant("prefix.content", "a prefix-cache hit lands on blocks whose KV this run computed from the same tokens")
-    def prefix_content(self, s: _Step, e: dict, q: _Seq):
+    def prefix_content(self, s: _Step, e: dict, q: _Seq, kind: str):
         nc, table, bs = e.get("num_cached_tokens"), list(e.get("block_table") or []), self.bs
         # a fresh allocation (nothing held before this step) with cached tokens is a prefix hit
-        if not (s.phase == "prefill" and not q.table and is_int(nc) and nc > 0 and bs is not None):
+        if not (kind == "prefill" and not q.table and is_int(nc) and nc > 0 and bs is not None):
             return
         if q.tokens is None:
             self.skip("prefix.content", "request_added carries no prompt_token_ids")
