@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
-#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state]
+#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan]
 # Measured on one H200 (docs/perf.md): evidence ~2 minutes, perf ~7 (3.5 of them the Transformers baseline);
 # `all` is ~9.5, close to a 10-minute device call: two calls (evidence, perf) are safer.
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
@@ -201,6 +201,38 @@ if [ "$what" = serve-profile ]; then
     kill -INT $opid; wait $opid
   fi
   for f in $OUT/load-*.json $OUT/bench-nano.json; do cp $f $OUT/logs/; done
+fi
+if [ "$what" = plan ]; then
+  # Issue 20, the batch plan on the GPU (~9 minutes): the kernel tests; every trace case as nano (default) and
+  # under --policy mixed, eager and a few with --graph; the logits suites baseline (triton graph) and mixed
+  # (triton eager and graph) under the anchored gate; then the eager-step bench (compiled small ops everywhere
+  # against inside graphs only) and offline nano/batch1, with .old/'s engine for before/after if present.
+  R=$OUT/runs
+  step 240 python3 -m pytest -q -p no:xdist -o addopts= tests/test_triton_kernels.py tests/test_small_gemm.py tests/test_qk_norm_rope_kernel.py &
+  for c in A B B-seqs1 C chunk D lifecycle prefix preempt refs balanced prefix-reuse preempt-order preempt-queue decode-order budget-exact; do
+    step 240 python3 -m labkit trace --case $c --model $M --device cuda -q --out $R/trace-$c &
+    step 240 python3 -m labkit trace --case $c --model $M --device cuda -q --policy mixed --out $R/trace-mixed-$c &
+  done
+  wait
+  for c in chunk refs balanced decode-order; do
+    step 240 python3 -m labkit trace --case $c --model $M --device cuda -q --graph --policy mixed --out $R/trace-mixed-graph-$c &
+  done
+  step 300 $LC run --suite baseline --attention triton --execution graph $BF --out $R/lc-baseline-triton-graph &
+  step 300 $LC run --suite mixed --attention triton --execution eager $BF --out $R/lc-mixed-triton-eager &
+  step 300 $LC run --suite mixed --attention triton --execution graph $BF --out $R/lc-mixed-triton-graph &
+  step 300 $LC run --suite mixed --attention torch $BF --out $R/lc-mixed-torch &
+  wait
+  for v in everywhere graphs-only; do
+    step 200 python3 scripts/eager_step_bench.py --model $M --variant $v --out $OUT/logs/eager-steps-$v.json
+  done
+  B="python3 -m labkit bench --model $M --device cuda"
+  step 200 $B --workload nano --graph --repeats 2 --out $OUT/logs/bench-nano-graph.json
+  step 90 $B --workload batch1 --out $OUT/logs/bench-batch1.json
+  step 200 $B --workload nano --graph --repeats 2 --policy mixed --out $OUT/logs/bench-nano-graph-mixed.json
+  if [ -d .old ]; then
+    (cd .old && export PYTHONPATH=$PWD:/tmp/site && step 200 python3 -m labkit bench --model $M --device cuda --workload nano --graph --repeats 2 --out $OUT/logs/bench-nano-old.json)
+    step 30 python3 -m labkit bench compare $OUT/logs/bench-nano-old.json $OUT/logs/bench-nano-graph.json --variable code --allow-single --out $OUT/logs/compare-nano-old-new.json
+  fi
 fi
 if [ "$what" = slow-state ]; then
   # Issue 20: catch a rate-16 round in the slow state (one round in three fell into it at c9f8878) with a per-step

@@ -130,6 +130,41 @@ def test_greedy_generation_equals_transformers(tiny_model, greedy_case):
     assert all(len(set(e)) > 3 for e in expected)
 
 
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_greedy_generation_under_the_mixed_policy_equals_transformers(tiny_model, greedy_case, async_scheduling):
+    """Budget 48: the 130-id prompt is chunked beside the others' decodes, so most steps are mixed (decode rows
+    through the decode kernel, prefill rows through the varlen one, in one forward pass)."""
+    from engine.trace import ListTracer
+
+    prompts, expected = greedy_case
+    tracer = ListTracer()
+    llm = LLM(tiny_model, enforce_eager=True, max_model_len=512, kvcache_block_size=16, num_kvcache_blocks=64,
+              scheduling_policy="mixed", max_num_batched_tokens=48, async_scheduling=async_scheduling,
+              tracer=tracer)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
+    assert [o["token_ids"] for o in outs] == expected
+    phases = [e["phase"] for e in tracer.events if e["event"] == "scheduled"]
+    assert phases.count("mixed") >= 2 and phases[0] == "prefill"
+
+
+def test_a_request_seed_gives_the_same_tokens_whatever_runs_beside_it(tiny_model):
+    """SamplingParams.seed: the request's own random stream, as vLLM's per-request seed. Alone, or in a batch
+    with other requests (other rows, other steps), it samples the same tokens; another seed samples others."""
+    sp = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=1234)
+    prompt = _prompt(20, 9)
+    llm = LLM(tiny_model, enforce_eager=True, max_model_len=256, num_kvcache_blocks=16, seed=1)
+    alone = llm.generate([prompt], sp, use_tqdm=False)[0]["token_ids"]
+    crowd = llm.generate([_prompt(7, 1), prompt, _prompt(50, 2)], [SamplingParams(temperature=1.0, max_tokens=5),
+                         sp, SamplingParams(temperature=0.7, max_tokens=20)], use_tqdm=False)[1]["token_ids"]
+    other = llm.generate([prompt], SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=99),
+                         use_tqdm=False)[0]["token_ids"]
+    llm.exit()
+    again = LLM(tiny_model, enforce_eager=True, max_model_len=256, num_kvcache_blocks=16, seed=5).generate(
+        [prompt], sp, use_tqdm=False)[0]["token_ids"]  # another engine seed: the request's seed decides
+    assert alone == crowd == again
+    assert other != alone
+
+
 @pytest.mark.parametrize("breakage", ["no_causal_mask", "decode_sees_last_key_only"])
 def test_broken_attention_changes_greedy_tokens(tiny_model, greedy_case, monkeypatch, breakage):
     from engine.backends import torch_ref

@@ -68,7 +68,8 @@ def bf16_baseline(tiny_model):
 
 
 def test_suite_compositions():
-    assert {n: s.rows for n, s in SUITES.items()} == {"baseline": 15, "graph": 126, "prefix": 6, "tp": 15, "kv": 49}
+    assert {n: s.rows for n, s in SUITES.items()} == {"baseline": 15, "graph": 126, "prefix": 6, "tp": 15, "mixed": 27,
+                                                      "kv": 49}
     graph = SUITES["graph"]
     assert [len(c.requests) for c in graph.cases] == [1, 9, 16, 17, 20]
     assert all(c.engine_kwargs()["max_num_seqs"] == 20 for c in graph.cases)
@@ -81,7 +82,7 @@ def test_suite_compositions():
     assert continuation(1, "A.R1", 3, 2048) != path["A.R1"]["continuation"]
 
 
-@pytest.mark.parametrize("name", ["baseline", "graph", "prefix"])
+@pytest.mark.parametrize("name", ["baseline", "graph", "prefix", "mixed"])
 def test_suite_matches_transformers(collections, name):
     eng, hf = collections(name)
     result = cmp.compare(eng, hf)  # anchored: the float32 engine against the float32 truth and its floor

@@ -27,6 +27,12 @@ prefix (6 rows) - budget 1024 so each prefill is one step:
     share  first 512 ids of cold + 108 others, submitted after hot finished: hits 512   2 rows
     (cold and hot rows have identical inputs, so hot-vs-cold is also visible directly.)
 tp (15 rows) - baseline's cases; compared TP=2 (lhs) against TP=1 (rhs).
+mixed (27 rows) - scheduling_policy mixed, budget 256 / 128: decode rows and prefill chunks in one step.
+    mixA   a 40-id request decodes 6 tokens while a 700-id and a 300-id prompt are chunked beside it
+           (any prefill row may be chunked; a chunk that completes its prompt samples)            11 rows
+    mixB   a 50-id request decodes 12 tokens while a 600-id prompt is chunked by 128; once that one
+           finishes, a request sharing its first 512 ids hits them and prefills the rest beside
+           the decodes                                                                            16 rows
 kv (49 rows) - baseline's cases plus `decode17` (17 requests, 2 outputs each, max_num_seqs 20:
     a decode batch with no graph bucket) = 15 + 34 rows, and for every step the K and V each
     layer just wrote (read from the KV pool at that step's slot_mapping); compared engine vs
@@ -157,6 +163,19 @@ _PREFIX = Case(
     {"max_num_batched_tokens": 1024},
 )
 
+_MIXED = (
+    Case("mixA", "a 40-id request decodes while a 700-id and a 300-id prompt are chunked beside it (budget 256)",
+         (Request("mixA.short", {"random": 40, "seed": 21}, 6),
+          Request("mixA.long", {"random": 700, "seed": 22}, 3),
+          Request("mixA.mid", {"random": 300, "seed": 23}, 2)),
+         {"scheduling_policy": "mixed", "max_num_batched_tokens": 256}),
+    Case("mixB", "a decode beside 128-token chunks of a 600-id prompt, then a 512-id prefix hit beside it",
+         (Request("mixB.decode", {"random": 50, "seed": 32}, 12),
+          Request("mixB.P", {"random": 600, "seed": 31}, 2),
+          Request("mixB.Q", {"random": 620, "seed": 33}, 2, after="mixB.P", share_prefix=("mixB.P", 512))),
+         {"scheduling_policy": "mixed", "max_num_batched_tokens": 128}),
+)
+
 SUITES: dict[str, Suite] = {
     "baseline": Suite("baseline", "full and chunked prefill, decode, a page crossing, uneven batches",
                       _baseline_cases(), "hf"),
@@ -165,11 +184,12 @@ SUITES: dict[str, Suite] = {
     "prefix": Suite("prefix", "cold and hot prefix cache on the same request, plus a shared 512-id prefix",
                     (_PREFIX,), "hf"),
     "tp": Suite("tp", "baseline's inputs, TP=2 against TP=1", _baseline_cases(), "tp"),
+    "mixed": Suite("mixed", "decode rows and prefill chunks in one step (scheduling_policy mixed)", _MIXED, "hf"),
     "kv": Suite("kv", "baseline's inputs plus a 17-request decode; new K/V per layer per step, engine vs engine",
                 _baseline_cases() + (_graph_case(17, "decode17"),), "engine", record_kv=True),
 }
 
-EXPECTED_ROWS = {"baseline": 15, "graph": 126, "prefix": 6, "tp": 15, "kv": 49}
+EXPECTED_ROWS = {"baseline": 15, "graph": 126, "prefix": 6, "tp": 15, "mixed": 27, "kv": 49}
 
 
 def get_suite(name: str) -> Suite:
