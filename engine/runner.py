@@ -48,7 +48,8 @@ class StepInputs:
     # (KernelChoice.prefill_block_tables).
     block_tables: list[list[int]] | None = None
     execution: str = "eager"
-    graph_batch: int | None = None
+    graph_batch: int | None = None       # the graph's decode rows
+    graph_prefill: int | None = None     # a mixed step's graph: its prefill tokens (engine/mixed_graphs.py)
 
 
 class Launched:
@@ -161,10 +162,13 @@ class ModelRunner:
         self.allocate_kv_cache()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_bs: list[int] = []
+        self.mixed_graphs = None
         self.graph_capture_seconds = None
         if self.device.type == "cuda" and not config.enforce_eager and self.kernels.graph_safe:
             t0 = time.perf_counter()
-            self.capture_cudagraph()
+            pool = self.capture_cudagraph()
+            if config.scheduling_policy == "mixed":  # (no other policy makes a step with both kinds of row)
+                self.capture_mixed_graphs(pool)
             self.graph_capture_seconds = time.perf_counter() - t0
 
     @property
@@ -259,6 +263,10 @@ class ModelRunner:
             paged = nd or cu_k[-1] > cu_q[-1] or self.kernels.prefill_block_tables
             if paged and tables[nd]:
                 inputs.block_tables = self._pad(tables)
+            key = self.mixed_graphs and self.mixed_graphs.key(nd, len(positions) - nd, len(cu_q) - 1)
+            if key:
+                inputs.execution = "graph"
+                inputs.graph_batch, inputs.graph_prefill = key
         else:
             inputs.block_tables = self._pad(tables)
             if self.graphs and nd <= self.graph_bs[-1]:
@@ -317,8 +325,12 @@ class ModelRunner:
     def _logits(self, plan: BatchPlan, inputs: StepInputs, previous: torch.Tensor | None) -> torch.Tensor | None:
         """The sampling rows' logits (None off rank 0): a graph replay or an eager pass, then the LM head."""
         try:
-            hidden = self._replay(inputs, plan.from_previous, previous) if inputs.execution == "graph" \
-                else self._forward(plan, inputs, previous)
+            if inputs.execution == "eager":
+                hidden = self._forward(plan, inputs, previous)
+            elif inputs.graph_prefill is None:
+                hidden = self._replay(inputs, plan.from_previous, previous)
+            else:
+                hidden = self._replay_mixed(plan, inputs, previous)
             return self.model.compute_logits(hidden)
         finally:
             reset_context()
@@ -394,6 +406,7 @@ class ModelRunner:
                 graphs[bs] = graph
                 torch.cuda.synchronize()
                 reset_context()
+        return pool
 
     def _replay(self, inputs: StepInputs, from_previous: list[int] | None,
                 previous: torch.Tensor | None) -> torch.Tensor:
@@ -410,7 +423,36 @@ class ModelRunner:
         set_context(Context())
         return self.graph_vars["outputs"][:inputs.num_decodes]
 
+    @torch.inference_mode()
+    def capture_mixed_graphs(self, pool) -> None:
+        from .kernels.decode_attention import num_splits_for
+        from .mixed_graphs import MixedGraphs
+
+        cfg = self.config
+        set_tp(self.rank, self.world_size)
+        sms = num_sms(self.device, 0)
+        self.mixed_graphs = MixedGraphs(
+            self.model, self.device, min(cfg.max_num_seqs, 512), cfg.max_num_batched_tokens,
+            -(-cfg.max_model_len // self.block_size), cfg.hf_config.hidden_size, self.dtype,
+            lambda d: num_splits_for(d, self.num_kv_heads, cfg.max_model_len, sms))
+        self.staging.reserve(self.mixed_graphs.buf.numel() * 4)
+        self.mixed_graphs.capture(pool)
+
+    def _replay_mixed(self, plan: BatchPlan, inputs: StepInputs, previous: torch.Tensor | None) -> torch.Tensor:
+        graphs = self.mixed_graphs
+        key = (inputs.graph_batch, inputs.graph_prefill)
+        self.staging.upload_into(graphs.buf, lambda host: graphs.fill(host, inputs, key))
+        dst, src = _id_patch(plan.from_previous) or (None, None)
+        rows = graphs.logits_rows(inputs, self.logits_rows(plan), key)
+        t = self.staging.upload(logits_rows=(rows, torch.int64), ids_dst=(dst, torch.int64), ids_src=(src, torch.int64))
+        if previous is not None:
+            _copy_ids(graphs.view["ids"], previous, inputs.num_decodes, t.get("ids_dst"), t.get("ids_src"))
+        hidden = graphs.replay(key)
+        set_context(Context(logits_indices=t.get("logits_rows")))
+        return hidden
+
     def exit(self):
+        self.mixed_graphs = None
         self.graphs = {}
         self.short_graphs = {}
         self.graph_vars = None

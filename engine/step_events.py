@@ -51,7 +51,8 @@ class StepEvents:
             "slot_mapping": inputs.slot_mapping, "cu_seqlens_q": inputs.cu_seqlens_q,
             "cu_seqlens_k": inputs.cu_seqlens_k, "max_seqlen_q": inputs.max_seqlen_q,
             "max_seqlen_k": inputs.max_seqlen_k, "context_lens": inputs.context_lens, "block_tables": tables,
-            "execution": inputs.execution, "graph_batch": inputs.graph_batch}))
+            "execution": inputs.execution, "graph_batch": inputs.graph_batch,
+            "graph_prefill_tokens": inputs.graph_prefill}))
 
     def failed(self, n: int, plan) -> None:
         """Step n was scheduled but could not be launched: its schedule goes out now, and nothing more."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
-#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan]
+#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan|bar20]
 # Measured on one H200 (docs/perf.md): evidence ~2 minutes, perf ~7 (3.5 of them the Transformers baseline);
 # `all` is ~9.5, close to a 10-minute device call: two calls (evidence, perf) are safer.
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
@@ -233,6 +233,48 @@ if [ "$what" = plan ]; then
     (cd .old && export PYTHONPATH=$PWD:/tmp/site && step 200 python3 -m labkit bench --model $M --device cuda --workload nano --graph --repeats 2 --out $OUT/logs/bench-nano-old.json)
     step 30 python3 -m labkit bench compare $OUT/logs/bench-nano-old.json $OUT/logs/bench-nano-graph.json --variable code --allow-single --out $OUT/logs/compare-nano-old-new.json
   fi
+fi
+if [ "$what" = bar20 ]; then
+  # Issue 20's bar in one call (~9.5 minutes), most important first; reports.tgz is rewritten after each phase so
+  # a call cut short still returns what ran. A: the graph paths' correctness (mixed graphs included); B: mixed
+  # steps eager against their graphs (scripts/mixed_step_bench.py); C: serving under arrivals, a fresh server
+  # per policy and round, interleaved, each serving rate 16 (workload and arrival seed 1) then rate 32 (seed 2);
+  # the last mixed server then serves rate inf (seed 3).
+  pack() { tar czf $OUT/reports.tgz -C $OUT logs runs 2>/dev/null; }
+  R=$OUT/runs; mkdir -p $R
+  step 300 $LC run --suite mixed --attention triton --execution graph $BF --out $R/lc-mixed-triton-graph &
+  step 300 $LC run --suite baseline --attention triton --execution graph $BF --out $R/lc-baseline-triton-graph &
+  for c in chunk refs balanced decode-order; do
+    step 240 python3 -m labkit trace --case $c --model $M --device cuda -q --graph --policy mixed --out $R/trace-mixed-graph-$c &
+  done
+  wait; pack
+  for g in on off; do
+    step 200 python3 scripts/mixed_step_bench.py --model $M --mixed-graphs $g --out $OUT/logs/mixed-steps-$g.json
+  done
+  pack
+  for i in 1 2 3; do sed "s/^seed: 0/seed: $i/" workloads/bench/nano.yaml > /tmp/nano-seed$i.yaml; done
+  port=8500
+  for round in 1 2; do
+    for policy in mixed prefill_first; do
+      port=$((port + 1))
+      python3 -m labkit serve --model $M --device cuda --port $port --policy $policy --log-level warning \
+        > $OUT/logs/serve-$policy-r$round.log 2>&1 &
+      spid=$!
+      for _ in $(seq 240); do curl -sf localhost:$port/health > /dev/null && break; sleep 1; done
+      for rate in 16 32; do
+        i=$([ $rate = 16 ] && echo 1 || echo 2)
+        step 120 python3 -m labkit bench load --workload /tmp/nano-seed$i.yaml --rate $rate --seed $i \
+          --url http://127.0.0.1:$port --out $OUT/logs/load-$policy-r$round-rate$rate.json
+        curl -s localhost:$port/health > $OUT/logs/health-$policy-r$round-rate$rate.json
+      done
+      if [ $round = 2 ] && [ $policy = mixed ]; then
+        step 120 python3 -m labkit bench load --workload /tmp/nano-seed3.yaml --rate inf --seed 3 \
+          --url http://127.0.0.1:$port --out $OUT/logs/load-mixed-r2-rateinf.json
+      fi
+      kill -TERM $spid; wait $spid
+      pack
+    done
+  done
 fi
 if [ "$what" = slow-state ]; then
   # Issue 20: catch a rate-16 round in the slow state (one round in three fell into it at c9f8878) with a per-step

@@ -790,16 +790,22 @@ class _Replay:
             yield s.need(got == want, f"block_tables row {got}, the scheduled block_table is {want}", e,
                          field="block_tables", expected=want, actual=got)
 
-    @invariant("inputs.execution", "a step runs eagerly, or as a CUDA graph of a decode batch that fits when graphs "
-                                   "are allowed")
+    @invariant("inputs.execution", "a step runs eagerly, or as a CUDA graph that holds it (a decode batch; under "
+                                   "mixed, also decode rows and prefill tokens) when graphs are allowed")
     def execution(self, s: _Step, gi: dict):
-        ex, gb = gi.get("execution"), gi.get("graph_batch")
+        ex, gb, gp = gi.get("execution"), gi.get("graph_batch"), gi.get("graph_prefill_tokens")
         ok = ex in ("eager", "graph")
         if ex == "graph":
-            ok = ok and s.phase == "decode" and is_int(gb) and gb >= len(s.seqs) and self.enforce_eager is not True
+            ok = ok and is_int(gb) and gb >= len(s.decode_rows) and self.enforce_eager is not True
+            if s.prefill_rows:
+                tokens = sum(e.get("num_scheduled_tokens") or 0 for e in s.prefill_rows)
+                ok = ok and self.policy == "mixed" and is_int(gp) and gp >= tokens
+            else:
+                ok = ok and gp is None
         elif ex == "eager":
             ok = ok and gb is None
-        yield s.need(ok, f"execution {ex!r} with graph_batch {gb!r} in a {s.phase} step of {len(s.seqs)} sequences "
+        yield s.need(ok, f"execution {ex!r} with graph_batch {gb!r}, graph_prefill_tokens {gp!r} in a {s.phase} step "
+                         f"of {len(s.seqs)} sequences "
                          f"(enforce_eager {self.enforce_eager})", field="execution", actual=ex)
 
     # --- sampled
