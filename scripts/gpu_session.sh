@@ -240,7 +240,7 @@ if [ "$what" = bar20 ]; then
   # steps eager against their graphs (scripts/mixed_step_bench.py); C: serving under arrivals, a fresh server
   # per policy and round, interleaved, each serving rate 16 (workload and arrival seed 1) then rate 32 (seed 2);
   # the last mixed server then serves rate inf (seed 3).
-  pack() { tar czf $OUT/reports.tgz -C $OUT logs runs 2>/dev/null; }
+  pack() { tar czf ${PACK_TO:-$OUT}/reports.tgz -C $OUT logs runs 2>/dev/null; }
   R=$OUT/runs; mkdir -p $R
   step 300 $LC run --suite mixed --attention triton --execution graph $BF --out $R/lc-mixed-triton-graph &
   step 300 $LC run --suite baseline --attention triton --execution graph $BF --out $R/lc-baseline-triton-graph &
