@@ -157,13 +157,13 @@ class ModelRunner:
         self._num_sampled = 0                      # how many rows the last step sampled (every rank)
         self.num_kv_heads = self.attn_layers[0].num_kv_heads
         self.head_dim = self.attn_layers[0].head_dim
-        if self.device.type == "cuda":
-            self.warmup_model()
-        self.allocate_kv_cache()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_bs: list[int] = []
         self.mixed_graphs = None
         self.graph_capture_seconds = None
+        if self.device.type == "cuda":
+            self.warmup_model()
+        self.allocate_kv_cache()
         if self.device.type == "cuda" and not config.enforce_eager and self.kernels.graph_safe:
             t0 = time.perf_counter()
             pool = self.capture_cudagraph()
@@ -188,17 +188,21 @@ class ModelRunner:
         """Run the largest prefill once so the peak activation memory is known before sizing the pool."""
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        self.largest_prefill()
+        self.staging.release()  # its buffers come back after the KV pool is sized, as other step tensors do
+        torch.cuda.empty_cache()
+
+    @torch.inference_mode()
+    def largest_prefill(self) -> torch.Tensor:
+        """The largest prefill a step can hold, in prompts with no blocks: nothing is written, nothing sampled;
+        returns the logits of its last positions."""
         cfg = self.config
         seq_len = min(cfg.max_num_batched_tokens, cfg.max_model_len)
-        num_seqs = max(1, min(cfg.max_num_batched_tokens // seq_len, cfg.max_num_seqs))
-        # Prompts with no blocks (the pool does not exist yet): nothing is written, nothing sampled.
-        n = num_seqs
+        n = max(1, min(cfg.max_num_batched_tokens // seq_len, cfg.max_num_seqs))
         plan = BatchPlan([-1 - i for i in range(n)], [""] * n, 0, [0] * n, [seq_len] * n, [seq_len] * n,
                          [0] * (n * seq_len), [[] for _ in range(n)])
         set_tp(self.rank, self.world_size)
-        self._logits(plan, self.step_inputs(plan), None)
-        self.staging.release()  # its buffers come back after the KV pool is sized, as other step tensors do
-        torch.cuda.empty_cache()
+        return self._logits(plan, self.step_inputs(plan), None)
 
     def allocate_kv_cache(self):
         cfg = self.config
@@ -249,10 +253,11 @@ class ModelRunner:
             for start, n, table in zip(starts[nd:], plan.num_new[nd:], tables[nd:]):
                 end = start + n
                 positions.extend(range(start, end))
-                if table:  # (warm-up's rows have no blocks, and its pool is not there yet)
-                    for b in range(start // bs, (end - 1) // bs + 1):
-                        lo, hi = max(start, b * bs), min(end, (b + 1) * bs)
-                        slots.extend(range(table[b] * bs + lo - b * bs, table[b] * bs + hi - b * bs))
+                if not table:  # (warm-up's rows have no blocks: they write nothing)
+                    slots.extend([-1] * n)
+                for b in range(start // bs, (end - 1) // bs + 1) if table else ():
+                    lo, hi = max(start, b * bs), min(end, (b + 1) * bs)
+                    slots.extend(range(table[b] * bs + lo - b * bs, table[b] * bs + hi - b * bs))
                 cu_q.append(cu_q[-1] + n)
                 cu_k.append(cu_k[-1] + end)
             inputs.cu_seqlens_q, inputs.cu_seqlens_k = cu_q, cu_k

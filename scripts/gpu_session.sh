@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
-#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan|bar20]
+#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan|bar20|final20]
 # Measured on one H200 (docs/perf.md): evidence ~2 minutes, perf ~7 (3.5 of them the Transformers baseline);
 # `all` is ~9.5, close to a 10-minute device call: two calls (evidence, perf) are safer.
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
@@ -274,6 +274,41 @@ if [ "$what" = bar20 ]; then
       kill -TERM $spid; wait $spid
       pack
     done
+  done
+fi
+if [ "$what" = final20 ]; then
+  # Issue 20's last call of session 6 (~4 minutes, what the device budget left): the graph paths' correctness
+  # (decode graphs and mixed graphs) while the first server starts, then one fresh server per policy (mixed,
+  # prefill_first), each serving rate 16 (workload and arrival seed 1) then rate 32 (seed 2).
+  pack() { tar czf ${PACK_TO:-$OUT}/reports.tgz -C $OUT logs runs 2>/dev/null; }
+  R=$OUT/runs; mkdir -p $R
+  for i in 1 2; do sed "s/^seed: 0/seed: $i/" workloads/bench/nano.yaml > /tmp/nano-seed$i.yaml; done
+  port=8600
+  python3 -m labkit serve --model $M --device cuda --port $port --policy mixed --log-level warning \
+    > $OUT/logs/serve-mixed.log 2>&1 &
+  spid=$!
+  step 150 $LC run --suite mixed --attention triton --execution graph $BF --out $R/lc-mixed-triton-graph &
+  c1=$!
+  step 150 $LC run --suite baseline --attention triton --execution graph $BF --out $R/lc-baseline-triton-graph &
+  c2=$!
+  step 150 python3 -m labkit trace --case refs --model $M --device cuda -q --graph --policy mixed --out $R/trace-mixed-graph-refs &
+  c3=$!
+  wait $c1 $c2 $c3; pack
+  for policy in mixed prefill_first; do
+    if [ $policy = prefill_first ]; then
+      port=$((port + 1))
+      python3 -m labkit serve --model $M --device cuda --port $port --log-level warning > $OUT/logs/serve-$policy.log 2>&1 &
+      spid=$!
+    fi
+    for _ in $(seq 150); do curl -sf localhost:$port/health > /dev/null && break; sleep 1; done
+    for rate in 16 32; do
+      i=$([ $rate = 16 ] && echo 1 || echo 2)
+      step 60 python3 -m labkit bench load --workload /tmp/nano-seed$i.yaml --rate $rate --seed $i \
+        --url http://127.0.0.1:$port --out $OUT/logs/load-$policy-rate$rate.json
+      curl -s localhost:$port/health > $OUT/logs/health-$policy-rate$rate.json
+    done
+    kill -TERM $spid; wait $spid
+    pack
   done
 fi
 if [ "$what" = slow-state ]; then

@@ -10,6 +10,7 @@ patches/fault-graph-bucket-no-fallback.patch.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine import LLM
 from engine.batch_plan import BatchPlan
@@ -44,3 +45,15 @@ def test_decode_batch_takes_its_bucket_or_falls_back_to_eager(runner, batch):
     else:   # no captured bucket holds 17..20 sequences: the same model runs eagerly
         assert (inputs.execution, inputs.graph_batch) == ("eager", None)
     assert len(inputs.input_ids) == batch and inputs.context_lens == [3] * batch
+
+
+def test_the_warm_up_prefill_runs_before_any_graph_or_pool_setting(tiny_model):
+    """The GPU sizes its KV pool after one largest prefill (ModelRunner.warmup_model); the same pass on the CPU:
+    prompts without blocks, nothing written, one logits row each."""
+    llm = LLM(tiny_model, enforce_eager=True, max_model_len=64, max_num_batched_tokens=128, kvcache_block_size=16,
+              num_kvcache_blocks=16, device="cpu")
+    before = llm.model_runner.kv_cache.clone()
+    logits = llm.model_runner.largest_prefill()
+    assert logits.shape == (2, llm.config.hf_config.vocab_size)   # two 64-token prompts fill the 128 budget
+    assert torch.equal(llm.model_runner.kv_cache, before)
+    llm.exit()
