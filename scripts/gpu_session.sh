@@ -240,7 +240,10 @@ if [ "$what" = bar20 ]; then
   # steps eager against their graphs (scripts/mixed_step_bench.py); C: serving under arrivals, a fresh server
   # per policy and round, interleaved, each serving rate 16 (workload and arrival seed 1) then rate 32 (seed 2);
   # the last mixed server then serves rate inf (seed 3).
-  pack() { tar czf ${PACK_TO:-$OUT}/reports.tgz -C $OUT logs runs 2>/dev/null; }
+  # Reports only: the event logs, request logs and logits arrays would take the archive past the 16 MiB a file may
+  # come back with (session 6 lost its last call's figures that way).
+  pack() { tar czf ${PACK_TO:-$OUT}/reports.tgz -C $OUT --exclude='*.jsonl' --exclude='*.npz' --exclude='*.tsv' \
+    --exclude='*.perfetto.json*' logs runs 2>/dev/null; }
   R=$OUT/runs; mkdir -p $R
   step 300 $LC run --suite mixed --attention triton --execution graph $BF --out $R/lc-mixed-triton-graph &
   step 300 $LC run --suite baseline --attention triton --execution graph $BF --out $R/lc-baseline-triton-graph &
@@ -280,7 +283,10 @@ if [ "$what" = final20 ]; then
   # Issue 20's last call of session 6 (~4 minutes, what the device budget left): the graph paths' correctness
   # (decode graphs and mixed graphs) while the first server starts, then one fresh server per policy (mixed,
   # prefill_first), each serving rate 16 (workload and arrival seed 1) then rate 32 (seed 2).
-  pack() { tar czf ${PACK_TO:-$OUT}/reports.tgz -C $OUT logs runs 2>/dev/null; }
+  # Reports only: the event logs, request logs and logits arrays would take the archive past the 16 MiB a file may
+  # come back with (session 6 lost its last call's figures that way).
+  pack() { tar czf ${PACK_TO:-$OUT}/reports.tgz -C $OUT --exclude='*.jsonl' --exclude='*.npz' --exclude='*.tsv' \
+    --exclude='*.perfetto.json*' logs runs 2>/dev/null; }
   R=$OUT/runs; mkdir -p $R
   for i in 1 2; do sed "s/^seed: 0/seed: $i/" workloads/bench/nano.yaml > /tmp/nano-seed$i.yaml; done
   port=8600
