@@ -135,15 +135,22 @@ def test_a_load_comparison_draws_each_side_spread(tmp_path):
     assert spans == [(m["a"]["min"], m["a"]["max"]), (m["b"]["min"], m["b"]["max"])]
 
 
-def test_report_html_has_every_section_of_its_markdown_and_a_changed_picture(tiny_model, tmp_path, capsys):
+def test_report_html_has_every_section_of_its_markdown_and_a_changed_picture(tiny_model, tmp_path, capsys,
+                                                                              monkeypatch):
     runs = tmp_path / "runs"
     tiny = ["--model", tiny_model, "--device", "cpu", "-q"]
     code, _, err = run_cli(["trace", "--case", "lifecycle", "--budget", "100", *tiny, "--out",
                             str(runs / "trace-lifecycle")], capsys)
     assert code == 0, err
     (runs / "perfetto.json").write_text(json.dumps({"traceEvents": []}))     # not a labkit result
-    code, _, err = run_cli(["report", "--runs", str(runs), "--out", str(tmp_path / "report")], capsys)
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli(["report", "--runs", str(runs), "--out", str(tmp_path / "report")], capsys)
     assert code == 0, err
+    # The terminal table at 80 columns: every lab's headline whole, the short evidence marked and explained.
+    shown = set(out.split())
+    for lab in json.loads((tmp_path / "report" / "manifest.json").read_text())["labs"]:
+        assert all(word in shown for word in lab["headline"].split()), lab["headline"]
+    assert "cpu-executed*" in shown and "* weaker evidence than the lab needs" in " ".join(out.split())
     md = (tmp_path / "report" / "report.md").read_text()
     page = (tmp_path / "report" / "report.html").read_text()
     sections = [line[3:] for line in md.splitlines() if line.startswith("## ")]
