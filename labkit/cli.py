@@ -40,8 +40,8 @@ COMMANDS = {
                                             "archive; `verify` re-checks one."),
     "patch": ("labkit.patch:app", "List, apply and revert the experiment and fault patches in patches/."),
     "notes": ("labkit.notes:app", "Lab notes in notes/: one per lab of the plan (init), or from a template (new)."),
-    "principles": ("labkit.principles:app", "The seeds' CPU principle labs (no engine), each checked against the "
-                                            "seeds' values."),
+    "principles": ("labkit.principles:app", "CPU principle labs (no engine): each value computed from first "
+                                            "principles, checked, and stated with how it follows."),
 }
 
 

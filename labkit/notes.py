@@ -115,7 +115,7 @@ def lab_note(lab) -> str:
     lines = [
         f"# {lab.title}",
         "",
-        f"Lab `{lab.id}` (seeds: {lab.seed}). Evidence it needs: {lab.evidence}. Replace every {TODO} with what",
+        f"Lab `{lab.id}`. Evidence it needs: {lab.evidence}. Replace every {TODO} with what",
         "you observed. Where you did not run something, write \"not run\" and why, never the expected value.",
         "",
         f"- Date, machine (GPU or CPU), commit: {TODO}",

@@ -175,12 +175,18 @@ def git_head() -> str | None:
     return (_git("rev-parse", "HEAD") if _own_checkout() else None) or archived_commit()
 
 
+# The user's lab notes (labkit notes init/new write them, the user fills them in): text about results, never
+# code that makes them, so a note written or edited leaves a result tied to its commit.
+NOT_CODE = ("notes",)
+
+
 def git_dirty() -> bool | None:
     """Whether tracked or new files differ from HEAD, so a result can be tied to exact code (None: not a
-    checkout of its own, so unknown)."""
+    checkout of its own, so unknown). The lab notes (NOT_CODE) do not count."""
     if not _own_checkout():
         return None
-    status = _git("status", "--porcelain", "--untracked-files=normal")
+    status = _git("status", "--porcelain", "--untracked-files=normal", "--", ".",
+                  *(f":(exclude){p}" for p in NOT_CODE))
     return None if status is None else bool(status)
 
 

@@ -23,6 +23,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from labkit.errors import LabkitError
 from labkit.options import JsonOption, Out
@@ -97,6 +98,11 @@ def _first_error(proc: subprocess.CompletedProcess) -> str:
     return lines[0].strip() if lines else f"git apply exited {proc.returncode}"
 
 
+# The terminal width from which `patch list` is one table; narrower, each patch is a block of lines.
+WIDE_LIST = 160
+_STATE_STYLE = {"applied": "yellow", "conflicts": "red", "applies": "green"}
+
+
 @app.command("list")
 def list_cmd(as_json: JsonOption = False) -> None:
     """Every patch with its kind, what it changes, and whether it is applied now.
@@ -106,16 +112,28 @@ def list_cmd(as_json: JsonOption = False) -> None:
     if as_json:
         print_json([{"name": e.name[:-6], "kind": e.kind, "state": state(e), "what": e.what, "how": e.how} for e in index()])
         return
-    table = Table(title=f"patches in {patch_dir()}", title_justify="left")
-    for col in ("patch", "kind", "state"):
-        table.add_column(col, no_wrap=True)
-    for col in ("what it changes", "how to see it"):
-        table.add_column(col, overflow="fold")
-    for e in index():
-        st = state(e)
-        table.add_row(e.name[:-6], e.kind, f"[{'yellow' if st == 'applied' else 'red' if st == 'conflicts' else 'green'}]"
-                      f"{st}[/]", e.what, e.how)
-    Console().print(table)
+    console = Console()
+    entries = [(e, state(e)) for e in index()]
+    if console.width >= WIDE_LIST:
+        table = Table(title=f"patches in {patch_dir()}", title_justify="left")
+        for col in ("patch", "kind", "state"):
+            table.add_column(col, no_wrap=True)
+        for col in ("what it changes", "how to see it"):
+            table.add_column(col, overflow="fold")
+        for e, st in entries:
+            table.add_row(e.name[:-6], e.kind, Text(st, style=_STATE_STYLE.get(st, "")), e.what, e.how)
+        console.print(table)
+        return
+    # Narrower: a block per patch, its two sentences at the full width (in table columns they fold mid-word).
+    console.print(Text(f"patches in {patch_dir()}", style="italic"))
+    for e, st in entries:
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True, style="dim")
+        grid.add_column()
+        grid.add_row("  what", e.what)
+        grid.add_row("  see", e.how)
+        console.print(Text.assemble((e.name[:-6], "bold"), f"  {e.kind}  ", (st, _STATE_STYLE.get(st, ""))))
+        console.print(grid)
 
 
 @app.command("show")

@@ -32,7 +32,7 @@ from labkit.output import (
 )
 
 DEFAULT_PROMPT = "Introduce yourself in one sentence."
-# The seeds' smoke settings: one GPU, max_model_len 1024, a 512-token budget, half the memory.
+# The smoke's settings: one GPU, max_model_len 1024, a 512-token budget, half the memory.
 ENGINE_KWARGS = {"max_model_len": 1024, "max_num_batched_tokens": 512, "gpu_memory_utilization": 0.5}
 TEMPERATURE = 0.6
 

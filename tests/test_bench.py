@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from labkit import cli
+from labkit.bench.command import _summary_rows
 from labkit.bench.workloads import draw, draw_repeat, draw_warmup, load_workload, parse_workload
 from labkit.errors import LabkitError
 
@@ -135,6 +136,10 @@ def test_bench_fixed_end_to_end(tiny_model, runs, capsys):
     assert [r["seed"] for r in data["runs"]] == [0, 1, 2]
     assert path.with_suffix(".md").read_text().startswith("# labkit bench: fixed (engine)")
     assert "tok/s" in out and "median" in out
+    backend = dict(_summary_rows(data))["backend"]
+    assert backend.startswith("engine: eager, attention torch, tp 1")      # nothing asked: no "(asked: eager)"
+    data["config"]["engine"]["enforce_eager"] = data["engine"]["enforce_eager"] = False
+    assert dict(_summary_rows(data))["backend"].startswith("engine: eager (asked: graph), attention torch")
 
 
 def test_bench_run_subcommand_nano_scaled(tiny_model, runs, capsys):

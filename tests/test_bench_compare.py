@@ -210,3 +210,37 @@ def test_load_results_compare_per_request_e2el(tmp_path, runs, capsys):
     (tmp_path / "a.requests.jsonl").unlink()
     code, _, err = run_cli(["bench", "compare", a, slow, "--variable", "max_num_seqs"], capsys)
     assert code == 2 and "per-request records are missing" in err
+
+
+def test_two_real_load_runs_compare_on_rate(tmp_path, runs, capsys):
+    """Two `bench load` runs that differ only in --rate, each with its warm-up, against a fake server: their
+    configs hold what was asked, so the comparison goes through (it refused on warmup.wall_s before)."""
+    from .fake_sse_server import start_in_thread
+
+    fake = start_in_thread()
+    paths = []
+    for rate in ("4", "8"):
+        paths.append(tmp_path / f"load-{rate}.json")
+        code, out, err = run_cli(["bench", "load", "--url", fake.url, "--num-requests", "4", "--rate", rate,
+                                  "--out", paths[-1]], capsys)
+        assert code == 0, err + out
+        assert "warm-up: " in out and out.index("warm-up: ") < out.index("labkit bench load:")
+        r = json.loads(paths[-1].read_text())
+        assert r["config"]["warmup"] == {"requests": r["warmup"]["requests"]} and r["warmup"]["wall_s"] > 0
+    code, out, err = run_cli(["bench", "compare", *map(str, paths), "--variable", "rate"], capsys)
+    assert code == 0, err
+    res = json.loads((runs / "bench-compare-rate.json").read_text())
+    assert res["differing"] == ["source.rate"] and res["values"] == {"a": {"source.rate": 4.0}, "b": {"source.rate": 8.0}}
+
+
+def test_load_results_with_the_warm_up_time_in_their_config_still_compare(tmp_path):
+    """Results written before the warm-up's outcome left the config: its time is a measurement, listed."""
+    a, b = (json.loads(open(_load_result(tmp_path, n, [100.0, 110.0, 120.0])).read()) for n in ("a", "b"))
+    a["config"]["warmup"] = {"requests": 2, "failed": 0, "wall_s": 0.5}
+    b["config"]["warmup"] = {"requests": 2, "failed": 0, "wall_s": 0.7}
+    a["_records"] = b["_records"] = [{"e2el_ms": v, "ttft_ms": 1.0, "tpot_ms": 1.0} for v in (100.0, 110.0, 120.0)]
+    res = cmp.compare(a, b, "code")
+    assert res["measurement_differs"] == {"warmup.wall_s": {"a": 0.5, "b": 0.7}}
+    b["config"]["warmup"]["requests"] = 3     # how many were sent is the configuration: refused
+    with pytest.raises(LabkitError, match=r"warmup\.requests"):
+        cmp.compare(a, b, "code")

@@ -313,14 +313,15 @@ def test_warm_up_requests_go_first_and_are_not_counted(tmp_path, capsys):
     code, stdout, err = run_cli(["bench", "load", "--url", fake.url, "--num-requests", "3", "--out", out], capsys)
     assert code == 0, err + stdout
     r = json.loads(out.read_text())
-    warm = r["config"]["warmup"]
+    warm = r["warmup"]
     assert warm["requests"] >= 1 and warm["failed"] == 0
     assert fake.completions == 3 + warm["requests"] and r["metrics"]["completed"] == 3
     cold = start_in_thread(health=FULL_HEALTH)
     code, stdout, err = run_cli(["bench", "load", "--url", cold.url, "--num-requests", "3", "--no-warmup",
                                  "--out", out], capsys)
     assert code == 0, err + stdout
-    assert cold.completions == 3 and json.loads(out.read_text())["config"]["warmup"] is None
+    cold_r = json.loads(out.read_text())
+    assert cold.completions == 3 and cold_r["config"]["warmup"] is None and cold_r["warmup"] is None
 
 
 def test_endpoints_serving_different_models_are_refused_unless_allowed(tmp_path, capsys):
@@ -415,3 +416,20 @@ def test_max_concurrency_one_sends_each_request_after_the_previous_finished(two_
     spans = sorted((o.sent_ns, o.done_ns) for o in outs)
     assert all(prev[1] <= nxt[0] for prev, nxt in zip(spans, spans[1:]))  # never two in flight
     assert M.max_concurrent_requests(outs) == 1
+
+
+def test_the_summary_fits_80_columns_with_each_latency_on_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    fake = start_in_thread(health=FULL_HEALTH)
+    out = tmp_path / "narrow.json"
+    code, stdout, err = run_cli(["bench", "load", "--url", fake.url, "--num-requests", "3", "--no-warmup",
+                                 "--out", out], capsys)
+    assert code == 0, err + stdout
+    lines = stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    stats = json.loads(out.read_text())["metrics"]
+    for key in M.LATENCIES:
+        row = next(line for line in lines if line.strip("│ ").startswith(key[:-3] + " "))
+        numbers = [float(x.replace(",", "")) for x in row.replace("│", " ").split()[1:]]
+        assert numbers == pytest.approx([stats[key][k] for k in ("mean", "median", "std", "p50", "p90", "p99")],
+                                        abs=0.006), row

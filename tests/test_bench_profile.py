@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from labkit.bench import profile as prof
-from labkit.bench.offline import StepTime
+from labkit.bench.timing import StepTime
 from labkit.bench.workloads import load_workload
 from tests.test_bench import run_cli
 

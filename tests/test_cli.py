@@ -343,6 +343,10 @@ def test_git_head_none_outside_a_repo_and_sha_inside(monkeypatch, tmp_path):
     head = output.git_head()
     assert head and re.fullmatch(r"[0-9a-f]{40}", head)
     assert output.git_dirty() is False
+    # Lab notes are the user's text about results (labkit notes init writes them): never dirty code.
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "principles-cache.md").write_text("TODO")
+    assert output.git_dirty() is False
     (tmp_path / "g").write_text("y")
     assert output.git_dirty() is True
 

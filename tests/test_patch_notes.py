@@ -133,3 +133,17 @@ def test_notes_machine_line_names_the_visible_gpus_without_torch(tmp_path, monke
     assert machine() == "NVIDIA H100 x1"
     monkeypatch.setenv("PATH", "/nonexistent")
     assert machine().startswith("CPU (")
+
+
+def test_patch_list_at_80_columns_breaks_no_word(capsys, monkeypatch):
+    from labkit.patch import index
+
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli(["patch", "list"], capsys)
+    assert code == 0, err
+    assert all(len(line) <= 80 for line in out.splitlines())
+    shown = set(out.split())
+    for e in index():
+        assert e.name[:-6] in shown
+        for word in (e.what + " " + e.how).split():
+            assert word in shown, word     # a folded cell shows "lifecyc" and "le" instead

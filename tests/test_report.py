@@ -89,7 +89,7 @@ def test_report_accounts_for_every_lab_of_the_plan(lab_runs, tmp_path, capsys):
               lab_runs / "logits-prefix" / "engine.npz"):
         assert stat.S_IMODE(p.stat().st_mode) == 0o644, p
     html = (out / "report.html").read_text()
-    assert html.count('src="data:image/png;base64,') == 3  # trace, logits check, bench comparison
+    assert html.count('src="data:image/png;base64,') == 5  # trace, logits check, bench comparison, 2 bench runs
     assert "<script" not in html and "http://" not in html and "https://" not in html
 
 

@@ -304,7 +304,9 @@ def _summary_rows(r: dict) -> list[tuple[str, str]]:
     mode = r["execution"]
     if eng:
         asked = "eager" if eng.get("enforce_eager") else "graph"
-        mode = f"{mode} (asked: {asked}), attention {eng.get('attention_backend')}, tp {eng.get('tensor_parallel_size')}"
+        # Only a mismatch is news: graphs asked for (or the GPU default) but an eager run.
+        mode = (f"{mode}{'' if asked == mode else f' (asked: {asked})'}, attention {eng.get('attention_backend')}, "
+                f"tp {eng.get('tensor_parallel_size')}")
         if "custom_kernels" in eng:
             mode += f", custom kernels {'on' if eng['custom_kernels'] else 'off'}"
     peak = r["peak_memory"]

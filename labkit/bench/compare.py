@@ -111,7 +111,11 @@ LOAD_VARIABLES: dict[str, tuple[str, ...]] = {
 
 # How a run is measured, not what one timed run does: these may differ without being the variable (e.g. a
 # slow baseline timed once against three engine repeats); the comparison lists them.
-MEASUREMENT_FIELDS: tuple[str, ...] = ("workload.repeats", "workload.warmup.*")
+MEASUREMENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "offline": ("workload.repeats", "workload.warmup.*"),
+    # Load results written before the warm-up's outcome moved out of the config kept it there.
+    "load": ("warmup.wall_s", "warmup.failed"),
+}
 
 # name -> (per-sample key, label, higher is better): the metrics that have a distribution on each side.
 SAMPLED = {
@@ -324,7 +328,7 @@ def compare(a: dict, b: dict, variable: str, a_name: str = "A", b_name: str = "B
     keys = set(fa) | set(fb)
     patterns = variable_fields(variable, keys, kind)
     differing = sorted(k for k in keys if fa.get(k) != fb.get(k))
-    measured_how = MEASUREMENT_FIELDS if kind == "offline" else ()
+    measured_how = MEASUREMENT_FIELDS[kind]
     measurement = [k for k in differing if not _covers(patterns, k) and _covers(measured_how, k)]
     outside = [k for k in differing if not _covers(patterns, k) and k not in measurement]
     if outside:

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from labkit.bench.offline import (Stepper, peak_memory_record, peak_now, reset_peak, run_record, summarize, timed)
+from labkit.bench.offline import Stepper, peak_memory_record, peak_now, reset_peak, run_record, summarize
+from labkit.bench.timing import timed
 from labkit.bench.workloads import Draw, Workload, draw_repeat, draw_warmup, fold_to_vocab
 from labkit.errors import LabkitError
 

@@ -132,11 +132,11 @@ def load(
         # The server's word on its model; a server this command started and whose /health is older falls back
         # to what the client read from the same folder.
         env["model"] = {**env["model"], **{k: v for k, v in prov["model"].items() if v is not None or k == "mixed"}}
-        with Progress(SpinnerColumn(), TextColumn("requests"), BarColumn(), MofNCompleteColumn(),
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=Console(stderr=True), transient=True,
                       disable=not Console(stderr=True).is_terminal) as progress:
             importlib.import_module(client_lib)   # its import is not the run's work: keep it off the clock
-            warmed = _warm_up(w, urls, prov, client_lib, timeout) if warmup else None
+            warmed = _warm_up(w, urls, prov, client_lib, timeout, console, progress) if warmup else None
             task = progress.add_task("requests", total=len(reqs))
             cpu0, wall0 = time.process_time(), time.perf_counter()
             outcomes = L.run_load(urls, reqs, temperature=w.temperature, ignore_eos=w.ignore_eos,
@@ -149,7 +149,10 @@ def load(
 
     summary = M.summarize(outcomes, slo_ms, pcts)
     config = {"source": source, "requests": len(reqs), "prompt_ids_folded": folded, "temperature": w.temperature,
-              "ignore_eos": w.ignore_eos, "max_concurrency": max_concurrency, "warmup": warmed,
+              "ignore_eos": w.ignore_eos, "max_concurrency": max_concurrency,
+              # what was asked: how long the warm-up took is a measurement (result["warmup"]), and a measured
+              # figure here would make two runs' configs differ by chance
+              "warmup": None if warmed is None else {"requests": warmed["requests"]},
               "server": ({"url": urls[0]} if url is not None else {"endpoints": urls} if endpoints is not None
                          else {"started": True, **{k: v for k, v in server_args.items() if v is not None}})}
     # The client's share of the run: CPU seconds near the wall time mean the client, not the server, set the pace.
@@ -157,7 +160,7 @@ def load(
                    "busy": cpu_s / wall_s if wall_s > 0 else None, "host": device_info("cpu")}
     requests_path = json_path.with_suffix(".requests.jsonl")
     result = finish(env, status="ok" if summary["failed"] == 0 else "failed_requests", config=config,
-                    metrics=summary, servers=prov["servers"], client=client_info,
+                    warmup=warmed, metrics=summary, servers=prov["servers"], client=client_info,
                     files={"json": str(json_path), "md": str(json_path.with_suffix(".md")),
                            "requests": str(requests_path)})
     write_json(json_path, result)
@@ -212,17 +215,22 @@ def _start_server(model_dir: Path, device: Device, max_queue, n_requests: int, t
     return L.SpawnedServer(args, log_path, startup_timeout)
 
 
-def _warm_up(w, urls: list[str], prov: dict, client_lib: str, timeout: float) -> dict:
+def _warm_up(w, urls: list[str], prov: dict, client_lib: str, timeout: float, console: Console,
+             progress: Progress) -> dict:
     """The workload's warm-up draw, all at once (at least one request per endpoint), untimed. Its prompts come
     from their own random stream, so the timed requests never find them in the prefix cache."""
     d = draw_warmup(w, 0)
     n = max(len(d.prompts), len(urls))
+    # A first request can take the server seconds (compiles, first allocations): say what the wait is.
+    console.print(f"warm-up: {n} untimed request(s) to {len(urls)} server(s) ...", style="dim")
+    task = progress.add_task("warm-up", total=None)
     reqs = [L.Arrival(t=0.0, prompt=list(d.prompts[i % len(d.prompts)]), max_tokens=d.max_tokens[i % len(d.prompts)],
                       id=f"warmup{i}") for i in range(n)]
     _fold_prompts(reqs, [s["health"].get("vocab_size") for s in prov["servers"]])
     t0 = time.perf_counter()
     outcomes = L.run_load(urls, reqs, temperature=w.temperature, ignore_eos=w.ignore_eos, timeout_s=timeout,
                           client=client_lib)
+    progress.remove_task(task)
     failed = [o for o in outcomes if not o.ok]
     if len(failed) == len(outcomes):
         raise LabkitError(f"every warm-up request failed ({failed[0].error}): is the server healthy?", 2)
@@ -255,7 +263,9 @@ def _ms(v: Any) -> str:
     return "-" if v is None else f"{v:,.2f}"
 
 
-def _rows(r: dict) -> list[tuple[str, str]]:
+def _rows(r: dict, latencies: bool = True) -> list[tuple[str, str]]:
+    """The summary as (figure, value) rows; with `latencies` one row per latency holding all its statistics
+    (the Markdown twin; a terminal gets them as a table of their own, latency_table)."""
     m = r["metrics"]
     rows = [("requests", f"{m['completed']} completed, {m['failed']} failed of {m['requests']}"),
             ("duration s", _ms(m["duration_s"])),
@@ -268,11 +278,9 @@ def _rows(r: dict) -> list[tuple[str, str]]:
     if "goodput" in m:
         bounds = ", ".join(f"{k} <= {v:g} ms" for k, v in m["slo"].items())
         rows.append((f"goodput (req/s, {bounds})", f"{_ms(m['goodput'])} ({m['good_requests']} requests)"))
-    pkeys = [M.percentile_key(p) for p in m.get("percentiles", M.DEFAULT_PERCENTILES)]
-    for key in M.LATENCIES:
-        s = m[key]
-        names = ["mean", "median", "std"] + pkeys
-        rows.append((f"{key[:-3]} ms ({' / '.join(names)})", " / ".join(_ms(s.get(k)) for k in names)))
+    if latencies:
+        names, table = latency_table(r)
+        rows += [(f"{row[0]} ({' / '.join(names)})", " / ".join(row[1:])) for row in table]
     for e in m.get("endpoints", []):
         rows.append((f"endpoint {e['url']}", f"{e['completed']}/{e['requests']} requests, {e['output_tokens']:,} tokens, "
                                       f"{_ms(e['output_throughput'])} tok/s, tpot median {_ms(e['tpot_ms']['median'])}"))
@@ -283,6 +291,14 @@ def _rows(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def latency_table(r: dict) -> tuple[list[str], list[list[str]]]:
+    """The statistics' names (mean, median, std, then the percentiles) and one row per latency: its name and
+    its values in ms."""
+    m = r["metrics"]
+    names = ["mean", "median", "std"] + [M.percentile_key(p) for p in m.get("percentiles", M.DEFAULT_PERCENTILES)]
+    return names, [[f"{key[:-3]} ms"] + [_ms(m[key].get(k)) for k in names] for key in M.LATENCIES]
+
+
 def print_summary(r: dict, console: Console) -> None:
     src = r["config"]["source"]
     what = src.get("arrivals") or f"{src['workload']['name']} at rate {src['rate']}"
@@ -290,9 +306,19 @@ def print_summary(r: dict, console: Console) -> None:
                   show_header=False, title_justify="left")
     table.add_column(style="cyan")
     table.add_column(justify="right")
-    for k, v in _rows(r):
+    for k, v in _rows(r, latencies=False):
         table.add_row(k, v)
     console.print(table)
+    # Latencies as their own table, a column per statistic: as key/value rows their six figures wrap in a
+    # terminal of 80 columns.
+    names, rows = latency_table(r)
+    lat = Table(title="latencies (ms, over the completed requests)", title_justify="left")
+    lat.add_column("", style="cyan", no_wrap=True)
+    for name in names:
+        lat.add_column(name, justify="right", no_wrap=True)
+    for row in rows:
+        lat.add_row(row[0].removesuffix(" ms"), *row[1:])
+    console.print(lat)
 
 
 def markdown(r: dict) -> str:

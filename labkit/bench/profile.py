@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labkit.bench.offline import StepTime, is_cuda, run_steps, step_stats
+from labkit.bench.timing import StepTime, is_cuda, run_steps, step_stats
 from labkit.errors import LabkitError
 
 DEFAULT_STEPS = 32

@@ -6,7 +6,7 @@
     labkit logits-check collect --backend hf --suite baseline --dtype bfloat16 --out runs/lc/hf-bf16
     labkit logits-check compare --lhs runs/lc/engine --rhs runs/lc/truth --reference runs/lc/hf-bf16
     labkit logits-check compare --lhs A --rhs B --truth runs/lc/truth --reference runs/lc/hf-bf16   # engine vs engine
-    labkit logits-check compare --lhs A --rhs B --gate fixed       # the seeds' fixed thresholds, A against B
+    labkit logits-check compare --lhs A --rhs B --gate fixed       # fixed thresholds (bf16: 0.5 / 0.02), A against B
 
 Gates (labkit/logits/gates.py): anchored (default) judges each engine side by its distance to a float32
 truth (Transformers float32) against the distance of Transformers' own run in the engine's dtype; fixed

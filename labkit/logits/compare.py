@@ -5,7 +5,7 @@ lhs; the rhs too when a separate float32 truth is given, as for engine-vs-engine
 distance to the float32 truth (Transformers float32, same device and token path) against the distance of the
 reference (Transformers in the judged dtype) to the same truth. A float32 side is held to the float32 floor.
 
-fixed (--gate fixed; the seeds' starting gates): lhs against rhs with fixed thresholds per dtype.
+fixed (--gate fixed; starting gates, not a measured noise level): lhs against rhs with fixed thresholds per dtype.
     FAIL    a non-finite value, max |diff| > --max-abs, or rel-L2 > --rel-l2 (||a - b|| / ||b||, b = rhs);
             or top-1 differs although the rhs's top two logits are further apart than the row's max |diff|
     REVIEW  within both thresholds, but top-1 differs and the rhs's top-two margin is no larger than the

@@ -23,6 +23,10 @@ from labkit.report.verify import verify
 app = typer.Typer(invoke_without_command=True, no_args_is_help=False)
 
 
+# The terminal width from which the labs table spells out the evidence each short lab needs.
+WIDE_REPORT = 120
+
+
 def _style(verdict: str) -> str:
     return f"bold {VERDICT_COLORS.get(verdict, 'white')}"
 
@@ -99,13 +103,24 @@ def report(
 
 def _print(statuses, gathered, warn, figures_note, dest, tarball, manifest, n_files) -> None:
     console = Console()
+    # In a narrow terminal "(needs gpu-measured)" beside each result leaves the headline a column of single
+    # words: a mark, explained once below the table, says the same.
+    narrow = console.width < WIDE_REPORT
     table = Table(title="labs of the plan", title_justify="left")
-    for col in ("lab", "verdict", "evidence", "headline"):
-        table.add_column(col, overflow="fold")
+    for col in ("lab", "verdict", "evidence"):
+        table.add_column(col, no_wrap=narrow)
+    table.add_column("headline", ratio=1)
     for s in statuses:
-        ev = "-" if s.evidence is None else s.evidence + (f" (needs {s.lab.evidence})" if s.evidence_short else "")
+        if s.evidence is None:
+            ev = "-"
+        elif s.evidence_short:
+            ev = f"{s.evidence}*" if narrow else f"{s.evidence} (needs {s.lab.evidence})"
+        else:
+            ev = s.evidence
         table.add_row(s.lab.id, Text(s.verdict, style=_style(s.verdict)), ev, s.headline())
     console.print(table)
+    if narrow and any(s.evidence_short for s in statuses):
+        console.print("* weaker evidence than the lab needs (the caveats below say which labs need what)")
     for f, why in gathered.unreadable:
         console.print(Text.assemble(("UNREADABLE ", _style("UNREADABLE")), f"{f}: {why}"))
     for c in warn:

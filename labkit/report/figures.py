@@ -1,6 +1,8 @@
 """The report's pictures, drawn with matplotlib (an optional dependency: the `plot` and `test` extras) into
-PNG bytes: per trace a step timeline and the KV blocks in use, per logits check each row's distance against
-the gate, per bench comparison every repeat of each side, per load run the TTFT and ITL distributions."""
+PNG bytes: per trace a step timeline and the KV blocks in use (a CHANGED trace: what the case expects above
+what the run did), per logits check each row against the gate that judged it, per bench run its repeats, per
+bench comparison each side's spread, per load run the TTFT and ITL distributions. Each `*_figure` function
+returns the matplotlib figure (tests read it); its twin without the suffix returns the PNG."""
 from __future__ import annotations
 
 import io
@@ -32,11 +34,21 @@ def close_all() -> None:
     plt.close("all")
 
 
+# The page shows a picture at most this wide (report.html's 72em column) and scales a wider one down, text and
+# all: figures are sized to fit it, and their text to stay at 11 px or more once shown.
+PAGE_PX = 1100
+DPI = 100
+FONT_PT = 9.5
+_STYLE = {"font.size": FONT_PT, "axes.titlesize": FONT_PT + 1, "axes.labelsize": FONT_PT,
+          "xtick.labelsize": FONT_PT - 0.5, "ytick.labelsize": FONT_PT - 0.5, "legend.fontsize": FONT_PT - 0.5,
+          "figure.titlesize": FONT_PT + 2}
+
+
 def _png(fig) -> bytes:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
 
@@ -44,71 +56,135 @@ def _png(fig) -> bytes:
 def _subplots(rows: int, cols: int = 1, height: float = 2.6, width: float = 8.0, **kw):
     import matplotlib.pyplot as plt
 
+    plt.rcParams.update(_STYLE)
     return plt.subplots(rows, cols, figsize=(width, height * rows), squeeze=False, layout="constrained", **kw)
 
 
-def trace_timeline(events: list[dict], title: str) -> bytes:
-    """Top: one row per request, one cell per step it was scheduled in (prefill chunks labelled with their
-    token count, decodes, preemptions marked). Bottom: KV blocks used and free after every step."""
-    requests: list[str] = []
-    cells: list[tuple[str, int, str, int]] = []     # request, step, phase, scheduled tokens
-    accepted: dict[tuple[str, int], bool] = {}
-    preempted: list[tuple[str, int]] = []
-    free: list[tuple[int, int]] = []
-    total = None
-    for e in events:
-        kind, step = e.get("event"), e.get("step")
-        if kind == "run_start":
-            total = e.get("num_kvcache_blocks") or (e.get("config") or {}).get("num_kvcache_blocks")
-        elif kind == "request_added" and str(e.get("request_id")) not in requests:
-            requests.append(str(e.get("request_id")))
-        elif kind == "scheduled":
-            for s in e.get("seqs") or []:
-                cells.append((str(s.get("request_id")), int(step), str(e.get("phase")),
-                              int(s.get("num_scheduled_tokens") or 0)))
-        elif kind == "preempted":
-            preempted.append((str(e.get("request_id")), int(step)))
-        elif kind == "after_postprocess":
-            for s in e.get("seqs") or []:
-                accepted[(str(s.get("request_id")), int(step))] = bool(s.get("accepted", True))
-            if isinstance(e.get("free_blocks"), int):
-                free.append((int(step), int(e["free_blocks"])))
-    for r, *_ in cells:
-        if r not in requests:
-            requests.append(r)
+def _timeline_axis(ax, requests: list[str], cells: list[tuple[str, int, str, int]], discarded: set,
+                   preempted: list[tuple[str, int]], title: str) -> None:
+    """One row per request, one cell per step it was scheduled in: prefill chunks labelled with their token
+    count (paler where postprocess discarded the candidate), decodes, preemptions as x."""
     row = {r: i for i, r in enumerate(requests)}
-    fig, axes = _subplots(2, height=max(1.8, 0.45 * len(requests) + 1.0))
-    ax = axes[0][0]
     for r, step, phase, n in cells:
-        if phase == "prefill" and not accepted.get((r, step), True):
-            phase = "prefill chunk (no output)"   # postprocess discarded this step's candidate
+        if phase == "prefill" and (r, step) in discarded:
+            phase = "prefill chunk (no output)"
         ax.broken_barh([(step - 0.45, 0.9)], (row[r] - 0.35, 0.7), facecolors=PHASE_COLORS.get(phase, "#8172b2"))
         if phase.startswith("prefill"):
-            ax.text(step, row[r], str(n), ha="center", va="center", fontsize=7, color="black")
+            ax.text(step, row[r], str(n), ha="center", va="center", color="black")
     for r, step in preempted:
         if r in row:
             ax.plot([step], [row[r]], marker="x", color="#c44e52", markersize=10, mew=2)
     ax.set_yticks(range(len(requests)), requests)
-    ax.invert_yaxis()
+    ax.set_ylim(len(requests) - 0.5, -0.5)
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("engine step")
-    ax.set_title(f"{title}: scheduled tokens per request and step; x = preempted", fontsize=9)
+    ax.set_title(title)
+
+
+def _phase_legend(ax) -> None:
     from matplotlib.patches import Patch
 
-    ax.legend(handles=[Patch(color=c, label=p) for p, c in PHASE_COLORS.items()], fontsize=7,
-              loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax = axes[1][0]
+    ax.legend(handles=[Patch(color=c, label=p) for p, c in PHASE_COLORS.items()], loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
+
+
+def _trace_facts(events: list[dict]) -> dict:
+    """What the trace pictures draw, read once from the event log."""
+    facts = {"requests": [], "cells": [], "discarded": set(), "preempted": [], "free": [], "total": None}
+    for e in events:
+        kind, step = e.get("event"), e.get("step")
+        if kind == "run_start":
+            facts["total"] = e.get("num_kvcache_blocks") or (e.get("config") or {}).get("num_kvcache_blocks")
+        elif kind == "request_added" and str(e.get("request_id")) not in facts["requests"]:
+            facts["requests"].append(str(e.get("request_id")))
+        elif kind == "scheduled":
+            for s in e.get("seqs") or []:
+                facts["cells"].append((str(s.get("request_id")), int(step), str(e.get("phase")),
+                                       int(s.get("num_scheduled_tokens") or 0)))
+        elif kind == "preempted":
+            facts["preempted"].append((str(e.get("request_id")), int(step)))
+        elif kind == "after_postprocess":
+            for s in e.get("seqs") or []:
+                if not s.get("accepted", True):
+                    facts["discarded"].add((str(s.get("request_id")), int(step)))
+            if isinstance(e.get("free_blocks"), int):
+                facts["free"].append((int(step), int(e["free_blocks"])))
+    for r, *_ in facts["cells"]:
+        if r not in facts["requests"]:
+            facts["requests"].append(r)
+    return facts
+
+
+def trace_timeline_figure(events: list[dict], title: str):
+    """Top: the step timeline of every request. Bottom: the KV blocks in use after every step, on a scale of
+    what the run used (a small case holds 3 of 64 blocks: drawn against the pool it would be a flat line)."""
+    f = _trace_facts(events)
+    fig, axes = _subplots(2, height=max(1.9, 0.45 * len(f["requests"]) + 1.1))
+    _timeline_axis(axes[0][0], f["requests"], f["cells"], f["discarded"], f["preempted"],
+                   f"{title}: scheduled tokens per request and step; x = preempted")
+    _phase_legend(axes[0][0])
+    _kv_axis(axes[1][0], f["free"], f["total"])
+    return fig
+
+
+def trace_timeline(events: list[dict], title: str) -> bytes:
+    return _png(trace_timeline_figure(events, title))
+
+
+def _kv_axis(ax, free: list[tuple[int, int]], total) -> None:
+    pool = total if isinstance(total, int) and not isinstance(total, bool) else None
     if free:
         steps = [s for s, _ in free]
-        ax.plot(steps, [f for _, f in free], marker="o", label="free", color="#4c72b0")
-        if isinstance(total, int):
-            ax.plot(steps, [total - f for _, f in free], marker="o", label="used", color="#c44e52")
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        values = [pool - v for _, v in free] if pool is not None else [v for _, v in free]
+        ax.step(steps, values, where="mid", marker="o", color="#c44e52" if pool is not None else "#4c72b0")
+        for x, y in zip(steps, values):
+            ax.annotate(str(y), (x, y), textcoords="offset points", xytext=(0, 5), ha="center")
+        ax.set_ylim(0, max(values) * 1.25 + 1)
+        ax.yaxis.get_major_locator().set_params(integer=True)
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("engine step")
-    ax.set_ylabel("KV blocks")
-    ax.set_title(f"KV blocks after each step (pool of {total if total is not None else '?'})", fontsize=9)
-    return _png(fig)
+    if pool is not None:
+        ax.set_ylabel("blocks in use")
+        ax.set_title(f"KV blocks in use after each step (pool of {pool}; free = {pool} - in use)")
+    else:
+        ax.set_ylabel("free blocks")
+        ax.set_title("free KV blocks after each step (pool size not recorded)")
+
+
+def expected_cells(expect: list[dict], known: list[str]) -> tuple[list[str], list[tuple[str, int, str, int]]]:
+    """The schedule a case's expected states describe: (request, step, phase, scheduled tokens) per request
+    of each step entry's `scheduled` (a token count, or the full form's `scheduled`)."""
+    requests, cells = list(known), []
+    for x in expect or []:
+        if not isinstance(x, dict) or not isinstance(x.get("step"), int) or not isinstance(x.get("scheduled"), dict):
+            continue
+        for rid, v in x["scheduled"].items():
+            n = v.get("scheduled") if isinstance(v, dict) else v
+            cells.append((str(rid), x["step"], str(x.get("phase") or "prefill"), int(n) if isinstance(n, int) else 0))
+            if str(rid) not in requests:
+                requests.append(str(rid))
+    return requests, cells
+
+
+def trace_changed_figure(events: list[dict], expect: list[dict], changes: list[dict], title: str):
+    """A CHANGED trace: what the case expects above what the run did, on the same requests and steps, with the
+    steps that differ shaded in both."""
+    f = _trace_facts(events)
+    requests, want = expected_cells(expect, f["requests"])
+    differs = sorted({c["step"] for c in changes if isinstance(c.get("step"), int)})
+    fig, axes = _subplots(2, height=max(1.9, 0.45 * len(requests) + 1.1), sharex=True)
+    panels = ((axes[0][0], want, set(), [], f"{title}: what the case expects"),
+              (axes[1][0], f["cells"], f["discarded"], f["preempted"], "what the run did (steps that differ shaded)"))
+    for ax, cells, discarded, preempted, label in panels:
+        for st in differs:
+            ax.axvspan(st - 0.5, st + 0.5, color="#fff1c1", zorder=0)
+        _timeline_axis(ax, requests, cells, discarded, preempted, label)
+    _phase_legend(axes[0][0])
+    return fig
+
+
+def trace_changed(events: list[dict], expect: list[dict], changes: list[dict], title: str) -> bytes:
+    return _png(trace_changed_figure(events, expect, changes, title))
 
 
 def _finite(values: list[Any]) -> list[float]:
@@ -119,69 +195,144 @@ def _row_verdict(row: dict) -> str | None:
     return row.get("verdict") or row.get("status")
 
 
-def logits_rows(check: dict) -> bytes:
-    """Each row's distances (to the reference, and to a float32 truth where the check records one) against the
-    check's gates, coloured by the row's verdict."""
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def logits_rows_figure(check: dict):
+    """Each row against the gate that judged it, coloured by the row's verdict. Anchored: the row's distance
+    to the float32 truth over the reference's, with the PASS and FAIL factors drawn; fixed: max|diff| and
+    rel-L2 against their thresholds. Only distances are drawn: token ids are labels, not magnitudes."""
     rows = check.get("rows") or []
-    th = check.get("thresholds") or {}
-    keys = [k for k in ("max_abs", "rel_l2") if any(k in r for r in rows)]
-    keys += sorted({k for r in rows for k, v in r.items()
-                    if "truth" in k and isinstance(v, (int, float)) and not isinstance(v, bool)} - set(keys))
-    keys = keys or ["max_abs"]
-    fig, axes = _subplots(1, len(keys), height=2.8, width=4.5 * len(keys))
+    gate = check.get("gate") if isinstance(check.get("gate"), dict) else {}
     colors = [STATUS_COLORS.get(_row_verdict(r), "#8172b2") for r in rows]
     x = list(range(len(rows)))
-    for ax, key in zip(axes[0], keys):
-        ys = _finite([r.get(key) for r in rows])
-        ax.scatter(x, [max(y, 1e-12) for y in ys], c=colors, s=14)
-        gate = th.get(key)
-        if isinstance(gate, (int, float)) and not isinstance(gate, bool) and gate > 0:
-            ax.axhline(gate, color="#c44e52", linestyle="--", linewidth=1, label=f"gate {gate:g}")
-            ax.legend(fontsize=7)
-        ax.set_yscale("log")
+    if gate.get("rule") == "anchored":
+        fig, axes = _subplots(1, height=3.0, width=8.0)
+        ax = axes[0][0]
+        sides = gate.get("judged") or ["lhs"]
+        ys = [max((((r.get("to_truth") or {}).get(s) or {}).get("ratio") or 0.0) for s in sides) for r in rows]
+        ax.scatter(x, ys, c=colors, s=18, zorder=3)
+        limits = [(gate.get("row_factor"), "PASS up to", "--"), (gate.get("row_fail_factor"), "FAIL beyond", ":")]
+        for value, what, style in limits:
+            if _num(value):
+                ax.axhline(value, color="#c44e52", linestyle=style, linewidth=1.2, label=f"{what} {value:g}x")
+        top = max([y for y in ys if _num(y)] + [v for v, _, _ in limits if _num(v)] + [1.0])
+        ax.set_ylim(0, top * 1.15)
+        ax.set_ylabel("distance / reference's")
+        ax.set_title("per row: distance to the float32 truth over the reference's (the noise yardstick)")
+        if any(_num(v) for v, _, _ in limits):
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
         ax.set_xlabel("row")
-        ax.set_title(f"{key} per row (exact zeros at the bottom)", fontsize=9)
-    fig.suptitle(f"logits-check {check.get('suite')}: {check.get('verdict')}", fontsize=10)
-    return _png(fig)
+    else:
+        th = check.get("thresholds") or {}
+        keys = [k for k in ("max_abs", "rel_l2") if any(_num(r.get(k)) for r in rows)] or ["max_abs"]
+        fig, axes = _subplots(1, len(keys), height=3.0, width=4.6 * len(keys))
+        for ax, key in zip(axes[0], keys):
+            ys = _finite([r.get(key) for r in rows])
+            ax.scatter(x, [max(y, 1e-12) for y in ys], c=colors, s=18, zorder=3)
+            gate_value = th.get(key)
+            if _num(gate_value) and gate_value > 0:
+                ax.axhline(gate_value, color="#c44e52", linestyle="--", linewidth=1.2,
+                           label=f"threshold {gate_value:g}")
+                ax.legend(loc="lower right")
+            ax.set_yscale("log")
+            ax.set_xlabel("row")
+            ax.set_title(f"{key} per row (exact zeros at the bottom)")
+    fig.suptitle(f"logits-check {check.get('suite')}: {check.get('verdict')}")
+    return fig
+
+
+def logits_rows(check: dict) -> bytes:
+    return _png(logits_rows_figure(check))
+
+
+def _wrapped(text: str, width: int = 70) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width)) or text
+
+
+def compare_figure(cmp: dict):
+    """A bench comparison, offline or load: per sampled metric each side's min / median / max (a bar from min to
+    max, the median marked), the offline repeats as dots, and the B/A sentence above."""
+    metrics = {k: m for k, m in (cmp.get("metrics") or {}).items()
+               if isinstance(m, dict) and (m.get("a") or {}).get("n") and (m.get("b") or {}).get("n")}
+    head = cmp.get("headline_metric")
+    names = ([head] if head in metrics else []) + [k for k in metrics if k != head]
+    names = names[:3] or [None]
+    fig, axes = _subplots(1, len(names), height=3.0, width=3.3 * len(names))
+    for ax, name in zip(axes[0], names):
+        if name is None:
+            ax.text(0.5, 0.5, "no samples on a side", ha="center", va="center", transform=ax.transAxes)
+            continue
+        m = metrics[name]
+        for i, side in enumerate(("a", "b")):
+            s = m[side]
+            ax.vlines(i, s["min"], s["max"], color="#4c72b0", linewidth=6, alpha=0.35)
+            ax.plot([i], [s["median"]], marker="_", markersize=26, mew=2.5, color="#c44e52")
+            runs = (cmp.get(side) or {}).get("runs") or []
+            dots = [v for v in _finite([r.get(name) for r in runs]) if not math.isnan(v)]
+            ax.scatter([i] * len(dots), dots, color="#4c72b0", s=16, zorder=3)
+        ax.set_xticks([0, 1], ["A", "B"])
+        ax.set_xlim(-0.6, 1.6)
+        ax.set_title(_wrapped(f"{m.get('label', name)}: {m.get('text', '')}", 34))
+    fig.suptitle(_wrapped(f"bench compare --variable {cmp.get('variable')} ({cmp.get('kind', 'offline')} runs, "
+                          f"{cmp.get('samples_are', 'samples')}): min to max, median marked", 90))
+    return fig
 
 
 def compare_repeats(cmp: dict) -> bytes:
-    """Every timed repeat of A and B (output tok/s) with each side's median."""
-    fig, axes = _subplots(1, height=2.6, width=6.0)
-    ax = axes[0][0]
-    for i, side in enumerate(("a", "b")):
-        runs = (cmp.get(side) or {}).get("runs") or []
-        ys = _finite([r.get("output_throughput") for r in runs])
-        ax.scatter([i] * len(ys), ys, color="#4c72b0", zorder=3)
-        good = sorted(y for y in ys if not math.isnan(y))
-        if good:
-            med = good[len(good) // 2] if len(good) % 2 else (good[len(good) // 2 - 1] + good[len(good) // 2]) / 2
-            ax.hlines(med, i - 0.2, i + 0.2, color="#c44e52")
-    ax.set_xticks([0, 1], ["A", "B"])
-    ax.set_xlim(-0.6, 1.6)
-    ax.set_ylabel("output tok/s")
-    ratio = cmp.get("ratio")
-    said = cmp.get("headline") or (f"B/A {ratio:.3f}x" if isinstance(ratio, (int, float)) else "")
-    ax.set_title(f"--variable {cmp.get('variable')}: every repeat, median as a bar"
-                 + (f" ({said})" if said else ""), fontsize=9)
-    return _png(fig)
+    return _png(compare_figure(cmp))
 
 
-def load_distributions(records: list[dict], title: str) -> bytes:
+def bench_figure(result: dict):
+    """One offline bench run: every timed repeat's output tok/s (and decode ms per token where the workload
+    timed steps), the median drawn across."""
+    runs = result.get("runs") or []
+    panels = [("output_throughput", "output tok/s")]
+    if any(_num(r.get("decode_ms_per_token")) for r in runs):
+        panels.append(("decode_ms_per_token", "decode ms per token"))
+    fig, axes = _subplots(1, len(panels), height=2.8, width=4.5 * len(panels))
+    for ax, (key, label) in zip(axes[0], panels):
+        ys = _finite([r.get(key) for r in runs])
+        ax.bar(range(len(ys)), ys, color="#4c72b0")
+        med = (result.get("median") or {}).get(key)
+        if _num(med):
+            ax.axhline(med, color="#c44e52", linestyle="--", linewidth=1.2, label=f"median {med:,.4g}")
+            ax.legend(loc="lower right")
+        ax.set_xticks(range(len(ys)), [str(r.get("repeat", i)) for i, r in enumerate(runs)])
+        ax.set_xlabel("timed repeat")
+        ax.set_title(f"{label}, every repeat")
+    w = result.get("workload") or {}
+    fig.suptitle(f"bench {w.get('name')} ({result.get('backend')}, {result.get('execution')}, "
+                 f"{result.get('evidence')})")
+    return fig
+
+
+def bench_repeats(result: dict) -> bytes:
+    return _png(bench_figure(result))
+
+
+def load_distributions_figure(records: list[dict], title: str):
     """Histograms of TTFT per request and of every inter-token latency."""
     ttft = [v for v in _finite([r.get("ttft_ms") for r in records]) if not math.isnan(v)]
     itl = [v for v in _finite([x for r in records for x in (r.get("itl_ms") or [])]) if not math.isnan(v)]
-    fig, axes = _subplots(1, 2, height=2.6, width=9.0)
+    fig, axes = _subplots(1, 2, height=2.8, width=9.0)
     for ax, values, label in ((axes[0][0], ttft, "TTFT (ms), per request"), (axes[0][1], itl, "ITL (ms), every gap")):
         if values:
             ax.hist(values, bins=min(30, max(5, len(values) // 3)), color="#4c72b0")
             for q, style in ((50, "--"), (99, ":")):
                 v = float(np.percentile(values, q))
-                ax.axvline(v, color="#c44e52", linestyle=style, linewidth=1, label=f"p{q} {v:.1f}")
-            ax.legend(fontsize=7)
+                ax.axvline(v, color="#c44e52", linestyle=style, linewidth=1.2, label=f"p{q} {v:.1f}")
+            ax.legend()
         else:
             ax.text(0.5, 0.5, "no values", ha="center", va="center", transform=ax.transAxes)
-        ax.set_title(f"{label}: n={len(values)}", fontsize=9)
+        ax.set_title(f"{label}: n={len(values)}")
         ax.set_ylabel("count")
-    fig.suptitle(title, fontsize=10)
-    return _png(fig)
+    fig.suptitle(_wrapped(title, 90))
+    return fig
+
+
+def load_distributions(records: list[dict], title: str) -> bytes:
+    return _png(load_distributions_figure(records, title))

@@ -1,4 +1,4 @@
-"""The lab plan (workloads/labs.yaml): which labs the seeds ask for, the command and evidence each needs,
+"""The lab plan (workloads/labs.yaml): which labs there are, the command and evidence each needs,
 and which result under runs/ answers it."""
 from __future__ import annotations
 
@@ -37,7 +37,6 @@ class Slot:
 class Lab:
     id: str
     title: str
-    seed: str
     command: str
     evidence: str
     slots: list[Slot]
@@ -118,7 +117,7 @@ def parse(data: Any, source: str) -> list[Lab]:
         questions = entry.get("questions") or []
         if not isinstance(questions, list) or not all(isinstance(q, str) for q in questions):
             raise LabkitError(f"{where}: `questions` must be a list of strings")
-        labs.append(Lab(id=lab_id, title=_text(entry, "title", where), seed=str(entry.get("seed") or "-"),
+        labs.append(Lab(id=lab_id, title=_text(entry, "title", where),
                         command=_text(entry, "command", where), evidence=evidence,
                         slots=[_slot(r, where, j) for j, r in enumerate(results)], questions=questions,
                         producer=_text(entry, "producer", where, required=False)))

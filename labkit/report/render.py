@@ -31,32 +31,53 @@ def pictures(gathered: Gathered) -> tuple[list[Picture], str | None]:
     out = []
     for r in gathered.results:
         try:
-            pic = _picture(r)
+            pics = _pictures_of(r)
         except Exception as exc:  # noqa: BLE001 - a result with odd content loses its picture, not the report
-            pic = Picture(f"{r.kind}: {r.rel}", r.rel, None, f"could not draw it ({type(exc).__name__}: {exc})")
+            pics = [Picture(f"{r.kind}: {r.rel}", r.rel, None, f"could not draw it ({type(exc).__name__}: {exc})")]
             figures.close_all()
-        if pic is not None:
-            out.append(pic)
+        out += pics
     return out, None
 
 
-def _picture(r: Result) -> Picture | None:
+def _pictures_of(r: Result) -> list[Picture]:
     if r.command == "trace":
         title = f"trace {r.data.get('case')} ({r.rel})"
         if "events" not in r.attached:
-            return Picture(title, r.rel, None, "no readable event log beside the result")
-        return Picture(title, r.rel, figures.trace_timeline(r.attached["events"], f"case {r.data.get('case')}"))
+            return [Picture(title, r.rel, None, "no readable event log beside the result")]
+        events = r.attached["events"]
+        pics = [Picture(title, r.rel, figures.trace_timeline(events, f"case {r.data.get('case')}"))]
+        if r.verdict == "CHANGED":
+            pics.append(_changed_picture(r, events))
+        return pics
     if r.command == "logits-check compare":
-        return Picture(f"logits-check {r.data.get('suite')} ({r.rel})", r.rel, figures.logits_rows(r.data))
+        return [Picture(f"logits-check {r.data.get('suite')} ({r.rel})", r.rel, figures.logits_rows(r.data))]
     if r.command == "bench compare":
-        return Picture(f"bench compare --variable {r.data.get('variable')} ({r.rel})", r.rel,
-                       figures.compare_repeats(r.data))
+        return [Picture(f"bench compare --variable {r.data.get('variable')} ({r.rel})", r.rel,
+                        figures.compare_repeats(r.data))]
+    if r.command == "bench":
+        return [Picture(f"bench {(r.data.get('workload') or {}).get('name')} ({r.rel})", r.rel,
+                        figures.bench_repeats(r.data))]
     if r.command == "bench load":
         title = f"bench load ({r.rel})"
         if "requests" not in r.attached:
-            return Picture(title, r.rel, None, "no readable per-request file (.requests.jsonl) beside the result")
-        return Picture(title, r.rel, figures.load_distributions(r.attached["requests"], r.headline[:90]))
-    return None
+            return [Picture(title, r.rel, None, "no readable per-request file (.requests.jsonl) beside the result")]
+        return [Picture(title, r.rel, figures.load_distributions(r.attached["requests"], r.headline[:90]))]
+    return []
+
+
+def _changed_picture(r: Result, events: list[dict]) -> Picture:
+    """What the case expects against what the run did; the expected states come from the case file."""
+    from labkit.errors import LabkitError
+    from labkit.trace.cases import load_case
+
+    name = r.data.get("case")
+    title = f"trace {name}: expected against actual ({r.rel})"
+    try:
+        case = load_case(str(name))
+    except LabkitError as exc:
+        return Picture(title, r.rel, None, f"its case cannot be read here ({exc})")
+    changes = (r.data.get("report") or {}).get("changes") or []
+    return Picture(title, r.rel, figures.trace_changed(events, case.expect or [], changes, f"case {name}"))
 
 
 def _commit(r: Result) -> str:
@@ -84,6 +105,16 @@ def _evidence_text(s: LabStatus) -> str:
     return f"{s.evidence} (needs {s.lab.evidence})" if s.evidence_short else s.evidence
 
 
+HOWTO_TITLE = "How to produce what is MISSING"
+OTHER_JSON = "JSON files that are not labkit results (not judged): "
+
+
+def _missing_howto(statuses: list[LabStatus]) -> list[tuple[str, str, str, str]]:
+    """(lab, evidence it needs, the command on one line, why no command makes it yet) per MISSING lab."""
+    return [(s.lab.id, s.lab.evidence, "; ".join(line.strip() for line in s.lab.command.strip().splitlines()),
+             s.lab.producer or "") for s in statuses if s.verdict == "MISSING"]
+
+
 def markdown(title: str, statuses: list[LabStatus], gathered: Gathered, caveats: list[str],
              todo_notes: list[str], figures_note: str | None) -> str:
     lines = [f"# {title}", "", f"Labs: {_counts(statuses)} (of {len(statuses)} in the plan, workloads/labs.yaml).", ""]
@@ -99,12 +130,10 @@ def markdown(title: str, statuses: list[LabStatus], gathered: Gathered, caveats:
                                                                          for f, why in gathered.unreadable])
     if todo_notes:
         lines += ["## Notes still holding TODO", ""] + [f"- notes/{n}" for n in todo_notes] + [""]
-    missing = [s for s in statuses if s.verdict == "MISSING"]
-    if missing:
-        lines += ["## How to produce what is MISSING", ""]
-        for s in missing:
-            cmd = "; ".join(line.strip() for line in s.lab.command.strip().splitlines())
-            lines.append(f"- {s.lab.id} ({s.lab.evidence}): `{cmd}`" + (f" ({s.lab.producer})" if s.lab.producer else ""))
+    howto = _missing_howto(statuses)
+    if howto:
+        lines += [f"## {HOWTO_TITLE}", ""]
+        lines += [f"- {lab} ({evidence}): `{cmd}`" + (f" ({why})" if why else "") for lab, evidence, cmd, why in howto]
         lines.append("")
     lines += ["## Results", ""]
     for section in SECTIONS:
@@ -114,8 +143,7 @@ def markdown(title: str, statuses: list[LabStatus], gathered: Gathered, caveats:
         lines += [f"### {section}", ""] + _md_table(["result", "verdict", "what", "evidence", "device", "commit"], [
             [f"`{r.rel}`", r.verdict, _cell(r.headline), r.evidence, _cell(r.device or "-"), _commit(r)] for r in rows])
     if gathered.other:
-        lines += ["JSON files that are not labkit results (not judged): "
-                  + ", ".join(f"`{f}`" for f in gathered.other), ""]
+        lines += [OTHER_JSON + ", ".join(f"`{f}`" for f in gathered.other), ""]
     return "\n".join(lines)
 
 
@@ -164,6 +192,11 @@ def page(title: str, statuses: list[LabStatus], gathered: Gathered, caveats: lis
     if todo_notes:
         parts.append("<h2>Notes still holding TODO</h2><ul>" + "".join(f"<li>notes/{e(n)}</li>" for n in todo_notes)
                      + "</ul>")
+    howto = _missing_howto(statuses)
+    if howto:
+        parts.append(f"<h2>{e(HOWTO_TITLE)}</h2><ul>" + "".join(
+            f"<li>{e(lab)} ({e(evidence)}): <code>{e(cmd)}</code>" + (f" ({e(why)})" if why else "") + "</li>"
+            for lab, evidence, cmd, why in howto) + "</ul>")
     if pics:
         parts.append("<h2>Pictures</h2>")
         for p in pics:
@@ -181,5 +214,7 @@ def page(title: str, statuses: list[LabStatus], gathered: Gathered, caveats: lis
             parts.append(_table(["result", "verdict", "what", "evidence", "device", "commit"], [
                 [f"<code>{e(r.rel)}</code>", _v(r.verdict), e(r.headline), e(r.evidence), e(r.device or "-"),
                  e(_commit(r))] for r in rows]))
+    if gathered.other:
+        parts.append(f"<p>{e(OTHER_JSON)}" + ", ".join(f"<code>{e(f)}</code>" for f in gathered.other) + "</p>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

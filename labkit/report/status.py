@@ -68,7 +68,7 @@ class LabStatus:
         return ", ".join(dict.fromkeys(r.device or "-" for r in self.results)) or "-"
 
     def to_dict(self) -> dict:
-        return {"lab": self.lab.id, "title": self.lab.title, "seed": self.lab.seed, "command": self.lab.command,
+        return {"lab": self.lab.id, "title": self.lab.title, "command": self.lab.command,
                 "verdict": self.verdict, "evidence": self.evidence, "evidence_needed": self.lab.evidence,
                 "evidence_short": self.evidence_short, "headline": self.headline(), "commit": self.commits(),
                 "device": self.devices(), "note": self.note,

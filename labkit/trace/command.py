@@ -1,9 +1,16 @@
 """`labkit trace`: run a case through the engine with tracing on, show each step, judge it.
 
     labkit trace --case chunk                 # run, table, validate; exit 1 on a mismatch
+    labkit trace --case chunk --wide          # the table with every model input, for a wide terminal
     labkit trace --case lifecycle --budget 100   # an experiment: invariants gate, the case is a diff
     labkit trace check runs/trace-chunk/events.jsonl --case chunk   # re-validate a saved log
     labkit trace diff BEFORE.jsonl AFTER.jsonl   # two runs side by side, first divergence marked
+
+The table: a line per step (its phase, the tokens it computed out of the budget, free KV blocks before and
+after), under it a line per request: what the row computes (prefill, prefill chunk, decode; a step may mix
+them), its new tokens, the KV it holds before and after the forward out of its length, its outputs and the
+token sampled, its status and blocks. It fits an 80-column terminal; --wide gives the raw counts and the
+model inputs (positions, cu_seqlens, context lens) in one row per step.
 
 Verdicts: every invariant always gates (FAIL, exit 1). The case's expected states gate too, unless
 the run was meant to change them: an override (--budget, --block-size, --policy, --max-num-seqs,
@@ -20,17 +27,19 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.cells import cell_len
 from rich.table import Table
+from rich.text import Text
 
 from labkit.errors import LabkitError
 from labkit.options import (AsyncSchedulingOption, BlockSizeOption, BudgetOption, Device, DeviceOption, EagerOption, JsonOption,
                             MaxNumSeqsOption, ModelOption, NumBlocksOption, Out, PolicyOption, TpOption)
 from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, \
     write_json
-from labkit.trace.cases import list_cases, load_case
+from labkit.trace.cases import Case, list_cases, load_case
 from labkit.trace.events import read_jsonl
 from labkit.trace.run import engine_changes
-from labkit.trace.tables import config_differences, diff_rows, steps_table, write_tsv
+from labkit.trace.tables import case_mismatch, compact_steps, config_differences, diff_rows, steps_table, write_tsv
 from labkit.trace.validate import Report, change_text, validate
 
 app = typer.Typer(help="Run a traced case, show every step, and check it against expected states.\n\n"
@@ -41,7 +50,69 @@ app = typer.Typer(help="Run a traced case, show every step, and check it against
                   invoke_without_command=True, no_args_is_help=False)
 
 
-def _print_steps(events: list[dict], console: Console, title: str) -> None:
+def _print_steps(events: list[dict], console: Console, title: str, wide: bool = False) -> None:
+    if wide:
+        _print_steps_wide(events, console, title)
+        return
+    console.print(Text(title, style="bold"))
+    steps = compact_steps(events)
+    header = ("id", "row", "new", "KV cached", "outputs", "status", "blocks")
+    cells = {st["step"]: [_compact_cells(r) for r in st["rows"]] for st in steps}
+    # One grid per step, all with the same column widths, so the step's own line sits between them and the
+    # columns still line up down the whole run.
+    widths = [max([cell_len(h)] + [cell_len(row[i]) for rows in cells.values() for row in rows])
+              for i, h in enumerate(header)]
+
+    def grid(rows, style=None):
+        table = Table(box=None, show_header=False, padding=(0, 1), pad_edge=True, collapse_padding=True)
+        for i, w in enumerate(widths):
+            table.add_column(min_width=w, justify="right" if i in (2, 6) else "left")
+        for row in rows:
+            table.add_row(*row, style=style)
+        return table
+
+    console.print(grid([header], style="bold dim"))
+    for st in steps:
+        console.print(Text(_step_line(st), style="bold"))
+        console.print(grid(cells[st["step"]]))
+
+
+def _step_line(st: dict) -> str:
+    parts = [f"step {st['step']}", str(st["phase"]),
+             f"{st['tokens']} of {st['budget']} tokens" if st["budget"] is not None else f"{st['tokens']} tokens"]
+    if st["execution"] == "graph":
+        parts.append(f"CUDA graph, batch {st['graph_batch']}")
+    parts.append(f"free blocks {_dash(st['free_before'])} → {_dash(st['free_after'])}")
+    return " · ".join(parts)
+
+
+def _compact_cells(r: dict) -> list[str]:
+    if r["cached_after"] is not None:
+        kv = f"{r['cached_before']} → {r['cached_after']} of {r['total']}"
+    else:
+        kv = "-"
+    if r["accepted"] is True:
+        outs = f"{r['outputs']} (+{r['token']})"
+    elif r["accepted"] is False:
+        outs = f"{r['outputs']} (dropped)"
+    else:
+        outs = _dash(r["outputs"])
+    return [r["id"], r["kind"], str(r["new"]), kv, outs, _dash(r["status"]), _dash(r["blocks"])]
+
+
+def _shown(path: Path) -> str:
+    """A path as short as it can be said: relative to the working folder when it is inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _dash(v) -> str:
+    return "-" if v is None else str(v)
+
+
+def _print_steps_wide(events: list[dict], console: Console, title: str) -> None:
     table = Table(title=title, show_lines=False, header_style="bold")
     for col in ("step", "phase", "scheduled (id total/cached/sched/blocks)", "model inputs", "preempted",
                 "after postprocess (id total/cached/outputs status blocks)", "free"):
@@ -55,7 +126,18 @@ def _print_steps(events: list[dict], console: Console, title: str) -> None:
 _STYLE = {"PASS": "green", "CHANGED": "yellow", "RECORDED": "cyan", "FAIL": "red"}
 
 
-def _print_report(report: Report, console: Console) -> None:
+def _steps_past_the_case(report: Report, case: Case | None) -> str:
+    """The steps a run took after the last step its case expects ("" when none or nothing to say): no
+    expectation covers them, so without this line a longer run looks like a shorter diff."""
+    last = max((x["step"] for x in (case.expect or []) if isinstance(x.get("step"), int)), default=None) \
+        if case is not None else None
+    if last is None or report.steps <= last:
+        return ""
+    extra = f"step {last + 1}" if report.steps == last + 1 else f"steps {last + 1}-{report.steps}"
+    return f"  {extra}: not in the case (its expected states end at step {last}; the run took {report.steps})"
+
+
+def _print_report(report: Report, console: Console, case: Case | None = None) -> None:
     failures = report.gating_failures
     for check in failures[:20]:
         console.print(f"[red]FAIL[/red] {check.message}", markup=True, highlight=False)
@@ -70,8 +152,14 @@ def _print_report(report: Report, console: Console) -> None:
         for c in changes:
             where, what = change_text(c).split(": ", 1)
             by_step.setdefault(where, []).append(what)
+        first = change_text(changes[0])
+        console.print(f"first cause ({report.why_changes or 'no reason recorded'}): {first}; the differences "
+                      "below start there", markup=False, highlight=False)
         for where, whats in by_step.items():
             console.print(f"  {where}: " + "; ".join(whats), markup=False, highlight=False)
+        past = _steps_past_the_case(report, case)
+        if past:
+            console.print(past, markup=False, highlight=False)
     console.print(f"[{_STYLE[report.verdict]}]{report.summary()}[/]")
 
 
@@ -134,6 +222,8 @@ def trace(
              "override or an engine that differs from git HEAD). Differences are then a diff, verdict CHANGED."),
     list_: bool = typer.Option(False, "--list", help="List the shipped cases and exit."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-step table."),
+    wide: bool = typer.Option(False, "--wide", help="The per-step table with every model input (positions, "
+                                                     "cu_seqlens, context lens), for a wide terminal."),
     as_json: JsonOption = False,
 ) -> None:
     if ctx.invoked_subcommand is not None:
@@ -160,10 +250,10 @@ def trace(
     env = envelope("trace", device=dev, model_dir=model_dir, evidence=evidence_for(dev))
     expected, why = changes_expected(overrides, expect_changes)
     run = run_case(the_case, model_dir, out_dir / "events.jsonl", overrides=overrides, device=dev, shapes=shapes,
-                   context={"expect_changes": expected, "why_changes": why})
+                   context={"expect_changes": expected, "why_changes": why, "case": the_case.name})
     report = validate(run.events, the_case, expect_changes=expected, why_changes=why)
     if not quiet:
-        _print_steps(run.events, console, f"case {the_case.name}: {the_case.about}")
+        _print_steps(run.events, console, f"case {the_case.name}: {the_case.about}", wide)
     if shapes:
         _print_shapes(run.events, console)
     extra = {"case": the_case.name, "engine": run.engine_kwargs, "num_kvcache_blocks": run.num_kvcache_blocks,
@@ -173,11 +263,11 @@ def trace(
     result = _outputs(out_dir, run.events, report, env, extra)
     if as_json:
         print_json(result)
-    _print_report(report, console)
+    _print_report(report, console, the_case)
     if why and report.verdict != "CHANGED":
         console.print(f"({why})", markup=False, highlight=False)
-    console.print(f"log: {out_dir / 'events.jsonl'}   table: {out_dir / 'steps.tsv'}   check: {out_dir / 'check.json'}"
-                  + (f"   perfetto: {perfetto}" if perfetto else ""))
+    console.print(f"wrote {_shown(out_dir)}/: events.jsonl (the log), steps.tsv, check.json"
+                  + (f"; perfetto {_shown(perfetto)}" if perfetto else ""), markup=False, highlight=False)
     raise typer.Exit(EXIT_PASS if report.passed else EXIT_FAIL)
 
 
@@ -243,7 +333,7 @@ def check(
     write_json(out or log.with_name("check-replay.json"), result)
     if as_json:
         print_json(result)
-    _print_report(report, console)
+    _print_report(report, console, the_case)
     raise typer.Exit(EXIT_PASS if report.passed else EXIT_FAIL)
 
 
@@ -258,6 +348,10 @@ def diff(
     """
     a, b = read_jsonl(log_a), read_jsonl(log_b)
     console = Console()
+    mismatch = case_mismatch(a, b)
+    if mismatch:
+        console.print(Text(f"warning: {mismatch}: not two runs of one case, so the steps below compare unrelated "
+                           "states", style="yellow"))
     for line in config_differences(a, b):
         console.print(f"config: {line}", markup=False, highlight=False)
     rows, first = diff_rows(a, b)

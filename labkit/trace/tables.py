@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 
 from labkit.trace.cases import format_positions
-from labkit.trace.events import EventLog
+from labkit.trace.events import EventLog, is_int
 
 def _fmt_sched(log: EventLog, s: dict) -> str:
     return (f"{log.rid(s)} {s.get('num_tokens')}/{s.get('num_cached_tokens')}/"
@@ -67,6 +67,76 @@ def steps_table(events: list[dict]) -> list[dict]:
             "tokens": {log.rid(a): a.get("token_id") for a in aseqs if a.get("accepted")},
         })
     return rows
+
+
+def row_kind(s: dict, phase: str | None, prompt_len: int | None) -> str:
+    """What one scheduled row computes: "prefill", "prefill chunk" (the prompt is not done after it) or
+    "decode". A step's phase covers all its rows only for "prefill" and "decode"; in a step that mixes
+    decode rows with prefill chunks each row is told apart by its own counts: a decode row computes the one
+    token past a prompt it has already produced from."""
+    kind = s.get("phase") if s.get("phase") in ("prefill", "decode") else phase
+    total, cached, new = s.get("num_tokens"), s.get("num_cached_tokens"), s.get("num_scheduled_tokens")
+    if kind not in ("prefill", "decode"):
+        decode = (new == 1 and is_int(total) and is_int(cached) and total - cached == 1
+                  and is_int(prompt_len) and total > prompt_len)
+        kind = "decode" if decode else "prefill"
+    if kind == "prefill" and is_int(total) and is_int(cached) and is_int(new) and cached + new < total:
+        return "prefill chunk"
+    return kind
+
+
+def compact_steps(events: list[dict]) -> list[dict]:
+    """The terminal view of a log: per step its phase, token budget use, execution and free blocks, and
+    one row per request it touched.
+
+    Step keys: step, phase, tokens (computed this step), budget (max_num_batched_tokens), execution
+    ("eager", "graph", None), graph_batch, free_before, free_after, waiting (ids before scheduling), rows.
+    Row keys: id, kind (row_kind, or "preempted" / "not scheduled"), new (tokens computed), cached_before,
+    cached_after (cached + new: what the KV holds after the forward), total (tokens before the step),
+    outputs (after the step), token (the id sampled for it), accepted, status, blocks (after the step).
+    """
+    log = EventLog(list(events or []))
+    prompt_len = {e.get("seq_id"): e.get("prompt_len") for _, e in log.added}
+    budget = log.config.get("max_num_batched_tokens")
+    steps = []
+    for st in sorted(log.steps):
+        sched = log.one(st, "scheduled") or {}
+        phase = sched.get("phase")
+        gi = log.one(st, "gpu_inputs") or {}
+        ap = log.one(st, "after_postprocess") or {}
+        b = log.one(st, "before_schedule") or {}
+        after = {a.get("seq_id"): a for a in ap.get("seqs") or [] if isinstance(a, dict)}
+        rows, seen = [], set()
+        for s in sched.get("seqs") or []:
+            if not isinstance(s, dict):
+                continue
+            seen.add(s.get("seq_id"))
+            a = after.get(s.get("seq_id"), {})
+            cached, new = s.get("num_cached_tokens"), s.get("num_scheduled_tokens")
+            rows.append({"id": log.rid(s), "kind": row_kind(s, phase, prompt_len.get(s.get("seq_id"))),
+                         "new": new, "cached_before": cached,
+                         "cached_after": cached + new if is_int(cached) and is_int(new) else None,
+                         "total": s.get("num_tokens"), **_after_fields(a)})
+        for a in after.values():
+            if a.get("seq_id") not in seen:
+                rows.append({"id": log.rid(a), "kind": "not scheduled", "new": 0, "cached_before": None,
+                             "cached_after": None, "total": a.get("num_tokens"), **_after_fields(a)})
+        for p in log.all(st, "preempted"):
+            rows.append({"id": log.rid(p), "kind": "preempted", "new": 0, "cached_before": None, "cached_after": None,
+                         "total": None, "outputs": None, "token": None, "accepted": None, "status": "WAITING",
+                         "blocks": 0})
+        steps.append({"step": st, "phase": phase, "budget": budget, "rows": rows,
+                      "tokens": sum(s.get("num_scheduled_tokens") or 0 for s in sched.get("seqs") or []
+                                    if isinstance(s, dict)),
+                      "execution": gi.get("execution"), "graph_batch": gi.get("graph_batch"),
+                      "free_before": b.get("free_blocks"), "free_after": ap.get("free_blocks"),
+                      "waiting": log.rids(b.get("waiting"))})
+    return steps
+
+
+def _after_fields(a: dict) -> dict:
+    return {"outputs": a.get("num_completion_tokens"), "token": a.get("token_id"), "accepted": a.get("accepted"),
+            "status": a.get("status"), "blocks": len(a.get("block_table") or []) if a else None}
 
 
 TSV_COLUMNS = ("step", "phase", "request_id", "seq_id", "total", "cached", "scheduled", "outputs",
@@ -189,3 +259,27 @@ def config_differences(a_events: list[dict], b_events: list[dict]) -> list[str]:
     ca, cb = config(a_events), config(b_events)
     return [f"{k}: {ca.get(k)} -> {cb.get(k)}" for k in sorted(set(ca) | set(cb))
             if ca.get(k) != cb.get(k) and k not in ("shm_name", "dist_init_addr")]
+
+
+def _requests_of(events: list[dict]) -> list[tuple]:
+    return [(str(e.get("request_id")), e.get("prompt_len"), e.get("max_tokens"))
+            for e in events if isinstance(e, dict) and e.get("event") == "request_added"]
+
+
+def case_mismatch(a_events: list[dict], b_events: list[dict]) -> str | None:
+    """Why two logs are not two runs of one case (None when they may be): the case names their runs recorded
+    (trace_context), else the requests they added (id, prompt length, max_tokens). A step diff of two
+    different cases lines up states that have nothing to do with each other."""
+    def case_name(events):
+        return next((e.get("case") for e in events if isinstance(e, dict) and e.get("event") == "trace_context"
+                     and e.get("case")), None)
+    ca, cb = case_name(a_events), case_name(b_events)
+    if ca and cb and ca != cb:
+        return f"A is a run of case {ca} and B of case {cb}"
+    ra, rb = _requests_of(a_events), _requests_of(b_events)
+    if ra != rb:
+        def show(reqs):
+            return ", ".join(f"{r} ({n} prompt tokens, {m} out)" for r, n, m in reqs[:4]) + \
+                (f" and {len(reqs) - 4} more" if len(reqs) > 4 else "") if reqs else "none"
+        return f"the two runs added different requests: A {show(ra)}; B {show(rb)}"
+    return None
