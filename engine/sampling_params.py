@@ -12,6 +12,7 @@ class SamplingParams:
     ignore_eos: bool = False
     top_k: int = -1  # -1 or 0: off
     top_p: float = 1.0  # 1.0: off
+    seed: int | None = None  # a request's own random stream (vLLM's per-request seed); None: the engine's
 
     def __post_init__(self):
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
@@ -23,3 +24,7 @@ class SamplingParams:
             raise ValueError(f"top_k: must be an integer >= 1, or -1/0 for off, got {self.top_k!r}")
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p!r}")
+        # The bound is what a torch.Generator takes (and what msgpack carries to the engine core).
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 2 ** 64):
+            raise ValueError(f"seed: must be an integer in [0, 2**64) or None, got {self.seed!r}")
