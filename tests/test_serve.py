@@ -1045,3 +1045,33 @@ def test_the_stats_line_reports_the_interval_and_is_quiet_when_idle():
     engine.stats = {"running": 0, "waiting": 0, "free_blocks": 100, "num_blocks": 100}
     assert "Avg generation throughput: 0.0 tokens/s" in line.next(30.0)  # the first idle interval is said
     assert line.next(40.0) is None
+
+
+def test_a_heartbeat_that_overtakes_ready_is_not_taken_for_it(tmp_path):
+    """The heartbeat has a socket of its own, so a frontend that reads late may find it queued before "ready"."""
+    import asyncio
+
+    import msgpack
+    import zmq
+    import zmq.asyncio
+
+    from labkit.serve.engine_client import EngineClient
+    from labkit.serve.metrics import ServerMetrics
+
+    async def go():
+        client = EngineClient("unused", {}, metrics=ServerMetrics("m"))
+        client._ctx = zmq.asyncio.Context()
+        client._pull = client._ctx.socket(zmq.PULL)
+        client._pull.bind(f"ipc://{tmp_path}/out")
+        client._proc = _FakeCore()
+        push = client._ctx.socket(zmq.PUSH)
+        push.connect(f"ipc://{tmp_path}/out")
+        for msg in (["alive"], ["ready", {"limits": {}}]):
+            await push.send(msgpack.packb(msg))
+        try:
+            return await asyncio.wait_for(client._first_message(10), 30)
+        finally:
+            push.close(linger=0)
+            client._close_sockets()
+
+    assert asyncio.run(go())[0] == "ready"

@@ -201,7 +201,10 @@ class EngineClient:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             if await self._pull.poll(200):
-                return msgpack.unpackb(await self._pull.recv(), raw=False)
+                msg = msgpack.unpackb(await self._pull.recv(), raw=False)
+                if msg[0] != "alive":  # the heartbeat's socket may overtake "ready" if we read late
+                    return msg
+                continue
             if not self._proc.is_alive():
                 raise RuntimeError(f"the engine core exited with code {self._proc.exitcode} while starting "
                                    "(its output is above)")
