@@ -122,6 +122,7 @@ class RequestSpec:
     temperature: float = DEFAULT_TEMPERATURE
     top_k: int | None = None
     top_p: float | None = None
+    seed: int | None = None
     after: str | None = None
 
     @property
@@ -137,6 +138,7 @@ class RequestSpec:
             kw["top_k"] = self.top_k
         if self.top_p is not None:
             kw["top_p"] = self.top_p
+        kw["seed"] = self.seed  # None is SamplingParams' own default
         return kw
 
 
@@ -407,7 +409,7 @@ def _check_request(ctx: _Ctx, i: int, raw, earlier: dict[str, RequestSpec],
     top_p = sampling.get("top_p")
     return RequestSpec(id=rid, prompt=prompt, max_tokens=sampling["max_tokens"], ignore_eos=sampling["ignore_eos"],
                        temperature=float(sampling["temperature"]), top_k=sampling.get("top_k"),
-                       top_p=None if top_p is None else float(top_p), after=after)
+                       top_p=None if top_p is None else float(top_p), seed=sampling.get("seed"), after=after)
 
 
 _POS_PART = re.compile(r"^\s*(-?\d+)\s*(?:\.\.\s*(-?\d+)\s*)?$")
