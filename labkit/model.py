@@ -170,13 +170,49 @@ def _make_into_place(final: Path) -> None:
 # Inspecting a folder
 
 
+# config.json keys model_info computes with: each must be a positive integer when present (a string would be
+# multiplied into a string of gigabytes, a float gives a KV size in fractions of a byte).
+DIMENSION_KEYS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
+                  "intermediate_size", "vocab_size", "max_position_embeddings")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def safetensors_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file (tensor names, dtypes, shapes), without its data."""
+    """The JSON header of a safetensors file (tensor names, dtypes, shapes), without its data. ValueError
+    naming what is wrong when it is not one (the header a JSON object, each tensor a dtype and a shape of
+    non-negative integers)."""
     with open(path, "rb") as fh:
         size = int.from_bytes(fh.read(8), "little")
         if size <= 0 or size > 100 * 2**20:
             raise ValueError(f"{path.name}: not a safetensors file (header size {size})")
-        return json.loads(fh.read(size))
+        header = json.loads(fh.read(size))
+    if not isinstance(header, dict):
+        raise ValueError(f"{path.name}: the header is a JSON {type(header).__name__}, not an object")
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        shape = meta.get("shape") if isinstance(meta, dict) else None
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape) \
+                or not isinstance(meta.get("dtype"), str):
+            raise ValueError(f"{path.name}: tensor {_shown(name)} needs a dtype string and a shape of "
+                             f"non-negative integers, got {_shown(meta)}")
+    return header
+
+
+def _dimensions(cfg: dict, path: Path) -> None:
+    for key in DIMENSION_KEYS:
+        v = cfg.get(key)
+        if v is not None and not (_is_int(v) and v > 0):
+            raise LabkitError(f"model folder {path}: config.json: {key} must be a positive integer, got "
+                              f"{_shown(v)}", code=2)
 
 
 def model_info(path: str | os.PathLike) -> dict[str, Any]:
@@ -194,8 +230,12 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
     raw = cfg_path.read_bytes()
     try:
         cfg = json.loads(raw)
-    except ValueError as exc:
-        raise LabkitError(f"model folder {path}: config.json is not valid JSON: {exc}", code=2) from exc
+    except (ValueError, RecursionError) as exc:
+        raise LabkitError(f"model folder {path}: config.json is not valid JSON: {exc}", code=2) from None
+    if not isinstance(cfg, dict):
+        raise LabkitError(f"model folder {path}: config.json is a JSON {type(cfg).__name__}, not an object",
+                          code=2)
+    _dimensions(cfg, path)
 
     files = [{"name": f.name, "bytes": f.stat().st_size}
              for f in sorted(path.iterdir()) if f.is_file() and not f.name.startswith(".")]
@@ -207,8 +247,8 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         weights_bytes += shard.stat().st_size
         try:
             header = safetensors_header(shard)
-        except (OSError, ValueError) as exc:
-            raise LabkitError(f"model folder {path}: cannot read {shard.name}: {exc}", code=2) from exc
+        except (OSError, ValueError, RecursionError) as exc:
+            raise LabkitError(f"model folder {path}: cannot read {shard.name}: {exc}", code=2) from None
         for name, meta in header.items():
             if name == "__metadata__":
                 continue
@@ -254,7 +294,7 @@ def model_info(path: str | os.PathLike) -> dict[str, Any]:
         "has_chat_template": _has_chat_template(path),
         "config_sha256": hashlib.sha256(raw).hexdigest(),
         "kv_bytes_per_token": kv_bytes,
-        "fake": cfg.get("labkit_fake"),
+        "fake": cfg.get("labkit_fake") if isinstance(cfg.get("labkit_fake"), dict) else None,
     }
 
 

@@ -423,3 +423,41 @@ def test_fetch_cli_exit_code_and_one_line(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "could not download Qwen/Qwen3-0.6B" in lines[0]
+
+
+def _broken_copy(tiny_dir: Path, tmp_path: Path, name: str, content: bytes) -> Path:
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    for f in tiny_dir.iterdir():
+        if f.is_file():
+            (folder / f.name).write_bytes(f.read_bytes())
+    (folder / name).write_bytes(content)
+    return folder
+
+
+def _config_with(tiny_dir: Path, **changes) -> bytes:
+    return json.dumps({**json.loads((tiny_dir / "config.json").read_text()), **changes}).encode()
+
+
+def _safetensors(header) -> bytes:
+    raw = json.dumps(header).encode()
+    return len(raw).to_bytes(8, "little") + raw
+
+
+@pytest.mark.parametrize("name, content, message", [
+    # Issue 22: a string of layers was multiplied into ~2 GB of text (MemoryError); a float of heads likewise
+    ("config.json", lambda d: _config_with(d, num_hidden_layers="L" * 1000),
+     "num_hidden_layers must be a positive integer"),
+    ("config.json", lambda d: _config_with(d, num_key_value_heads=1e6),
+     "num_key_value_heads must be a positive integer"),
+    ("config.json", lambda d: _config_with(d, hidden_size=True), "hidden_size must be a positive integer"),
+    ("config.json", lambda d: b"[1, 2]", "config.json is a JSON list, not an object"),
+    ("model.safetensors", lambda d: _safetensors([1, 2]), "the header is a JSON list, not an object"),
+    ("model.safetensors", lambda d: _safetensors({"w": {"dtype": "F32", "shape": ["a", 10 ** 8]}}),
+     "tensor 'w' needs a dtype string and a shape of non-negative integers"),
+], ids=["layers-str", "kv-heads-float", "hidden-bool", "config-list", "header-list", "shape-str"])
+def test_model_info_refuses_what_it_cannot_compute_with(tiny_dir, tmp_path, name, content, message):
+    folder = _broken_copy(tiny_dir, tmp_path, name, content(tiny_dir))
+    res = CliRunner().invoke(model.app, ["info", str(folder)])
+    assert isinstance(res.exception, LabkitError) and res.exception.code == 2
+    assert message in str(res.exception) and len(str(res.exception)) < 300

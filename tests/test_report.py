@@ -237,6 +237,146 @@ def test_verify_rejudges_a_logits_check_from_its_arrays(archive, tmp_path, capsy
     assert code == 1 and "runs/logits-prefix/check.json differs: re-judged from its arrays: FAIL, the file says PASS" in err
 
 
+# Every rule of `report verify`, each against an archive that breaks only that rule (issue 23: a verifier that
+# accepted an archive missing a listed file used to pass every test).
+def _tar(dest: Path, members: list[tuple[tarfile.TarInfo, bytes]]) -> Path:
+    with tarfile.open(dest, "w:gz") as tar:
+        for info, data in members:
+            if info.isfile():
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
+    return dest
+
+
+def _file(name: str) -> tarfile.TarInfo:
+    return tarfile.TarInfo(name)
+
+
+def _as_written(archive: Path) -> list[tuple[tarfile.TarInfo, bytes]]:
+    return [(_file(name), data) for name, data in _members(archive).items()]
+
+
+def _with_manifest(members, edit) -> list[tuple[tarfile.TarInfo, bytes]]:
+    """The members with the manifest edited by `edit(manifest)`."""
+    out = []
+    for info, data in members:
+        if info.name == "evidence/manifest.json":
+            manifest = json.loads(data)
+            edit(manifest)
+            data = json.dumps(manifest).encode()
+        out.append((info, data))
+    return out
+
+
+def _verify(path: Path, capsys) -> tuple[int, str, str]:
+    code, out, err = run_cli(["report", "verify", str(path)], capsys)
+    return code, " ".join(out.split()), err
+
+
+def test_verify_fails_an_archive_missing_a_file_its_manifest_lists(archive, tmp_path, capsys):
+    name = "runs/bench-eager.json"
+    members = [(i, d) for i, d in _as_written(archive) if i.name != f"evidence/{name}"]
+    code, _, err = _verify(_tar(tmp_path / "bad.tar.gz", members), capsys)
+    assert code == 1 and f"{name} differs: listed in the manifest but missing from the archive" in err
+
+
+def test_verify_fails_an_archive_with_a_file_its_manifest_does_not_list(archive, tmp_path, capsys):
+    members = _as_written(archive) + [(_file("evidence/runs/extra.json"), b"{}")]
+    code, _, err = _verify(_tar(tmp_path / "bad.tar.gz", members), capsys)
+    assert code == 1 and "runs/extra.json differs: in the archive but not in the manifest" in err
+
+
+def test_verify_fails_a_size_the_manifest_misstates(archive, tmp_path, capsys):
+    def edit(manifest):
+        entry = next(e for e in manifest["files"] if e["file"] == "runs/bench-eager.json")
+        entry["bytes"] += 1
+
+    code, _, err = _verify(_tar(tmp_path / "bad.tar.gz", _with_manifest(_as_written(archive), edit)), capsys)
+    assert code == 1 and "runs/bench-eager.json differs: " in err and "bytes, the manifest says" in err
+
+
+@pytest.mark.parametrize("how", ["absolute", "dotdot"])
+def test_verify_never_reads_a_manifest_name_from_its_own_disk(archive, tmp_path, capsys, how):
+    """Issue 22: {"file": "/etc/hostname", "sha256": <its hash>} passed, and a wrong hash printed the local
+    file's first 16 hex digits."""
+    local = tmp_path / "local-secret.txt"
+    local.write_bytes(b"only on the verifier's machine\n")
+    digest = hashlib.sha256(local.read_bytes()).hexdigest()
+    name = str(local) if how == "absolute" else "../" * 40 + str(local).lstrip("/")
+
+    def edit(manifest):
+        manifest["files"].append({"file": name, "bytes": local.stat().st_size, "sha256": digest})
+        manifest["files"].append({"file": str(local), "bytes": 1, "sha256": "0" * 64})  # a wrong hash too
+
+    code, out, err = _verify(_tar(tmp_path / "bad.tar.gz", _with_manifest(_as_written(archive), edit)), capsys)
+    assert code == 1 and "manifest.json differs: names" in err and "not a relative path inside" in err
+    assert digest[:16] not in out + err
+
+
+@pytest.mark.parametrize("name", ["/abs/outside.txt", "other/outside.txt", "evidence/../outside.txt",
+                                  "evidence/runs/../../outside.txt"])
+def test_verify_fails_members_outside_the_evidence_folder(archive, tmp_path, capsys, name):
+    members = _as_written(archive) + [(_file(name), b"not evidence")]
+    code, out, _ = _verify(_tar(tmp_path / "bad.tar.gz", members), capsys)
+    assert code == 1 and f"{name}: a member outside evidence/" in out
+    assert not (tmp_path / "outside.txt").exists()
+
+
+def test_verify_fails_links_and_names_given_twice(archive, tmp_path, capsys):
+    link = _file("evidence/runs/link.json")
+    link.type, link.linkname = tarfile.SYMTYPE, "bench-eager.json"
+    twice = next((i, d) for i, d in _as_written(archive) if i.name == "evidence/runs/bench-eager.json")
+    code, out, _ = _verify(_tar(tmp_path / "bad.tar.gz", _as_written(archive) + [(link, b""), twice]), capsys)
+    assert code == 1 and "runs/link.json: a symbolic link: only regular files are evidence" in out
+    assert "runs/bench-eager.json: in the archive more than once" in out
+
+
+def test_verify_stops_at_a_member_larger_than_its_cap_before_reading_it(archive, tmp_path, capsys):
+    """Issue 22: a 2 GiB member was extracted whole. This one only declares 5 GiB in its header (its data is
+    a few bytes): the cap is judged from the header, so nothing past it is read."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for info, data in _as_written(archive):
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        members_end = tar.offset  # where the end-of-archive blocks begin
+    big = _file("evidence/runs/big.bin")
+    big.size = 5 << 30  # past the 4 GiB cap
+    plain = tmp_path / "big.tar"
+    plain.write_bytes(buf.getvalue()[:members_end] + big.tobuf(format=tarfile.GNU_FORMAT) + b"x" * 512)
+    code, _, err = _verify(plain, capsys)
+    assert code == 1 and "the verifier's cap; evidence/runs/big.bin alone declares 5368709120" in err
+
+
+def test_verify_caps_the_number_of_members(archive, tmp_path):
+    from labkit.report.verify import verify
+
+    n = len(_members(archive))
+    assert not verify(archive, max_members=n).problems
+    problems = verify(archive, max_members=n - 1).problems
+    assert problems == [(archive.name, f"more than {n - 1} members (the verifier's cap): not a `labkit report` "
+                                       "archive")]
+
+
+def test_verify_says_a_manifest_it_cannot_parse_differs(archive, tmp_path, capsys):
+    """Issue 22: a 5000-digit integer (past Python's int-parsing limit) made verify exit 2, as if it could not
+    run, instead of failing the archive."""
+    members = [(i, d) if i.name != "evidence/manifest.json" else (i, d.replace(b'"files"', b'"n": 1' + b"0" * 5000
+                                                                                + b', "files"', 1))
+               for i, d in _as_written(archive)]
+    code, _, err = _verify(_tar(tmp_path / "bad.tar.gz", members), capsys)
+    assert code == 1 and "manifest.json differs: cannot read it" in err and "4300" in err
+
+
+def test_verify_revalidates_only_against_the_projects_own_cases(archive, tmp_path, capsys):
+    name = "runs/trace-chunk/check.json"
+    check = json.loads(_members(archive)[f"evidence/{name}"])
+    check["case"] = str(tmp_path / "case.yaml")  # a path: it would be read from the verifier's disk
+    bad = _rewrite(archive, tmp_path / "bad.tar.gz", {name: json.dumps(check).encode()}, update_manifest=True)
+    code, _, err = _verify(bad, capsys)
+    assert code == 1 and "is not one of this project's cases (workloads/cases/): cannot re-validate" in err
+
+
 def test_the_plan_names_every_lab_of_the_seeds_with_commands_that_exist():
     import typer.main
 

@@ -24,12 +24,14 @@ prometheus_parser = pytest.importorskip("prometheus_client.parser")
 httpx = pytest.importorskip("httpx")
 
 from engine import LLM, SamplingParams  # noqa: E402
+from engine.request_limits import RequestLimits  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_FLAGS = ["--device", "cpu", "--eager", "--max-model-len", "1024", "--budget", "1024", "--max-num-seqs", "16"]
 ENGINE = dict(device="cpu", enforce_eager=True, max_model_len=1024, max_num_batched_tokens=1024, max_num_seqs=16)
 PROMPT = "The quick brown fox"
+LIMITS = RequestLimits(max_model_len=1024, vocab_size=2048, block_size=256, num_blocks=64)  # the tiny model's
 
 
 def _free_port() -> int:
@@ -142,7 +144,8 @@ def _idle(server: Server) -> bool:
 
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
-    s = Server(tiny_model, tmp_path_factory.mktemp("serve"), "--max-body-bytes", "65536")
+    s = Server(tiny_model, tmp_path_factory.mktemp("serve"), "--max-body-bytes", "65536", "--body-timeout", "2",
+               "--access-log", "--log-stats-interval", "1")
     yield s
     assert s.stop() == 0, s.log()
 
@@ -224,6 +227,36 @@ BAD = [
     ({"prompt": "hi", "logprobs": 3}, "logprobs"),
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"max_tokens": 2}, "prompt"),
+    # strict types: no bool as an int, no string numbers or booleans
+    ({"prompt": [True, False], "max_tokens": 2}, "prompt"),
+    ({"prompt": "hi", "max_tokens": "2"}, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": 2.0}, "max_tokens"),
+    ({"prompt": "hi", "stream": "yes"}, "stream"),
+    ({"prompt": "hi", "temperature": "0"}, "temperature"),
+    ({"prompt": "hi", "ignore_eos": 1}, "ignore_eos"),
+    ({"prompt": "hi", "top_k": True}, "top_k"),
+    # fields the server does not implement, named, never silently ignored
+    ({"prompt": "hi", "echo": True}, "echo"),
+    ({"prompt": "hi", "best_of": 2}, "best_of"),
+    ({"prompt": "hi", "suffix": "x"}, "suffix"),
+    ({"prompt": "hi", "logit_bias": {"5": 10}}, "logit_bias"),
+    ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"prompt": "hi", "frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"prompt": "hi", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+     "stream_options.continuous_usage_stats"),
+    ({"prompt": "hi", "seed": -1}, "seed"),
+    ({"prompt": "hi", "seed": 2 ** 64}, "seed"),
+    ({"prompt": "hi", "request_id": "x" * 257}, "request_id"),
+]
+CHAT_BAD = [
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"max_completion_tokens": "3"}, "max_completion_tokens"),
 ]
 
 
@@ -234,6 +267,27 @@ def test_bad_input_is_a_400_naming_the_field(server, body, field):
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["code"] == 400
     assert err["message"].startswith(field) and err["param"] == field
+
+
+@pytest.mark.parametrize("extra, field", CHAT_BAD, ids=[f"{f}-{i}" for i, (_, f) in enumerate(CHAT_BAD)])
+def test_bad_chat_input_is_a_400_naming_the_field(server, extra, field):
+    r = server.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                                  **extra})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"].startswith(field) and r.json()["error"]["param"] == field
+
+
+def test_the_defaults_of_unimplemented_fields_are_served(server):
+    # A client that spells out OpenAI's defaults asks for nothing this server lacks.
+    body = {"prompt": "hi", "max_tokens": 2, "n": 1, "echo": False, "best_of": 1, "stop": None, "logprobs": None,
+            "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "user": "u-1", "seed": None}
+    r = server.post(json=body)
+    assert r.status_code == 200, r.text
+
+
+def test_health_names_the_cpu(server):
+    h = server.health()
+    assert h["device"] == "cpu" and isinstance(h["device_name"], str) and h["device_name"]
 
 
 @pytest.mark.parametrize("raw, field", [
@@ -357,6 +411,113 @@ def test_metrics_families_parse_and_count(server):
     assert _value(after["labkit:kv_cache_usage_perc"]) == 0.0 and _value(after["labkit:num_requests_running"]) == 0
 
 
+def _http_count(snapshot, status: str) -> float:
+    family = snapshot.get("labkit:http_requests")
+    try:
+        return _value(family, "_total", endpoint="/v1/completions", status=status)
+    except (KeyError, AttributeError):
+        return 0.0  # no request has had that status yet
+
+
+@pytest.mark.parametrize("rid", ["\u0100rid", "a\r\nSet-Cookie: evil=1", " padded", "tab\there", ""])
+def test_a_request_id_that_cannot_be_a_header_is_a_400_and_runs_nothing(server, rid):
+    """Issue 22: such an id used to reach the engine first and fail building the X-Request-Id header (a 500,
+    or a dropped connection), leaving a generation running for nobody, counted as 200 and as 500."""
+    before = _metrics(server)
+    body = {"prompt": "hi", "max_tokens": 900, "ignore_eos": True, "stream": True, "request_id": rid}
+    r = server.post(json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "request_id"
+    assert _idle(server)  # nothing was started: no waiting for it to leave
+    after = _metrics(server)
+    assert [_http_count(after, c) - _http_count(before, c) for c in ("200", "400", "500")] == [0, 1, 0]
+
+
+def test_a_valid_request_id_comes_back_in_the_header_and_the_body(server):
+    for stream in (False, True):
+        r = server.post(json={"prompt": "hi", "max_tokens": 2, "stream": stream, "request_id": "my id/1"})
+        assert r.status_code == 200 and r.headers["x-request-id"] == "my id/1"
+        assert '"id": "my id/1"' in r.text or r.json()["id"] == "my id/1"
+
+
+def _stream_text(server, path: str, body: dict) -> str:
+    key = "delta" if "chat" in path else None
+    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        events = _sse(r.iter_lines())
+    assert events[-1] == "[DONE]"
+    choices = [e["choices"][0] for e in events[:-1]]
+    return "".join((c[key].get("content") or "") if key else c["text"] for c in choices)
+
+
+def _whole_text(server, path: str, body: dict) -> str:
+    r = server.post(path, json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    return choice["message"]["content"] if "chat" in path else choice["text"]
+
+
+STREAM_CASES = [("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 60})] + [
+    ("/v1/completions", {"prompt": p, "max_tokens": 40})
+    for p in ("x", "The quick brown fox", "Hello", "1 2 3", "Once upon a time", "\u4e2d\u6587", "a b c d", "?")]
+
+
+def test_streamed_text_equals_the_whole_text(server):
+    """Issue 22: the stream dropped the last, incomplete character (the non-streamed text ends in U+FFFD). The
+    chat case is the issue's own: 277 characters without streaming, 276 with it."""
+    import concurrent.futures
+
+    cases = [(path, {**body, "temperature": 0, "ignore_eos": True}) for path, body in STREAM_CASES]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        streamed = list(pool.map(lambda c: _stream_text(server, *c), cases))
+        whole = list(pool.map(lambda c: _whole_text(server, *c), cases))
+    assert streamed == whole
+    assert any(w.endswith("\ufffd") for w in whole)  # the cases do hold an output cut inside a character
+
+
+def test_a_body_that_does_not_arrive_in_time_is_a_408(server):
+    """A slow sender used to hold its connection forever; --body-timeout is 2 s on this server."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"prompt\": ")
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), reply
+    assert json.loads(body)["error"]["message"].startswith("body: not received within 2 s")
+
+
+def test_the_same_seed_gives_the_same_text(server):
+    body = {"prompt": PROMPT, "max_tokens": 16, "temperature": 1.0, "ignore_eos": True, "seed": 1234}
+    texts = [server.post(json=body).json()["choices"][0]["text"] for _ in range(2)]
+    assert texts[0] == texts[1]
+
+
+def test_the_seed_reaches_the_engine_core():
+    from labkit.serve.protocol import CompletionRequest, sampling_dict, sampling_params
+
+    sp = sampling_params(CompletionRequest(prompt="hi", seed=7), [100, 101], LIMITS, 16)
+    assert sampling_dict(sp)["seed"] == 7 and SamplingParams(**sampling_dict(sp)).seed == 7
+    for bad in (-1, 2 ** 64, True, 1.5):
+        with pytest.raises(ValueError, match="^seed"):
+            SamplingParams(seed=bad)
+
+
+def test_the_log_has_access_lines_and_periodic_stats(server):
+    """vLLM prints a stats line every few seconds and has an access log; --log-stats-interval 1 and
+    --access-log here."""
+    assert server.post(json={"prompt": "hi", "max_tokens": 8, "ignore_eos": True}).status_code == 200
+    _wait(lambda: "Avg generation throughput" in server.log(), 30, "a stats line")
+    log = server.log()
+    assert '"POST /v1/completions HTTP/1.1" 200' in log
+    line = next(ln for ln in log.splitlines() if "Avg generation throughput" in ln)
+    assert "Running:" in line and "Waiting:" in line and "KV cache usage:" in line and "Prefix cache hit rate" in line
+
+
 # --- overload --------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_overload_is_503_with_retry_after(tiny_model, tmp_path):
@@ -392,7 +553,7 @@ def _open_streams(s: Server, n: int, max_tokens: int = 900):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT])
 def test_signal_during_streams_ends_each_with_an_error_and_done_then_exits_0(tiny_model, tmp_path, sig):
     s = Server(tiny_model, tmp_path, "--drain-timeout", "1")
     core = s.core_pid
@@ -437,6 +598,75 @@ def test_a_dead_engine_core_fails_streams_and_the_server_exits_1(tiny_model, tmp
     client.close()
     s.proc.wait(60)
     assert s.proc.returncode == 1 and "engine core exited with code -9" in s.log()
+
+
+@pytest.mark.slow
+def test_a_stopped_engine_core_is_noticed_and_the_server_exits_1(tiny_model, tmp_path):
+    """Issue 22: with the core stopped (kill -STOP), /health said "ok" and streams hung until their clients gave
+    up. Now its silence past --engine-timeout fails the streams and ends the server."""
+    s = Server(tiny_model, tmp_path, "--engine-timeout", "3")
+    client, streams = _open_streams(s, 2)
+    os.kill(s.core_pid, signal.SIGSTOP)
+    try:
+        for _, lines in streams:
+            events = _sse(lines)
+            assert events[-1] == "[DONE]" and "has not answered for" in events[-2]["error"]["message"]
+        client.close()
+        s.proc.wait(60)
+    finally:
+        if _alive(s.core_pid):
+            os.kill(s.core_pid, signal.SIGKILL)
+    assert s.proc.returncode == 1 and "--engine-timeout 3" in s.log() and "Traceback" not in s.log()
+    assert not _alive(s.core_pid)
+
+
+@pytest.mark.slow
+def test_sigterm_with_a_stopped_engine_core_is_bounded_by_the_drain_timeout(tiny_model, tmp_path):
+    """Issue 22: the drain then waited a minute for a stop the stopped core could never read (64.9 s)."""
+    s = Server(tiny_model, tmp_path, "--engine-timeout", "600", "--drain-timeout", "1")
+    client, streams = _open_streams(s, 2)
+    os.kill(s.core_pid, signal.SIGSTOP)
+    try:
+        assert s.stop(signal.SIGTERM, timeout=20) == 0, s.log()  # drain 1 s + a 3 s silence while stopping
+        for _, lines in streams:
+            assert "shutting down" in _sse(lines)[-2]["error"]["message"]
+        client.close()
+    finally:
+        if _alive(s.core_pid):
+            os.kill(s.core_pid, signal.SIGKILL)
+            raise AssertionError("the stopped engine core was left behind")
+
+
+@pytest.mark.slow
+def test_the_port_is_held_from_the_check_on(tiny_model, tmp_path):
+    """Issue 22: the port was checked, released, and bound again by uvicorn after the engine loaded; a process
+    that took it in between made the server exit with only uvicorn's "[Errno 98]". Now nobody can take it."""
+    port = _free_port()
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", "serve", "--model", tiny_model, "--port", str(port),
+                             "--log-level", "warning", *ENGINE_FLAGS], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        _wait(lambda: "loading" in (tmp_path / "server.log").read_text(), 120, "the server to start loading")
+        with socket.socket() as racer:
+            racer.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            with pytest.raises(OSError):  # EADDRINUSE: the server holds it while its engine loads
+                racer.bind(("127.0.0.1", port))
+                racer.listen()
+        _wait(lambda: proc.poll() is not None or _healthy(f"http://127.0.0.1:{port}"), 240, "the server")
+        assert proc.poll() is None, (tmp_path / "server.log").read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        log.close()
+    assert proc.returncode == 0
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @pytest.mark.slow
@@ -613,19 +843,29 @@ def test_core_abort_frees_the_blocks(core):
     assert core.stopping
 
 
-def test_incremental_detokenizer_matches_a_full_decode(reference):
-    from labkit.serve.detokenize import IncrementalDetokenizer
-
-    tok = reference.tokenizer
+def test_incremental_detokenizer_with_its_flush_equals_a_full_decode(reference):
+    """Many outputs, fed in chunks of 1 to 4 ids, special tokens included: what streams out, then what the
+    flush lets out at the end, is exactly the non-streamed text (issue 22: the last incomplete character was
+    lost)."""
     import random
 
+    from labkit.serve.detokenize import IncrementalDetokenizer, decode
+
+    tok = reference.tokenizer
     rng = random.Random(0)
-    for _ in range(20):
-        ids = [rng.randrange(tok.vocab_size) for _ in range(rng.randrange(1, 40))]
+    cut = 0
+    for _ in range(400):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 50))]
         detok = IncrementalDetokenizer(tok)
-        text = "".join(detok.add(ids[i:i + 3]) for i in range(0, len(ids), 3))
-        full = tok.decode(ids, skip_special_tokens=True)
-        assert full.startswith(text) and full[len(text):].strip("\ufffd") == ""
+        text, i = "", 0
+        while i < len(ids):
+            n = rng.randrange(1, 5)
+            text += detok.add(ids[i:i + n])
+            i += n
+        full = decode(tok, ids)
+        assert text + detok.flush() == full == tok.decode(ids, skip_special_tokens=True)
+        cut += text != full
+    assert cut > 0  # some outputs did end inside a character
 
 
 def _sleep(seconds: float) -> None:
@@ -687,3 +927,158 @@ def test_a_request_the_core_never_takes_is_a_503_not_a_hang(tmp_path):
         assert client.num_live == 0 and client.num_waiting == 0  # nothing left counted against --max-queue
     finally:
         client._close_sockets()
+
+
+# --- the frontend in-process: an EngineClient whose core is a list of the messages sent to it ------------------
+def _offline_app(tiny_model, sent: list):
+    from transformers import AutoTokenizer
+
+    from labkit.serve.engine_client import EngineClient
+    from labkit.serve.http import ServeSettings, build_app
+    from labkit.serve.metrics import ServerMetrics
+
+    client = EngineClient(tiny_model, {}, metrics=ServerMetrics("m"))
+    client.limits = LIMITS
+    client.tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+
+    async def send(msg, timeout_s: float = 5.0) -> None:
+        sent.append(msg)
+
+    client._send = send
+    return client, build_app(client, ServeSettings(model_name="m"))
+
+
+def test_a_response_that_fails_after_submit_takes_its_request_out_of_the_engine(tiny_model, monkeypatch):
+    """Issue 22: anything that fails between the engine taking a request and its response being sent must abort
+    it in the engine, and count it once (as the 500 it was)."""
+    import asyncio
+
+    from starlette.responses import StreamingResponse
+
+    sent: list = []
+    client, app = _offline_app(tiny_model, sent)
+
+    def planted(self, *a, **k):
+        raise RuntimeError("planted: the response cannot be built")
+
+    monkeypatch.setattr(StreamingResponse, "__init__", planted)
+
+    async def go():
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            r = await http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 5, "stream": True,
+                                                         "request_id": "r1"})
+        for _ in range(3):
+            await asyncio.sleep(0)  # the abort goes out on the loop
+        return r
+
+    r = asyncio.run(go())
+    assert r.status_code == 500
+    assert sent[0][:2] == ["add", "r1"] and ["abort", ["r1"]] in sent and client.num_live == 0
+    count = client.metrics.registry.get_sample_value
+    labels = {"model_name": "m", "endpoint": "/v1/completions"}
+    assert count("labkit:http_requests_total", {**labels, "status": "500"}) == 1
+    assert count("labkit:http_requests_total", {**labels, "status": "200"}) is None
+
+
+class _FakeCore:
+    """What check_heartbeat touches of a multiprocessing.Process."""
+
+    pid, exitcode, killed = 4242, None, False
+
+    def kill(self):
+        self.killed, self.exitcode = True, -9
+
+    def join(self, timeout=None):
+        pass
+
+    def is_alive(self):
+        return not self.killed
+
+
+def test_a_core_that_stops_answering_is_killed_and_its_requests_fail():
+    import asyncio
+
+    from labkit.serve.engine_client import EngineClient, RequestStream
+    from labkit.serve.metrics import ServerMetrics
+
+    async def go():
+        client = EngineClient("unused", {}, metrics=ServerMetrics("m"), engine_timeout_s=5.0)
+        client._proc, client._heard = _FakeCore(), 100.0
+        gone = []
+        client.on_dead = gone.append
+        stream = RequestStream("r1", 3)
+        client._live["r1"], client._no_token_yet = stream, 1
+        assert not client.check_heartbeat(104.0)  # a slow step is not a dead core
+        assert client.dead is None and not client._proc.killed
+        assert client.check_heartbeat(106.0)
+        return client, stream, gone
+
+    client, stream, gone = asyncio.run(go())
+    assert client._proc.killed and "has not answered for 6.0 s (--engine-timeout 5)" in client.dead
+    assert stream.closed and stream.error.status == 500 and gone == [client.dead] and client.num_live == 0
+
+
+def test_socket_folders_of_frontends_that_are_gone_are_swept(tmp_path):
+    from labkit.serve.engine_client import sweep_socket_dirs
+
+    done = subprocess.Popen(["true"])
+    done.wait()
+    stale = tmp_path / f"labkit-serve-{done.pid}-abc"
+    mine = tmp_path / f"labkit-serve-{os.getpid()}-def"
+    other = tmp_path / "labkit-serve-notapid-x"
+    for d in (stale, mine, other):
+        d.mkdir()
+        (d / "in").write_text("")
+    assert sweep_socket_dirs(tmp_path) == [stale]
+    assert not stale.exists() and mine.exists() and other.exists()
+
+
+def test_the_stats_line_reports_the_interval_and_is_quiet_when_idle():
+    from types import SimpleNamespace
+
+    from labkit.serve.server import StatsLine
+
+    engine = SimpleNamespace(totals={"prompt_tokens": 0, "generation_tokens": 0, "prefix_queries": 0,
+                                     "prefix_hits": 0},
+                             stats={"running": 0, "waiting": 0, "free_blocks": 100, "num_blocks": 100}, num_live=0)
+    line = StatsLine(engine, now=0.0)
+    assert line.next(10.0) is None  # idle from the start: nothing to say
+    engine.totals = {"prompt_tokens": 200, "generation_tokens": 50, "prefix_queries": 200, "prefix_hits": 50}
+    engine.stats = {"running": 2, "waiting": 1, "free_blocks": 75, "num_blocks": 100}
+    assert line.next(20.0) == ("labkit serve: Avg prompt throughput: 20.0 tokens/s, Avg generation throughput: "
+                               "5.0 tokens/s, Running: 2 reqs, Waiting: 1 reqs, KV cache usage: 25.0%, "
+                               "Prefix cache hit rate: 25.0%")
+    engine.stats = {"running": 0, "waiting": 0, "free_blocks": 100, "num_blocks": 100}
+    assert "Avg generation throughput: 0.0 tokens/s" in line.next(30.0)  # the first idle interval is said
+    assert line.next(40.0) is None
+
+
+def test_a_heartbeat_that_overtakes_ready_is_not_taken_for_it(tmp_path):
+    """The heartbeat has a socket of its own, so a frontend that reads late may find it queued before "ready"."""
+    import asyncio
+
+    import msgpack
+    import zmq
+    import zmq.asyncio
+
+    from labkit.serve.engine_client import EngineClient
+    from labkit.serve.metrics import ServerMetrics
+
+    async def go():
+        client = EngineClient("unused", {}, metrics=ServerMetrics("m"))
+        client._ctx = zmq.asyncio.Context()
+        client._pull = client._ctx.socket(zmq.PULL)
+        client._pull.bind(f"ipc://{tmp_path}/out")
+        client._proc = _FakeCore()
+        push = client._ctx.socket(zmq.PUSH)
+        push.connect(f"ipc://{tmp_path}/out")
+        for msg in (["alive"], ["ready", {"limits": {}}]):
+            await push.send(msgpack.packb(msg))
+        try:
+            return await asyncio.wait_for(client._first_message(10), 30)
+        finally:
+            push.close(linger=0)
+            client._close_sockets()
+
+    assert asyncio.run(go())[0] == "ready"

@@ -456,3 +456,17 @@ def test_scheduled_list_change_reads_as_a_diff():
     report = validate(log, load_case("A"), expect_changes=True)
     texts = [change_text(c) for c in report.changes]
     assert "step 3: scheduled nothing instead of R1" in texts
+
+
+@pytest.mark.parametrize("field, value", [("model", "just-a-path"), ("model", {"path": 7}), ("config", [1]),
+                                          ("versions", "x"), ("device", {"type": "cpu"})])
+def test_a_run_start_of_the_wrong_shape_is_refused_naming_it(tmp_path, capsys, field, value):
+    """Issue 22: `trace check` on a log whose run_start.model is a string ended in a one-line AttributeError."""
+    from .helpers import run_cli
+
+    events = chunk_log()
+    events[0][field] = value
+    log = write_jsonl(events, tmp_path / "events.jsonl")
+    code, _, err = run_cli(["trace", "check", str(log), "--case", "chunk"], capsys)
+    where = "run_start.model.path" if isinstance(value, dict) and field == "model" else f"run_start.{field}"
+    assert code == 2 and f"events.jsonl:1: {where} must be" in err and "Error" not in err

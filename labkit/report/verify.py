@@ -1,7 +1,15 @@
 """`labkit report verify ARCHIVE`: check an evidence archive after the fact, on any machine, without a GPU.
 
-1. Every file of the manifest is in the archive with the recorded size and sha256, and the archive holds
-   nothing the manifest does not list.
+It trusts only the archive: nothing it reads, hashes or prints comes from the verifier's own disk (except the
+project's case files, which a trace is re-validated against by name).
+
+0. The archive is read member by member: at most MAX_MEMBERS members and MAX_BYTES bytes (checked from each
+   header before its data is written), only regular files and folders, every name a relative path inside
+   `evidence/` (an absolute name, a `..`, a link, a device, a name given twice: each is a difference, and
+   nothing of it is extracted).
+1. Every file of the manifest is in the archive with the recorded size and sha256, every manifest name is a
+   relative path inside the archive's evidence folder, and the archive holds nothing the manifest does not
+   list.
 2. Every trace's event log is validated again against its case (`labkit trace check LOG --case NAME`): the
    verdict must be the one its check.json states.
 3. Every logits check is judged again from the two collections' arrays (`labkit logits-check compare`) with
@@ -20,11 +28,16 @@ import tarfile
 import tempfile
 import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from labkit.errors import LabkitError
 from labkit.report.archive import ARCHIVE_ROOT, sha256_file
 from labkit.report.results import Unreadable, load_json, summarise
+
+# Above what `labkit report` writes (a real model's full-vocabulary logits rows are 0.6 MB each: a few suites
+# of them make a few GB), below what would fill a disk. A member declared past the cap is never read.
+MAX_MEMBERS = 20_000
+MAX_BYTES = 4 << 30
 
 
 @dataclass
@@ -35,12 +48,17 @@ class Verification:
     problems: list[tuple[str, str]] = field(default_factory=list)   # (file in the archive, what differs)
 
     def differ(self, name: str, why: str) -> None:
-        self.problems.append((name, why))
+        # Names come from the archive: a newline or an escape sequence in one must not forge a line of output.
+        self.problems.append((_printable(name), why))
 
     def to_dict(self) -> dict:
         return {"files_checked": self.files, "traces_revalidated": self.traces, "logits_rejudged": self.logits,
                 "verdict": "FAIL" if self.problems else "PASS",
                 "differences": [{"file": f, "what": w} for f, w in self.problems]}
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(text))
 
 
 def _invoke(app, args: list[str]) -> int:
@@ -58,10 +76,69 @@ def _invoke(app, args: list[str]) -> int:
     return 0
 
 
-def _extract(archive: Path, into: Path, v: Verification) -> Path | None:
+def _load(path: Path):
+    """load_json, with the ValueError json raises past Python's integer-digits limit made Unreadable too: the
+    file is the archive's, and a file that cannot be read differs."""
     try:
-        with tarfile.open(archive, "r:*") as tar:
-            tar.extractall(into, filter="data")
+        return load_json(path)
+    except ValueError as exc:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        raise Unreadable(f"not readable JSON ({exc})") from None
+
+
+def inside_name(name) -> PurePosixPath | None:
+    """`name` as a relative path with no `..`, `.` or empty part (what a name in the archive may be), or None."""
+    if not isinstance(name, str) or "\\" in name or "\x00" in name:
+        return None
+    if any(part in ("", ".", "..") for part in name.split("/")):  # "" also catches "/abs", "a//b", "a/"
+        return None
+    return PurePosixPath(name)
+
+
+def _kind(member: tarfile.TarInfo) -> str:
+    for test, what in ((member.issym, "a symbolic link"), (member.islnk, "a hard link"),
+                       (member.ischr, "a character device"), (member.isblk, "a block device"),
+                       (member.isfifo, "a FIFO")):
+        if test():
+            return what
+    return "not a regular file"
+
+
+def _extract(archive: Path, into: Path, v: Verification, max_members: int = MAX_MEMBERS,
+             max_bytes: int = MAX_BYTES) -> Path | None:
+    """Write the archive's evidence/ files into `into`, one member at a time, within the caps; every member
+    that is not plain evidence is a difference and is not written. None when the archive cannot be used."""
+    seen: set[str] = set()
+    count = total = 0
+    try:
+        with tarfile.open(archive, "r|*") as tar:  # a stream: each header is judged before its data is read
+            for member in tar:
+                count += 1
+                total += member.size
+                if count > max_members:
+                    v.differ(archive.name, f"more than {max_members} members (the verifier's cap): not a "
+                             "`labkit report` archive")
+                    return None
+                if total > max_bytes:
+                    # Judged from the header: the data of a member past the cap is never read or written.
+                    v.differ(archive.name, f"its members hold more than {max_bytes} bytes (the verifier's cap; "
+                             f"{member.name} alone declares {member.size})")
+                    return None
+                name = member.name
+                rel = inside_name(name.rstrip("/") if member.isdir() else name)
+                if rel is None or rel.parts[0] != ARCHIVE_ROOT:
+                    v.differ(name, f"a member outside {ARCHIVE_ROOT}/ (an absolute name, `..`, or another "
+                             "folder): not read")
+                    continue
+                if member.isdir():
+                    continue
+                if not member.isfile():
+                    v.differ(name, f"{_kind(member)}: only regular files are evidence; not read")
+                    continue
+                if name in seen:
+                    v.differ(name, "in the archive more than once")
+                    continue
+                seen.add(name)
+                tar.extract(member, into, filter="data")
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
         v.differ(archive.name, f"cannot read the archive ({type(exc).__name__}: {exc})")
         return None
@@ -70,6 +147,14 @@ def _extract(archive: Path, into: Path, v: Verification) -> Path | None:
         v.differ(archive.name, f"no {ARCHIVE_ROOT}/ folder: not an archive `labkit report` wrote")
         return None
     return base
+
+
+def _within(base: Path, path: Path) -> bool:
+    try:
+        path.resolve().relative_to(base.resolve())
+    except (ValueError, OSError):
+        return False
+    return True
 
 
 def _check_files(base: Path, manifest: dict, v: Verification) -> None:
@@ -83,8 +168,17 @@ def _check_files(base: Path, manifest: dict, v: Verification) -> None:
         if not isinstance(name, str):
             v.differ("manifest.json", f"a files entry without a file name: {entry!r}"[:200])
             continue
+        rel = inside_name(name)
+        path = base / rel if rel is not None else None
+        if path is None or not _within(base, path):
+            # Never looked up: `/etc/hostname` or `../x` would be read from the verifier's own disk.
+            v.differ("manifest.json", f"names {name!r}"[:200] + f", not a relative path inside the archive's "
+                     f"{ARCHIVE_ROOT}/ folder")
+            continue
+        if name in listed:
+            v.differ(name, "listed in the manifest more than once")
+            continue
         listed.add(name)
-        path = base / name
         v.files += 1
         if not path.is_file():
             v.differ(name, "listed in the manifest but missing from the archive")
@@ -93,7 +187,7 @@ def _check_files(base: Path, manifest: dict, v: Verification) -> None:
         if got != entry.get("sha256"):
             v.differ(name, f"sha256 {got[:16]}..., the manifest says {str(entry.get('sha256'))[:16]}...")
         elif path.stat().st_size != entry.get("bytes"):
-            v.differ(name, f"{path.stat().st_size} bytes, the manifest says {entry.get('bytes')}")
+            v.differ(name, f"{path.stat().st_size} bytes, the manifest says {str(entry.get('bytes'))[:40]}")
     for path in sorted(base.rglob("*")):
         name = path.relative_to(base).as_posix()
         if path.is_file() and name != "manifest.json" and name not in listed:
@@ -108,7 +202,7 @@ def _results(base: Path, command: str) -> list[tuple[Path, dict]]:
     out = []
     for path in sorted((base / "runs").rglob("*.json")):
         try:
-            d = load_json(path)
+            d = _load(path)
         except Unreadable:
             continue
         if isinstance(d, dict) and d.get("command") == command:
@@ -125,15 +219,21 @@ def _verdict(path: Path, d: dict) -> str:
 
 def _revalidate_traces(base: Path, tmp: Path, v: Verification) -> None:
     from labkit.trace import command as trace_cmd
+    from labkit.trace.cases import list_cases
 
     for path, d in _results(base, "trace"):
         log = path.parent / Path(str(_dict(d.get("files")).get("events") or "events.jsonl")).name
-        name = log.relative_to(base).as_posix()
-        if not log.is_file():
+        if not log.is_file() or not _within(base, log):
             v.differ(path.relative_to(base).as_posix(), "its event log is not in the archive: cannot re-validate")
             continue
+        name = log.relative_to(base).as_posix()
         out = tmp / f"replay-{v.traces}.json"
         case = d.get("case")
+        if case is not None and case not in list_cases():
+            # A path would be read from the verifier's disk: only the project's own cases are trusted.
+            v.differ(name, f"its case {str(case)[:80]!r} is not one of this project's cases (workloads/cases/): "
+                     "cannot re-validate")
+            continue
         args = ["check", str(log), "--out", str(out)] + (["--case", case] if isinstance(case, str) and case else [])
         v.traces += 1
         try:
@@ -161,7 +261,8 @@ def _collection(base: Path, runs_root: str | None, compare_path: Path, prefix: s
             pass
     candidates.append(compare_path.parent / p.name)
     for c in candidates:
-        if Path(f"{c}.json").is_file() and Path(f"{c}.npz").is_file():
+        files = [Path(f"{c}.json"), Path(f"{c}.npz")]
+        if all(f.is_file() and _within(base, f) for f in files):
             return c
     return None
 
@@ -218,17 +319,17 @@ def _rejudge_logits(base: Path, runs_root: str | None, tmp: Path, v: Verificatio
                     break
 
 
-def verify(archive: Path) -> Verification:
+def verify(archive: Path, max_members: int = MAX_MEMBERS, max_bytes: int = MAX_BYTES) -> Verification:
     if not archive.is_file():
         raise LabkitError(f"report verify: no such archive {archive}")
     v = Verification()
     with tempfile.TemporaryDirectory(prefix="labkit-verify-") as tmp_dir:
         tmp = Path(tmp_dir)
-        base = _extract(archive, tmp / "x", v)
+        base = _extract(archive, tmp / "x", v, max_members, max_bytes)
         if base is None:
             return v
         try:
-            manifest = load_json(base / "manifest.json")
+            manifest = _load(base / "manifest.json")
             if not isinstance(manifest, dict):
                 raise Unreadable("not a JSON object")
         except Unreadable as exc:

@@ -5,9 +5,9 @@
     labkit serve client --url http://127.0.0.1:8000 --prompt "Hello" --stream --out runs/client.jsonl
 
 Listens on loopback only unless --allow-remote. The engine runs in its own process (core.py); this one
-serves HTTP (docs/serving.md). SIGTERM / SIGINT drain for --drain-timeout seconds, then exit 0.
-Exit 2 when it cannot run (missing fastapi/uvicorn/pyzmq/msgpack, bad model, port in use, bad engine
-arguments); exit 1 when the engine dies while serving.
+serves HTTP (docs/serving.md). SIGTERM / SIGINT / SIGHUP / SIGQUIT drain for --drain-timeout seconds, then
+exit 0. Exit 2 when it cannot run (missing fastapi/uvicorn/pyzmq/msgpack, bad model, port in use, bad engine
+arguments); exit 1 when the engine dies (or stops answering for --engine-timeout seconds) while serving.
 """
 from __future__ import annotations
 
@@ -50,14 +50,21 @@ def _need_serve_packages() -> None:
         raise LabkitError(f"labkit serve needs {', '.join(missing)}: pip install 'labkit[serve]'", 2)
 
 
-def _check_port(host: str, port: int) -> None:
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound and listening now, before the engine loads, and handed to uvicorn
+    later: a port checked and released would be free for anyone to take until uvicorn binds it. Connections
+    made while the engine loads wait in the backlog and are answered once it is up."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise LabkitError(f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}", 2) from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise LabkitError(f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}", 2) from None
+    sock.set_inheritable(False)  # the engine core and its workers must not hold the port open
+    return sock
 
 
 @app.callback()
@@ -82,6 +89,17 @@ def serve(
                                         "in-flight requests may take to finish before they are cancelled."),
     max_body_bytes: int = typer.Option(4 << 20, "--max-body-bytes", min=1024, help="Largest request body "
                                        "accepted (bytes); larger ones get 400."),
+    body_timeout: float = typer.Option(30.0, "--body-timeout", min=0.1, help="Seconds a request body may take "
+                                       "to arrive; a slower one gets 408 and its connection is closed."),
+    engine_timeout: float = typer.Option(10.0, "--engine-timeout", min=2.0, help="Seconds the engine core may "
+                                         "send nothing, not even its once-a-second heartbeat, before it is killed "
+                                         "as hung: open requests fail, /health says 503, the server exits 1."),
+    log_stats_interval: float = typer.Option(10.0, "--log-stats-interval", min=0.0, help="Seconds between "
+                                             "vLLM-style stats lines (throughput, running/waiting requests, KV "
+                                             "cache usage, prefix cache hit rate); 0 for none. Idle is logged "
+                                             "once."),
+    access_log: bool = typer.Option(False, "--access-log", help="Log one line per HTTP request (uvicorn's "
+                                    "access log)."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model name in the API (default: the folder name)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Write the engine's JSONL event log (schema v1) "
@@ -90,7 +108,8 @@ def serve(
     """Serve the engine over OpenAI-shaped HTTP (/v1/completions, /v1/chat/completions, /health, /metrics).
 
     Listens on loopback only unless --allow-remote. Engine options left out take the engine's defaults.
-    SIGTERM or SIGINT drains for --drain-timeout seconds, then exits 0; exit 1 when the engine dies while serving.
+    SIGTERM, SIGINT, SIGHUP or SIGQUIT drains for --drain-timeout seconds, then exits 0; exit 1 when the engine
+    dies, or sends nothing for --engine-timeout seconds, while serving.
     `labkit serve client` sends one request.
 
     Example: labkit serve --device cpu --port 8000
@@ -112,7 +131,7 @@ def serve(
                        ("async_scheduling", async_scheduling)):
         if value is not None:
             kwargs[key] = value
-    _check_port(host, port)
+    sock = listen_socket(host, port)
 
     import asyncio
 
@@ -123,17 +142,23 @@ def serve(
 
     name = served_model_name or model_dir.name
     setup_logging()
-    settings = ServeSettings(model_name=name, max_body_bytes=max_body_bytes, health_extra={
-        "model": {"path": str(model_dir), "config_sha256": config_sha256(model_dir)}, "git_head": git_head(),
-        "labkit_version": __version__})
+    provenance = {"model": {"path": str(model_dir), "config_sha256": config_sha256(model_dir)},
+                  "git_head": git_head(), "labkit_version": __version__}
+    settings = ServeSettings(model_name=name, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout,
+                             health_extra=provenance)
 
     def ready(engine) -> None:
         print(f"labkit serve: model {name!r} on {engine.info.get('device')} (tp={tp}) ready at http://{host}:{port} "
               "(/v1/completions, /v1/chat/completions, /health, /metrics)", file=sys.stderr, flush=True)
 
     print(f"labkit serve: loading {model_dir} on {dev} (tp={tp})", file=sys.stderr, flush=True)
-    code = asyncio.run(serve_async(str(model_dir), kwargs, settings, host=host, port=port, max_queue=max_queue,
-                                   drain_s=drain_timeout, log_level=log_level, trace_path=trace, on_ready=ready))
+    try:
+        code = asyncio.run(serve_async(str(model_dir), kwargs, settings, sock=sock, max_queue=max_queue,
+                                       drain_s=drain_timeout, log_level=log_level, trace_path=trace,
+                                       engine_timeout_s=engine_timeout, stats_interval_s=log_stats_interval,
+                                       access_log=access_log, on_ready=ready))
+    finally:
+        sock.close()
     if code == 2:
         raise LabkitError(f"the server could not start on {host}:{port}", 2)
     if code:

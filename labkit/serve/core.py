@@ -22,15 +22,19 @@ PUSH/PULL sockets on ipc:// paths in a private folder, one msgpack message at a 
                        ["rejected", request_id, message]      add_request refused it (ValueError)
                        ["failed", [request_id, ...], message] a step raised; those requests were aborted
                        ["fatal", message]              the engine cannot go on; the process exits 1
+                       ["alive"]                       every HEARTBEAT_S from a thread of its own, busy or
+                                                       idle, until the engine has exited
 
 Whatever one request does, it fails that request only: add_request's refusal is "rejected"; a step that
 raises takes its own batch out (engine.StepFailed) and the loop carries on. Only a fatal StepFailed (dead
 tensor-parallel workers) or an error outside a step ends the process. The core also exits when the
 frontend's process is gone (its parent pid changes), so a killed server never leaves an engine behind.
+The heartbeat is how the frontend tells a long step from a core that no longer runs (stopped, wedged).
 """
 from __future__ import annotations
 
 import os
+import threading
 import time
 import traceback
 
@@ -41,6 +45,7 @@ IDLE_POLL_MS = 100
 # A file to append one JSON line per engine step to (the step message without its token rows, plus the
 # monotonic time): what a load did step by step, for finding where a slow run's time went.
 STEP_LOG_ENV = "LABKIT_STEP_LOG"
+HEARTBEAT_S = 1.0
 
 
 class EngineCore:
@@ -58,15 +63,13 @@ class EngineCore:
         llm = self.llm
         cfg = llm.config
         dev = llm.device
-        info = {"limits": llm.limits.to_dict(), "device": str(dev), "device_name": None,
+        from labkit.output import device_info  # the name every JSON of labkit gives this device (CPU too)
+
+        info = {"limits": llm.limits.to_dict(), "device": str(dev), "device_name": device_info(dev).get("name"),
                 "tp": cfg.tensor_parallel_size, "model": os.path.abspath(cfg.model), "eos": cfg.eos,
                 "block_size": cfg.kvcache_block_size, "num_blocks": cfg.num_kvcache_blocks,
                 "max_num_seqs": cfg.max_num_seqs, "policy": cfg.scheduling_policy,
                 "enforce_eager": cfg.enforce_eager, "async_scheduling": cfg.async_scheduling}
-        if dev.type == "cuda":
-            import torch
-
-            info["device_name"] = torch.cuda.get_device_name(dev)
         return info
 
     @property
@@ -159,9 +162,10 @@ def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, pare
     import msgpack
     import zmq
 
-    # Shutdown is the frontend's to decide: it sends "stop" (or disappears, which we notice).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Shutdown is the frontend's to decide: it sends "stop" (or disappears, which we notice). A terminal's
+    # hang-up or quit reaches the whole process group; the frontend drains on those too.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     pull.connect(in_addr)
@@ -176,6 +180,7 @@ def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, pare
 
     code = 0
     llm = None
+    beating = threading.Event()
     try:
         try:
             if trace_path is not None:
@@ -185,6 +190,8 @@ def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, pare
             llm = LLM(model, **engine_kwargs)
             core = EngineCore(llm)
             send(["ready", core.info()])
+            threading.Thread(target=_heartbeat, args=(ctx, out_addr, beating), name="labkit-core-heartbeat",
+                             daemon=True).start()
         except Exception as exc:  # noqa: BLE001 - reported to the frontend, which exits 2
             send(["start_failed", str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"])
             code = 2
@@ -199,10 +206,31 @@ def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, pare
                 llm.exit()
             except Exception:  # noqa: BLE001 - best effort on the way out
                 traceback.print_exc()
+        beating.set()
         pull.close(linger=0)
         push.close()
         ctx.term()
         os._exit(code)
+
+
+def _heartbeat(ctx, out_addr: str, stop: threading.Event) -> None:
+    """["alive"] every HEARTBEAT_S on a socket of its own (zmq sockets are not shared between threads)."""
+    import msgpack
+    import zmq
+
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 4)  # a frontend that reads nothing needs no pile of heartbeats
+    sock.connect(out_addr)
+    beat = msgpack.packb(["alive"])
+    try:
+        while not stop.wait(HEARTBEAT_S):
+            try:
+                sock.send(beat, zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+    finally:
+        sock.close(linger=0)
 
 
 def _loop(core: EngineCore, pull, send, parent_pid: int) -> int:

@@ -9,6 +9,10 @@ instead of one chunk per token).
 Request lifecycle as the frontend sees it: submit -> (tokens ...) -> finished(reason) | failed(error).
 Cancelling (client gone, shutdown) ends the stream here at once and tells the core to abort it; the core
 frees its KV blocks before its next step.
+
+A core that stops answering (stopped, wedged, swapped to death) is noticed: it sends a heartbeat every
+second from a thread of its own, and when nothing at all has come from it for `engine_timeout_s` the
+frontend kills it and treats it as dead (open requests fail, /health 503, the server exits 1).
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import os
 import shutil
 import tempfile
 import time
+from pathlib import Path
 from typing import Callable
 
 from engine.request_limits import RequestLimits
@@ -26,6 +31,33 @@ from labkit.serve.metrics import ServerMetrics
 from labkit.serve.protocol import APIError
 
 log = logging.getLogger("labkit.serve")
+SOCKET_DIR_PREFIX = "labkit-serve-"
+# A core silent this long while it is being stopped is not stopping: it is killed rather than waited for.
+STOP_SILENCE_S = 3.0
+
+
+def socket_dir_owner(path: Path) -> int | None:
+    """The frontend pid a socket folder's name says made it (labkit-serve-PID-random), or None."""
+    pid, sep, _ = path.name[len(SOCKET_DIR_PREFIX):].partition("-")
+    return int(pid) if path.name.startswith(SOCKET_DIR_PREFIX) and sep and pid.isdigit() else None
+
+
+def sweep_socket_dirs(root: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the socket folders of frontends that are gone (killed with -9, a power cut): their pid no longer
+    runs. Only this user's folders are looked at; returns what was removed."""
+    removed = []
+    for path in Path(root or tempfile.gettempdir()).glob(f"{SOCKET_DIR_PREFIX}*-*"):
+        pid = socket_dir_owner(path)
+        try:
+            if pid is None or not path.is_dir() or path.is_symlink() or path.stat().st_uid != os.getuid():
+                continue
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except OSError:  # PermissionError: the pid runs, as another user's process; gone meanwhile
+            continue
+    return removed
 
 
 class RequestStream:
@@ -72,19 +104,22 @@ class EngineClient:
     """Owns the engine-core process. `await start()`, then `submit` / `abort`; `await close()` at the end.
 
     max_queue: requests that may wait for their first token before `submit` answers 503 (Overloaded).
+    engine_timeout_s: how long the core may send nothing (not even its heartbeat) before it is declared dead.
     on_dead(reason): called once if the core dies while serving (the server then exits non-zero).
     """
 
     RETRY_AFTER_S = 1
 
     def __init__(self, model: str, engine_kwargs: dict, *, metrics: ServerMetrics, max_queue: int = 256,
-                 trace_path: str | None = None, on_dead: Callable[[str], None] | None = None):
+                 trace_path: str | None = None, on_dead: Callable[[str], None] | None = None,
+                 engine_timeout_s: float = 10.0):
         self.model = model
         self.engine_kwargs = engine_kwargs
         self.metrics = metrics
         self.max_queue = max_queue
         self.trace_path = trace_path
         self.on_dead = on_dead
+        self.engine_timeout_s = engine_timeout_s
         self.info: dict = {}
         self.limits: RequestLimits | None = None
         self.tokenizer = None
@@ -92,12 +127,16 @@ class EngineClient:
         self.draining = False
         self.stats = {"waiting": 0, "running": 0, "free_blocks": 0, "num_blocks": 0, "steps": 0, "max_batch": 0,
                       "step_seconds": 0.0, "steps_launched_ahead": 0, "wasted_rows": 0}
+        # Running totals the periodic stats line takes differences of (prometheus counters are not for reading).
+        self.totals = {"prompt_tokens": 0, "generation_tokens": 0, "prefix_queries": 0, "prefix_hits": 0}
         self._live: dict[str, RequestStream] = {}
         self._no_token_yet = 0               # live requests still waiting for their first token
         self._proc = None
         self._dir: str | None = None
         self._ctx = self._push = self._pull = None
         self._reader: asyncio.Task | None = None
+        self._watchdog: asyncio.Task | None = None
+        self._heard = 0.0                    # monotonic time of the core's last message of any kind
         self._closing = False
         self._fatal: str | None = None
 
@@ -111,8 +150,10 @@ class EngineClient:
 
         from labkit.serve.core import core_main
 
-        # Mode 700: only this user can reach the sockets. The pid in the name says whose folder it is.
-        self._dir = tempfile.mkdtemp(prefix=f"labkit-serve-{os.getpid()}-")
+        # Mode 700: only this user can reach the sockets. The pid in the name says whose folder it is, so the
+        # next start can sweep the folders of frontends that were killed before they could remove theirs.
+        sweep_socket_dirs()
+        self._dir = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
         in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
         self._ctx = zmq.asyncio.Context()
         self._push = self._ctx.socket(zmq.PUSH)
@@ -143,7 +184,9 @@ class EngineClient:
             await self._stop_core(timeout_s=5.0)
             self._close_sockets()
             raise
+        self._heard = time.monotonic()
         self._reader = asyncio.create_task(self._read_loop(), name="labkit-engine-outputs")
+        self._watchdog = asyncio.create_task(self._watch(), name="labkit-engine-watchdog")
         loop.add_reader(self._proc.sentinel, self._on_core_exit)
         self.metrics.healthy.set(1)
 
@@ -158,7 +201,10 @@ class EngineClient:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             if await self._pull.poll(200):
-                return msgpack.unpackb(await self._pull.recv(), raw=False)
+                msg = msgpack.unpackb(await self._pull.recv(), raw=False)
+                if msg[0] != "alive":  # the heartbeat's socket may overtake "ready" if we read late
+                    return msg
+                continue
             if not self._proc.is_alive():
                 raise RuntimeError(f"the engine core exited with code {self._proc.exitcode} while starting "
                                    "(its output is above)")
@@ -197,10 +243,12 @@ class EngineClient:
             except (ValueError, OSError):
                 pass
         await self._stop_core(timeout_s)
-        if self._reader is not None:
-            self._reader.cancel()
+        for task in (self._watchdog, self._reader):
+            if task is None:
+                continue
+            task.cancel()
             try:
-                await self._reader
+                await task
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - it is being torn down
                 pass
         self._close_sockets()
@@ -209,20 +257,22 @@ class EngineClient:
         proc = self._proc
         if proc is None:
             return
-        if proc.is_alive():
+        if proc.is_alive() and self.dead is None:
             # A PUSH send waits for a reader: a core that has closed its socket but not yet exited (its last
             # message lingering, as after a refused engine argument) would never take it. Bounded, then signals.
             await self._send_if_read(["stop"], min(1.0, timeout_s))
             deadline = time.monotonic() + timeout_s
-            while proc.is_alive() and time.monotonic() < deadline:
+            # The core heart-beats until it has exited its engine; one that falls silent will not stop.
+            self._heard = max(self._heard, time.monotonic())
+            while proc.is_alive() and time.monotonic() < deadline \
+                    and time.monotonic() - self._heard < STOP_SILENCE_S:
                 await asyncio.sleep(0.05)
         if proc.is_alive():
-            log.warning("labkit serve: the engine core did not stop within %.0f s; terminating it", timeout_s)
-            proc.terminate()
-            await asyncio.sleep(1.0)
-        if proc.is_alive():
+            # The core ignores SIGTERM (shutdown is the frontend's to decide), so straight to SIGKILL, which also
+            # ends a stopped process.
+            log.warning("labkit serve: the engine core did not stop; killing it")
             proc.kill()
-        proc.join(5.0)
+        await asyncio.to_thread(proc.join, 5.0)
 
     def _close_sockets(self) -> None:
         for sock in (self._push, self._pull):
@@ -267,11 +317,13 @@ class EngineClient:
                            "service_unavailable") from exc
         return stream
 
-    def abort(self, rid: str) -> None:
-        """The client went away: end the stream now, drop the request in the core."""
-        if rid in self._live:
-            self._end(rid, reason="abort")
-            asyncio.ensure_future(self._send_if_read(["abort", [rid]]))
+    def abort(self, stream: RequestStream) -> None:
+        """Nobody will read this request's output (the client went away, its response failed): end the stream
+        now, drop the request in the core. A stream that has ended already is left alone, so a late abort
+        never touches a newer request that reuses its id."""
+        if self._live.get(stream.rid) is stream:
+            self._end(stream.rid, reason="abort")
+            asyncio.ensure_future(self._send_if_read(["abort", [stream.rid]]))
 
     async def _send(self, msg, timeout_s: float = 5.0) -> None:
         """Hand a message to the core. With SNDHWM 0 a send waits only when no core is connected to read it
@@ -305,9 +357,10 @@ class EngineClient:
         unpack = msgpack.unpackb
         pull = self._pull
         handlers = {"step": self._on_step, "stats": self._on_stats, "rejected": self._on_rejected,
-                    "failed": self._on_failed, "fatal": self._on_fatal}
+                    "failed": self._on_failed, "fatal": self._on_fatal, "alive": _ignore}
         while True:
             msg = unpack(await pull.recv(), raw=False)
+            self._heard = time.monotonic()
             try:
                 handlers[msg[0]](*msg[1:])
             except Exception:  # noqa: BLE001 - a bug here must not stop every other request's output
@@ -341,7 +394,9 @@ class EngineClient:
             stream = live.get(rid)
             if stream is not None:
                 m.prompt_tokens.inc(stream.prompt_len)
+                self.totals["prompt_tokens"] += stream.prompt_len
         m.generation_tokens.inc(delivered)
+        self.totals["generation_tokens"] += delivered
         m.steps.inc()
         self._on_stats(step["stats"])
         s = self.stats
@@ -366,8 +421,10 @@ class EngineClient:
             m.preemptions.inc(preempted)
         if queries:
             m.prefix_queries.inc(queries)
+            self.totals["prefix_queries"] += queries
         if hits:
             m.prefix_hits.inc(hits)
+            self.totals["prefix_hits"] += hits
 
     def _on_rejected(self, rid: str, message: str) -> None:
         self._fail(rid, APIError(400, message))
@@ -393,6 +450,34 @@ class EngineClient:
         # Let the reader take the core's last words ("fatal") before deciding what to say.
         loop.call_later(0.2, self._declare_dead)
 
+    async def _watch(self) -> None:
+        period = min(1.0, self.engine_timeout_s / 4)
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            if now - last > max(2 * period, 1.0):
+                # This loop itself was held up (the frontend stopped, a long GC): the core's messages may be
+                # waiting unread in the socket, so its silence is not evidence yet.
+                self._heard = max(self._heard, now - period)
+            last = now
+            self.check_heartbeat(now)
+
+    def check_heartbeat(self, now: float) -> bool:
+        """Declare the core dead (and kill it) when it has sent nothing for engine_timeout_s; True if so."""
+        silent = now - self._heard
+        if self._closing or self.dead is not None or silent <= self.engine_timeout_s:
+            return False
+        pid = getattr(self._proc, "pid", None)
+        self._fatal = (f"the engine core (pid {pid}) has not answered for {silent:.1f} s "
+                       f"(--engine-timeout {self.engine_timeout_s:g})")
+        try:
+            self._proc.kill()  # a stopped or wedged core would never read a "stop"
+        except (OSError, AttributeError):
+            pass
+        self._declare_dead()
+        return True
+
     def _declare_dead(self) -> None:
         if self._closing or self.dead is not None:
             return
@@ -404,3 +489,7 @@ class EngineClient:
             self._fail(rid, APIError(500, f"the engine failed: {self.dead}", "engine_error"))
         if self.on_dead is not None:
             self.on_dead(self.dead)
+
+
+def _ignore(*_args) -> None:
+    """The core's heartbeat: receiving it is all it is for."""

@@ -3,11 +3,16 @@
 read the EngineClient from `request.app.state.engine`.
 
 Status codes: 400 invalid_request_error (bad JSON, a field out of range or beyond the engine's limits,
-text that is not valid UTF-8, a body over --max-body-bytes), 404 not_found_error (another model), 503
-overloaded_error / service_unavailable (queue full, shutting down, engine gone; with Retry-After where
-waiting helps), 500 engine_error (the engine failed on this request; everyone else carries on).
+text that is not valid UTF-8, a body over --max-body-bytes, a field the server does not implement), 404
+not_found_error (another model), 408 (the body did not arrive within --body-timeout), 503 overloaded_error /
+service_unavailable (queue full, shutting down, engine gone; with Retry-After where waiting helps), 500
+engine_error (the engine failed on this request; everyone else carries on).
 Extensions: `ignore_eos`, `top_k`, `return_token_ids` (choices carry token_ids), `request_id`.
-A client that disconnects cancels its request in the engine.
+
+A request is owned from its first byte: everything that can fail for it alone (body, fields, ids, headers)
+is checked before it reaches the engine, and from `submit` on, however the response ends (finished, the
+client gone, an exception), the request leaves the engine. Each /v1/ request is counted once in
+`labkit:http_requests_total`, with the status it was answered with.
 """
 from __future__ import annotations
 
@@ -22,17 +27,20 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from labkit.serve import protocol
-from labkit.serve.detokenize import IncrementalDetokenizer
+from labkit.serve.detokenize import IncrementalDetokenizer, decode
 from labkit.serve.engine_client import EngineClient, RequestStream
 from labkit.serve.protocol import APIError, ChunkWriter, invalid
 
 router = APIRouter()
+COUNTED = ("/v1/completions", "/v1/chat/completions", "/v1/models")
+CLIENT_GONE = 499  # nginx's code: the client left before any answer
 
 
 @dataclasses.dataclass
 class ServeSettings:
     model_name: str
     max_body_bytes: int = 4 << 20
+    body_timeout_s: float = 30.0
     health_extra: dict = dataclasses.field(default_factory=dict)  # provenance /health reports
 
 
@@ -41,6 +49,7 @@ def build_app(engine: EngineClient, settings: ServeSettings) -> FastAPI:
     app.state.engine = engine
     app.state.settings = settings
     app.include_router(router)
+    app.add_middleware(CountRequests, metrics=engine.metrics)
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
@@ -54,12 +63,10 @@ def _error_response(err: APIError) -> JSONResponse:
 
 
 async def _api_error(request: Request, exc: APIError):
-    _count(request, exc.status)
     return _error_response(exc)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError):
-    _count(request, 400)
     return _error_response(invalid(protocol.validation_message(exc.errors())))
 
 
@@ -73,29 +80,59 @@ async def _unexpected_error(request: Request, exc: Exception):
     import logging
 
     logging.getLogger("labkit.serve").exception("labkit serve: %s %s failed", request.method, request.url.path)
-    _count(request, 500)
     return _error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error"))
 
 
-def _count(request: Request, status: int) -> None:
-    path = request.url.path
-    if path.startswith("/v1/"):
-        request.app.state.engine.metrics.http(path, status)
+class CountRequests:
+    """ASGI middleware: one count per request, by the status its response started with (500 when an
+    exception left it without one, 499 when the client left first). Counting in one place, after the fact,
+    is what keeps a request from being counted once when it reached the engine and again when it failed."""
+
+    def __init__(self, app, metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path not in COUNTED:
+            return await self.app(scope, receive, send)
+        status = None
+
+        async def send_and_note(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        except Exception:
+            status = status or 500
+            raise
+        finally:
+            self.metrics.http(path, status or CLIENT_GONE)
 
 
 # --- plumbing --------------------------------------------------------------------------------------
-async def _read_body(request: Request, limit: int):
-    """The JSON body, refused (400) as soon as it grows past `limit` bytes."""
+async def _read_body(request: Request, settings: ServeSettings):
+    """The JSON body, refused (400) as soon as it grows past --max-body-bytes, and (408) when it has not all
+    arrived within --body-timeout seconds: a client that sends a byte a minute must not hold a connection
+    and its buffer forever."""
+    limit = settings.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise invalid(f"body: {int(declared)} bytes is more than the server's limit of {limit} bytes "
                       "(--max-body-bytes)")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise invalid(f"body: more than the server's limit of {limit} bytes (--max-body-bytes)")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(settings.body_timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise invalid(f"body: more than the server's limit of {limit} bytes (--max-body-bytes)")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise APIError(408, f"body: not received within {settings.body_timeout_s:g} s (--body-timeout); "
+                       f"{size} bytes arrived", headers={"Connection": "close"}) from None
     return protocol.parse_json(b"".join(chunks))
 
 
@@ -119,18 +156,38 @@ async def _generate(request: Request, endpoint: str, body: protocol._Sampling, p
         raise invalid(str(exc)) from None
     sp = protocol.sampling_params(body, prompt_ids, engine.limits, default_max)
     rid = body.request_id or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    headers = {"X-Request-Id": rid}
+    writer = ChunkWriter(rid, settings.model_name, chat, body.return_token_ids) if body.stream else None
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
     stream = await engine.submit(rid, prompt_ids, protocol.sampling_dict(sp))
-    engine.metrics.http(endpoint, 200)
-    if body.stream:
-        include_usage = bool((body.stream_options or {}).get("include_usage"))
-        writer = ChunkWriter(rid, settings.model_name, chat, body.return_token_ids)
-        return StreamingResponse(_sse(engine, stream, writer, include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Request-Id": rid})
-    return await _complete(request, engine, stream, settings.model_name, chat, body.return_token_ids)
+    try:
+        if writer is not None:
+            return OwnedStream(engine, stream, _sse(engine, stream, writer, include_usage),
+                               media_type="text/event-stream", headers={"Cache-Control": "no-cache", **headers})
+        return await _complete(request, engine, stream, settings.model_name, chat, body.return_token_ids, headers)
+    except BaseException:
+        engine.abort(stream)  # whatever went wrong here, nobody will read this request's output
+        raise
+
+
+class OwnedStream(StreamingResponse):
+    """A streamed response that takes its request out of the engine however it ends: finished, the client
+    gone (starlette cancels the body iterator, which may never run its own clean-up), or an exception, even
+    one before the first byte was sent."""
+
+    def __init__(self, engine: EngineClient, stream: RequestStream, content, **kw):
+        super().__init__(content, **kw)
+        self._engine, self._stream = engine, stream
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._engine.abort(self._stream)
 
 
 async def _complete(request: Request, engine: EngineClient, stream: RequestStream, model: str, chat: bool,
-                    return_ids: bool):
+                    return_ids: bool, headers: dict):
     ids: list[int] = []
     collect = asyncio.ensure_future(_collect(stream, ids))
     gone = asyncio.ensure_future(_wait_disconnect(request))
@@ -140,15 +197,14 @@ async def _complete(request: Request, engine: EngineClient, stream: RequestStrea
         gone.cancel()
         if not collect.done():
             collect.cancel()
-            engine.abort(stream.rid)
+            engine.abort(stream)
     if collect.cancelled() or not collect.done():
-        return Response(status_code=499)
+        return Response(status_code=CLIENT_GONE)
     if stream.error is not None:
         raise stream.error
-    text = await asyncio.to_thread(engine.tokenizer.decode, ids, skip_special_tokens=True)
+    text = await asyncio.to_thread(decode, engine.tokenizer, ids)
     return JSONResponse(protocol.completion_body(stream.rid, model, chat, text, stream.reason, stream.prompt_len,
-                                                 len(ids), ids if return_ids else None),
-                        headers={"X-Request-Id": stream.rid})
+                                                 len(ids), ids if return_ids else None), headers=headers)
 
 
 async def _collect(stream: RequestStream, ids: list[int]) -> None:
@@ -168,29 +224,26 @@ async def _wait_disconnect(request: Request) -> None:
 
 async def _sse(engine: EngineClient, stream: RequestStream, writer: ChunkWriter, include_usage: bool):
     detok = IncrementalDetokenizer(engine.tokenizer)
-    try:
-        if writer.chat:
-            yield writer.chunk("", None, role=True)
-        while True:
-            new, done = await stream.wait()
-            if new:
-                text = detok.add(new)
-                # Half a character so far: nothing to show yet unless the client counts token ids.
-                if text or writer.return_ids:
-                    yield writer.chunk(text, None, new)
-            if done:
-                break
-        if stream.error is not None:
-            yield writer.error(stream.error)
-        else:
-            yield writer.chunk("" if not writer.chat else None, stream.reason, [])
-            if include_usage:
-                yield writer.usage(stream.prompt_len, stream.num_out)
-        yield ChunkWriter.DONE
-    finally:
-        # Generator closed early (the client went away): the engine drops the request.
-        if not stream.closed:
-            engine.abort(stream.rid)
+    if writer.chat:
+        yield writer.chunk("", None, role=True)
+    while True:
+        new, done = await stream.wait()
+        if new:
+            text = detok.add(new)
+            # Half a character so far: nothing to show yet unless the client counts token ids.
+            if text or writer.return_ids:
+                yield writer.chunk(text, None, new)
+        if done:
+            break
+    if stream.error is not None:
+        yield writer.error(stream.error)
+    else:
+        # The characters the output stopped in the middle of, as the non-streamed text has them.
+        tail = detok.flush()
+        yield writer.chunk(tail if tail or not writer.chat else None, stream.reason, [])
+        if include_usage:
+            yield writer.usage(stream.prompt_len, stream.num_out)
+    yield ChunkWriter.DONE
 
 
 # --- routes ----------------------------------------------------------------------------------------
@@ -198,7 +251,7 @@ async def _sse(engine: EngineClient, stream: RequestStream, writer: ChunkWriter,
 async def completions(request: Request):
     engine: EngineClient = request.app.state.engine
     settings: ServeSettings = request.app.state.settings
-    body = protocol.parse_body(protocol.CompletionRequest, await _read_body(request, settings.max_body_bytes))
+    body = protocol.parse_body(protocol.CompletionRequest, await _read_body(request, settings))
     protocol.check_common(body, settings.model_name)
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
@@ -220,7 +273,7 @@ async def completions(request: Request):
 async def chat_completions(request: Request):
     engine: EngineClient = request.app.state.engine
     settings: ServeSettings = request.app.state.settings
-    body = protocol.parse_body(protocol.ChatRequest, await _read_body(request, settings.max_body_bytes))
+    body = protocol.parse_body(protocol.ChatRequest, await _read_body(request, settings))
     protocol.check_common(body, settings.model_name)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     for i, m in enumerate(messages):

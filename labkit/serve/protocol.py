@@ -9,7 +9,8 @@ import json
 import time
 from typing import Any, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from engine import SamplingParams
 from engine.request_limits import RequestLimits
@@ -37,8 +38,19 @@ def invalid(message: str) -> APIError:
 
 
 # --- request bodies --------------------------------------------------------------------------------
+# Strict: JSON `true` is not the token id 1, "2" is not max_tokens 2. Forbid: a field the server does not
+# implement is a 400 naming it, never silently ignored (`validation_message` words extra_forbidden).
+_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+REQUEST_ID_MAX = 256
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: bool = False
+
+
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = _STRICT
 
     model: Optional[str] = None
     max_tokens: Optional[int] = None
@@ -46,31 +58,60 @@ class _Sampling(BaseModel):
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    n: int = 1
+    seed: Optional[int] = None
     stream: bool = False
-    stream_options: Optional[dict] = None
+    stream_options: Optional[StreamOptions] = None
     ignore_eos: bool = False
     return_token_ids: bool = False
-    request_id: Optional[str] = Field(default=None, max_length=256)
+    request_id: Optional[str] = None
+    user: Optional[str] = None  # OpenAI's end-user label: it asks nothing of the output
+    # OpenAI fields accepted only at the value that asks for nothing (check_common refuses the rest), so a
+    # client that spells out the defaults is served.
+    n: int = 1
     stop: Optional[Union[str, list[str]]] = None
     logprobs: Optional[Union[bool, int]] = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: Optional[dict] = None
+
+    @field_validator("request_id")
+    @classmethod
+    def _request_id(cls, v: Optional[str]) -> Optional[str]:
+        # It goes back in the X-Request-Id header: printable ASCII, no leading or trailing space, bounded.
+        if v is not None and not (0 < len(v) <= REQUEST_ID_MAX and v.isascii() and v.isprintable()
+                                  and v.strip() == v):
+            raise PydanticCustomError("request_id", f"must be 1 to {REQUEST_ID_MAX} printable ASCII characters "
+                                      "without leading or trailing spaces (it is sent back as X-Request-Id)")
+        return v
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[int], list[str]]
+    prompt: Any
     echo: bool = False
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return v
+        if isinstance(v, list) and (all(type(t) is int for t in v) or all(isinstance(t, str) for t in v)):
+            return v
+        raise PydanticCustomError("prompt", "must be a string, a list of token ids (integers) or a list of one "
+                                  "string")
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # The template may use more than role and content (name, tool_calls, ...): those pass through to it.
+    model_config = ConfigDict(extra="allow", strict=True)
     role: str
     content: Union[str, list[dict], None] = None
 
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    top_logprobs: Optional[int] = None
 
 
 def parse_json(raw: bytes) -> Any:
@@ -96,7 +137,8 @@ def validation_message(errors) -> str:
     parts = []
     for e in errors:
         loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-        parts.append(f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")))
+        msg = "not supported by this server" if e.get("type") == "extra_forbidden" else str(e.get("msg"))
+        parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts) or "body: invalid request"
 
 
@@ -114,14 +156,21 @@ def check_common(body: _Sampling, model_name: str) -> None:
     if body.model is not None and body.model != model_name:
         raise APIError(404, f"model: {body.model!r} is not served here (this server serves {model_name!r})",
                        "not_found_error")
-    if body.n != 1:
-        raise invalid(f"n: only n=1 is supported, got {body.n}")
-    if body.stop:
-        raise invalid("stop: stop strings are not supported")
-    if body.logprobs:
-        raise invalid("logprobs: not supported")
-    if body.presence_penalty or body.frequency_penalty:
-        raise invalid("presence_penalty: penalties are not supported")
+    refused = [("n", body.n != 1, f"only n=1 is supported, got {body.n}"),
+               ("stop", bool(body.stop), "stop strings are not supported"),
+               ("logprobs", bool(body.logprobs), "not supported"),
+               ("top_logprobs", bool(getattr(body, "top_logprobs", None)), "not supported"),
+               ("presence_penalty", body.presence_penalty != 0, "penalties are not supported"),
+               ("frequency_penalty", body.frequency_penalty != 0, "penalties are not supported"),
+               ("logit_bias", bool(body.logit_bias), "not supported"),
+               ("echo", bool(getattr(body, "echo", False)), "echoing the prompt is not supported"),
+               ("best_of", getattr(body, "best_of", None) not in (None, 1), "only best_of=1 is supported"),
+               ("suffix", bool(getattr(body, "suffix", None)), "not supported")]
+    for field, bad, why in refused:
+        if bad:
+            raise invalid(f"{field}: {why}")
+    if body.stream_options is not None and not body.stream:
+        raise invalid("stream_options: only allowed with stream=true")
 
 
 def sampling_params(body: _Sampling, prompt_ids: list[int], limits: RequestLimits,
@@ -136,7 +185,7 @@ def sampling_params(body: _Sampling, prompt_ids: list[int], limits: RequestLimit
         max_tokens = room if default_max is None else min(default_max, room)
     try:
         sp = SamplingParams(temperature=body.temperature, max_tokens=max_tokens, ignore_eos=body.ignore_eos,
-                            top_k=body.top_k, top_p=body.top_p)
+                            top_k=body.top_k, top_p=body.top_p, seed=body.seed)
         limits.check(prompt_ids, sp, within_model_len=True)
     except ValueError as exc:
         raise invalid(str(exc)) from None
@@ -145,7 +194,7 @@ def sampling_params(body: _Sampling, prompt_ids: list[int], limits: RequestLimit
 
 def sampling_dict(sp: SamplingParams) -> dict:
     return {"temperature": sp.temperature, "max_tokens": sp.max_tokens, "ignore_eos": sp.ignore_eos,
-            "top_k": sp.top_k, "top_p": sp.top_p}
+            "top_k": sp.top_k, "top_p": sp.top_p, "seed": sp.seed}
 
 
 # --- responses ---------------------------------------------------------------------------------------

@@ -1,10 +1,14 @@
 """Running the server: engine core up, HTTP up, and a shutdown that loses nobody's stream.
 
-SIGTERM or SIGINT: stop admitting (503 + Retry-After), let in-flight requests finish for up to
-`drain_s` seconds, end the rest with an error event and [DONE] (a 503 body when not streaming), stop
+SIGTERM, SIGINT, SIGHUP or SIGQUIT: stop admitting (503 + Retry-After), let in-flight requests finish for up
+to `drain_s` seconds, end the rest with an error event and [DONE] (a 503 body when not streaming), stop
 uvicorn, stop the engine core (which exits its engine: TP workers stopped, shared memory unlinked),
-exit 0. A second signal skips the wait. A dead engine core is logged with its cause and the server
-exits 1, so a supervisor can restart it rather than a server answering 503 forever.
+exit 0. A second signal skips the wait. A dead engine core (or one silent for --engine-timeout) is logged
+with its cause and the server exits 1, so a supervisor can restart it rather than a server answering 503
+forever.
+
+The listening socket is bound by the command before the engine loads and handed to uvicorn, so the port
+checked is the port served: nothing can take it in between.
 """
 from __future__ import annotations
 
@@ -12,7 +16,9 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import threading
+import time
 
 import uvicorn
 
@@ -21,7 +27,9 @@ from labkit.serve.http import ServeSettings, build_app
 from labkit.serve.metrics import ServerMetrics
 
 log = logging.getLogger("labkit.serve")
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP (the terminal closed) and SIGQUIT (Ctrl-\) would otherwise end the process at once: streams cut
+# without an error event, the engine core and its socket folder left behind.
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 class LabServer(uvicorn.Server):
@@ -72,12 +80,15 @@ class LabServer(uvicorn.Server):
         self.should_exit = True
 
 
-async def serve_async(model: str, engine_kwargs: dict, settings: ServeSettings, *, host: str, port: int,
+async def serve_async(model: str, engine_kwargs: dict, settings: ServeSettings, *, sock: socket.socket,
                       max_queue: int, drain_s: float, log_level: str, trace_path: str | None,
+                      engine_timeout_s: float = 10.0, stats_interval_s: float = 10.0, access_log: bool = False,
                       on_ready=None) -> int:
-    """Start the core, serve until a signal or the core's death; returns the exit status."""
+    """Start the core, serve on `sock` (bound, listening) until a signal or the core's death; the exit
+    status."""
     metrics = ServerMetrics(settings.model_name)
-    engine = EngineClient(model, engine_kwargs, metrics=metrics, max_queue=max_queue, trace_path=trace_path)
+    engine = EngineClient(model, engine_kwargs, metrics=metrics, max_queue=max_queue, trace_path=trace_path,
+                          engine_timeout_s=engine_timeout_s)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     # A signal while the engine loads: stop loading, clean up, exit.
@@ -91,21 +102,68 @@ async def serve_async(model: str, engine_kwargs: dict, settings: ServeSettings, 
     finally:
         for sig in SIGNALS:
             loop.remove_signal_handler(sig)
+    stats = None
     try:
         app = build_app(engine, settings)
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                                timeout_graceful_shutdown=5, lifespan="off")
+        config = uvicorn.Config(app, log_level=log_level, access_log=access_log, timeout_graceful_shutdown=5,
+                                lifespan="off")
+        if access_log:
+            # One line per request whatever --log-level says of uvicorn's own messages.
+            logging.getLogger("uvicorn.access").setLevel(logging.INFO)
         server = LabServer(config, engine, drain_s)
         engine.on_dead = server.engine_died
         announce = asyncio.ensure_future(_when_started(server, lambda: on_ready(engine))) if on_ready else None
-        await server.serve()
+        if stats_interval_s > 0:
+            stats = asyncio.ensure_future(_log_stats(engine, stats_interval_s))
+        try:
+            await server.serve(sockets=[sock])
+        except SystemExit:  # uvicorn's way of saying it could not start
+            return 2
         if announce is not None:
             announce.cancel()
         if not server.started:
             return 2
         return server.exit_code
     finally:
+        if stats is not None:
+            stats.cancel()
         await engine.close()
+
+
+class StatsLine:
+    """vLLM's periodic engine line: throughput over the last interval, running and waiting requests, KV cache
+    usage and the interval's prefix cache hit rate. Idle intervals after the first are not logged."""
+
+    def __init__(self, engine: EngineClient, now: float):
+        self.engine = engine
+        self._t, self._totals = now, dict(engine.totals)
+        self._was_idle = True
+
+    def next(self, now: float) -> str | None:
+        e = self.engine
+        totals, stats = dict(e.totals), e.stats
+        dt = max(now - self._t, 1e-9)
+        d = {k: totals[k] - self._totals[k] for k in totals}
+        self._t, self._totals = now, totals
+        idle = not any(d.values()) and not stats["running"] and not stats["waiting"] and not e.num_live
+        if idle and self._was_idle:
+            return None
+        self._was_idle = idle
+        usage = 1.0 - stats["free_blocks"] / stats["num_blocks"] if stats["num_blocks"] else 0.0
+        hit = d["prefix_hits"] / d["prefix_queries"] if d["prefix_queries"] else 0.0
+        return (f"labkit serve: Avg prompt throughput: {d['prompt_tokens'] / dt:.1f} tokens/s, "
+                f"Avg generation throughput: {d['generation_tokens'] / dt:.1f} tokens/s, "
+                f"Running: {stats['running']} reqs, Waiting: {stats['waiting']} reqs, "
+                f"KV cache usage: {100 * usage:.1f}%, Prefix cache hit rate: {100 * hit:.1f}%")
+
+
+async def _log_stats(engine: EngineClient, interval_s: float) -> None:
+    line = StatsLine(engine, time.monotonic())
+    while True:
+        await asyncio.sleep(interval_s)
+        text = line.next(time.monotonic())
+        if text is not None:
+            log.info("%s", text)
 
 
 async def _when_started(server: uvicorn.Server, callback) -> None:

@@ -139,7 +139,7 @@ class RequestSpec:
             kw["top_k"] = self.top_k
         if self.top_p is not None:
             kw["top_p"] = self.top_p
-        kw["seed"] = self.seed
+        kw["seed"] = self.seed  # None is SamplingParams' own default
         return kw
 
 

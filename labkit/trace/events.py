@@ -85,6 +85,22 @@ def event_problems(e) -> list[str]:
                         probs.append(f"{ev}.seqs[{j}] lacks {', '.join(miss)}")
         if ev == "scheduled" and "phase" in e and e["phase"] not in PHASES:
             probs.append(f"scheduled.phase must be prefill, decode or mixed, got {e['phase']!r}")
+        if ev == "run_start":
+            probs += _run_start_problems(e)
+    return probs
+
+
+def _run_start_problems(e: dict) -> list[str]:
+    """The types readers of run_start rely on (trace check takes model.path as the model folder)."""
+    probs = []
+    for key in ("config", "model", "versions"):
+        if key in e and not isinstance(e[key], dict):
+            probs.append(f"run_start.{key} must be an object, got {type(e[key]).__name__}")
+    path = e["model"].get("path") if isinstance(e.get("model"), dict) else None
+    if path is not None and not isinstance(path, str):
+        probs.append(f"run_start.model.path must be a string, got {type(path).__name__}")
+    if "device" in e and not isinstance(e["device"], str):
+        probs.append(f"run_start.device must be a string, got {type(e['device']).__name__}")
     return probs
 
 
