@@ -145,6 +145,8 @@ class Report:
         gating = self.gating_failures
         if verdict == "CHANGED":
             s += f"; every invariant held, {len(self.changes)} difference(s) from the case ({self.why_changes})"
+            if changed_means(self.why_changes):
+                s += f"; {changed_means(self.why_changes)}"
         elif gating:
             s += f"; first failure: {gating[0].message}"
         elif self.changes:
@@ -161,6 +163,20 @@ class Report:
                 "first_failure": (self.first_failure.to_dict()
                                   if self.verdict == "FAIL" and self.first_failure else None),
                 "checks": [c.to_dict() for c in self.checks]}
+
+
+# How labkit.trace.run.engine_changes starts its reason when the engine's files differ from git HEAD.
+ENGINE_DIFFERS = "engine/ differs from HEAD"
+
+
+def changed_means(why_changes: str) -> str:
+    """The sentence beside CHANGED when an engine edit (not an override) made the run an experiment.
+
+    Any uncommitted edit under engine/ turns expected states into a diff, so a refactor that breaks the
+    schedule would pass as CHANGED (exit 0); a user must be told how to judge the edit strictly."""
+    if ENGINE_DIFFERS not in why_changes:
+        return ""
+    return "a change meant to keep behaviour is judged with --no-expect-changes (a FAIL there)"
 
 
 def _ids(v) -> str:
