@@ -239,3 +239,82 @@ def test_fixed_kv_max_abs_threshold_on_both_sides():
         result = cmp.compare(_with_kv(_col(TRUTH), x, [1, 2]), rhs, gate="fixed")
         assert [e["status"] for e in result["kv"]["steps"]] == [want, "PASS"], off
         assert result["verdict"] == want
+
+
+# --- bench compare: "within noise" exactly when the ratio's interval holds 1.0 -------------------------------
+
+def _offline(tok_s: list[float]) -> dict:
+    from .test_bench_compare import _synthetic
+
+    return _synthetic(tok_s)
+
+
+# A's repeats are all 1000 tok/s, so each resampled ratio is median(B's resample) / 1000: with B = [v, v, w] the
+# ratio is v/1000 in 74% of the resamples and w/1000 in the rest, and the interval runs from one to the other.
+@pytest.mark.parametrize("b, within, bound", [
+    ([1000.0, 1000.0, 2000.0], True, (1.0, 2.0)),            # the interval starts at exactly 1.0
+    ([1000.0 * (1 + 1e-9)] * 2 + [2000.0], False, None),     # ... or just above it: B is faster
+    ([1000.0, 1000.0, 500.0], True, (0.5, 1.0)),             # the interval ends at exactly 1.0
+    ([1000.0 * (1 - 1e-9)] * 2 + [500.0], False, None),      # ... or just below it: B is slower
+])
+def test_bench_compare_within_noise_on_both_sides_of_one(b, within, bound):
+    from labkit.bench import compare as bench
+
+    res = bench.compare(_offline([1000.0] * 3), _offline(b), "code")
+    if bound is not None:
+        assert tuple(res["interval"]) == bound
+    assert res["within_noise"] is within
+    assert res["headline"].startswith("B/A median output tok/s: within noise") is within
+    # a ratio is said as the result only outside the noise
+    assert res["headline"].startswith(f"B/A median output tok/s: {res['ratio']:.3f}x (") is not within
+
+
+# --- RequestLimits: each limit at it, and one past ---------------------------------------------------------
+
+def _limits(**kw):
+    from engine.request_limits import RequestLimits
+
+    return RequestLimits(**{"max_model_len": 64, "vocab_size": 1000, "block_size": 16, "num_blocks": 8, **kw})
+
+
+def _sp(**kw):
+    from engine import SamplingParams
+
+    return SamplingParams(**kw)
+
+
+LIMIT_CASES = [
+    ("prompt at max_model_len", {}, [1] * 64, {"max_tokens": 1}, False, None),
+    ("prompt one past max_model_len", {}, [1] * 65, {"max_tokens": 1}, False, "prompt"),
+    ("prompt + max_tokens at max_model_len (API rule)", {}, [1] * 60, {"max_tokens": 4}, True, None),
+    ("prompt + max_tokens one past max_model_len (API rule)", {}, [1] * 60, {"max_tokens": 5}, True, "max_tokens"),
+    ("the engine itself stops at max_model_len", {}, [1] * 60, {"max_tokens": 5}, False, None),
+    ("top_k at the vocabulary size", {}, [1], {"top_k": 1000}, False, None),
+    ("top_k one past the vocabulary size", {}, [1], {"top_k": 1001}, False, "top_k"),
+    # KV: the last sampled token needs none, so 40 + 9 - 1 = 48 tokens = 3 blocks of 16
+    ("KV at the pool", {"num_blocks": 3}, [1] * 40, {"max_tokens": 9}, False, None),
+    ("KV one token past the pool", {"num_blocks": 3}, [1] * 40, {"max_tokens": 10}, False, "prompt"),
+    # ... and never more than max_model_len tokens: 64 tokens = 4 blocks however many are asked for
+    ("KV capped at max_model_len, at the pool", {"num_blocks": 4}, [1] * 10, {"max_tokens": 10 ** 6}, False, None),
+    ("KV capped at max_model_len, one block short", {"num_blocks": 3}, [1] * 10, {"max_tokens": 10 ** 6}, False,
+     "prompt"),
+]
+
+
+@pytest.mark.parametrize("what, limits, ids, sp, api, field", LIMIT_CASES, ids=[c[0] for c in LIMIT_CASES])
+def test_request_limits_at_each_limit_and_one_past(what, limits, ids, sp, api, field):
+    check = lambda: _limits(**limits).check(ids, _sp(**sp), within_model_len=api)  # noqa: E731
+    if field is None:
+        check()
+    else:
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            check()
+
+
+@pytest.mark.parametrize("ids, ok", [([0], True), ([-1], False), ([999], True), ([1000], False)])
+def test_request_limits_token_ids_at_the_ends_of_the_vocabulary(ids, ok):
+    if ok:
+        assert _limits().check_token_ids(ids) == ids
+    else:
+        with pytest.raises(ValueError, match="^prompt: token id"):
+            _limits().check_token_ids(ids)
