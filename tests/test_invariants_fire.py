@@ -162,3 +162,32 @@ def test_a_prefix_hit_is_where_the_prefix_edit_expects_it(logs):
     """(The prefix.content edit changes Q's prompt: Q must be the request whose first prefill hits the cache.)"""
     event, entry = _first_prefix_hit(logs["prefix-reuse"])
     assert entry["request_id"] == "Q" and entry["num_cached_tokens"] == 4
+
+
+AT_THE_LIMIT = """name: at-the-limit
+about: A (10 ids, max_tokens 20, ignore_eos) reaches max_model_len 16 after 6 outputs
+engine: {max_num_batched_tokens: 64, max_num_seqs: 4, max_model_len: 16, kvcache_block_size: 4,
+         num_kvcache_blocks: 8, enforce_eager: true}
+requests:
+  - id: A
+    prompt: {range: [100, 110]}
+    max_tokens: 20
+    ignore_eos: true
+"""
+
+
+def test_a_request_stopped_at_max_model_len_has_its_outputs_and_one_stopped_short_does_not(tiny_model, tmp_path):
+    """requests.outputs at its edge: the engine stops a request at the context limit (finish_reason length), with
+    fewer than max_tokens outputs; that is no failure. The same log read with a limit one token higher is one."""
+    path = tmp_path / "at-the-limit.yaml"
+    path.write_text(AT_THE_LIMIT)
+    case = load_case(str(path))
+    events = run_case(case, Path(tiny_model), tmp_path / "events.jsonl", device="cpu").events
+    report = validate(events, case)
+    assert report.verdict == "RECORDED" and not report.failures
+    assert {c.name for c in report.checks if c.ok and not c.skipped} >= {"requests.outputs", "max_tokens"}
+    final = [e for e in events if e.get("event") == "after_postprocess"][-1]["seqs"][0]
+    assert (final["num_tokens"], final["num_completion_tokens"], final["status"]) == (16, 6, "FINISHED")
+    short = copy.deepcopy(events)
+    short[0]["config"]["max_model_len"] = 17
+    assert "requests.outputs" in {c.name for c in validate(short, case).failures}

@@ -344,6 +344,7 @@ class _Replay:
         self.log, self.case, self.bs, self.nb = log, case, block_size, num_blocks
         self.max_batched = _cfg_int(log.config, "max_num_batched_tokens")
         self.max_seqs = _cfg_int(log.config, "max_num_seqs")
+        self.max_model_len = _cfg_int(log.config, "max_model_len")
         self.enforce_eager = log.config.get("enforce_eager")
         self.ignore_eos = {r.id: r.ignore_eos for r in case.requests} if case is not None else {}
         self.seqs: dict[Any, _Seq] = {}
@@ -989,13 +990,16 @@ class _Replay:
         yield need(q.status == "FINISHED", f"run, request {q.request_id}: ended {q.status}, not FINISHED",
                    request=q.request_id, field="status", expected="FINISHED", actual=q.status)
 
-    @invariant("requests.outputs", "a request that ignores EOS ends with max_tokens outputs")
+    @invariant("requests.outputs", "a request that ignores EOS ends with max_tokens outputs, or at max_model_len")
     def outputs(self, q: _Seq):
         # one ended another way (cancelled, aborted: a finish_reason other than length/stop) has fewer
         if (q.status == "FINISHED" and q.ignore_eos and q.max_tokens is not None
                 and q.finish_reason in (None, "length", "stop")):
-            yield need(q.completion == q.max_tokens, f"run, request {q.request_id}: finished with {q.completion} "
-                                                     f"outputs, expected max_tokens={q.max_tokens} (ignore_eos)",
+            # the engine stops a sequence at the context limit, as vLLM does, whatever max_tokens asked for
+            at_limit = self.max_model_len is not None and is_int(q.num_tokens) and q.num_tokens >= self.max_model_len
+            yield need(q.completion == q.max_tokens or at_limit,
+                       f"run, request {q.request_id}: finished with {q.completion} outputs and {q.num_tokens} tokens, "
+                       f"expected max_tokens={q.max_tokens} (ignore_eos) or max_model_len={self.max_model_len}",
                        request=q.request_id, field="outputs", expected=q.max_tokens, actual=q.completion)
 
     @invariant("blocks.returned", "every block is free again at the end")
