@@ -240,6 +240,7 @@ def test_engine_change_is_detected_by_git_and_unknown_without_it(tiny_model, tmp
     text = " ".join(res.stdout.split())
     assert res.returncode == 0 and "CHANGED" in text, res.stdout + res.stderr
     assert "engine/ differs from HEAD: scheduler.py" in text
+    assert "a change meant to keep behaviour is judged with --no-expect-changes (a FAIL there)" in text
     assert "step 1: R2 is chunked (36 of 96 tokens) but is not first" in text   # nano's rule, changed on purpose
     assert "scheduled R1+R2 instead of R1" in text
     res = _labkit(*args, "--no-expect-changes", "--out", str(tmp_path / "b"), env_extra=_in_tree(tree, tmp_path),

@@ -149,14 +149,32 @@ def _from_passed(d: dict, judged: bool = True) -> str:
 def _trace(d: dict) -> tuple[str, str]:
     rep = d.get("report") or {}
     verdict = _carried(d) or _from_passed(d, judged=bool(d.get("judged")))
+    head = f"case {d.get('case')}, {d.get('steps', rep.get('steps'))} steps"
+    if verdict == "CHANGED":
+        return verdict, _changed_trace(head, rep)
     counts = rep.get("counts") or {}
     ran = sum(c.get("passed", 0) + c.get("failed", 0) for c in counts.values())
     failed = sum(c.get("failed", 0) for c in counts.values())
-    text = f"case {d.get('case')}, {d.get('steps', rep.get('steps'))} steps, {ran - failed}/{ran} checks hold"
+    text = f"{head}, {ran - failed}/{ran} checks hold"
     first = rep.get("first_failure") or {}
     if first:
         text += f"; first failure at step {first.get('step')}: {first.get('message', '')}"
     return verdict, text[:240]
+
+
+def _changed_trace(head: str, rep: dict) -> str:
+    """A CHANGED trace: its missed expectations are a diff, not failures; what made it an experiment; and, for an
+    engine edit, how to judge it strictly. Only the reason is shortened to fit, never that sentence."""
+    from labkit.trace.validate import changed_means
+
+    why = str(rep.get("why_changes") or "")
+    means = changed_means(why)
+    text = f"{head}, every invariant held, {len(rep.get('changes') or [])} difference(s) from the case"
+    tail = f"; {means}" if means else ""
+    room = 240 - len(text) - len(tail) - 3
+    if why:
+        text += f" ({why if len(why) <= room else why[:max(room - 3, 0)] + '...'})"
+    return text + tail
 
 
 def _logits(d: dict) -> tuple[str, str]:

@@ -16,7 +16,8 @@ Verdicts: every invariant always gates (FAIL, exit 1). The case's expected state
 the run was meant to change them: an override (--budget, --block-size, --policy, --max-num-seqs,
 --num-blocks, --eager/--graph, --tp), an engine that differs from its git HEAD (a patch applied), or
 --expect-changes. Then the states the run did not reach are shown as a diff and the verdict is
-CHANGED (exit 0). An engine outside a git checkout cannot be compared with HEAD: it counts as
+CHANGED (exit 0); for an engine edit the text says that a change meant to keep behaviour is judged
+with --no-expect-changes (a FAIL there). An engine outside a git checkout cannot be compared with HEAD: it counts as
 unchanged (and says so), so pass --expect-changes after changing it. --no-expect-changes makes the
 case's states gate whatever changed (the mutation script uses it).
 """

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from labkit.errors import LabkitError
 from labkit.trace.cases import Case, build_prompt_ids
+from labkit.trace.validate import ENGINE_DIFFERS
 
 
 @dataclass
@@ -39,7 +40,7 @@ def engine_changes() -> tuple[bool | None, str]:
     files = sorted({line[3:].strip().rsplit("/", 1)[-1] for line in done.stdout.splitlines() if line.strip()})
     if files:
         more = f" and {len(files) - 5} more" if len(files) > 5 else ""
-        return True, f"engine/ differs from HEAD: {', '.join(files[:5])}{more}"
+        return True, f"{ENGINE_DIFFERS}: {', '.join(files[:5])}{more}"
     return False, "engine/ is HEAD's"
 
 

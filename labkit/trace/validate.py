@@ -145,6 +145,8 @@ class Report:
         gating = self.gating_failures
         if verdict == "CHANGED":
             s += f"; every invariant held, {len(self.changes)} difference(s) from the case ({self.why_changes})"
+            if changed_means(self.why_changes):
+                s += f"; {changed_means(self.why_changes)}"
         elif gating:
             s += f"; first failure: {gating[0].message}"
         elif self.changes:
@@ -161,6 +163,20 @@ class Report:
                 "first_failure": (self.first_failure.to_dict()
                                   if self.verdict == "FAIL" and self.first_failure else None),
                 "checks": [c.to_dict() for c in self.checks]}
+
+
+# How labkit.trace.run.engine_changes starts its reason when the engine's files differ from git HEAD.
+ENGINE_DIFFERS = "engine/ differs from HEAD"
+
+
+def changed_means(why_changes: str) -> str:
+    """The sentence beside CHANGED when an engine edit (not an override) made the run an experiment.
+
+    Any uncommitted edit under engine/ turns expected states into a diff, so a refactor that breaks the
+    schedule would pass as CHANGED (exit 0); a user must be told how to judge the edit strictly."""
+    if ENGINE_DIFFERS not in why_changes:
+        return ""
+    return "a change meant to keep behaviour is judged with --no-expect-changes (a FAIL there)"
 
 
 def _ids(v) -> str:
@@ -341,6 +357,7 @@ class _Replay:
         self.log, self.case, self.bs, self.nb = log, case, block_size, num_blocks
         self.max_batched = _cfg_int(log.config, "max_num_batched_tokens")
         self.max_seqs = _cfg_int(log.config, "max_num_seqs")
+        self.max_model_len = _cfg_int(log.config, "max_model_len")
         self.enforce_eager = log.config.get("enforce_eager")
         self.policy = log.config.get("scheduling_policy") or "prefill_first"
         self.eos = log.config.get("eos")
@@ -1028,13 +1045,16 @@ class _Replay:
         yield need(q.status == "FINISHED", f"run, request {q.request_id}: ended {q.status}, not FINISHED",
                    request=q.request_id, field="status", expected="FINISHED", actual=q.status)
 
-    @invariant("requests.outputs", "a request that ignores EOS ends with max_tokens outputs")
+    @invariant("requests.outputs", "a request that ignores EOS ends with max_tokens outputs, or at max_model_len")
     def outputs(self, q: _Seq):
         # one ended another way (cancelled, aborted: a finish_reason other than length/stop) has fewer
         if (q.status == "FINISHED" and q.ignore_eos and q.max_tokens is not None
                 and q.finish_reason in (None, "length", "stop")):
-            yield need(q.completion == q.max_tokens, f"run, request {q.request_id}: finished with {q.completion} "
-                                                     f"outputs, expected max_tokens={q.max_tokens} (ignore_eos)",
+            # the engine stops a sequence at the context limit, as vLLM does, whatever max_tokens asked for
+            at_limit = self.max_model_len is not None and is_int(q.num_tokens) and q.num_tokens >= self.max_model_len
+            yield need(q.completion == q.max_tokens or at_limit,
+                       f"run, request {q.request_id}: finished with {q.completion} outputs and {q.num_tokens} tokens, "
+                       f"expected max_tokens={q.max_tokens} (ignore_eos) or max_model_len={self.max_model_len}",
                        request=q.request_id, field="outputs", expected=q.max_tokens, actual=q.completion)
 
     @invariant("blocks.returned", "every block is free again at the end")

@@ -1,0 +1,320 @@
+"""The judges at their edges: every gate and threshold of logits-check, each boundary value on both sides.
+
+The collections here are synthetic (four logits per row), built so that every distance and ratio is an exact
+binary fraction: a ratio meant to be 2.5 is 2.5, and the value just past it is the next float32 up. Where a
+threshold is not a binary fraction (the dtype floors, 0.02), the two sides are 0.1% below and above it.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from labkit.logits import compare as cmp
+from labkit.logits.collect import Collection
+
+
+# The documented figures (gates.py, compare.py), written out: a test that read them from the module would move
+# with a wrong edit of them.
+ROW_PASS = 2.5
+FLOORS = {"bfloat16": {"rel_l2": 2e-3, "max_abs": 2e-2}, "float16": {"rel_l2": 2.5e-4, "max_abs": 2.5e-3},
+          "float32": {"rel_l2": 4e-6, "max_abs": 4e-5}}
+FIXED_MAX_ABS = {"bfloat16": 0.5, "float16": 0.5, "float32": 1e-4}
+FIXED_KV_MAX_ABS = 0.1  # bf16 / fp16
+
+
+def _up(v: float) -> np.float32:
+    """The next float32 above v: the smallest step past a boundary the collections can hold."""
+    return np.nextafter(np.float32(v), np.float32(np.inf))
+
+
+def _col(logits, dtype="bfloat16", backend="engine") -> Collection:
+    logits = np.asarray(logits, dtype=np.float32)
+    rows = [{"index": i, "request_id": "R", "output_index": i, "case": "edge", "context_len": i + 1}
+            for i in range(len(logits))]
+    return Collection({"suite": {"name": "edge"}, "model_files": {}, "token_path_sha256": "p", "rows": rows,
+                       "dtype": dtype, "backend": backend}, {"logits": logits})
+
+
+# Truth rows [4, 0, 0, 0]; the bf16 reference is 0.5 off in one logit: noise rel-L2 0.125, max-abs 0.5 per row
+# (above the bf16 floors), pooled rel-L2 0.125. A path d off in one logit has row ratio 2d (both measures).
+TRUTH = np.array([[4.0, 0, 0, 0]] * 4)
+REFERENCE = TRUTH + np.array([0, 0.5, 0, 0])
+
+
+def _anchored(offsets) -> dict:
+    """A bf16 path whose row i is offsets[i] off the truth in logit 1."""
+    x = TRUTH.copy()
+    x[:, 1] = np.asarray(offsets, dtype=np.float32)
+    return cmp.compare(_col(x), _col(TRUTH, "float32", "hf"), reference=_col(REFERENCE, backend="hf"))
+
+
+def _statuses(result) -> list[str]:
+    return [r["status"] for r in result["rows"]]
+
+
+@pytest.mark.parametrize("d, row, verdict", [
+    (1.25, "PASS", "PASS"),           # row ratio 2.5 = ROW_PASS
+    (_up(1.25), "REVIEW", "REVIEW"),  # just over
+    (2.5, "REVIEW", "REVIEW"),        # 5.0 = ROW_FAIL
+    (_up(2.5), "FAIL", "FAIL"),
+])
+def test_row_factors_at_their_boundaries(d, row, verdict):
+    # One row off, three exact: the pooled ratio is d / 2 <= 1.25 + (PASS or REVIEW), so the row decides.
+    result = _anchored([d, 0, 0, 0])
+    assert result["rows"][0]["to_truth"]["lhs"]["ratio"] == pytest.approx(2 * float(d), rel=1e-12)
+    assert _statuses(result) == [row, "PASS", "PASS", "PASS"]
+    assert result["summary"]["overall"]["lhs"]["status"] != "FAIL"
+    assert result["verdict"] == verdict
+
+
+@pytest.mark.parametrize("d, overall, rows, verdict", [
+    (0.75, "PASS", "PASS", "PASS"),          # pooled ratio 1.5 = OVERALL_PASS, rows 1.5
+    (_up(0.75), "REVIEW", "PASS", "REVIEW"),
+    (1.0, "REVIEW", "PASS", "REVIEW"),       # pooled 2.0: within the row factor, past the overall one
+    (1.5, "REVIEW", "REVIEW", "REVIEW"),     # 3.0 = OVERALL_FAIL (rows 3.0: REVIEW)
+    (_up(1.5), "FAIL", "REVIEW", "FAIL"),    # the overall figure alone turns REVIEW rows into a FAIL
+])
+def test_overall_factors_at_their_boundaries(d, overall, rows, verdict):
+    result = _anchored([d] * 4)
+    o = result["summary"]["overall"]["lhs"]
+    assert o["ratio"] == pytest.approx(2 * float(d), rel=1e-12)
+    assert o["status"] == overall and _statuses(result) == [rows] * 4
+    assert result["verdict"] == verdict
+
+
+def _flip(runner_up) -> dict:
+    """Truth [4, runner_up, 0, 0]; the path swaps the top two, each moved 0.51 toward the other (row ratio 1.44,
+    under the overall factor too); the reference is 0.5 off in logit 2: the wide-margin bound is 2 x 0.5 = 1.0."""
+    t = np.array([[4.0, runner_up, 0, 0]], dtype=np.float32)
+    x = t.copy()
+    x[0, 0], x[0, 1] = t[0, 0] - 0.51, t[0, 1] + 0.51
+    ref = t + np.array([0, 0, 0.5, 0], dtype=np.float32)
+    return cmp.compare(_col(x), _col(t, "float32", "hf"), reference=_col(ref, backend="hf"))
+
+
+def test_a_top1_flip_on_a_margin_of_exactly_twice_the_noise_is_a_near_tie():
+    tie = _flip(3.0)  # margin 1.0 = WIDE_MARGIN x 0.5
+    row = tie["rows"][0]["to_truth"]["lhs"]
+    assert not row["top1_agree"] and row["ratio"] <= ROW_PASS
+    assert row["status"] == "PASS" and row["near_tie_flip"] and tie["verdict"] == "PASS"
+
+
+def test_a_top1_flip_on_a_margin_just_over_twice_the_noise_fails():
+    wide = _flip(float(np.nextafter(np.float32(3.0), np.float32(0))))  # margin just over 1.0
+    row = wide["rows"][0]["to_truth"]["lhs"]
+    assert not row["top1_agree"] and row["ratio"] <= ROW_PASS
+    assert row["status"] == "FAIL" and wide["verdict"] == "FAIL" and "is wide" in row["reason"]
+
+
+def test_non_finite_logits_fail_whatever_the_ratio():
+    x = TRUTH.copy()
+    x[2, 3] = np.nan
+    result = cmp.compare(_col(x), _col(TRUTH, "float32", "hf"), reference=_col(REFERENCE, backend="hf"))
+    assert _statuses(result) == ["PASS", "PASS", "FAIL", "PASS"] and result["verdict"] == "FAIL"
+    assert result["rows"][2]["reason"] == "non-finite logits"
+
+
+# The floors: a reference closer to the truth than one rounding is credited with the floor instead.
+@pytest.mark.parametrize("dtype, measure", [("bfloat16", "max_abs"), ("bfloat16", "rel_l2"),
+                                            ("float16", "max_abs"), ("float16", "rel_l2"),
+                                            ("float32", "max_abs"), ("float32", "rel_l2")])
+def test_dtype_floors_on_both_sides(dtype, measure):
+    floor = FLOORS[dtype][measure]
+    if measure == "rel_l2":
+        # A truth of norm 1 and the offset spread over 100 logits: rel-L2 is the offset's size, max-abs a tenth
+        # of it, so the rel-L2 ratio decides.
+        truth = np.zeros((1, 101))
+        truth[0, 0] = 1.0
+        spread = np.r_[0.0, np.full(100, 0.1)]
+    else:
+        # A truth of norm 100 and one logit off: the rel-L2 ratio is a tenth of the max-abs one, which decides.
+        truth = np.array([[100.0, 0, 0, 0]])
+        spread = np.array([0, 1.0, 0, 0])
+    ref = {"reference": _col(truth, dtype, "hf")} if dtype != "float32" else {}  # exact: below any floor
+    for k, want in ((0.999, "PASS"), (1.001, "REVIEW")):
+        x = truth + k * ROW_PASS * floor * spread
+        result = cmp.compare(_col(x, dtype), _col(truth, "float32", "hf"), **ref)
+        assert result["rows"][0]["status"] == want, (dtype, measure, k, result["rows"][0]["reason"])
+
+
+# --- the fixed gate (--gate fixed): thresholds of lhs against rhs --------------------------------------------
+
+def _fixed(x, b, dtype="bfloat16") -> dict:
+    return cmp.compare(_col(x, dtype), _col(b, dtype), gate="fixed")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_fixed_max_abs_threshold_on_both_sides(dtype):
+    th = FIXED_MAX_ABS[dtype]
+    # b's norm is large enough that rel-L2 stays far inside its threshold.
+    b = np.array([[1e4, 0, 0, 0]], dtype=np.float32) if dtype == "float32" else np.array([[100.0, 0, 0, 0]])
+    at = b.copy()
+    at[0, 1] = th
+    assert _fixed(at, b, dtype)["rows"][0]["status"] == "PASS"
+    past = b.copy()
+    past[0, 1] = _up(th) if th == 0.5 else th * 1.001
+    r = _fixed(past, b, dtype)["rows"][0]
+    assert r["status"] == "FAIL" and "max|diff|" in r["reason"]
+
+
+def test_fixed_rel_l2_threshold_on_both_sides():
+    # rel-L2 0.02 against a norm of 50: ||diff|| = 1.0, spread over 16 logits of 0.25 (max-abs well inside 0.5).
+    b = np.zeros((1, 17), dtype=np.float32)
+    b[0, 0] = 50.0
+    at = b.copy()
+    at[0, 1:] = 0.25
+    assert _fixed(at, b)["rows"][0]["rel_l2"] == 0.02
+    assert _fixed(at, b)["rows"][0]["status"] == "PASS"
+    past = at.copy()
+    past[0, 1] = _up(0.25)
+    r = _fixed(past, b)["rows"][0]
+    assert r["status"] == "FAIL" and "rel-L2" in r["reason"] and "max|diff|" not in r["reason"]
+
+
+def test_fixed_top1_flip_reviews_a_margin_the_error_can_explain_and_fails_a_wider_one():
+    # The rhs's top two are `margin` apart; the lhs swaps them, moving each by 0.25 (max|diff| 0.25).
+    def flip(margin):
+        # (a norm of 140: rel-L2 stays far inside 0.02)
+        b = np.array([[100.0, 100.0 - margin, 0, 0]], dtype=np.float32)
+        x = b.copy()
+        x[0, 0], x[0, 1] = b[0, 0] - 0.25, b[0, 1] + 0.25
+        return _fixed(x, b)["rows"][0]
+    at = flip(0.25)  # margin = max|diff|
+    assert not at["top1_agree"] and at["status"] == "REVIEW"
+    past = flip(float(np.float32(100.0) - np.nextafter(np.float32(99.75), np.float32(0))))
+    assert not past["top1_agree"] and past["status"] == "FAIL" and "top-1" in past["reason"]
+
+
+# --- new K/V (the kv suite): per step with the row factors, pooled with the overall ones; fixed kv-max-abs -----
+
+def _with_kv(col: Collection, k: np.ndarray, steps) -> Collection:
+    """col plus new K/V: one token per step (request R, positions 0..), 1 layer, 1 head; V equals K."""
+    k = np.asarray(k, dtype=np.float32).reshape(len(steps), 1, 1, -1)
+    n = len(steps)
+    meta = {**col.meta, "kv": {"requests": ["R"], "cases": ["edge"]},
+            "steps": [{"case": "edge", "step": s, "phase": "decode"} for s in steps]}
+    return Collection(meta, {**col.arrays, "kv_k": k, "kv_v": k.copy(), "kv_request": np.zeros(n, np.int32),
+                             "kv_position": np.arange(n, dtype=np.int32), "kv_step": np.asarray(steps, np.int32),
+                             "kv_case": np.zeros(n, np.int32)})
+
+
+def _anchored_kv(offsets) -> dict:
+    """Four steps of one new token each, K = [4, offsets[i], 0, 0] against a truth [4, 0, 0, 0] and a bf16
+    reference 0.5 off: the step ratio is 2 x offset, the pooled one 2 x the root mean square offset."""
+    truth_kv = np.tile([4.0, 0, 0, 0], (4, 1))
+    x = truth_kv.copy()
+    x[:, 1] = np.asarray(offsets, dtype=np.float32)
+    steps = [1, 2, 3, 4]
+    lhs = _with_kv(_col(TRUTH), x, steps)
+    truth = _with_kv(_col(TRUTH, "float32", "hf"), truth_kv, [-1] * 4)
+    ref = _with_kv(_col(TRUTH, backend="hf"), truth_kv + [0, 0.5, 0, 0], [-1] * 4)
+    return cmp.compare(lhs, truth, reference=ref)
+
+
+@pytest.mark.parametrize("d, step, verdict", [(1.25, "PASS", "PASS"), (_up(1.25), "REVIEW", "REVIEW"),
+                                              (2.5, "REVIEW", "REVIEW"), (_up(2.5), "FAIL", "FAIL")])
+def test_new_kv_per_step_at_the_row_factors(d, step, verdict):
+    result = _anchored_kv([d, 0, 0, 0])  # pooled ratio d, within OVERALL_FAIL: the step decides
+    kv = result["kv"]
+    assert [e["status"] for e in kv["sides"]["lhs"]["steps"]] == [step, "PASS", "PASS", "PASS"]
+    assert kv["sides"]["lhs"]["overall"]["k"]["status"] != "FAIL"
+    assert kv["status"] == result["verdict"] == verdict  # the logits rows all pass: K/V decide the verdict
+
+
+@pytest.mark.parametrize("d, overall, verdict", [(0.75, "PASS", "PASS"), (_up(0.75), "REVIEW", "REVIEW"),
+                                                 (1.5, "REVIEW", "REVIEW"), (_up(1.5), "FAIL", "FAIL")])
+def test_new_kv_pooled_at_the_overall_factors(d, overall, verdict):
+    result = _anchored_kv([d] * 4)
+    assert result["kv"]["sides"]["lhs"]["overall"]["k"]["status"] == overall
+    assert result["kv"]["status"] == result["verdict"] == verdict
+
+
+def test_fixed_kv_max_abs_threshold_on_both_sides():
+    # Against K = [100, 0, 0, 0] (rel-L2 far inside 0.02), one value off by exactly the threshold, then just past.
+    b_kv = np.tile([100.0, 0, 0, 0], (2, 1))
+    rhs = _with_kv(_col(TRUTH), b_kv, [1, 2])
+    for off, want in ((FIXED_KV_MAX_ABS, "PASS"), (FIXED_KV_MAX_ABS * 1.001, "FAIL")):
+        x = b_kv.copy()
+        x[0, 1] = off
+        result = cmp.compare(_with_kv(_col(TRUTH), x, [1, 2]), rhs, gate="fixed")
+        assert [e["status"] for e in result["kv"]["steps"]] == [want, "PASS"], off
+        assert result["verdict"] == want
+
+
+# --- bench compare: "within noise" exactly when the ratio's interval holds 1.0 -------------------------------
+
+def _offline(tok_s: list[float]) -> dict:
+    from .test_bench_compare import _synthetic
+
+    return _synthetic(tok_s)
+
+
+# A's repeats are all 1000 tok/s, so each resampled ratio is median(B's resample) / 1000: with B = [v, v, w] the
+# ratio is v/1000 in 74% of the resamples and w/1000 in the rest, and the interval runs from one to the other.
+@pytest.mark.parametrize("b, within, bound", [
+    ([1000.0, 1000.0, 2000.0], True, (1.0, 2.0)),            # the interval starts at exactly 1.0
+    ([1000.0 * (1 + 1e-9)] * 2 + [2000.0], False, None),     # ... or just above it: B is faster
+    ([1000.0, 1000.0, 500.0], True, (0.5, 1.0)),             # the interval ends at exactly 1.0
+    ([1000.0 * (1 - 1e-9)] * 2 + [500.0], False, None),      # ... or just below it: B is slower
+])
+def test_bench_compare_within_noise_on_both_sides_of_one(b, within, bound):
+    from labkit.bench import compare as bench
+
+    res = bench.compare(_offline([1000.0] * 3), _offline(b), "code")
+    if bound is not None:
+        assert tuple(res["interval"]) == bound
+    assert res["within_noise"] is within
+    assert res["headline"].startswith("B/A median output tok/s: within noise") is within
+    # a ratio is said as the result only outside the noise
+    assert res["headline"].startswith(f"B/A median output tok/s: {res['ratio']:.3f}x (") is not within
+
+
+# --- RequestLimits: each limit at it, and one past ---------------------------------------------------------
+
+def _limits(**kw):
+    from engine.request_limits import RequestLimits
+
+    return RequestLimits(**{"max_model_len": 64, "vocab_size": 1000, "block_size": 16, "num_blocks": 8, **kw})
+
+
+def _sp(**kw):
+    from engine import SamplingParams
+
+    return SamplingParams(**kw)
+
+
+LIMIT_CASES = [
+    ("prompt at max_model_len", {}, [1] * 64, {"max_tokens": 1}, False, None),
+    ("prompt one past max_model_len", {}, [1] * 65, {"max_tokens": 1}, False, "prompt"),
+    ("prompt + max_tokens at max_model_len (API rule)", {}, [1] * 60, {"max_tokens": 4}, True, None),
+    ("prompt + max_tokens one past max_model_len (API rule)", {}, [1] * 60, {"max_tokens": 5}, True, "max_tokens"),
+    ("the engine itself stops at max_model_len", {}, [1] * 60, {"max_tokens": 5}, False, None),
+    ("top_k at the vocabulary size", {}, [1], {"top_k": 1000}, False, None),
+    ("top_k one past the vocabulary size", {}, [1], {"top_k": 1001}, False, "top_k"),
+    # KV: the last sampled token needs none, so 40 + 9 - 1 = 48 tokens = 3 blocks of 16
+    ("KV at the pool", {"num_blocks": 3}, [1] * 40, {"max_tokens": 9}, False, None),
+    ("KV one token past the pool", {"num_blocks": 3}, [1] * 40, {"max_tokens": 10}, False, "prompt"),
+    # ... and never more than max_model_len tokens: 64 tokens = 4 blocks however many are asked for
+    ("KV capped at max_model_len, at the pool", {"num_blocks": 4}, [1] * 10, {"max_tokens": 10 ** 6}, False, None),
+    ("KV capped at max_model_len, one block short", {"num_blocks": 3}, [1] * 10, {"max_tokens": 10 ** 6}, False,
+     "prompt"),
+]
+
+
+@pytest.mark.parametrize("what, limits, ids, sp, api, field", LIMIT_CASES, ids=[c[0] for c in LIMIT_CASES])
+def test_request_limits_at_each_limit_and_one_past(what, limits, ids, sp, api, field):
+    check = lambda: _limits(**limits).check(ids, _sp(**sp), within_model_len=api)  # noqa: E731
+    if field is None:
+        check()
+    else:
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            check()
+
+
+@pytest.mark.parametrize("ids, ok", [([0], True), ([-1], False), ([999], True), ([1000], False)])
+def test_request_limits_token_ids_at_the_ends_of_the_vocabulary(ids, ok):
+    if ok:
+        assert _limits().check_token_ids(ids) == ids
+    else:
+        with pytest.raises(ValueError, match="^prompt: token id"):
+            _limits().check_token_ids(ids)
