@@ -252,9 +252,10 @@ class SchedulerModel:
         self.running.extendleft(reversed(decodes))
         prefills: list[Seq] = []
         seats, left = self.S - len(decodes), self.T - len(decodes)
-        if not preempted:
+        # After a preemption nothing new is admitted; a prompt mid-chunk (it holds blocks) still goes on.
+        if True:
             for seq in list(self.waiting):
-                if len(prefills) >= seats or left <= 0:
+                if len(prefills) >= seats or left <= 0 or (preempted and not seq.table):
                     break
                 if seq.table:
                     need = seq.num_tokens - seq.cached
@@ -282,6 +283,9 @@ class SchedulerModel:
         computed (a chunk's candidate is dropped); finish at max_tokens or at max_model_len, freeing its blocks."""
         accepted = []
         for seq in plan.rows:
+            if seq.status == "FINISHED":  # aborted while the step ran (async scheduling): its row is dropped
+                accepted.append(False)
+                continue
             self.pool.register(seq, seq.cached, seq.cached + seq.scheduled)
             seq.cached += seq.scheduled
             seq.scheduled = 0

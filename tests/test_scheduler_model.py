@@ -178,13 +178,12 @@ MIXED = {
         "decode | A 3/2/1/1; B 3/2/1/1 | - | A 4/3/2 RUNNING 1 acc; B 4/3/2 RUNNING 1 acc | 14",
         "decode | A 4/3/1/1; B 4/3/1/1 | - | A 5/0/3 FINISHED 0 acc; B 5/0/3 FINISHED 0 acc | 16",
         "prefill | C 2/0/2/1 | - | C 3/0/1 FINISHED 0 acc | 16"]),
-    # Block size 2, 7 blocks, budget 4. Step 2: A and B decode and M (6 tokens, 3 blocks, arrived after step 1)
-    # takes the 2 tokens left: chunked, holding all its blocks, the pool now full. Step 4: A's new token starts a
-    # block, none is free: A preempts the tail B, which goes *behind* the mid-chunk M; a preemption happened, so M
-    # does not continue this step although tokens are left. Step 5: M completes; B's first block is still cached
-    # (freed, keeps its hash) but B needs 3 blocks with 1 free: it waits (no skipping). Step 6: M's new block is
-    # B's old first block (the head of the free list), so B's hit is gone; B is chunked (3 of 5) although it is
-    # not the first row of the step.
+    # Block size 2, 7 blocks, budget 4, 2 seats. Step 2: A and B decode and M (6 tokens, 3 blocks, arrived after
+    # step 1) takes the 2 tokens left: chunked, holding all its blocks, the pool now full. Step 4: A's new token
+    # starts a block, none is free: A preempts the tail B, which goes *behind* the mid-chunk M; after a preemption
+    # nothing is admitted, but M, which holds its blocks, completes its prompt beside A's decode. Step 5: A and M
+    # take both seats (B waits although tokens are left) and both finish. Step 6: B re-prefills from scratch,
+    # chunked (4 of 5).
     "preempt-behind-a-chunk": (_engine(4, 4, 64, 2, 7),
                                [("A", [1, 2], 5, None), ("B", [3, 4], 4, None), ("M", [5, 6, 7, 8, 9, 10], 2, 1)], [
         "prefill | A 2/0/2/1; B 2/0/2/1 | - | A 3/2/1 RUNNING 1 acc; B 3/2/1 RUNNING 1 acc | 5",
@@ -192,10 +191,10 @@ MIXED = {
         "M 6/2/0 WAITING 3 disc | 0",
         "mixed | A 4/3/1/2; B 4/3/1/2; M 6/2/2/3 | - | A 5/4/3 RUNNING 2 acc; B 5/4/3 RUNNING 2 acc; "
         "M 6/4/0 WAITING 3 disc | 0",
-        "decode | A 5/4/1/3 | B | A 6/5/4 RUNNING 3 acc | 1",
-        "mixed | A 6/5/1/3; M 6/4/2/3 | - | A 7/0/5 FINISHED 0 acc; M 7/6/1 RUNNING 3 acc | 4",
-        "mixed | M 7/6/1/4; B 5/0/3/3 | - | M 8/0/2 FINISHED 0 acc; B 5/3/3 WAITING 3 disc | 4",
-        "prefill | B 5/3/2/3 | - | B 6/0/4 FINISHED 0 acc | 7"]),
+        "mixed | A 5/4/1/3; M 6/4/2/3 | B | A 6/5/4 RUNNING 3 acc; M 7/6/1 RUNNING 3 acc | 1",
+        "decode | A 6/5/1/3; M 7/6/1/4 | - | A 7/0/5 FINISHED 0 acc; M 8/0/2 FINISHED 0 acc | 7",
+        "prefill | B 5/0/4/3 | - | B 5/4/3 WAITING 3 disc | 4",
+        "prefill | B 5/4/1/3 | - | B 6/0/4 FINISHED 0 acc | 7"]),
 }
 
 
@@ -205,9 +204,10 @@ def test_the_model_of_mixed_matches_hand_worked_steps(name):
     assert _model_rows("mixed", engine, requests) == want
 
 
-def test_a_mixed_step_that_only_preempts_schedules_nothing():
-    """The specification's edge: the decode part preempts (so no prefill part), and the only running sequence
-    preempted itself: the step is empty. The model says so instead of inventing a step."""
+def test_a_prompt_mid_chunk_goes_on_when_the_decode_part_preempted_everyone():
+    """The edge where the decode part preempts (so nothing new is admitted) and the only running sequence
+    preempted itself: the prompt mid-chunk, which holds the rest of the pool, still computes its last chunk, or
+    no step could ever run again."""
     m = SchedulerModel("mixed", 4, 4, 2, 3, 64)
     m.add(0, [1, 2], 5)
     m.add(1, [3, 4, 5], 1)
@@ -215,8 +215,8 @@ def test_a_mixed_step_that_only_preempts_schedules_nothing():
     assert [(s.seq_id, s.scheduled) for s in plan.rows] == [(0, 2), (1, 2)]
     m.postprocess(plan, {0: 7, 1: 7})
     assert m.free_blocks == 0 and [s.seq_id for s in m.waiting] == [1]
-    with pytest.raises(NothingCanRun):
-        m.schedule()  # A needs a block, W holds the other: A preempts itself
+    plan = m.schedule()  # A needs a block, W holds the other: A preempts itself, W goes on
+    assert plan.preempted == [0] and plan.phase == "prefill" and [(s.seq_id, s.scheduled) for s in plan.rows] == [(1, 1)]
 
 
 # --- the engine against the model ----------------------------------------------------------------------------
@@ -385,6 +385,9 @@ def check_against_model(model_dir: str, w: Workload, async_scheduling: bool) -> 
     # Generous: every token of every request computed one at a time, ten times over.
     limit = 10 * sum(len(r.prompt) + r.max_tokens for r in w.requests) + 10
     step = 0
+    ahead = False              # the engine's last step() launched the next step already (async scheduling)
+    late_adds: list = []       # arrivals the model takes after its next step
+    late_aborts: list = []     # aborts the model applies inside its next step
     try:
         while True:
             for i, r in enumerate(w.requests):
@@ -392,12 +395,19 @@ def check_against_model(model_dir: str, w: Workload, async_scheduling: bool) -> 
                     mark = len(tracer.events)
                     held = bool(m.seqs[seq_of[i]].table)
                     done = llm.abort(seq_of[i])
+                    if ahead:
+                        # The engine's next step is already on the device: the abort happens while it runs (the
+                        # model aborts once it has scheduled that step, and drops the row it has there).
+                        if done:
+                            late_aborts.append(seq_of[i])
+                            seen.add("abort while a step ran")
+                        continue
                     assert done == m.abort(seq_of[i]), f"after step {step}: abort({seq_of[i]}) returned {done}"
                     if done:
                         (event,) = tracer.events[mark:]
                         assert event["free_blocks"] == m.free_blocks, f"after step {step}: abort({seq_of[i]})"
                         seen.add("abort of a sequence holding blocks" if held else "abort")
-            assert llm.is_finished() == m.is_finished(), f"after step {step}: is_finished differs"
+            assert llm.is_finished() == (m.is_finished() and not late_adds), f"after step {step}: is_finished differs"
             due = [i for i in pending if w.requests[i].after <= step]
             if not due and pending and llm.is_finished():
                 due = [i for i in pending if w.requests[i].after == w.requests[pending[0]].after]
@@ -405,14 +415,16 @@ def check_against_model(model_dir: str, w: Workload, async_scheduling: bool) -> 
                 r = w.requests[i]
                 seq_of[i] = llm.add_request(r.prompt, SamplingParams(max_tokens=r.max_tokens, ignore_eos=True,
                                                                      temperature=r.temperature))
-                m.add(seq_of[i], r.prompt, r.max_tokens)
+                # An arrival while the engine's next step is already launched joins the step after it.
+                (late_adds.append if ahead else lambda x: m.add(*x))((seq_of[i], r.prompt, r.max_tokens))
                 pending.remove(i)
                 if step:
-                    seen.add("arrival between steps")
-            assert llm.is_finished() == m.is_finished(), f"after step {step}: is_finished differs"
+                    seen.add("arrival while a step ran" if ahead else "arrival between steps")
+            assert llm.is_finished() == (m.is_finished() and not late_adds), f"after step {step}: is_finished differs"
             if llm.is_finished() and not pending:
-                # (async scheduling is exercised only where planned steps were launched ahead)
-                return seen | {f"planned step {k}" for k, n in llm.async_steps.items() if n}
+                stats = llm.async_stats
+                return seen | ({"step launched ahead"} if stats["launched_ahead"] else set()) \
+                    | ({"row wasted by an abort"} if stats["wasted_rows"] else set())
             step += 1
             assert step <= limit, f"no end after {limit} steps"
             fresh = {s.seq_id for s in m.waiting if not s.table}
@@ -420,6 +432,7 @@ def check_against_model(model_dir: str, w: Workload, async_scheduling: bool) -> 
                 seen.add("equal block after another prefix")
             free_before = set(m.pool.free)
             mark = len(tracer.events)
+            launched = llm.async_stats["launched_ahead"]
             try:
                 llm.step()
             except Exception as exc:
@@ -431,10 +444,17 @@ def check_against_model(model_dir: str, w: Workload, async_scheduling: bool) -> 
             got = _engine_step(tracer.events[mark:])
             want, plan = _model_schedule(m)
             _same(step, got, want)
+            for seq_id in late_aborts:
+                assert m.abort(seq_id), f"step {step}: abort({seq_id}) while the step ran"
+            late_aborts = []
             (sampled,) = [e for e in tracer.events[mark:] if e["event"] == "sampled"]
             want.update(_model_postprocess(m, plan, {t["seq_id"]: t["token_id"] for t in sampled["tokens"]}))
             _same(step, got, want)
             seen |= _features(w.block_size, want, fresh, free_before)
+            for add in late_adds:
+                m.add(*add)
+            late_adds = []
+            ahead = llm.async_stats["launched_ahead"] > launched
             for s in plan.rows:
                 if s.status == "FINISHED" and s.completion < s.max_tokens:
                     seen.add("stopped at max_model_len")
@@ -473,7 +493,8 @@ _slow = {p: _property(p, SLOW_EXAMPLES) for p in ("prefill_first", "balanced", "
 # What the default examples must have exercised for their agreement with the model to mean something.
 EXERCISED = {"prefill", "decode", "chunk", "preemption", "prefix hit", "freed block revived",
              "equal block after another prefix", "decode takes a new block", "abort of a sequence holding blocks",
-             "arrival between steps", "stopped at max_model_len", "planned step adopted", "planned step discarded"}
+             "arrival between steps", "stopped at max_model_len", "step launched ahead", "arrival while a step ran",
+             "abort while a step ran", "row wasted by an abort"}
 
 
 @pytest.mark.parametrize("policy", ["prefill_first", "balanced", "mixed"])
