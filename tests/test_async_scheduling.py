@@ -219,3 +219,38 @@ def test_trace_without_async_scheduling_is_judged_strictly(tiny_model, tmp_path,
     why = check["report"]["why_changes"] or ""
     assert "async" not in why
     assert check["report"]["expect_changes"] is False or "engine/ differs" in why
+
+
+def test_a_log_with_late_eos_and_aborts_passes_every_invariant(tiny_model):
+    """Under async scheduling a late EOS and an abort while a step runs leave `discarded` rows in the log: every
+    invariant of validate.py holds on such a log, and the rows are there to be judged."""
+    from engine.trace import ListTracer
+    from labkit.trace.validate import validate
+
+    requests = _requests(1, 24, {})
+    eos = _frequent_token(tiny_model, requests)
+    tracer = ListTracer()
+    llm = LLM(tiny_model, device="cpu", kvcache_block_size=4, tracer=tracer, scheduling_policy="mixed",
+              max_num_batched_tokens=48)
+    llm.scheduler.eos = eos
+    llm.config.eos = eos  # (what run_start reports, for the validator's EOS rule)
+    tracer.events[0]["config"]["eos"] = eos
+    for prompt, sp in requests:
+        llm.add_request(prompt, sp)
+    n = 0
+    while not llm.is_finished():
+        llm.step()
+        n += 1
+        if n == 4:
+            for i in (2, 5):
+                llm.abort(i)
+    llm.exit()
+    discarded = [a for e in tracer.events if e["event"] == "after_postprocess" for a in e["seqs"] if a.get("discarded")]
+    assert len(discarded) >= 3 and {a["finish_reason"] for a in discarded} == {"stop", "abort"}
+    report = validate(tracer.events)
+    assert report.verdict in ("PASS", "RECORDED") and not report.failures, [c.message for c in report.failures][:3]
+    # The same log with a discarded row that had no reason to be: async.discarded fails it.
+    entry = next(a for e in tracer.events if e["event"] == "after_postprocess" for a in e["seqs"]
+                 if a["accepted"] and a["status"] == "RUNNING")
+    entry.update(accepted=False, token_id=None, discarded=True)
+    assert "async.discarded" in {c.name for c in validate(tracer.events).failures}

@@ -433,3 +433,30 @@ def test_the_summary_fits_80_columns_with_each_latency_on_one_line(tmp_path, cap
         numbers = [float(x.replace(",", "")) for x in row.replace("│", " ").split()[1:]]
         assert numbers == pytest.approx([stats[key][k] for k in ("mean", "median", "std", "p50", "p90", "p99")],
                                         abs=0.006), row
+
+
+def test_request_classes_are_measured_apart(tmp_path, capsys):
+    """An arrivals file's "class": each class gets its own ttft/itl/tpot figures (the scheduling-under-arrivals
+    lab reads the short streams' ITL and the long prompts' TTFT apart), and each request record names its class."""
+    fake = start_in_thread()
+    arr = tmp_path / "classes.jsonl"
+    arr.write_text('{"t": 0, "prompt_len": 8, "max_tokens": 6, "id": "s0", "class": "short"}\n'
+                   '{"t": 0, "prompt_len": 8, "max_tokens": 6, "id": "s1", "class": "short"}\n'
+                   '{"t": 0.05, "prompt_len": 40, "max_tokens": 2, "id": "l0", "class": "long"}\n'
+                   '{"t": 0.05, "prompt_len": 9, "max_tokens": 1, "id": "plain"}\n')
+    out = tmp_path / "classes.json"
+    code, stdout, err = run_cli(["bench", "load", "--arrivals", arr, "--url", fake.url, "--no-warmup", "--out", out],
+                                capsys)
+    assert code == 0, err + stdout
+    m = json.loads(out.read_text())["metrics"]
+    assert set(m["classes"]) == {"short", "long"}       # a request with no class is in the totals only
+    short, long_ = m["classes"]["short"], m["classes"]["long"]
+    assert (short["completed"], short["output_tokens"], short["itl_ms"]["n"]) == (2, 12, 10)
+    assert (long_["completed"], long_["output_tokens"], long_["ttft_ms"]["n"]) == (1, 2, 1)
+    assert m["completed"] == 4 and m["itl_ms"]["n"] == 11
+    records = [json.loads(line) for line in out.with_suffix(".requests.jsonl").read_text().splitlines()]
+    assert {r["id"]: r["class"] for r in records} == {"s0": "short", "s1": "short", "l0": "long", "plain": None}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"t": 0, "prompt_len": 3, "max_tokens": 1, "class": ""}\n')
+    with pytest.raises(LabkitError, match="class must be"):
+        L.load_arrivals(bad)

@@ -79,7 +79,10 @@ EDITS = {
     "step.events": ("chunk", lambda ev: _pop_event(ev, 2, "sampled")),
     "seq.known": ("preempt-order", lambda ev: at(ev, 2, "preempted").update(seq_id=99)),
     "phase": ("chunk", lambda ev: at(ev, 1, "scheduled").update(phase="warm-up")),
-    "phase.mixed": ("chunk", lambda ev: at(ev, 3, "scheduled").update(phase="prefill")),
+    "phase.mixed": ("chunk", lambda ev: [at(ev, 3, "scheduled").update(phase="prefill")]
+                    + [s.update(kind="prefill") for s in at(ev, 3, "scheduled")["seqs"]]),
+    "async.discarded": ("chunk", lambda ev: row(at(ev, 3, "after_postprocess"), "A").update(
+        accepted=False, token_id=None, discarded=True)),
     "queues": ("chunk", lambda ev: at(ev, 3, "before_schedule")["waiting"].append(99)),
     "free.continuity": ("chunk", lambda ev: _bump(at(ev, 2, "before_schedule"), "free_blocks")),
     "preempted": ("preempt-order", lambda ev: _insert_after(ev, at(ev, 2, "preempted"), {

@@ -160,3 +160,25 @@ def test_report_html_has_every_section_of_its_markdown_and_a_changed_picture(tin
     assert "<code>labkit trace --case A</code>" in page
     assert "JSON files that are not labkit results (not judged): <code>perfetto.json</code>" in page
     assert 'alt="trace lifecycle: expected against actual (trace-lifecycle/check.json)"' in page
+
+
+def test_a_load_run_with_request_classes_is_read_and_drawn_per_class():
+    """The scheduling-under-arrivals lab: the headline names the policy and each class's ITL / TTFT p99, and the
+    picture has a row of TTFT and ITL per class."""
+    from labkit.report.results import _load
+
+    records = [{"id": f"s{i}", "class": "short", "ttft_ms": 10.0 + i, "itl_ms": [2.0, 3.0, 40.0]} for i in range(6)]
+    records += [{"id": f"l{i}", "class": "long", "ttft_ms": 300.0 + i, "itl_ms": [5.0]} for i in range(3)]
+    fig = figures.load_distributions_figure(records, "mixed")
+    titles = [ax.get_title() for ax in fig.axes]
+    figures.close_all()
+    assert titles == ["short: TTFT (ms), per request: n=6", "short: ITL (ms), every gap: n=18",
+                      "long: TTFT (ms), per request: n=3", "long: ITL (ms), every gap: n=3"]
+    stat = {"p99": 41.0}
+    d = {"status": "ok", "config": {"server": {"--policy": "mixed"}, "source": {"arrivals": "a.jsonl"}},
+         "metrics": {"completed": 9, "requests": 9, "output_throughput": 100.0, "ttft_ms": {"median": 11},
+                     "tpot_ms": {"median": 3}, "classes": {"short": {"itl_ms": stat, "ttft_ms": {"p99": 15}},
+                                                         "long": {"itl_ms": {"p99": 5}, "ttft_ms": {"p99": 302}}}}}
+    verdict, text = _load(d)
+    assert verdict == "RECORDED" and "(policy mixed)" in text
+    assert "short: itl p99 41.0 ms, ttft p99 15.0 ms" in text and "long: itl p99 5.0 ms, ttft p99 302.0 ms" in text

@@ -4,7 +4,8 @@ starts), each streamed over SSE; latencies per request, throughput and goodput o
 Arrivals come from a workload (its requests, spaced by a Poisson process of --rate requests/s, seeded;
 --rate inf sends them all at once) or from an arrivals file (workloads/arrivals/*.jsonl), one request per
 line: {"t": seconds from the start, "prompt_len": N | "prompt_ids": [...] | "prompt": "text",
-"max_tokens": M, "id": optional label}.
+"max_tokens": M, "id": optional label, "class": optional name of the request's kind (bench load then
+reports ttft/itl/tpot per class too: say, the ITL of short streams apart from the TTFT of long prompts)}.
 
 Each arrival goes to one endpoint (round-robin in arrival order over --endpoints); every endpoint's /health
 gives the run its provenance (device, evidence kind, model). The metrics over the outcomes are in
@@ -36,12 +37,14 @@ class Arrival:
     prompt: list[int] | str
     max_tokens: int
     id: str
+    cls: str | None = None            # the arrivals file's "class"
 
 
 @dataclass
 class Outcome:
     id: str
     scheduled_s: float
+    cls: str | None = None
     endpoint: str = ""                # the server's base URL
     prompt_tokens: int | None = None
     output_tokens: int = 0
@@ -99,7 +102,7 @@ def load_arrivals(path: str | Path, vocab_range: tuple[int, int] = (100, 10000),
             raise LabkitError(f"{where}: not valid JSON ({e.msg})") from None
         if not isinstance(rec, dict):
             raise LabkitError(f"{where}: expected an object per line")
-        unknown = set(rec) - {"t", "prompt", "prompt_ids", "prompt_len", "max_tokens", "id"}
+        unknown = set(rec) - {"t", "prompt", "prompt_ids", "prompt_len", "max_tokens", "id", "class"}
         if unknown:
             raise LabkitError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
         t = rec.get("t")
@@ -127,7 +130,10 @@ def load_arrivals(path: str | Path, vocab_range: tuple[int, int] = (100, 10000),
             rng = random.Random(f"labkit-arrivals:{seed}:{n}")
             prompt = [rng.randrange(*vocab_range) for _ in range(k)]
         rid = rec.get("id", f"line{n}")
-        out.append(Arrival(t=float(t), prompt=prompt, max_tokens=m, id=str(rid)))
+        cls = rec.get("class")
+        if cls is not None and (not isinstance(cls, str) or not cls):
+            raise LabkitError(f"{where}: class must be a non-empty string, got {cls!r}")
+        out.append(Arrival(t=float(t), prompt=prompt, max_tokens=m, id=str(rid), cls=cls))
     if not out:
         raise LabkitError(f"--arrivals: {p} has no requests")
     return sorted(out, key=lambda a: a.t)
@@ -280,7 +286,7 @@ async def _post_httpx(session, url: str, body: dict, stream: _Stream) -> str | N
 
 async def _one(post, session, url: str, a: Arrival, t0: float, body_extra: dict,
                sem: asyncio.Semaphore | None, progress) -> Outcome:
-    o = Outcome(id=a.id, scheduled_s=a.t, endpoint=url)
+    o = Outcome(id=a.id, scheduled_s=a.t, endpoint=url, cls=a.cls)
     delay = t0 + a.t - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)

@@ -147,7 +147,8 @@ def max_concurrent_requests(done: list) -> int | None:
 def summarize(outcomes: list, slo: dict[str, float], percentiles: list[float] | None = None,
               duration_s: float | None = None, per_endpoint: bool = True) -> dict[str, Any]:
     """Every metric over `outcomes`; with several endpoints, the same per endpoint under "endpoints" (their
-    throughputs over the whole run's duration, so they add up to the combined figures)."""
+    throughputs over the whole run's duration, so they add up to the combined figures); with request classes
+    (an arrivals file's "class"), the same per class under "classes"."""
     pcts = list(DEFAULT_PERCENTILES) if percentiles is None else percentiles
     done = [o for o in outcomes if o.ok]
     if duration_s is None:
@@ -184,10 +185,14 @@ def summarize(outcomes: list, slo: dict[str, float], percentiles: list[float] | 
     if per_endpoint and len(urls) > 1:
         res["endpoints"] = [{"url": u, **summarize([o for o in outcomes if o.endpoint == u], slo, pcts, duration_s,
                                                    per_endpoint=False)} for u in urls]
+    classes = list(dict.fromkeys(o.cls for o in outcomes if getattr(o, "cls", None)))
+    if per_endpoint and classes:
+        res["classes"] = {c: summarize([o for o in outcomes if o.cls == c], slo, pcts, duration_s, per_endpoint=False)
+                          for c in classes}
     return res
 
 
 def outcome_record(o) -> dict:
-    return {"id": o.id, "endpoint": o.endpoint, "scheduled_s": o.scheduled_s, "prompt_tokens": o.prompt_tokens,
+    return {"id": o.id, "class": o.cls, "endpoint": o.endpoint, "scheduled_s": o.scheduled_s, "prompt_tokens": o.prompt_tokens,
             "output_tokens": o.output_tokens, "ttft_ms": o.ttft_ms, "tpot_ms": o.tpot_ms, "e2el_ms": o.e2el_ms,
             "itl_ms": o.itl_ms, "chunk_tokens": o.chunk_tokens, "finish_reason": o.finish_reason, "error": o.error}

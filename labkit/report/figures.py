@@ -315,11 +315,18 @@ def bench_repeats(result: dict) -> bytes:
 
 
 def load_distributions_figure(records: list[dict], title: str):
-    """Histograms of TTFT per request and of every inter-token latency."""
-    ttft = [v for v in _finite([r.get("ttft_ms") for r in records]) if not math.isnan(v)]
-    itl = [v for v in _finite([x for r in records for x in (r.get("itl_ms") or [])]) if not math.isnan(v)]
-    fig, axes = _subplots(1, 2, height=2.8, width=9.0)
-    for ax, values, label in ((axes[0][0], ttft, "TTFT (ms), per request"), (axes[0][1], itl, "ITL (ms), every gap")):
+    """Histograms of TTFT per request and of every inter-token latency; a row per request class when the
+    arrivals file named classes (short streams' ITL apart from long prompts' TTFT)."""
+    classes = list(dict.fromkeys(r.get("class") for r in records if r.get("class"))) or [None]
+    fig, axes = _subplots(len(classes), 2, height=2.8 * len(classes), width=9.0)
+    panels = []
+    for i, c in enumerate(classes):
+        mine = [r for r in records if c is None or r.get("class") == c]
+        ttft = [v for v in _finite([r.get("ttft_ms") for r in mine]) if not math.isnan(v)]
+        itl = [v for v in _finite([x for r in mine for x in (r.get("itl_ms") or [])]) if not math.isnan(v)]
+        name = f"{c}: " if c else ""
+        panels += [(axes[i][0], ttft, f"{name}TTFT (ms), per request"), (axes[i][1], itl, f"{name}ITL (ms), every gap")]
+    for ax, values, label in panels:
         if values:
             ax.hist(values, bins=min(30, max(5, len(values) // 3)), color="#4c72b0")
             for q, style in ((50, "--"), (99, ":")):

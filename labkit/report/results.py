@@ -211,8 +211,13 @@ def _load(d: dict) -> tuple[str, str]:
     src = (d.get("config") or {}).get("source") or {}
     what = src.get("arrivals") or f"{(src.get('workload') or {}).get('name')} at rate {src.get('rate')}"
     good = f", goodput {_num(m.get('goodput'), '.2f')} req/s" if "goodput" in m else ""
-    return verdict, (f"{what}: {m.get('completed')}/{m.get('requests')} done, {_num(m.get('output_throughput'))} "
-                     f"tok/s, median ttft {_num(ttft)} ms, tpot {_num(tpot, '.2f')} ms{good}")
+    policy = ((d.get("config") or {}).get("server") or {}).get("--policy") or (d.get("server") or {}).get("policy")
+    per_class = "".join(f"; {c}: itl p99 {_num(((s.get('itl_ms') or {}).get('p99')))} ms, ttft p99 "
+                        f"{_num(((s.get('ttft_ms') or {}).get('p99')))} ms"
+                        for c, s in (m.get("classes") or {}).items() if isinstance(s, dict))
+    return verdict, (f"{what}{f' (policy {policy})' if policy else ''}: {m.get('completed')}/{m.get('requests')} "
+                     f"done, {_num(m.get('output_throughput'))} tok/s, median ttft {_num(ttft)} ms, tpot "
+                     f"{_num(tpot, '.2f')} ms{good}{per_class}")
 
 
 def _shapes(d: dict) -> tuple[str, str]:

@@ -37,7 +37,7 @@ SEQ_KEYS: dict[str, tuple[str, ...]] = {
 }
 # Events that belong to one engine step (their `step` must be an integer >= 1).
 STEP_EVENTS = ("before_schedule", "scheduled", "preempted", "gpu_inputs", "sampled",
-               "after_postprocess")
+               "after_postprocess", "aborted")  # aborted: in a step when it came while that step ran (async)
 PHASES = ("prefill", "decode", "mixed")  # mixed: decode rows first, then prefill chunks (scheduling_policy mixed)
 STATUSES = ("WAITING", "RUNNING", "FINISHED")
 

@@ -854,9 +854,8 @@ class _Replay:
                 continue
             table = list(a.get("block_table") or [])
             if sc is not None:
-                if a.get("discarded") is True:
-                    self.run(self.async_discarded, s, a, sc, q)
-                else:
+                self.run(self.async_discarded, s, a, sc, q)
+                if a.get("discarded") is not True:
                     self.run(self.accepted_rule, s, a, sc)
                 if a.get("accepted") is False:
                     self.run(self.discarded, s, a, sc, q)
@@ -906,6 +905,9 @@ class _Replay:
     @invariant("async.discarded", "a row is discarded only under async scheduling, for a sequence aborted while the "
                                   "step ran or whose last accepted token was EOS, and it leaves the sequence FINISHED")
     def async_discarded(self, s: _Step, a: dict, sc: dict, q: _Seq):
+        if a.get("discarded") is not True:
+            yield None
+            return
         aborted = any(p.get("seq_id") == a.get("seq_id") for p in self.log.all(s.n, "aborted"))
         eos = (q.tokens[-1] if q.tokens else None) == self.eos and self.eos is not None and not q.ignore_eos
         yield s.need(self.async_scheduling and (aborted or eos) and a.get("accepted") is False
