@@ -81,6 +81,18 @@ def row_seeds(engine_seed: int, seq_ids: list[int], positions: list[int], params
             for s, t, p in zip(seq_ids, positions, params)]
 
 
+# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): logits / T in float32 overflows to inf near
+# T = 1e-38 (every row then "draws" id 0), and the Gumbel kernel's 1 / T does at denormal T. Above the maximum,
+# logits / T is indistinguishable from 0 for any logit the model makes: uniform, without the float32 overflow
+# (and numpy's warning) that 1e308 would give.
+MIN_TEMPERATURE = 1e-5
+MAX_TEMPERATURE = 1e6
+
+
+def effective_temperature(t: float) -> float:
+    return 0.0 if t < MIN_TEMPERATURE else min(t, MAX_TEMPERATURE)
+
+
 def _apply_top_k(logits: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
     vocab = logits.shape[-1]
     k = torch.where(top_ks <= 0, vocab, top_ks.clamp(max=vocab))
@@ -92,9 +104,11 @@ def _apply_top_k(logits: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
 def _apply_top_p(logits: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     probs = sorted_logits.softmax(dim=-1)
-    # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it already does.
+    # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it already does. The
+    # top token always stays (a top_p too small for float32, 1e-300, reads as 0 and would drop every token).
     mass_before = probs.cumsum(dim=-1) - probs
     drop_sorted = mass_before >= top_ps.unsqueeze(1)
+    drop_sorted[:, 0] = False
     drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 
@@ -117,7 +131,7 @@ class DeviceSampling:
     def __call__(self, plan, logits: torch.Tensor) -> torch.Tensor:
         params = plan.sampling
         rows = plan.sample_rows
-        temps = [p.temperature for p in params]
+        temps = [effective_temperature(p.temperature) for p in params]
         top_k = any(p.top_k > 0 for p in params)
         top_p = any(p.top_p < 1.0 for p in params)
         seeds = row_seeds(self.seed, [plan.seq_ids[i] for i in rows], [plan.num_tokens[i] for i in rows], params)

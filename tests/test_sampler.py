@@ -90,3 +90,43 @@ def test_top_p_drops_a_token_once_the_mass_before_it_reaches_top_p_exactly():
         sampler = Sampler(seed=6)
         drawn = {sampler(logits, torch.ones(1), top_ps=torch.tensor([top_p])).item() for _ in range(300)}
         assert len(drawn) == kept, (top_p, drawn)
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-44, 1e-46, 0.5e-5])
+def test_a_temperature_too_small_to_divide_by_samples_greedily(tiny_model, temperature):
+    """Below MIN_TEMPERATURE (1e-5) a row is greedy, in LLM.generate as on the server (the same sampler): before,
+    1e-39 and 1e-44 gave id 0 for every token and 1e-46 sampled at random."""
+    import warnings
+
+    from engine import LLM
+
+    llm = LLM(tiny_model, device="cpu", enforce_eager=True, max_model_len=128, num_kvcache_blocks=16)
+    prompts = [[100 + i for i in range(9)], [300, 301, 302]]
+    greedy = [o["token_ids"] for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tiny = [o["token_ids"] for o in llm.generate(prompts, SamplingParams(temperature=temperature, max_tokens=8),
+                                                     use_tqdm=False)]
+    llm.exit()
+    assert tiny == greedy and len(set(greedy[0])) > 1
+
+
+def test_top_p_too_small_for_float32_keeps_the_top_token():
+    logits = _logits(batch=3, vocab=40)
+    out = Sampler(seed=7)(logits, torch.ones(3), top_ps=torch.tensor([1e-300, 1e-45, 1e-9]).double().float())
+    assert out.tolist() == logits.argmax(-1).tolist()
+
+
+def test_a_huge_temperature_is_uniform_without_warnings(tiny_model):
+    import warnings
+
+    from engine import LLM
+
+    llm = LLM(tiny_model, device="cpu", enforce_eager=True, max_model_len=128, num_kvcache_blocks=16, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        outs = llm.generate([[100, 101, 102]] * 4, SamplingParams(temperature=1e308, max_tokens=16, ignore_eos=True),
+                            use_tqdm=False)
+    llm.exit()
+    tokens = [t for o in outs for t in o["token_ids"]]
+    assert len(set(tokens)) > 40  # 64 draws from a 2,048-token vocabulary, near uniform: few repeats
