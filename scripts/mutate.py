@@ -37,7 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 FAST_TESTS = [
     "tests/test_block_manager.py", "tests/test_sampler.py", "tests/test_scheduler_policy.py",
     "tests/test_graph_fallback.py", "tests/test_graph_inputs.py", "tests/test_engine_numbers.py",
-    "tests/test_api.py",
+    "tests/test_api.py", "tests/test_async_scheduling.py", "tests/test_scheduler_model.py",
+    "tests/test_mixed_graphs.py", "tests/test_step_result.py", "tests/test_invariants_fire.py",
+    "tests/test_judges_at_edges.py", "tests/test_bench_compare.py", "tests/test_report.py",
 ]
 CASES_TIMEOUT_S = 900
 TESTS_TIMEOUT_S = 1500
@@ -46,143 +48,148 @@ TESTS_TIMEOUT_S = 1500
 @dataclass(frozen=True)
 class Mutation:
     id: str
-    file: str        # under engine/
+    file: str        # its path in the repository (engine/... or labkit/...)
     old: str         # an exact piece of exactly one line of the file
     new: str
     what: str
 
 
+def M(id_, file, old, new, what):
+    return Mutation(id_, file, old, new, what)
+
+
 MUTATIONS = [
-    # --- scheduler -------------------------------------------------------------------------------
-    Mutation("S1", "scheduler.py", "while self.waiting and len(scheduled) < self.max_num_seqs:",
-             "while self.waiting and len(scheduled) <= self.max_num_seqs:",
-             "prefill takes max_num_seqs + 1 sequences"),
-    Mutation("S2", "scheduler.py", "if remaining < num_tokens and scheduled:",
-             "if remaining <= num_tokens and scheduled:",
-             "a later prompt that exactly fills the budget waits"),
-    Mutation("S3", "scheduler.py", "seq.num_scheduled_tokens = min(num_tokens, remaining)",
-             "seq.num_scheduled_tokens = max(num_tokens, remaining)",
-             "a chunk ignores the token budget"),
-    Mutation("S4", "scheduler.py", "                    self.preempt(self.running.pop())",
-             "                    self.preempt(self.running.popleft())",
-             "preemption takes the head of running instead of the tail (pop end)"),
-    Mutation("S5", "scheduler.py", "self.running.extendleft(reversed(scheduled))",
-             "self.running.extend(scheduled)",
-             "prefill_first decode rotates served sequences to the tail"),
-    Mutation("S6", "scheduler.py", "            self.waiting.appendleft(seq)",
-             "            self.waiting.append(seq)",
-             "a preempted sequence goes to the back of waiting"),
-    Mutation("S7", "scheduler.py", "            if seq.num_cached_tokens < seq.num_tokens:",
-             "            if seq.num_cached_tokens <= seq.num_tokens:",
-             "postprocess discards every token (comparison)"),
-    Mutation("S8", "scheduler.py", "elif seq.num_completion_tokens == seq.max_tokens:",
-             "elif seq.num_completion_tokens > seq.max_tokens:",
-             "a request stops one token after max_tokens"),
-    Mutation("S9", "scheduler.py", "            self.block_manager.hash_blocks(seq)",
-             "            pass",
-             "hashes are never registered (prefix cache off)"),
-    Mutation("S10", "scheduler.py", "            seq.num_scheduled_tokens = 0\n            if seq.num_cached",
-             "            if seq.num_cached",
-             "postprocess skips resetting num_scheduled_tokens"),
-    Mutation("S11", "scheduler.py", 'if self.policy == "balanced" and self.last_phase_prefill and self.running:',
-             'if self.policy == "balanced" and not self.last_phase_prefill and self.running:',
-             "balanced alternates the wrong way"),
-    # --- block manager ---------------------------------------------------------------------------
-    Mutation("B1", "block_manager.py", "for i in range(seq.num_blocks - 1):",
-             "for i in range(seq.num_blocks):",
-             "the prefix lookup does not skip the last block"),
-    Mutation("B2", "block_manager.py", "return num_cached if len(self.free_block_ids) >= num_new else -1",
-             "return num_cached if len(self.free_block_ids) > num_new else -1",
-             "a prompt that needs exactly the free blocks waits"),
-    Mutation("B3", "block_manager.py", "        self.free_block_ids.append(block_id)",
-             "        self.free_block_ids.appendleft(block_id)",
-             "a freed block is reused first (LIFO), so cached blocks are overwritten early"),
-    Mutation("B4", "block_manager.py", "        for block_id in reversed(seq.block_table):",
-             "        for block_id in seq.block_table:",
-             "blocks are freed first-to-last"),
-    Mutation("B5", "block_manager.py", "                block.ref_count += 1",
-             "                block.ref_count = 1",
-             "a shared prefix hit sets the ref count instead of adding to it"),
-    Mutation("B6", "block_manager.py", "            self.hash_to_block_id[h] = block.block_id",
-             "            pass",
-             "a computed block's hash is not registered"),
-    Mutation("B7", "block_manager.py", "        start = seq.num_cached_tokens // self.block_size",
-             "        start = 0",
-             "hash_blocks rehashes every block from the first"),
-    Mutation("B8", "block_manager.py", "        return max(0, seq.num_blocks - len(seq.block_table))",
-             "        return max(0, seq.num_blocks - len(seq.block_table) - 1)",
-             "decode never appends the block a new token needs"),
-    Mutation("B9", "block_manager.py", "        seq.num_cached_tokens = 0\n        seq.block_table.clear()",
-             "        seq.block_table.clear()",
-             "deallocate skips resetting num_cached_tokens"),
-    Mutation("B10", "block_manager.py", "            if block_id == -1 or self.blocks[block_id].token_ids != token_ids:",
-             "            if block_id == -1:",
-             "the prefix lookup trusts the hash without comparing tokens"),
-    Mutation("B11", "block_manager.py", "            del self.hash_to_block_id[block.hash]",
-             "            pass",
-             "a block handed out for new content keeps its old hash mapping"),
-    # --- runner ----------------------------------------------------------------------------------
-    Mutation("R1", "runner.py", "            seqlen_k = end  # keys",
-             "            seqlen_k = end - start  # keys",
-             "cu_seqlens_k counts only this step's keys"),
-    Mutation("R2", "runner.py", "        if cu_k[-1] > cu_q[-1]:",
-             "        if cu_k[-1] >= cu_q[-1]:",
-             "prefill block_tables sent without a cached prefix"),
-    Mutation("R3", "runner.py", "        context_lens = [len(seq) for seq in seqs]",
-             "        context_lens = [len(seq) - 1 for seq in seqs]",
-             "decode context excludes the token being decoded"),
-    Mutation("R4", "runner.py", "        return [table[p // bs] * bs + p % bs for p in range(start, end)]",
-             "        return [table[p // bs] * bs + p % bs + 1 for p in range(start, end)]",
-             "prefill slots one past"),
-    Mutation("R5", "runner.py", "            start = min(seq.num_cached_tokens, len(seq) - 1)",
-             "            start = seq.num_cached_tokens",
-             "prefill starts at num_cached_tokens even for a fully cached sequence"),
-    Mutation("R6", "runner.py", "next(b for b in self.graph_bs if b >= len(seqs))",
-             "next(b for b in self.graph_bs if b > len(seqs))",
-             "a decode batch takes the next bucket up"),
-    Mutation("R7", "runner.py", "        return [seq.block_table + [-1] * (width - len(seq.block_table)) for seq in seqs]",
-             "        return [seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs]",
-             "block tables padded with block 0 instead of -1"),
-    Mutation("R8", "runner.py", "        temps = [s.temperature for s in seqs]",
-             "        temps = [1.0 for s in seqs]",
-             "the runner drops each request's temperature"),
-    # --- sampler ---------------------------------------------------------------------------------
-    Mutation("P1", "sampler.py", "        scaled = logits / torch.where(is_greedy, 1.0, temperatures).unsqueeze(1)",
-             "        scaled = logits",
-             "the sampler drops the temperature"),
-    Mutation("P2", "sampler.py", "        is_greedy = temperatures <= 0",
-             "        is_greedy = temperatures < 0",
-             "temperature 0 is not greedy"),
-    Mutation("P3", "sampler.py", 'return logits.masked_fill(logits < kth, float("-inf"))',
-             'return logits.masked_fill(logits <= kth, float("-inf"))',
-             "top-k keeps k - 1"),
-    Mutation("P4", "sampler.py", "    drop_sorted = mass_before >= top_ps.unsqueeze(1)",
-             "    drop_sorted = mass_before > top_ps.unsqueeze(1)",
-             "top-p keeps a token whose preceding mass already reaches top_p"),
-    Mutation("P5", "sampler.py", "        return torch.where(is_greedy, logits.argmax(dim=-1), sampled)",
-             "        return torch.where(is_greedy, sampled, logits.argmax(dim=-1))",
-             "greedy and sampled rows swapped"),
-    # --- engine loop -----------------------------------------------------------------------------
-    Mutation("L1", "llm.py", '            tracer.emit("sampled",',
-             '            (lambda *a, **k: None)("sampled",',
-             "the sampled event is not emitted"),
+    # --- scheduler (engine/scheduler.py) ---------------------------------------------------------------
+    M("S1", "engine/scheduler.py", "while self.waiting and len(scheduled) < max_seqs:",
+      "while self.waiting and len(scheduled) <= max_seqs:", "prefill takes one sequence more than its seats"),
+    M("S2", "engine/scheduler.py", "if remaining < num_tokens and scheduled and not any_chunk:",
+      "if remaining <= num_tokens and scheduled and not any_chunk:", "a later prompt that exactly fills the budget waits"),
+    M("S3", "engine/scheduler.py", "            n = min(num_tokens, remaining)", "            n = max(num_tokens, remaining)",
+      "a chunk ignores the token budget"),
+    M("S4", "engine/scheduler.py", "self.preempt(self.running.pop(), preempted)",
+      "self.preempt(self.running.popleft(), preempted)", "preemption takes the head of running, not the tail"),
+    M("S5", "engine/scheduler.py", "self.running.extendleft(reversed(scheduled))", "self.running.extend(scheduled)",
+      "prefill_first decode rotates served sequences to the tail"),
+    M("S6", "engine/scheduler.py", "            self.waiting.appendleft(seq)", "            self.waiting.append(seq)",
+      "a preempted sequence goes to the back of waiting"),
+    M("S7", "engine/scheduler.py", "admit=not preempted)", "admit=True)",
+      "mixed admits new prompts in a step that preempted"),
+    M("S8", "engine/scheduler.py", "decodes = self._schedule_decode(preempted, self.max_num_batched_tokens)",
+      "decodes = self._schedule_decode(preempted)", "mixed decodes ignore the token budget"),
+    M("S9", "engine/scheduler.py", "if seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= self.max_model_len:",
+      "if seq.num_completion_tokens > seq.max_tokens or seq.num_tokens >= self.max_model_len:",
+      "a request stops one token after max_tokens"),
+    M("S10", "engine/scheduler.py", "            bm.hash_blocks(seq)\n            if not samples:",
+      "            if not samples:", "a step's computed blocks are not hashed when it is scheduled"),
+    M("S11", "engine/scheduler.py", 'if self.policy == "balanced" and self.last_phase_prefill and self.running',
+      'if self.policy == "balanced" and not self.last_phase_prefill and self.running', "balanced alternates the wrong way"),
+    M("S12", "engine/scheduler.py", "if token == self.eos and not seq.ignore_eos:", "if token == self.eos:",
+      "ignore_eos is ignored"),
+    M("S13", "engine/scheduler.py", "            seq.num_cached_tokens = seq.cached_before_step",
+      "            pass", "a discarded row's tokens stay counted as cached (and hashed)"),
+    M("S14", "engine/scheduler.py", 'self._finish(seq, "abort", later_rows=seq.in_flight)',
+      'self._finish(seq, "abort", later_rows=0)', "an abort keeps the row a launched step has for it"),
+    M("S15", "engine/scheduler.py", "from_previous = [seq.sample_row if seq.pending else -1 for seq in decodes]",
+      "from_previous = [-1 for seq in decodes]", "a placeholder input is not read from the step before"),
+    M("S16", "engine/scheduler.py", "            seq.fill_placeholder(token)\n",
+      "            seq.fill_placeholder(token)\n            seq.in_flight += 0\n",
+      "(a no-op, to check the harness)"),
+    # --- block manager (engine/block_manager.py) ----------------------------------------------------------
+    M("B1", "engine/block_manager.py", "for i in range(seq.num_blocks - 1):", "for i in range(seq.num_blocks):",
+      "the prefix lookup does not skip the last block"),
+    M("B2", "engine/block_manager.py", "return num_cached if len(self.free_block_ids) >= num_new else -1",
+      "return num_cached if len(self.free_block_ids) > num_new else -1", "a prompt that needs exactly the free blocks waits"),
+    M("B3", "engine/block_manager.py", "        self.free_block_ids.append(block_id)",
+      "        self.free_block_ids.appendleft(block_id)", "a freed block is reused first (LIFO)"),
+    M("B4", "engine/block_manager.py", "        for block_id in reversed(seq.block_table):",
+      "        for block_id in seq.block_table:", "blocks are freed first-to-last"),
+    M("B5", "engine/block_manager.py", "                block.ref_count += 1", "                block.ref_count = 1",
+      "a shared prefix hit sets the ref count instead of adding to it"),
+    M("B6", "engine/block_manager.py", "            self.hash_to_block_id[h] = block.block_id", "            pass",
+      "a computed block's hash is not registered"),
+    M("B7", "engine/block_manager.py", "        if prefix != -1:\n            h.update(prefix", "        if False:\n            h.update(prefix",
+      "a block's hash does not fold in the previous block's"),
+    M("B8", "engine/block_manager.py", "        return max(0, seq.num_blocks - len(seq.block_table))",
+      "        return max(0, seq.num_blocks - len(seq.block_table) - 1)", "decode never appends the block a new token needs"),
+    M("B9", "engine/block_manager.py", "        end = min(seq.num_cached_tokens, seq.num_known_tokens) // bs",
+      "        end = seq.num_cached_tokens // bs", "a block is hashed before its placeholder token is known"),
+    M("B10", "engine/block_manager.py", "            if block_id == -1 or self.blocks[block_id].token_ids != token_ids:",
+      "            if block_id == -1:", "the prefix lookup trusts the hash without comparing tokens"),
+    M("B11", "engine/block_manager.py", "                del self.hash_to_block_id[block.hash]\n            block.hash = -1",
+      "                pass\n            block.hash = -1", "unhash leaves the hash mapping of a block never computed"),
+    # --- batch plan, runner, mixed graphs -----------------------------------------------------------------
+    M("F1", "engine/batch_plan.py", "return [s + n == t for s, n, t in zip(self.starts, self.num_new, self.num_tokens)]",
+      "return [s + n >= t - 1 for s, n, t in zip(self.starts, self.num_new, self.num_tokens)]",
+      "a chunk one token short of its prompt samples"),
+    M("F2", "engine/batch_plan.py", 'return "prefill" if self.num_decodes == 0 else "mixed"',
+      'return "mixed" if self.num_decodes == 0 else "prefill"', "prefill and mixed phases swapped"),
+    M("R1", "engine/runner.py", "slots = [t[p // bs] * bs + p % bs for p, t in zip(positions, tables)]",
+      "slots = [t[p // bs] * bs + p % bs + 1 for p, t in zip(positions, tables)]", "decode slots one past"),
+    M("R2", "engine/runner.py", "inputs.context_lens = [p + 1 for p in positions]",
+      "inputs.context_lens = [p for p in positions]", "decode context excludes the token being decoded"),
+    M("R3", "engine/runner.py", "slots.extend(range(table[b] * bs + lo - b * bs, table[b] * bs + hi - b * bs))",
+      "slots.extend(range(table[b] * bs + lo - b * bs + 1, table[b] * bs + hi - b * bs + 1))", "prefill slots one past"),
+    M("R4", "engine/runner.py", "                cu_k.append(cu_k[-1] + end)", "                cu_k.append(cu_k[-1] + n)",
+      "cu_seqlens_k counts only this step's keys"),
+    M("R5", "engine/runner.py", "paged = nd or cu_k[-1] > cu_q[-1] or self.kernels.prefill_block_tables",
+      "paged = nd or cu_k[-1] >= cu_q[-1] or self.kernels.prefill_block_tables",
+      "prefill block tables sent without a cached prefix"),
+    M("R6", "engine/runner.py", "inputs.graph_batch = next(b for b in self.graph_bs if b >= nd)",
+      "inputs.graph_batch = next(b for b in self.graph_bs if b > nd)", "a decode batch takes the next bucket up"),
+    M("R7", "engine/runner.py", "return [table + [-1] * (width - len(table)) for table in tables]",
+      "return [table + [0] * (width - len(table)) for table in tables]", "block tables padded with block 0 instead of -1"),
+    M("R8", "engine/runner.py", "rows.append(i if i < nd else end - 1)", "rows.append(i if i < nd else end - 2)",
+      "a prefill row's logits come from its second-last token"),
+    M("R9", "engine/runner.py", "        ids[:n].copy_(previous[:n])", "        ids[:n].copy_(previous[:n].flip(0))",
+      "async scheduling's device ids land in the wrong rows"),
+    M("G1", "engine/mixed_graphs.py", '            a[at + nd:at + d] = -1 if name == "slots" else 0',
+      '            a[at + nd:at + d] = 0', "a mixed graph's padding decode rows write KV to slot 0"),
+    M("G2", "engine/mixed_graphs.py", "nd, shift = inputs.num_decodes, key[0] - inputs.num_decodes",
+      "nd, shift = inputs.num_decodes, 0", "a mixed graph's prefill logits rows are read unshifted"),
+    # --- sampler (engine/sampler.py) -----------------------------------------------------------------------
+    M("P1", "engine/sampler.py", "        scaled = logits / torch.where(is_greedy, 1.0, temperatures).unsqueeze(1)",
+      "        scaled = logits", "the sampler drops the temperature"),
+    M("P2", "engine/sampler.py", "        is_greedy = temperatures <= 0", "        is_greedy = temperatures < 0",
+      "temperature 0 is not greedy"),
+    M("P3", "engine/sampler.py", 'return logits.masked_fill(logits < kth, float("-inf"))',
+      'return logits.masked_fill(logits <= kth, float("-inf"))', "top-k keeps k - 1"),
+    M("P4", "engine/sampler.py", "    drop_sorted = mass_before >= top_ps.unsqueeze(1)",
+      "    drop_sorted = mass_before > top_ps.unsqueeze(1)", "top-p keeps a token whose preceding mass reaches top_p"),
+    M("P5", "engine/sampler.py", "        return torch.where(is_greedy, logits.argmax(dim=-1), sampled)",
+      "        return torch.where(is_greedy, sampled, logits.argmax(dim=-1))", "greedy and sampled rows swapped"),
+    M("P6", "engine/sampler.py", "    return 0.0 if t < MIN_TEMPERATURE else min(t, MAX_TEMPERATURE)",
+      "    return 0.0 if t <= 0 else min(t, MAX_TEMPERATURE)", "a temperature too small to divide by is not greedy"),
+    M("P7", "engine/sampler.py", "+ t * _POS_SALT) & _M63", ") & _M63",
+      "a row's noise does not depend on the position it samples"),
+    # --- the engine loop (engine/llm.py, engine/step_events.py) -------------------------------------------
+    M("L1", "engine/llm.py", "            current.queues = self._queues()", "            pass",
+      "a step's queue counts are read after the next step was scheduled"),
+    M("L2", "engine/llm.py", "        if plan.from_previous is not None:  # the ids", "        if False:  # the ids",
+      "StepResult keeps the placeholder input ids"),
+    M("L3", "engine/step_events.py", "            if after is None:\n                self.open[m]",
+      "            if False:\n                self.open[m]", "a step's after-state is read once the next step changed it"),
+    # --- the judges (labkit) ----------------------------------------------------------------------------------
+    M("J1", "labkit/logits/gates.py", "    status = grade(ratio, OVERALL_PASS, OVERALL_FAIL)",
+      "    status = grade(ratio, ROW_PASS, ROW_FAIL)", "the overall logits verdict graded with the per-row factors"),
+    M("J2", "labkit/logits/gates.py", "    return \"REVIEW\" if ratio > pass_at else \"PASS\"",
+      "    return \"REVIEW\" if ratio > pass_at + 0.1 else \"PASS\"", "a ratio just above the PASS bound still passes"),
+    M("J3", "labkit/trace/validate.py", "total <= self.max_batched", "total <= self.max_batched + 1",
+      "the budget invariant allows one token over"),
+    M("J4", "labkit/report/verify.py", "        if not path.is_file():\n            v.differ(name, \"listed in the manifest but missing",
+      "        if False:\n            v.differ(name, \"listed in the manifest but missing", "verify accepts a missing file"),
+    M("J5", "labkit/bench/compare.py", "    within = None if iv is None else bool(iv[0] <= 1.0 <= iv[1])",
+      "    within = None if iv is None else bool(iv[0] < 1.0 < iv[1])", "within noise excludes an interval ending at 1.0"),
+    M("J6", "engine/request_limits.py", "        if n > self.max_model_len:", "        if n >= self.max_model_len:",
+      "a prompt of exactly max_model_len tokens is refused"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).
 EQUIVALENT = {
-    "S10": "num_scheduled_tokens is set again by the scheduler before any use: the next schedule() assigns "
-           "it for every scheduled sequence, and nothing reads it between steps",
-    "B7": "rehashing already-hashed blocks recomputes the same chain (the first block's prefix is -1) and "
-          "registers the same hash -> block mappings: only slower",
-    "B10": "defence in depth: a block handed out for new content drops its old hash (B11's line), so a hash "
-           "hit always has the same tokens; only B10 + B11 together break it "
+    "S16": "adds 0 to a counter: the harness's control (it must come out EQUIVALENT, never caught)",
+    "B10": "defence in depth: a block handed out for new content drops its old hash (_allocate_block), so a hash "
+           "hit always has the same tokens; only B10 and that line together break it "
            "(patches/fault-prefix-hit-stale-block.patch)",
-    "B11": "defence in depth: the lookup compares a hit's tokens (B10's line), so a stale hash -> block "
-           "mapping is never used; only B10 + B11 together break it",
-    "R5": "the prefix lookup skips a sequence's last block, so num_cached_tokens < len(seq) whenever a "
-          "prefill starts: min(cached, len - 1) is always cached",
 }
-
 
 # ----------------------------------------------------------------------------- trees
 
@@ -195,11 +202,11 @@ def build_tree(dest: Path) -> str:
 
 
 def mutate(tree: Path, m: Mutation) -> None:
-    path = tree / "engine" / m.file
+    path = tree / m.file
     text = path.read_text(encoding="utf-8")
     n = text.count(m.old)
     if n != 1:
-        raise ValueError(f"{m.id}: {m.old!r} occurs {n} times in engine/{m.file} (the engine changed?)")
+        raise ValueError(f"{m.id}: {m.old!r} occurs {n} times in {m.file} (the code changed?)")
     path.write_text(text.replace(m.old, m.new), encoding="utf-8")
 
 
@@ -326,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [m for m in MUTATIONS if not args.only or m.id in args.only]
     if args.list or not chosen:
         for m in MUTATIONS:
-            print(f"{m.id:4} engine/{m.file}: {m.what}\n     - {m.old.strip()}\n     + {m.new.strip()}")
+            print(f"{m.id:4} {m.file}: {m.what}\n     - {m.old.strip()}\n     + {m.new.strip()}")
         return 0 if chosen else 2
     sys.path.insert(0, str(ROOT))
     from labkit.model import default_model_dir, resolve_model
@@ -369,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                             "status": status, "cases": cases, "tests": tests,
                             "why": EQUIVALENT.get(m.id, ""), "seconds": round(time.perf_counter() - t0)})
             by = "; ".join([f"{c} ({', '.join(v)})" for c, v in cases.items()] + [short_test(t) for t in tests])
-            print(f"{m.id:4} {status:10} engine/{m.file}: {m.what}  <- {by or '-'} "
+            print(f"{m.id:4} {status:10} {m.file}: {m.what}  <- {by or '-'} "
                   f"[{time.perf_counter() - t0:.0f} s]", flush=True)
             shutil.rmtree(tree, ignore_errors=True)
             shutil.rmtree(work, ignore_errors=True)

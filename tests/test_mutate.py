@@ -1,0 +1,28 @@
+"""scripts/mutate.py on a fixed sample of its mutations (the whole list takes hours on 2 cores; docs/evidence.md
+holds its last full score): the hash chain that forgets the previous block (caught by the model-based scheduling
+test), the overall logits verdict graded with the row factors (caught by the judges' edge tests), and a no-op
+(the harness must not call a change that changes nothing caught)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_a_fixed_sample_of_mutations_is_caught_and_the_no_op_is_not(tmp_path):
+    out = tmp_path / "mutate.json"
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "mutate.py"), "--only", "B7", "J1", "S16",
+                          "--skip-baseline", "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                         timeout=3000)
+    assert out.is_file(), res.stdout[-2000:] + res.stderr[-2000:]
+    results = {r["id"]: r for r in json.loads(out.read_text())["results"]}
+    assert {k: r["status"] for k, r in results.items()} == {"B7": "CAUGHT", "J1": "CAUGHT", "S16": "EQUIVALENT"}, \
+        res.stdout[-3000:]
+    assert any("scheduler_model" in t for t in results["B7"]["tests"])
+    assert any("judges" in t for t in results["J1"]["tests"])
