@@ -38,7 +38,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
         self.last_phase_prefill: bool | None = None
-        # Finished sequences whose blocks wait for a placeholder's value before they can be hashed and freed.
+        # Sequences that finished as a step was scheduled, in row order: each frees its blocks (after hashing them)
+        # once its cached tokens' values are all known, and never before one ahead of it, so the free list takes
+        # back blocks in the order a synchronous engine gives them back.
         self._releasing: list[Sequence] = []
 
     def is_finished(self) -> bool:
@@ -172,6 +174,7 @@ class Scheduler:
         for seq, n, samples in zip(seqs, plan.num_new, plan.samples):
             # (What a discarded row takes back: see _finish.)
             seq.cached_before_step, seq.hashed_before_step = seq.num_cached_tokens, seq.num_hashed_blocks
+            seq.hash_undo = []
             seq.num_cached_tokens += n
             seq.in_flight += 1
             bm.hash_blocks(seq)
@@ -183,7 +186,8 @@ class Scheduler:
             if seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= self.max_model_len:
                 # (The max_model_len stop is not nano's, whose sequences would run past its RoPE table;
                 # vLLM stops at the context limit too.)
-                self._finish(seq, "length", later_rows=0)
+                self._finish(seq, "length", later_rows=0, in_order=True)
+        self._release_ready()
 
     # --- a step's tokens ------------------------------------------------------------------------
     @phase("engine::postprocess")
@@ -210,15 +214,20 @@ class Scheduler:
             tokens.append(token)
             done = token is not None and seq.is_finished and seq.in_flight == seq.discard_rows
             reasons.append(seq.finish_reason if done else None)
-        for seq in [s for s in self._releasing if s.num_known_tokens >= s.num_cached_tokens]:
-            self._releasing.remove(seq)
-            bm.hash_blocks(seq)
-            bm.deallocate(seq)
+        self._release_ready()
         return tokens, reasons
 
-    def _finish(self, seq: Sequence, reason: str, later_rows: int) -> None:
+    def _release_ready(self) -> None:
+        bm = self.block_manager
+        while self._releasing and self._releasing[0].num_known_tokens >= self._releasing[0].num_cached_tokens:
+            seq = self._releasing.pop(0)
+            bm.hash_blocks(seq)
+            bm.deallocate(seq)
+
+    def _finish(self, seq: Sequence, reason: str, later_rows: int, in_order: bool = False) -> None:
         """Finish a sequence. `later_rows`: rows of steps launched after the one that decided it (async
-        scheduling: an EOS learnt late, an abort); they are discarded and leave no trace in its state."""
+        scheduling: an EOS learnt late, an abort); they are discarded and leave no trace in its state.
+        `in_order`: it finished as its step was scheduled, and frees its blocks in row order (_releasing)."""
         if seq in self.running:
             self.running.remove(seq)
         seq.status = SequenceStatus.FINISHED
@@ -230,9 +239,9 @@ class Scheduler:
                 seq.drop_placeholder()
             bm.unhash(seq, seq.hashed_before_step)
             seq.num_cached_tokens = seq.cached_before_step
-        if seq.num_known_tokens < seq.num_cached_tokens:
+        if in_order or seq.num_known_tokens < seq.num_cached_tokens:
             if seq not in self._releasing:
-                self._releasing.append(seq)  # a cached token's value is still in flight: hash, then free
+                self._releasing.append(seq)  # (a cached token's value may still be in flight: hash, then free)
         elif seq.block_table:
             if seq in self._releasing:
                 self._releasing.remove(seq)

@@ -39,14 +39,12 @@ class Sequence:
         self.in_flight = 0
         self.sample_row = -1
         self.cached_before_step = self.hashed_before_step = 0
+        self.hash_undo: list = []   # (block, hash, the block that hash led to before) registered since then
         self.block_size = block_size
         self.block_table: list[int] = []
         self.sampling_params = sampling_params
-        self.temperature = sampling_params.temperature
         self.max_tokens = sampling_params.max_tokens
         self.ignore_eos = sampling_params.ignore_eos
-        self.top_k = sampling_params.top_k
-        self.top_p = sampling_params.top_p
         self.finish_reason: str | None = None
 
     def __len__(self):
@@ -68,16 +66,8 @@ class Sequence:
         return self.token_ids[self.num_prompt_tokens:]
 
     @property
-    def num_cached_blocks(self):
-        return self.num_cached_tokens // self.block_size
-
-    @property
     def num_blocks(self):
         return (self.num_tokens + self.block_size - 1) // self.block_size
-
-    @property
-    def last_block_num_tokens(self):
-        return self.num_tokens - (self.num_blocks - 1) * self.block_size
 
     def block(self, i: int) -> list[int]:
         assert 0 <= i < self.num_blocks

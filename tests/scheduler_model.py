@@ -140,6 +140,7 @@ class SchedulerModel:
         self.running: deque[Seq] = deque()
         self.seqs: dict[int, Seq] = {}
         self.last_was_prefill: bool | None = None
+        self._late_releases: list[Seq] = []
 
     # --- requests ---------------------------------------------------------------------------------------
     def add(self, seq_id: int, prompt: list[int], max_tokens: int) -> None:
@@ -157,6 +158,21 @@ class SchedulerModel:
             self.running.remove(seq)
         self.pool.release(seq)
         seq.status = "FINISHED"
+        return True
+
+    def abort_while_running(self, seq_id: int) -> bool:
+        """An abort that reached the engine while the step just scheduled ran (async scheduling): the sequence
+        leaves now and its row in that step is dropped, but its blocks go back after the blocks of the sequences
+        that step finishes (the engine freed those as it scheduled the step, before the abort came)."""
+        seq = self.seqs[seq_id]
+        if seq.status == "FINISHED":
+            return False
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.running:
+            self.running.remove(seq)
+        seq.status = "FINISHED"
+        self._late_releases.append(seq)
         return True
 
     def is_finished(self) -> bool:
@@ -298,4 +314,7 @@ class SchedulerModel:
                 seq.status = "FINISHED"
                 self.pool.release(seq)
                 self.running.remove(seq)
+        for seq in self._late_releases:
+            self.pool.release(seq)
+        self._late_releases = []
         return accepted

@@ -445,7 +445,7 @@ def check_against_model(model_dir: str, w: Workload, async_scheduling: bool) -> 
             want, plan = _model_schedule(m)
             _same(step, got, want)
             for seq_id in late_aborts:
-                assert m.abort(seq_id), f"step {step}: abort({seq_id}) while the step ran"
+                assert m.abort_while_running(seq_id), f"step {step}: abort({seq_id}) while the step ran"
             late_aborts = []
             (sampled,) = [e for e in tracer.events[mark:] if e["event"] == "sampled"]
             want.update(_model_postprocess(m, plan, {t["seq_id"]: t["token_id"] for t in sampled["tokens"]}))

@@ -77,6 +77,7 @@ from engine.config import Config
 
 from labkit import yamlfile
 from labkit.errors import LabkitError
+from labkit.trace.events import PHASES  # prefill, decode, mixed
 
 # A case may set any engine Config field (SPEC 5) but these: the run gives the model folder and the tracer, the
 # engine fills in the model's config and EOS id, and the tensor-parallel channel belongs to the process.
@@ -103,7 +104,6 @@ FINAL_FIELDS = ("total", "outputs", "status")
 BEFORE_FIELDS = ("waiting", "running", "free")
 INPUT_FIELDS = ("num_input_ids", "positions", "cu_seqlens_q", "cu_seqlens_k", "context_lens",
                 "max_seqlen_q", "max_seqlen_k", "execution", "graph_batch")
-PHASES = ("prefill", "decode")
 STATUSES = ("WAITING", "RUNNING", "FINISHED")
 
 RANDOM_LOW = 100      # random prompt ids are drawn from [RANDOM_LOW, min(vocab_size, RANDOM_HIGH))
@@ -517,7 +517,7 @@ def _check_per_request(ctx: _Ctx, where: str, d, known: set[str], fields) -> dic
 
 def _expect_phase(ctx: _Ctx, where: str, v, known: set[str]) -> str:
     if v not in PHASES:
-        ctx.fail(where, f"must be prefill or decode, got {v!r}")
+        ctx.fail(where, f"must be one of {', '.join(PHASES)}, got {v!r}")
     return v
 
 
