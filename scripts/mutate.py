@@ -91,8 +91,8 @@ MUTATIONS = [
       'self._finish(seq, "abort", later_rows=0)', "an abort keeps the row a launched step has for it"),
     M("S15", "engine/scheduler.py", "from_previous = [seq.sample_row if seq.pending else -1 for seq in decodes]",
       "from_previous = [-1 for seq in decodes]", "a placeholder input is not read from the step before"),
-    M("S16", "engine/scheduler.py", "            seq.fill_placeholder(token)\n",
-      "            seq.fill_placeholder(token)\n            seq.in_flight += 0\n",
+    M("S16", "engine/scheduler.py", "\n                seq.fill_placeholder(token)\n",
+      "\n                seq.fill_placeholder(token)\n                seq.in_flight += 0\n",
       "(a no-op, to check the harness)"),
     # --- block manager (engine/block_manager.py) ----------------------------------------------------------
     M("B1", "engine/block_manager.py", "for i in range(seq.num_blocks - 1):", "for i in range(seq.num_blocks):",
@@ -115,8 +115,11 @@ MUTATIONS = [
       "        end = seq.num_cached_tokens // bs", "a block is hashed before its placeholder token is known"),
     M("B10", "engine/block_manager.py", "            if block_id == -1 or self.blocks[block_id].token_ids != token_ids:",
       "            if block_id == -1:", "the prefix lookup trusts the hash without comparing tokens"),
-    M("B11", "engine/block_manager.py", "                del self.hash_to_block_id[block.hash]\n            block.hash = -1",
-      "                pass\n            block.hash = -1", "unhash leaves the hash mapping of a block never computed"),
+    M("B11", "engine/block_manager.py", "                    del self.hash_to_block_id[h]\n",
+      "                    pass\n", "unhash leaves the hash mapping of a block whose KV is never written"),
+    M("B12", "engine/block_manager.py", "                    self.hash_to_block_id[h] = previous\n",
+      "                    del self.hash_to_block_id[h]\n",
+      "unhash drops a hash instead of giving it back to the block that held it before (a lost prefix hit)"),
     # --- batch plan, runner, mixed graphs -----------------------------------------------------------------
     M("F1", "engine/batch_plan.py", "return [s + n == t for s, n, t in zip(self.starts, self.num_new, self.num_tokens)]",
       "return [s + n >= t - 1 for s, n, t in zip(self.starts, self.num_new, self.num_tokens)]",
@@ -198,6 +201,14 @@ def build_tree(dest: Path) -> str:
 
     source, head = engine_source(ROOT)
     make_clean_tree(ROOT, dest, source)
+    # The tests read the patch catalogue and a run's commit: the tree has no .git, so it carries the patches
+    # and names its commit the way a `git archive` copy does.
+    if (ROOT / "patches").is_dir():
+        shutil.copytree(ROOT / "patches", dest / "patches")
+    if head:
+        from labkit.output import ARCHIVED_COMMIT_FILE
+
+        (dest / ARCHIVED_COMMIT_FILE).write_text(head + "\n", encoding="utf-8")
     return f"git HEAD {head[:12]}" if head else "engine/ copied as found (no git)"
 
 
@@ -207,7 +218,14 @@ def mutate(tree: Path, m: Mutation) -> None:
     n = text.count(m.old)
     if n != 1:
         raise ValueError(f"{m.id}: {m.old!r} occurs {n} times in {m.file} (the code changed?)")
-    path.write_text(text.replace(m.old, m.new), encoding="utf-8")
+    mutated = text.replace(m.old, m.new)
+    if path.suffix == ".py":
+        # a mutation that does not compile would be "caught" by every check without testing any of them
+        try:
+            compile(mutated, str(path), "exec")
+        except SyntaxError as e:
+            raise ValueError(f"{m.id}: the mutated {m.file} does not compile ({e.msg}, line {e.lineno})") from None
+    path.write_text(mutated, encoding="utf-8")
 
 
 def _env(tree: Path, runs: Path, model: str) -> dict:

@@ -26,3 +26,38 @@ def test_a_fixed_sample_of_mutations_is_caught_and_the_no_op_is_not(tmp_path):
         res.stdout[-3000:]
     assert any("scheduler_model" in t for t in results["B7"]["tests"])
     assert any("judges" in t for t in results["J1"]["tests"])
+
+
+def _load_mutate():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("labkit_mutate_script", REPO / "scripts" / "mutate.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_mutation_applies_once_and_compiles_on_the_current_code(tmp_path):
+    # A mutation whose text the code no longer has is NOT APPLICABLE (a silent hole in the score); one that breaks
+    # the file's syntax would be "caught" by every check while testing none.
+    mutate = _load_mutate()
+    stale = []
+    for m in mutate.MUTATIONS:
+        tree = tmp_path / m.id
+        (tree / m.file).parent.mkdir(parents=True)
+        (tree / m.file).write_text((REPO / m.file).read_text(encoding="utf-8"), encoding="utf-8")
+        try:
+            mutate.mutate(tree, m)
+        except ValueError as e:
+            stale.append(str(e))
+    assert not stale, stale
+    assert len({m.id for m in mutate.MUTATIONS}) == len(mutate.MUTATIONS)
+
+
+def test_a_mutation_that_does_not_compile_is_refused(tmp_path):
+    mutate = _load_mutate()
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "x.py").write_text("if True:\n    a = 1\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="does not compile"):
+        mutate.mutate(tmp_path, mutate.M("X1", "engine/x.py", "    a = 1\n", "a = 1\n", "dedent"))
