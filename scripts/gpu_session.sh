@@ -262,8 +262,9 @@ if [ "$what" = bar20 ]; then
       port=$((port + 1))
       python3 -m labkit serve --model $M --device cuda --port $port --policy $policy --log-level warning \
         > $OUT/logs/serve-$policy-r$round.log 2>&1 &
-      spid=$!
-      for _ in $(seq 240); do curl -sf localhost:$port/health > /dev/null && break; sleep 1; done
+      spid=$!; t0=$(date +%s.%N)
+      for _ in $(seq 480); do curl -sf localhost:$port/health > /dev/null && break; sleep 0.5; done
+      echo "$policy r$round: /health after $(awk "BEGIN{print $(date +%s.%N) - $t0}") s" >> $OUT/logs/startup.txt
       for rate in 16 32; do
         i=$([ $rate = 16 ] && echo 1 || echo 2)
         step 120 python3 -m labkit bench load --workload /tmp/nano-seed$i.yaml --rate $rate --seed $i \
