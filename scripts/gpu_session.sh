@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
-#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan|bar20|final20]
+#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan|bar20|cells|final20]
 # Measured on one H200 (docs/perf.md): evidence ~2 minutes, perf ~7 (3.5 of them the Transformers baseline);
 # `all` is ~9.5, close to a 10-minute device call: two calls (evidence, perf) are safer.
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
@@ -279,6 +279,43 @@ if [ "$what" = bar20 ]; then
       pack
     done
   done
+fi
+if [ "$what" = cells ]; then
+  # Issue 20's bar, the cells a bar20 call leaves: CELLS="policy/async/round ..." (async on|off), each a fresh server
+  # serving rate 16 (workload and arrival seed 1) then rate 32 (seed 2); a mixed cell of round INF_ROUND also serves
+  # rate inf (seed 3); then OFFLINE=1 runs offline nano (graph, 3 repeats) and batch1. Reports only (as bar20).
+  pack() { tar czf ${PACK_TO:-$OUT}/reports.tgz -C $OUT --exclude='*.jsonl' --exclude='*.npz' --exclude='*.tsv' \
+    --exclude='*.perfetto.json*' logs runs 2>/dev/null; }
+  mkdir -p $OUT/runs
+  for i in 1 2 3; do sed "s/^seed: 0/seed: $i/" workloads/bench/nano.yaml > /tmp/nano-seed$i.yaml; done
+  port=8700
+  for cell in ${CELLS:-}; do
+    IFS=/ read -r policy async round <<< "$cell"
+    name=$policy-$async-r$round; port=$((port + 1))
+    flag=$([ $async = off ] && echo --no-async-scheduling || echo --async-scheduling)
+    python3 -m labkit serve --model $M --device cuda --port $port --policy $policy $flag --log-level warning \
+      > $OUT/logs/serve-$name.log 2>&1 &
+    spid=$!; t0=$(date +%s.%N)
+    for _ in $(seq 480); do curl -sf localhost:$port/health > /dev/null && break; sleep 0.5; done
+    echo "$name: /health after $(awk "BEGIN{print $(date +%s.%N) - $t0}") s" >> $OUT/logs/startup.txt
+    for rate in 16 32; do
+      i=$([ $rate = 16 ] && echo 1 || echo 2)
+      step 120 python3 -m labkit bench load --workload /tmp/nano-seed$i.yaml --rate $rate --seed $i \
+        --url http://127.0.0.1:$port --out $OUT/logs/load-$name-rate$rate.json
+      curl -s localhost:$port/health > $OUT/logs/health-$name-rate$rate.json
+    done
+    if [ $policy = mixed ] && [ $async = on ] && [ "$round" = "${INF_ROUND:-}" ]; then
+      step 120 python3 -m labkit bench load --workload /tmp/nano-seed3.yaml --rate inf --seed 3 \
+        --url http://127.0.0.1:$port --out $OUT/logs/load-$name-rateinf.json
+    fi
+    kill -TERM $spid; wait $spid
+    pack
+  done
+  if [ "${OFFLINE:-0}" = 1 ]; then
+    step 200 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 3 --out $OUT/logs/bench-nano-graph.json
+    step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --out $OUT/logs/bench-batch1.json
+    pack
+  fi
 fi
 if [ "$what" = final20 ]; then
   # Issue 20's last call of session 6 (~4 minutes, what the device budget left): the graph paths' correctness
