@@ -283,11 +283,16 @@ fi
 if [ "$what" = cells ]; then
   # Issue 20's bar, the cells a bar20 call leaves: CELLS="policy/async/round ..." (async on|off), each a fresh server
   # serving rate 16 (workload and arrival seed 1) then rate 32 (seed 2); a mixed cell of round INF_ROUND also serves
-  # rate inf (seed 3); then OFFLINE=1 runs offline nano (graph, 3 repeats) and batch1. Reports only (as bar20).
+  # rate inf (seed 3); OFFLINE=1 first runs offline nano (graph, 3 repeats) and batch1. Reports only (as bar20).
   pack() { tar czf ${PACK_TO:-$OUT}/reports.tgz -C $OUT --exclude='*.jsonl' --exclude='*.npz' --exclude='*.tsv' \
     --exclude='*.perfetto.json*' logs runs 2>/dev/null; }
   mkdir -p $OUT/runs
   for i in 1 2 3; do sed "s/^seed: 0/seed: $i/" workloads/bench/nano.yaml > /tmp/nano-seed$i.yaml; done
+  if [ "${OFFLINE:-0}" = 1 ]; then
+    step 200 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 3 --out $OUT/logs/bench-nano-graph.json
+    step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --out $OUT/logs/bench-batch1.json
+    pack
+  fi
   port=8700
   for cell in ${CELLS:-}; do
     IFS=/ read -r policy async round <<< "$cell"
@@ -311,11 +316,6 @@ if [ "$what" = cells ]; then
     kill -TERM $spid; wait $spid
     pack
   done
-  if [ "${OFFLINE:-0}" = 1 ]; then
-    step 200 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 3 --out $OUT/logs/bench-nano-graph.json
-    step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --out $OUT/logs/bench-batch1.json
-    pack
-  fi
 fi
 if [ "$what" = final20 ]; then
   # Issue 20's last call of session 6 (~4 minutes, what the device budget left): the graph paths' correctness
