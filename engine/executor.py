@@ -41,6 +41,11 @@ class Executor:
             return self.runner.execute(plan)
         return self.tp.execute(plan.for_workers(), lambda: self.runner.execute(plan))
 
+    def replays_graph(self, plan: BatchPlan) -> bool:
+        """Will the plan run as a CUDA graph replay (a launch of microseconds) rather than eagerly? Every rank
+        decides the same way from the same plan."""
+        return self.runner.graph_key(plan) is not None
+
     def per_rank(self, fn: Callable) -> list:
         """fn(runner) on every rank, rank 0 first (fn must be a module-level function: it travels by name)."""
         return [fn(self.runner)] + (self.tp.ask(fn) if self.tp is not None else [])

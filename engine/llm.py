@@ -200,26 +200,37 @@ class LLMEngine:
     def step(self) -> StepResult:
         """One engine step: schedule, run the model, sample, commit; returns what it did (StepResult).
 
-        With async scheduling the next step is scheduled and launched before this one's tokens reach the
-        host (its inputs read them on the device), so the device never waits for the host. An exception
-        after scheduling takes the step's sequences out of the engine and raises StepFailed."""
+        With async scheduling the next step is scheduled before this one's tokens reach the host (its inputs
+        read them on the device) and, when it replays a CUDA graph, launched too, so the device never waits
+        for the host. An eager step's launch is host-bound (tens of ms): it goes after this step's commit, so
+        this step's tokens are not held back by it. An exception after scheduling takes the step's sequences
+        out of the engine and raises StepFailed."""
         if self._failed is not None:
             failed, self._failed = self._failed, None
             raise failed
-        current = self._queued or self._launch()
+        current = self._queued or self._launch(self._schedule())
         self._queued = None
-        if self._async and self.sampling.on_device and not self.scheduler.is_finished():
-            current.queues = self._queues()  # what it leaves, before the next step changes it
-            self._queued = self._launch(fail_later=True)
-            self.async_stats["launched_ahead"] += self._queued is not None
-        return self._commit(current)
+        if not (self._async and self.sampling.on_device and not self.scheduler.is_finished()):
+            return self._commit(current)
+        current.queues = self._queues()  # what it leaves, before the next step changes it
+        ahead = self._schedule(fail_later=True)
+        if ahead is None or self.executor.replays_graph(ahead[1]):
+            self._queued = ahead and self._launch(ahead, fail_later=True)
+            result = self._commit(current)
+        else:
+            try:
+                result = self._commit(current)
+            finally:
+                self._queued = self._launch(ahead, fail_later=True)
+        self.async_stats["launched_ahead"] += self._queued is not None
+        return result
 
-    def _launch(self, fail_later: bool = False) -> _Launched | None:
-        """Schedule the next step and queue it on every rank. `fail_later`: a failure is raised by the next
-        step() (this one still commits the step before it)."""
+    def _schedule(self, fail_later: bool = False) -> tuple | None:
+        """The next step's plan: (step number, plan, the prefix-cache queries and hits it added). `fail_later`: a
+        failure is raised by the next step() (this one still commits the step before it)."""
         n = self._launches + 1
         bm = self.scheduler.block_manager
-        queries, hits = bm.prefix_queries, bm.prefix_hits
+        before = bm.prefix_queries, bm.prefix_hits
         if self.events is not None:
             self.events.scheduling(n)
         try:
@@ -230,6 +241,11 @@ class LLMEngine:
             self._failed = exc
             return None
         self._launches = n
+        return n, plan, (bm.prefix_queries - before[0], bm.prefix_hits - before[1])
+
+    def _launch(self, scheduled: tuple, fail_later: bool = False) -> _Launched | None:
+        """Queue a scheduled step on every rank."""
+        n, plan, prefix = scheduled
         try:
             handle = self.executor.execute(plan)
         except Exception as exc:
@@ -242,7 +258,7 @@ class LLMEngine:
             return None
         if self.events is not None:
             self.events.launched(n, plan, handle.inputs)
-        return _Launched(n, plan, handle, (bm.prefix_queries - queries, bm.prefix_hits - hits))
+        return _Launched(n, plan, handle, prefix)
 
     def _commit(self, step: _Launched) -> StepResult:
         try:

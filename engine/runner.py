@@ -268,16 +268,23 @@ class ModelRunner:
             paged = nd or cu_k[-1] > cu_q[-1] or self.kernels.prefill_block_tables
             if paged and tables[nd]:
                 inputs.block_tables = self._pad(tables)
-            key = self.mixed_graphs and self.mixed_graphs.key(nd, len(positions) - nd, len(cu_q) - 1)
-            if key:
-                inputs.execution = "graph"
-                inputs.graph_batch, inputs.graph_prefill = key
         else:
             inputs.block_tables = self._pad(tables)
-            if self.graphs and nd <= self.graph_bs[-1]:
-                inputs.execution = "graph"
-                inputs.graph_batch = next(b for b in self.graph_bs if b >= nd)
+        key = self.graph_key(plan)
+        if key is not None:
+            inputs.execution = "graph"
+            inputs.graph_batch, inputs.graph_prefill = key
         return inputs
+
+    def graph_key(self, plan: BatchPlan) -> tuple[int, int | None] | None:
+        """The captured graph a plan replays: (decode rows, prefill tokens; None for a decode graph), or None
+        when it runs eagerly."""
+        nd = plan.num_decodes
+        if nd < len(plan):
+            return self.mixed_graphs.key(nd, sum(plan.num_new[nd:]), len(plan) - nd) if self.mixed_graphs else None
+        if self.graphs and nd <= self.graph_bs[-1]:
+            return next(b for b in self.graph_bs if b >= nd), None
+        return None
 
     @staticmethod
     def _pad(tables: list[list[int]]) -> list[list[int]]:

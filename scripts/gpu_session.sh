@@ -47,7 +47,7 @@ if [ "$what" = evidence ] || [ "$what" = all ]; then
   mkdir -p $R/lc-graph
   step 120 python3 -m labkit doctor --device cuda --model $M &
   step 120 python3 -m labkit smoke --device cuda &
-  for c in A B B-seqs1 C chunk D lifecycle prefix preempt refs balanced prefix-reuse preempt-order preempt-queue decode-order budget-exact; do
+  for c in $(ls workloads/cases/*.yaml | xargs -n1 basename | sed 's/[.]yaml$//'); do  # every shipped case
     step 180 python3 -m labkit trace --case $c --model $M --device cuda -q --out $R/trace-$c &
   done
   step 180 python3 -m labkit trace --case lifecycle --model $M --device cuda -q --shapes --out $R/trace-shapes &
@@ -59,6 +59,11 @@ if [ "$what" = evidence ] || [ "$what" = all ]; then
   step 300 $LC run --suite baseline --attention triton --execution graph $BF --out $R/lc-baseline-triton-graph &
   step 300 $LC run --suite graph --attention triton --execution graph $BF --out $R/lc-graph &
   step 300 $LC run --suite kv --attention triton --execution graph --ref-execution eager $BF --out $R/lc-kv &
+  step 300 $LC run --suite mixed --attention triton --execution graph $BF --out $R/lc-mixed-triton-graph &
+  wait
+  for c in chunk refs balanced decode-order mixed mixed-preempt; do  # mixed steps through their graphs
+    step 240 python3 -m labkit trace --case $c --model $M --device cuda -q --graph --policy mixed --out $R/trace-mixed-graph-$c &
+  done
   wait
 fi
 if [ "$what" = perf ] || [ "$what" = all ]; then
@@ -117,7 +122,7 @@ if [ "$what" = tp ]; then
   wait
   n=0
   for mode in eager graph; do
-    for c in A B B-seqs1 C chunk D lifecycle prefix preempt refs balanced prefix-reuse preempt-order preempt-queue decode-order budget-exact; do
+    for c in $(ls workloads/cases/*.yaml | xargs -n1 basename | sed 's/[.]yaml$//'); do  # every shipped case
       flag=""; [ $mode = graph ] && flag="--graph"
       # --tp 2 must not change a single state: judge strictly (no CHANGED).
       step 240 python3 -m labkit trace --case $c --tp 2 $flag --no-expect-changes --model $M --device cuda -q --out $R/trace-tp2-$mode-$c &
@@ -209,7 +214,7 @@ if [ "$what" = plan ]; then
   # against inside graphs only) and offline nano/batch1, with .old/'s engine for before/after if present.
   R=$OUT/runs
   step 240 python3 -m pytest -q -p no:xdist -o addopts= tests/test_triton_kernels.py tests/test_small_gemm.py tests/test_qk_norm_rope_kernel.py &
-  for c in A B B-seqs1 C chunk D lifecycle prefix preempt refs balanced prefix-reuse preempt-order preempt-queue decode-order budget-exact; do
+  for c in $(ls workloads/cases/*.yaml | xargs -n1 basename | sed 's/[.]yaml$//'); do  # every shipped case
     step 240 python3 -m labkit trace --case $c --model $M --device cuda -q --out $R/trace-$c &
     step 240 python3 -m labkit trace --case $c --model $M --device cuda -q --policy mixed --out $R/trace-mixed-$c &
   done

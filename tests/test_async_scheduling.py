@@ -13,6 +13,18 @@ from engine import LLM, SamplingParams
 POLICIES = ("prefill_first", "balanced", "mixed")
 
 
+@pytest.fixture(autouse=True, params=["eager-after-commit", "graph-ahead"])
+def launch_order(request, monkeypatch):
+    """The step scheduled ahead is launched after this step commits when it runs eagerly (every step on the
+    CPU), before it when it replays a CUDA graph (the GPU's steady decode): both orders must give the same
+    tokens and states, so every test here runs under each."""
+    if request.param == "graph-ahead":
+        from engine.executor import Executor
+
+        monkeypatch.setattr(Executor, "replays_graph", lambda self, plan: True)
+    return request.param
+
+
 def _rows(result):
     i = result.inputs
     return (result.phase, result.seq_ids, result.num_scheduled_tokens, result.num_cached_tokens, result.token_ids,
@@ -254,3 +266,24 @@ def test_a_log_with_late_eos_and_aborts_passes_every_invariant(tiny_model):
                  if a["accepted"] and a["status"] == "RUNNING")
     entry.update(accepted=False, token_id=None, discarded=True)
     assert "async.discarded" in {c.name for c in validate(tracer.events).failures}
+
+
+def test_an_eager_step_is_launched_after_the_step_before_commits_a_graph_step_before(tiny_model, launch_order):
+    """Async scheduling plans step N+1 before step N commits; an eager step's launch is host-bound (tens of
+    ms on the GPU), so it waits for N's commit and N's tokens are not held back by it, while a graph replay
+    (microseconds) is launched before N commits and keeps the device fed."""
+    llm = LLM(tiny_model, device="cpu", kvcache_block_size=4)
+    order = []
+    execute, commit = llm.executor.execute, llm.scheduler.commit
+    llm.executor.execute = lambda plan: (order.append(("launch", plan.seq_ids)), execute(plan))[1]
+    llm.scheduler.commit = lambda plan, sampled: (order.append(("commit", plan.seq_ids)), commit(plan, sampled))[1]
+    llm.add_request([5, 6, 7, 8, 9], SamplingParams(max_tokens=4, ignore_eos=True))
+    for _ in range(3):
+        llm.step()
+    kinds = [k for k, _ in order]
+    if launch_order == "graph-ahead":
+        assert kinds == ["launch", "launch", "commit", "launch", "commit", "launch", "commit"]
+    else:
+        assert kinds == ["launch", "commit", "launch", "commit", "launch", "commit", "launch"]
+    assert llm.async_stats["launched_ahead"] == 3
+    llm.exit()
