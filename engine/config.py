@@ -88,12 +88,12 @@ class Config:
         _choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         _choice("dtype", self.dtype, DTYPES)
         if self.hf_config is None:
-            from transformers import AutoConfig
+            from .model_config import load_model_config
 
             try:
-                self.hf_config = AutoConfig.from_pretrained(self.model)
-            except Exception as e:  # a broken config.json is the user's input, not our bug
-                raise ValueError(f"model: cannot read config.json in {self.model}: {e}") from None
+                self.hf_config = load_model_config(self.model)
+            except ValueError as e:  # a broken config.json is the user's input, not our bug
+                raise ValueError(f"model: {e}") from None
         model_type = getattr(self.hf_config, "model_type", None)
         if model_type != "qwen3":
             raise ValueError(f"model: model_type {model_type!r} is not supported (only qwen3)")

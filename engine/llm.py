@@ -10,11 +10,11 @@ import os
 import platform
 import time
 import weakref
+from importlib.metadata import PackageNotFoundError, version as _package_version
 from itertools import count
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer
 
 from .config import Config
 from .request_limits import RequestLimits
@@ -24,6 +24,7 @@ from .scheduler import Scheduler
 from .sequence import Sequence
 from .step_events import StepEvents
 from .step_result import StepFailed, StepResult
+from .tokenizer import Tokenizer
 from .tp_workers import rank_memory, reset_rank_memory
 
 _CONFIG_FIELDS = {f.name for f in dataclasses.fields(Config)} - {"model", "hf_config", "eos"}
@@ -33,6 +34,14 @@ def _exit_engine(ref) -> None:
     engine = ref()
     if engine is not None:
         engine.exit()
+
+
+def _version(package: str) -> str | None:
+    """A package's version without importing it (transformers takes seconds to import)."""
+    try:
+        return _package_version(package)
+    except PackageNotFoundError:
+        return None
 
 
 @dataclass(slots=True)
@@ -55,7 +64,7 @@ class LLMEngine:
         self.tracer = config.tracer
         t0 = time.perf_counter()
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(config.model, use_fast=True)
+            self.tokenizer = Tokenizer(config.model)
         except Exception as e:
             raise ValueError(f"model: cannot load the tokenizer in {config.model}: {e}") from None
         if config.eos == -1 and self.tokenizer.eos_token_id is not None:
@@ -391,14 +400,12 @@ class LLMEngine:
         config = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("tracer", "hf_config")}
         with open(os.path.join(cfg.model, "config.json"), "rb") as f:
             config_sha = hashlib.sha256(f.read()).hexdigest()
-        import transformers
-
         return {
             "config": config,
             "model": {"path": os.path.abspath(cfg.model), "config_sha256": config_sha},
             "device": str(self.device),
             "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                         "transformers": transformers.__version__},
+                         "transformers": _version("transformers")},
             "tp_rank": self.model_runner.rank,
             "async_scheduling": self._async,
             "tp_size": cfg.tensor_parallel_size,

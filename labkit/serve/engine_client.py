@@ -191,9 +191,9 @@ class EngineClient:
         self.metrics.healthy.set(1)
 
     def _load_tokenizer(self):
-        from transformers import AutoTokenizer
+        from engine.tokenizer import Tokenizer
 
-        return AutoTokenizer.from_pretrained(self.model, use_fast=True)
+        return Tokenizer(self.model)
 
     async def _first_message(self, timeout_s: float | None):
         import msgpack
