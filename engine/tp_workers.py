@@ -185,35 +185,34 @@ def _fail_point(stage: str) -> None:
         raise RuntimeError(f"{FAIL_ENV}={where}: failing at start-up stage {stage!r}")
 
 
-def _die_with_parent() -> None:
-    """SIGKILL this process when its parent exits (Linux prctl PR_SET_PDEATHSIG); a parent already gone
-    before the call ends it at once."""
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when its parent exits (Linux prctl PR_SET_PDEATHSIG), from whatever it is doing;
+    a parent already gone before the call ends it at once. (A TP worker's parent is rank 0; the server's
+    engine core's is its frontend.)"""
     import ctypes
-    import multiprocessing as mp
     import signal
 
-    parent = mp.parent_process()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # (1: PR_SET_PDEATHSIG)
     except (OSError, AttributeError):  # (not Linux: the pipe and the start-up timeout still end it)
         return
-    if parent is not None and os.getppid() != parent.pid:
+    if os.getppid() != parent_pid:
         os._exit(_FAIL_EXIT_CODE)
 
 
 def _worker_main(config, rank: int, backend: str, shm_name: str, wake, done) -> None:
     """Body of a worker process (rank >= 1): join the group, build the runner, serve rank 0's calls.
     `wake` / `done`: this worker's ends of its two pipes (read / write)."""
-    from multiprocessing.shared_memory import SharedMemory
-
+    import multiprocessing as mp
     import signal
+    from multiprocessing.shared_memory import SharedMemory
 
     # Owned by rank 0 from the first line: when rank 0 dies (a crash, SIGKILL, a signal in the middle of
     # start-up) the kernel kills this worker too. Its pipe only tells a worker that reads it; one still joining
     # the group or building its runner would otherwise wait out the start-up timeout (minutes) with the
     # shared memory held.
-    _die_with_parent()
+    die_with_parent(mp.parent_process().pid)
     # Ctrl-C is rank 0's to handle: it then tells the workers to exit (or they see its pipe close).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     world = config.tensor_parallel_size
