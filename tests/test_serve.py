@@ -686,7 +686,11 @@ def test_a_server_stopped_while_its_tp_engine_starts_leaves_nothing(tiny_model, 
         procs = [core, *_spawned(core)]
         shm = [p.name for p in Path("/dev/shm").glob(f"labkit-{core}-*")]
         time.sleep(1)
+        t0 = time.monotonic()
         proc.send_signal(sig)
+        # A loading core reads no "stop" and sends no heartbeat: it is killed at once, not after a silence.
+        _wait(lambda: not _alive(core), 60, "the core to go")
+        assert time.monotonic() - t0 < 2.5, (time.monotonic() - t0, (tmp_path / "server.log").read_text())
         proc.wait(60)
     finally:
         if proc.poll() is None:
