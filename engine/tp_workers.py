@@ -35,10 +35,11 @@ point, since a collective with a dead peer fails at once; NCCL connects at the f
 runner build, and a worker dying after it joined but before that collective leaves rank 0 waiting in
 NCCL.) A failed start
 cleans up like a failed call (below): no process group, worker, shared memory or atexit hook is left,
-and the next engine in the process starts normally. Test hook: LABKIT_TP_WORKER_FAIL=STAGE[:exit] in
-rank 0's environment makes every worker raise (or, with `:exit`, vanish with exit code 3) at STAGE:
+and the next engine in the process starts normally. Test hook: LABKIT_TP_WORKER_FAIL=STAGE[:exit|:hang] in
+rank 0's environment makes every worker raise (with `:exit`, vanish with exit code 3; with `:hang`, wait
+forever) at STAGE:
 `start` (before the rendezvous), `join` (connected to the store, before joining the group) or `runner`
-(before building its runner).
+(before building its runner). A worker dies with rank 0 whatever it is doing (a parent-death signal).
 
 Failure. Before each call rank 0 checks that every worker process is alive; a collective that fails or
 times out (Config.dist_timeout_s) on rank 0 makes it look again. Either way it stops the other workers,
@@ -178,16 +179,40 @@ def _fail_point(stage: str) -> None:
     if where == stage:
         if how == "exit":
             os._exit(_FAIL_EXIT_CODE)
+        if how == "hang":  # a start-up that never ends (a rendezvous or a build that waits forever)
+            while True:
+                time.sleep(3600)
         raise RuntimeError(f"{FAIL_ENV}={where}: failing at start-up stage {stage!r}")
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when its parent exits (Linux prctl PR_SET_PDEATHSIG), from whatever it is doing;
+    a parent already gone before the call ends it at once. (A TP worker's parent is rank 0; the server's
+    engine core's is its frontend.)"""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # (1: PR_SET_PDEATHSIG)
+    except (OSError, AttributeError):  # (not Linux: the pipe and the start-up timeout still end it)
+        return
+    if os.getppid() != parent_pid:
+        os._exit(_FAIL_EXIT_CODE)
 
 
 def _worker_main(config, rank: int, backend: str, shm_name: str, wake, done) -> None:
     """Body of a worker process (rank >= 1): join the group, build the runner, serve rank 0's calls.
     `wake` / `done`: this worker's ends of its two pipes (read / write)."""
+    import multiprocessing as mp
+    import signal
     from multiprocessing.shared_memory import SharedMemory
 
-    import signal
-
+    # Owned by rank 0 from the first line: when rank 0 dies (a crash, SIGKILL, a signal in the middle of
+    # start-up) the kernel kills this worker too. Its pipe only tells a worker that reads it; one still joining
+    # the group or building its runner would otherwise wait out the start-up timeout (minutes) with the
+    # shared memory held.
+    die_with_parent(mp.parent_process().pid)
     # Ctrl-C is rank 0's to handle: it then tells the workers to exit (or they see its pipe close).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     world = config.tensor_parallel_size

@@ -25,6 +25,7 @@ httpx = pytest.importorskip("httpx")
 
 from engine import LLM, SamplingParams  # noqa: E402
 from engine.request_limits import RequestLimits  # noqa: E402
+from engine.tp_workers import FAIL_ENV  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[1]
@@ -667,6 +668,37 @@ def _healthy(url: str) -> bool:
         return httpx.get(url + "/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_server_stopped_while_its_tp_engine_starts_leaves_nothing(tiny_model, tmp_path, sig):
+    """Issue 22: SIGTERM to `labkit serve --tp 2` 3.5 s into start-up, or a SIGKILL then, left a TP worker (and
+    its shared memory) for about 10 minutes. Here the engine never finishes starting (its worker hangs before
+    its runner), and the frontend is stopped then: its core and the worker are gone within seconds."""
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", "serve", "--model", tiny_model, "--port",
+                             str(_free_port()), "--tp", "2", *ENGINE_FLAGS], cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT, env={**os.environ, FAIL_ENV: "runner:hang"})
+    try:
+        _wait(lambda: _spawned(proc.pid) and _spawned(_spawned(proc.pid)[0]), 120, "the core and its worker")
+        core = _spawned(proc.pid)[0]
+        procs = [core, *_spawned(core)]
+        shm = [p.name for p in Path("/dev/shm").glob(f"labkit-{core}-*")]
+        time.sleep(1)
+        t0 = time.monotonic()
+        proc.send_signal(sig)
+        # A loading core reads no "stop" and sends no heartbeat: it is killed at once, not after a silence.
+        _wait(lambda: not _alive(core), 60, "the core to go")
+        assert time.monotonic() - t0 < 2.5, (time.monotonic() - t0, (tmp_path / "server.log").read_text())
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    _wait(lambda: not any(map(_alive, procs)) and not any((Path("/dev/shm") / n).exists() for n in shm), 15,
+          "the core, its worker and the shared memory to go")
 
 
 @pytest.mark.slow

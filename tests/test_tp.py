@@ -295,6 +295,62 @@ def test_an_engine_listens_on_loopback_only_and_its_workers_leave_when_rank_0_is
     assert all(_gone(pid) for pid in info["pids"]) and not _shm_exists(info["shm_name"])
 
 
+_RANK0_STARTING = textwrap.dedent("""
+    import json, sys
+    from engine import LLM
+    if __name__ == "__main__":
+        LLM(sys.argv[1], tensor_parallel_size=2, **json.loads(sys.argv[2]))  # its workers never get ready
+""")
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """Processes multiprocessing spawned from `pid` (not its resource tracker)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"spawn_main" in cmd and b"resource_tracker" not in cmd:
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_worker_still_starting_dies_with_rank_0_and_leaves_no_shared_memory(tiny_model, tmp_path, sig):
+    """Rank 0 killed while its worker is still in start-up (here: it never gets ready): the worker must not
+    wait out the start-up timeout (it did, for about 10 minutes, holding the shared memory)."""
+    script = tmp_path / "rank0.py"
+    script.write_text(_RANK0_STARTING)
+    env = {**os.environ, FAIL_ENV: "runner:hang"}
+    rank0 = subprocess.Popen([sys.executable, str(script), tiny_model, json.dumps(SMALL)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=env, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 60
+        while not (workers := _spawned_children(rank0.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert workers, "no worker started"
+        shm = [n for n in os.listdir("/dev/shm") if n.startswith(f"labkit-{rank0.pid}-")]
+        time.sleep(2)  # well into its start-up (connected, joining, or hung before its runner)
+        assert rank0.poll() is None and not any(_gone(p) for p in workers)
+        os.kill(rank0.pid, sig)
+        rank0.wait(timeout=30)
+    finally:
+        if rank0.poll() is None:
+            rank0.kill()
+            rank0.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (all(_gone(p) for p in workers) and not any(map(_shm_exists, shm))):
+        time.sleep(0.1)
+    assert all(_gone(p) for p in workers), "a worker outlived rank 0"
+    assert not any(map(_shm_exists, shm)), shm
+
+
 def _fails_on_workers(runner):
     if runner.rank:
         raise ZeroDivisionError("planted on a worker")

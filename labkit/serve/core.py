@@ -162,6 +162,12 @@ def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, pare
     import msgpack
     import zmq
 
+    from engine.tp_workers import die_with_parent
+
+    # Owned by the frontend from here on: killed with it even while the engine is still loading (the loop's
+    # parent check below only runs once it has loaded).
+    die_with_parent(parent_pid)
+
     # Shutdown is the frontend's to decide: it sends "stop" (or disappears, which we notice). A terminal's
     # hang-up or quit reaches the whole process group; the frontend drains on those too.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):

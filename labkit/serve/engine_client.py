@@ -181,7 +181,10 @@ class EngineClient:
             self.stats["free_blocks"] = self.stats["num_blocks"] = self.info["num_blocks"]
             self.tokenizer = await tokenizer
         except BaseException:
-            await self._stop_core(timeout_s=5.0)
+            # A start that failed or was interrupted (a signal while the engine loads): the core is killed at
+            # once. It reads "stop" only once loaded, and nothing it holds needs an orderly stop (its TP workers
+            # die with it, its shared memory goes with its resource tracker).
+            await self._stop_core(timeout_s=0.0)
             self._close_sockets()
             raise
         self._heard = time.monotonic()
