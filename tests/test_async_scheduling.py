@@ -64,13 +64,17 @@ def _run(model, async_scheduling, requests, eos=None, between=None, **config):
     outputs = [(llm.get_sequence(i).completion_token_ids, llm.get_sequence(i).finish_reason)
                for i in range(len(requests) + 8) if i in llm._seqs]
     counts = dict(llm.async_stats)
+    prefix_cache = sorted(llm.scheduler.block_manager.hash_to_block_id.items())
+    stats = llm.stats()
+    # Every block back in the pool once every request has finished (a late EOS's discarded row included).
+    assert stats["free_blocks"] == stats["num_blocks"], stats
     llm.exit()
-    return results, outputs, counts
+    return results, outputs, counts, prefix_cache
 
 
 def _frequent_token(model, requests, **config) -> int:
     """The token that most requests sample at some point: as EOS, it stops many of them early."""
-    _, outputs, _ = _run(model, False, requests, kvcache_block_size=4, **config)
+    _, outputs, _, _ = _run(model, False, requests, kvcache_block_size=4, **config)
     counts: dict[int, int] = {}
     for out, _ in outputs:
         for t in set(out):
@@ -91,6 +95,9 @@ def test_every_request_gets_the_same_tokens_when_eos_comes_late(tiny_model, samp
     assert sum(reason == "stop" for _, reason in sync[1]) >= 2  # EOS did end requests early
     # An EOS learnt after the next step was launched wastes that row's token and nothing else: take the
     # wasted rows out and the steps are the synchronous ones.
+    # The prefix cache a synchronous engine leaves: a discarded row's token is not counted as cached, and its
+    # block is not hashed (the same hashes on the same blocks).
+    assert overlapped[3] == sync[3]
     assert overlapped[2]["wasted_rows"] > 0 and sync[2] == {"launched_ahead": 0, "wasted_rows": 0}
     kept = [_kept(r) for r in overlapped[0]]
     assert [k for k in kept if k[1]] == [_kept(r) for r in sync[0]]
