@@ -236,6 +236,9 @@ def test_engine_change_is_detected_by_git_and_unknown_without_it(tiny_model, tmp
     for cmd in (["init", "-q"], ["add", "engine"], ["commit", "-q", "-m", "engine"]):
         subprocess.run(git + cmd, cwd=tree, check=True, capture_output=True)
     _apply(tree, "exp-chunk-any-sequence.patch")
+    # Bytecode a run leaves beside the engine (no .gitignore in this tree) is not a change of the engine.
+    (tree / "engine" / "__pycache__").mkdir(exist_ok=True)
+    (tree / "engine" / "__pycache__" / "planted.cpython-311.pyc").write_bytes(b"")
     args = ("trace", "--case", str(case), "--model", tiny_model, "--device", "cpu", "-q")
     res = _labkit(*args, "--out", str(tmp_path / "a"), env_extra=_in_tree(tree, tmp_path), cwd=tree)
     text = " ".join(res.stdout.split())

@@ -37,7 +37,9 @@ def engine_changes() -> tuple[bool | None, str]:
         return None, f"git is not available to compare {folder} with a commit"
     if done.returncode != 0:
         return None, f"{folder} is not in a git checkout"
-    files = sorted({line[3:].strip().rsplit("/", 1)[-1] for line in done.stdout.splitlines() if line.strip()})
+    # (Bytecode is not a change: a checkout without a .gitignore shows engine/__pycache__/ as untracked.)
+    paths = [line[3:].strip().rstrip("/") for line in done.stdout.splitlines() if line.strip()]
+    files = sorted({p.rsplit("/", 1)[-1] for p in paths if "__pycache__" not in p.split("/") and not p.endswith(".pyc")})
     if files:
         more = f" and {len(files) - 5} more" if len(files) > 5 else ""
         return True, f"{ENGINE_DIFFERS}: {', '.join(files[:5])}{more}"
