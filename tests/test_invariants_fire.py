@@ -131,6 +131,9 @@ EDITS = {
 OTHER_SIDE = {
     # more blocks counted than the pool has (the edit above leaks one)
     "blocks.accounting": ("chunk", lambda ev: _bump(at(ev, 3, "after_postprocess"), "free_blocks", 1)),
+    # one token over the token budget: chunk's first step schedules exactly its 512 (the edit above breaks the
+    # seat count instead)
+    "budget": ("chunk", lambda ev: ev[0]["config"].update(max_num_batched_tokens=511)),
     # max_tokens reached but not finished (the edit above goes past max_tokens)
     "max_tokens": ("chunk", lambda ev: row(at(ev, 4, "after_postprocess"), "A").update(status="RUNNING")),
 }
