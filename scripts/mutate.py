@@ -194,6 +194,8 @@ EQUIVALENT = {
     "B10": "defence in depth: a block handed out for new content drops its old hash (_allocate_block), so a hash "
            "hit always has the same tokens; only B10 and that line together break it "
            "(patches/fault-prefix-hit-stale-block.patch)",
+    "B11": "defence in depth: unhash also empties the block's tokens, and a lookup compares tokens (B10's line), "
+           "so the stale mapping it leaves never hits; only the map's size changes",
     "S8": "under mixed, a sequence is admitted only with a token of the budget left after the decodes, so the "
           "running sequences never outnumber the budget and min(max_num_seqs, budget) never binds (no plan "
           "differed in 2,000 random small-pool mixes)",

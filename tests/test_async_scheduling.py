@@ -294,3 +294,28 @@ def test_an_eager_step_is_launched_after_the_step_before_commits_a_graph_step_be
         assert kinds == ["launch", "commit", "launch", "commit", "launch", "commit", "launch"]
     assert llm.async_stats["launched_ahead"] == 3
     llm.exit()
+
+
+def test_an_abort_while_a_step_runs_gives_an_equal_hash_back_to_the_block_that_held_it(tiny_model):
+    """A and B have the same prompt and are prefilled side by side (B in two chunks), so B's second chunk
+    registers the hashes A's blocks already hold. B is aborted while that chunk's step runs: its registrations
+    are taken back and the hashes go back to A's blocks, so a later C with that prompt hits them (as it hits
+    B's blocks in a synchronous engine)."""
+    prompt = [7 + i for i in range(9)]  # two full blocks of 4, the lookup skips the third
+    hits = {}
+    for on in (False, True):
+        llm = LLM(tiny_model, device="cpu", kvcache_block_size=4, scheduling_policy="mixed",
+                  max_num_batched_tokens=12, async_scheduling=on)
+        sp = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0)
+        llm.add_request(prompt, sp)
+        b = llm.add_request(prompt, sp)
+        first = llm.step()
+        assert first.num_scheduled_tokens == [9, 3]  # A whole, B's first chunk
+        llm.abort(b)  # async: B's second chunk is in the step already launched
+        c = llm.add_request(prompt, sp)
+        results = []
+        while not llm.is_finished():
+            results.append(llm.step())
+        hits[on] = sum(r.prefix_cache_hits for r in results)
+        llm.exit()
+    assert hits[True] == hits[False] == 8, hits
