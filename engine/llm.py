@@ -12,6 +12,7 @@ import time
 import weakref
 from importlib.metadata import PackageNotFoundError, version as _package_version
 from itertools import count
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -86,6 +87,10 @@ class LLMEngine:
         # Async scheduling: steps launched while the step before them ran, and rows computed for sequences that
         # had meanwhile stopped on EOS or been aborted (their tokens dropped).
         self.async_stats = {"launched_ahead": 0, "wasted_rows": 0}
+        # Called right before each step is scheduled (add_request and abort may be called from it): with async
+        # scheduling the next step is scheduled inside step(), while this one runs, and requests that arrived
+        # meanwhile join it only if they are added here.
+        self.before_schedule: Callable[[], None] | None = None
         self._t_start = time.perf_counter()
         self._closed = False
         # exit() at interpreter exit, as nano does, through a weak reference (an engine that is dropped
@@ -209,17 +214,20 @@ class LLMEngine:
     def step(self) -> StepResult:
         """One engine step: schedule, run the model, sample, commit; returns what it did (StepResult).
 
-        With async scheduling the next step is scheduled before this one's tokens reach the host (its inputs
-        read them on the device) and, when it replays a CUDA graph, launched too, so the device never waits
-        for the host. An eager step's launch is host-bound (tens of ms): it goes after this step's commit, so
-        this step's tokens are not held back by it. An exception after scheduling takes the step's sequences
-        out of the engine and raises StepFailed."""
+        With async scheduling, while a step that replays a CUDA graph runs (a few ms of device time, launched
+        in microseconds), the next step is scheduled (its inputs read this step's samples on the device) and,
+        if it replays a graph too, launched, so the device never waits for the host. An eager step's launch is
+        host-bound (tens of ms): it goes after this step's commit, so this step's tokens are not held back by it.
+        After an eager step nothing is scheduled ahead: its run leaves the host no idle time to fill, and
+        requests that arrived during it can join the very next step. An exception after scheduling takes the
+        step's sequences out of the engine and raises StepFailed."""
         if self._failed is not None:
             failed, self._failed = self._failed, None
             raise failed
         current = self._queued or self._launch(self._schedule())
         self._queued = None
-        if not (self._async and self.sampling.on_device and not self.scheduler.is_finished()):
+        if not (self._async and self.sampling.on_device and not self.scheduler.is_finished()
+                and self.executor.replays_graph(current.plan)):
             return self._commit(current)
         current.queues = self._queues()  # what it leaves, before the next step changes it
         ahead = self._schedule(fail_later=True)
@@ -237,6 +245,8 @@ class LLMEngine:
     def _schedule(self, fail_later: bool = False) -> tuple | None:
         """The next step's plan: (step number, plan, the prefix-cache queries and hits it added). `fail_later`: a
         failure is raised by the next step() (this one still commits the step before it)."""
+        if self.before_schedule is not None:
+            self.before_schedule()
         n = self._launches + 1
         bm = self.scheduler.block_manager
         before = bm.prefix_queries, bm.prefix_hits

@@ -53,3 +53,14 @@ if not torch.cuda.is_available():
     from engine.kernels.interpreter import patch_interpreter
 
     patch_interpreter()
+
+
+def replay_graphs(monkeypatch, which: str) -> None:
+    """Make the CPU engine launch steps as on a GPU with CUDA graphs, for the async path: "every" step
+    replays a graph, or only "decodes" (decode-only plans; prefills and mixed steps run eagerly). On the CPU
+    every step is eager, so async scheduling schedules nothing ahead without this."""
+    from engine.executor import Executor
+
+    rule = {"every": lambda self, plan: True,
+            "decodes": lambda self, plan: plan.num_decodes == len(plan)}[which]
+    monkeypatch.setattr(Executor, "replays_graph", rule)

@@ -9,19 +9,19 @@ import random
 import pytest
 
 from engine import LLM, SamplingParams
+from tests.conftest import replay_graphs
 
 POLICIES = ("prefill_first", "balanced", "mixed")
 
 
-@pytest.fixture(autouse=True, params=["eager-after-commit", "graph-ahead"])
+@pytest.fixture(autouse=True, params=["graph-ahead", "decode-graph"])
 def launch_order(request, monkeypatch):
-    """The step scheduled ahead is launched after this step commits when it runs eagerly (every step on the
-    CPU), before it when it replays a CUDA graph (the GPU's steady decode): both orders must give the same
-    tokens and states, so every test here runs under each."""
-    if request.param == "graph-ahead":
-        from engine.executor import Executor
-
-        monkeypatch.setattr(Executor, "replays_graph", lambda self, plan: True)
+    """A step is scheduled ahead only while one that replays a CUDA graph runs; the step scheduled ahead is
+    launched before that one commits when it replays a graph too, after the commit when it runs eagerly. On
+    the CPU every step is eager (nothing would be scheduled ahead), so each test here runs as on a GPU where
+    every step replays a graph and as on one where only decode steps do: both must give the tokens and
+    states of a synchronous engine."""
+    replay_graphs(monkeypatch, "every" if request.param == "graph-ahead" else "decodes")
     return request.param
 
 
@@ -36,6 +36,11 @@ def _kept(result):
     """A step's rows without the ones a late EOS or an abort wasted (their token is dropped)."""
     return (result.phase, [(s, t, f) for s, t, f, ok in zip(result.seq_ids, result.token_ids, result.finish_reasons,
                                                             _samples(result)) if t is not None or f is not None or not ok])
+
+
+def _after_replays(results, launch_order) -> int:
+    """How many steps were scheduled ahead: each one after a step that replays a graph, but the last."""
+    return sum(launch_order == "graph-ahead" or r.phase == "decode" for r in results[:-1])
 
 
 def _samples(result):
@@ -107,22 +112,23 @@ def test_every_request_gets_the_same_tokens_when_eos_comes_late(tiny_model, samp
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_without_eos_every_step_is_the_synchronous_step(tiny_model, policy):
+def test_without_eos_every_step_is_the_synchronous_step(tiny_model, policy, launch_order):
     """ignore_eos everywhere, a small pool (preemption), more requests than max_num_seqs: every StepResult is
-    identical, inputs included, and every step but the first of each busy stretch was launched ahead."""
+    identical, inputs included, and every step that follows one replaying a graph was launched ahead."""
     requests = _requests(2, 12, {}, ignore_eos=True)
     for config in ({"num_kvcache_blocks": 14}, {"num_kvcache_blocks": 40, "max_num_seqs": 3}):
         sync = _run(tiny_model, False, requests, kvcache_block_size=4, scheduling_policy=policy, **config)
         overlapped = _run(tiny_model, True, requests, kvcache_block_size=4, scheduling_policy=policy, **config)
         assert [_rows(r) for r in overlapped[0]] == [_rows(r) for r in sync[0]], config
         assert overlapped[1] == sync[1]
-        assert overlapped[2] == {"launched_ahead": len(overlapped[0]) - 1, "wasted_rows": 0}, (config, overlapped[2])
+        assert overlapped[2] == {"launched_ahead": _after_replays(overlapped[0], launch_order), "wasted_rows": 0}, \
+            (config, overlapped[2])
         if "num_kvcache_blocks" in config and config["num_kvcache_blocks"] < 20:
             assert any(r.preempted for r in sync[0])  # the small pool did preempt
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_arrivals_join_a_later_step_and_aborts_cost_their_row(tiny_model, policy):
+def test_arrivals_join_a_later_step_and_aborts_cost_their_row(tiny_model, policy, launch_order):
     requests = _requests(3, 6, {})
     late = _requests(4, 4, {})
 
@@ -140,20 +146,27 @@ def test_arrivals_join_a_later_step_and_aborts_cost_their_row(tiny_model, policy
     # The arrivals wasted nothing: they joined the step after the one already launched. The abort wasted the
     # row of request 1 in that step, and that is all.
     assert overlapped[2]["wasted_rows"] <= 1 + sum(r == "stop" for _, r in sync[1])
-    assert overlapped[2]["launched_ahead"] > len(overlapped[0]) // 2
+    assert overlapped[2]["launched_ahead"] == _after_replays(overlapped[0], launch_order)
 
 
-def test_a_request_arriving_while_a_step_runs_joins_the_step_after_the_launched_one(tiny_model):
-    """Steps run ahead: the engine has already launched step N+1 when step N's result comes back, so a request
-    added then is first scheduled in step N+2, and step N+1 is kept."""
+def test_a_request_arriving_while_a_step_runs_joins_the_step_after_the_launched_one(tiny_model, launch_order):
+    """While a step that replays a graph runs, the engine has already scheduled step N+1, so a request added
+    when step N's result comes back is first scheduled in step N+2, and step N+1 is kept. After an eager step
+    (a prefill, here) nothing was scheduled ahead: the request joins step N+1."""
     llm = LLM(tiny_model, device="cpu", kvcache_block_size=4, scheduling_policy="mixed")
     llm.add_request([5, 6, 7, 8, 9], SamplingParams(max_tokens=10, ignore_eos=True))
     first = llm.step()
     late = llm.add_request([11, 12, 13], SamplingParams(max_tokens=2, ignore_eos=True))
     second, third = llm.step(), llm.step()
-    assert first.phase == "prefill" and second.phase == "decode" and late not in second.seq_ids
-    assert third.phase == "mixed" and third.seq_ids == [0, late]
-    assert llm.async_stats == {"launched_ahead": 3, "wasted_rows": 0}
+    assert first.phase == "prefill"
+    if launch_order == "graph-ahead":
+        assert second.phase == "decode" and late not in second.seq_ids
+        assert third.phase == "mixed" and third.seq_ids == [0, late]
+        assert llm.async_stats == {"launched_ahead": 3, "wasted_rows": 0}
+    else:
+        assert second.phase == "mixed" and second.seq_ids == [0, late]
+        assert third.phase == "decode" and third.seq_ids == [0, late]
+        assert llm.async_stats == {"launched_ahead": 1, "wasted_rows": 0}  # the third step (a decode) replays
     llm.exit()
 
 
@@ -189,7 +202,7 @@ def test_a_queued_launch_that_raises_fails_its_step_at_the_next_call_and_the_eng
     late = llm.add_request([9, 9, 9], SamplingParams(max_tokens=4, ignore_eos=True))
     while not llm.is_finished():
         llm.step()
-    assert llm.get_sequence(late).finish_reason == "length" and llm.async_stats["launched_ahead"] >= 3
+    assert llm.get_sequence(late).finish_reason == "length" and llm.async_stats["launched_ahead"] >= 2
     llm.exit()
 
 
@@ -240,7 +253,8 @@ def test_trace_without_async_scheduling_is_judged_strictly(tiny_model, tmp_path,
     assert check["report"]["expect_changes"] is False or "engine/ differs" in why
 
 
-def test_a_log_with_late_eos_and_aborts_passes_every_invariant(tiny_model):
+@pytest.mark.parametrize("launch_order", ["graph-ahead"], indirect=True)  # (the most rows discarded)
+def test_a_log_with_late_eos_and_aborts_passes_every_invariant(tiny_model, launch_order):
     """Under async scheduling a late EOS and an abort while a step runs leave `discarded` rows in the log: every
     invariant of validate.py holds on such a log, and the rows are there to be judged."""
     from engine.trace import ListTracer
@@ -275,24 +289,33 @@ def test_a_log_with_late_eos_and_aborts_passes_every_invariant(tiny_model):
     assert "async.discarded" in {c.name for c in validate(tracer.events).failures}
 
 
-def test_an_eager_step_is_launched_after_the_step_before_commits_a_graph_step_before(tiny_model, launch_order):
-    """Async scheduling plans step N+1 before step N commits; an eager step's launch is host-bound (tens of
-    ms on the GPU), so it waits for N's commit and N's tokens are not held back by it, while a graph replay
-    (microseconds) is launched before N commits and keeps the device fed."""
+def test_a_step_is_scheduled_ahead_only_while_a_graph_replays_and_launched_before_the_commit_only_if_it_replays(
+        tiny_model, launch_order):
+    """Async scheduling plans step N+1 while step N runs only if N replays a graph (an eager N keeps the host
+    busy for its whole run; after it, requests that arrived join N+1). N+1 is launched before N commits when
+    it replays a graph (microseconds), after N's commit when it runs eagerly (host-bound, tens of ms on the
+    GPU), so N's tokens are never held back by it."""
     llm = LLM(tiny_model, device="cpu", kvcache_block_size=4)
     order = []
     execute, commit = llm.executor.execute, llm.scheduler.commit
-    llm.executor.execute = lambda plan: (order.append(("launch", plan.seq_ids)), execute(plan))[1]
-    llm.scheduler.commit = lambda plan, sampled: (order.append(("commit", plan.seq_ids)), commit(plan, sampled))[1]
+    llm.executor.execute = lambda plan: (order.append(("launch", plan.phase)), execute(plan))[1]
+    llm.scheduler.commit = lambda plan, sampled: (order.append(("commit", plan.phase)), commit(plan, sampled))[1]
     llm.add_request([5, 6, 7, 8, 9], SamplingParams(max_tokens=4, ignore_eos=True))
     for _ in range(3):
         llm.step()
-    kinds = [k for k, _ in order]
-    if launch_order == "graph-ahead":
-        assert kinds == ["launch", "launch", "commit", "launch", "commit", "launch", "commit"]
-    else:
-        assert kinds == ["launch", "commit", "launch", "commit", "launch", "commit", "launch"]
-    assert llm.async_stats["launched_ahead"] == 3
+    llm.add_request([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))  # joins after the step ahead
+    while not llm.is_finished():
+        llm.step()
+    P, D = "prefill", "decode"
+    if launch_order == "graph-ahead":  # every step replays: each next step goes before the commit
+        want = [("launch", P), ("launch", D), ("commit", P), ("launch", D), ("commit", D), ("launch", D),
+                ("commit", D), ("launch", P), ("commit", D), ("launch", D), ("commit", P), ("commit", D)]
+        assert llm.async_stats["launched_ahead"] == 5
+    else:  # a prefill is eager: nothing is planned while it runs, and it is launched after the decode commits
+        want = [("launch", P), ("commit", P), ("launch", D), ("launch", D), ("commit", D), ("launch", D),
+                ("commit", D), ("commit", D), ("launch", P), ("commit", P), ("launch", D), ("commit", D)]
+        assert llm.async_stats["launched_ahead"] == 3
+    assert order == want
     llm.exit()
 
 

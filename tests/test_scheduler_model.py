@@ -498,8 +498,11 @@ EXERCISED = {"prefill", "decode", "chunk", "preemption", "prefix hit", "freed bl
 
 
 @pytest.mark.parametrize("policy", ["prefill_first", "balanced", "mixed"])
-def test_engine_steps_equal_the_model(tiny_model, policy):
+def test_engine_steps_equal_the_model(tiny_model, policy, monkeypatch):
+    from tests.conftest import replay_graphs
+
     _skip_unless_engine_has(policy)
+    replay_graphs(monkeypatch, "decodes")  # as on a GPU: decode steps replay graphs, so async plans ahead
     seen: set[str] = set()
     _default[policy](tiny_model, seen=seen)
     assert EXERCISED | ({"mixed"} if policy == "mixed" else set()) <= seen, sorted(seen)
@@ -507,6 +510,9 @@ def test_engine_steps_equal_the_model(tiny_model, policy):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["prefill_first", "balanced", "mixed"])
-def test_engine_steps_equal_the_model_on_many_more_mixes(tiny_model, policy):
+def test_engine_steps_equal_the_model_on_many_more_mixes(tiny_model, policy, monkeypatch):
+    from tests.conftest import replay_graphs
+
     _skip_unless_engine_has(policy)
+    replay_graphs(monkeypatch, "decodes")
     _slow[policy](tiny_model, seen=set())

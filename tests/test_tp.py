@@ -578,10 +578,15 @@ def test_shapes_check_catches_a_mismatch():
 
 
 @pytest.mark.slow
-def test_async_scheduling_with_two_ranks_changes_no_step(tiny_model):
+def test_async_scheduling_with_two_ranks_changes_no_step(tiny_model, monkeypatch):
     """Planned steps run on both ranks (rank 0 broadcasts the ids they read); kept or thrown away, every step and
-    every token is what the same engine computes without async scheduling."""
+    every token is what the same engine computes without async scheduling. (Rank 0 decides what is scheduled
+    ahead: as on a GPU, decode steps replay graphs there.)"""
     import random
+
+    from tests.conftest import replay_graphs
+
+    replay_graphs(monkeypatch, "decodes")
 
     rng = random.Random(7)
     requests = [([rng.randrange(1, 250) for _ in range(rng.randrange(2, 40))],

@@ -87,15 +87,17 @@ def run_case(case: Case, model_dir: Path, log_path: Path, *, overrides: dict | N
         pending = list(case.requests)
 
         def submit_ready():
-            # `after` means: once the engine has finished that request, i.e. will schedule it no more (with
-            # async scheduling that is known before its last step's tokens are: a length stop is decided
-            # when that step is scheduled, and the next one sees the new request as a synchronous engine would).
+            # `after` means: once the engine has finished that request, i.e. will schedule it no more. With
+            # async scheduling that is known before its last step's tokens are (a length stop is decided when
+            # that step is scheduled), and the engine schedules the next step inside step(): submitted from
+            # its before_schedule hook, the new request joins the step a synchronous engine gives it.
             for r in list(pending):
                 if r.after is None or r.after in seq_ids and llm.get_sequence(seq_ids[r.after]).is_finished:
                     seq_ids[r.id] = llm.add_request(prompts[r.id], params[r.id], request_id=r.id)
                     pending.remove(r)
 
         submit_ready()
+        llm.before_schedule = submit_ready
         # A correct engine computes at least one token a step; ten times the case's tokens leaves room for
         # preemptions redoing work, and a step count past it is an engine that no longer makes progress.
         max_steps = 10 * sum(len(prompts[r.id]) + r.max_tokens for r in case.requests) + 100
