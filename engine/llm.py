@@ -70,11 +70,15 @@ class LLMEngine:
             raise ValueError(f"model: cannot load the tokenizer in {config.model}: {e}") from None
         if config.eos == -1 and self.tokenizer.eos_token_id is not None:
             config.eos = self.tokenizer.eos_token_id
+        t_tokenizer = time.perf_counter() - t0
         self.executor = Executor(config)
         self.model_runner = self.executor.runner
         self.scheduler = Scheduler(config)
         self._limits = self.limits
         self.init_seconds = time.perf_counter() - t0
+        # Where init_seconds went (rank 0's phases; the rest is waiting for tensor-parallel workers).
+        self.startup_seconds = {"tokenizer": t_tokenizer, **self.model_runner.startup_seconds}
+        self.startup_seconds["other"] = max(0.0, self.init_seconds - sum(self.startup_seconds.values()))
         self._seq_ids = count()
         self._seqs: dict[int, Sequence] = {}
         self.step_count = 0       # steps committed (StepResult.step of the last one)

@@ -118,6 +118,18 @@ def fill_graph_inputs(a, inputs: StepInputs, max_bs: int, max_blocks: int) -> in
     return 4 * max_bs + bs * max_blocks
 
 
+class _Laps:
+    """lap(name): the seconds since the last lap (or since this was made) go into `into[name]`."""
+
+    def __init__(self, into: dict[str, float]):
+        self.into, self.t = into, time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.into[name] = self.into.get(name, 0.0) + now - self.t
+        self.t = now
+
+
 @contextlib.contextmanager
 def _default_dtype_device(dtype: torch.dtype, device: torch.device):
     old_dtype = torch.get_default_dtype()
@@ -134,6 +146,9 @@ class ModelRunner:
         self.config = config
         self.rank = rank
         self.world_size = config.tensor_parallel_size
+        # Where start-up goes, phase by phase (seconds; docs/perf.md has the table on one H200).
+        self.startup_seconds: dict[str, float] = {}
+        lap = _Laps(self.startup_seconds)
         set_tp(rank, self.world_size)  # before the model is built: the layers take this rank's shard
         hf = config.hf_config
         self.block_size = config.kvcache_block_size
@@ -144,11 +159,14 @@ class ModelRunner:
         self.attention_backend = self.kernels.attention
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        lap("kernels and device")
         with _default_dtype_device(self.dtype, self.device):
             self.model = Qwen3ForCausalLM(hf, self.kernels)
+        lap("build model")
         load_model(self.model, config.model)
         # Buffers computed on the CPU for exactness (the RoPE table) follow the parameters to the device.
         self.model.to(self.device).eval()
+        lap("load weights")
         self.staging = Staging(self.device)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         # How rank 0 picks each step's tokens (engine/sampler.py); the engine may swap in another strategy.
@@ -163,13 +181,16 @@ class ModelRunner:
         self.graph_capture_seconds = None
         if self.device.type == "cuda":
             self.warmup_model()
+            lap("warm-up forward")
         self.allocate_kv_cache()
+        lap("kv cache")
         if self.device.type == "cuda" and not config.enforce_eager and self.kernels.graph_safe:
-            t0 = time.perf_counter()
             pool = self.capture_cudagraph()
+            lap("capture decode graphs")
             if config.scheduling_policy == "mixed":  # (no other policy makes a step with both kinds of row)
                 self.capture_mixed_graphs(pool)
-            self.graph_capture_seconds = time.perf_counter() - t0
+                lap("capture mixed graphs")
+            self.graph_capture_seconds = sum(v for k, v in self.startup_seconds.items() if k.startswith("capture"))
 
     @property
     def execution(self) -> str:

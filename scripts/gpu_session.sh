@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
-#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan|bar20|cells|final20]
+#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan|bar20|cells|final20|startup|startup+cells]
 # Measured on one H200 (docs/perf.md): evidence ~2 minutes, perf ~7 (3.5 of them the Transformers baseline);
 # `all` is ~9.5, close to a 10-minute device call: two calls (evidence, perf) are safer.
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
@@ -284,6 +284,32 @@ if [ "$what" = bar20 ]; then
       pack
     done
   done
+fi
+if [ "$what" = startup ] || [ "$what" = startup+cells ]; then
+  # Issue 21's start-up table: each command's wall seconds, first on this machine's empty compile caches (cold),
+  # then again (warm), and the engine's phases (bench's startup_s, serve's /health startup_s). The lines go to
+  # logs/startup-table.txt: "<cold|warm> <command> <seconds> rc=<exit>".
+  timed() { local tag=$1 name=$2; shift 2; local t0 t1 rc; t0=$(date +%s.%N)
+    timeout 300 "$@" > "$OUT/logs/startup-$tag-$name.log" 2>&1; rc=$?; t1=$(date +%s.%N)
+    echo "$tag $name $(awk "BEGIN{printf \"%.2f\", $t1 - $t0}") rc=$rc" >> $OUT/logs/startup-table.txt; }
+  for tag in cold warm; do
+    timed $tag import-torch python3 -c "import torch"
+    timed $tag import-engine python3 -X importtime -c "import engine.llm"
+    timed $tag doctor python3 -m labkit doctor --device cuda --model $M
+    timed $tag smoke python3 -m labkit smoke --device cuda
+    timed $tag trace-chunk python3 -m labkit trace --case chunk --model $M --device cuda -q --out $OUT/runs/st-$tag-chunk
+    timed $tag trace-chunk-graph python3 -m labkit trace --case chunk --model $M --device cuda -q --graph --out $OUT/runs/st-$tag-chunk-graph
+    timed $tag bench-batch1 python3 -m labkit bench --workload batch1 --model $M --device cuda --out $OUT/logs/st-$tag-batch1.json
+    port=$([ $tag = cold ] && echo 8801 || echo 8802)
+    python3 -m labkit serve --model $M --device cuda --port $port --log-level warning > $OUT/logs/startup-$tag-serve.log 2>&1 &
+    spid=$!; t0=$(date +%s.%N)
+    for _ in $(seq 600); do curl -sf localhost:$port/health > $OUT/logs/st-$tag-health.json && break; sleep 0.2; done
+    echo "$tag serve-health $(awk "BEGIN{printf \"%.2f\", $(date +%s.%N) - $t0}") rc=0" >> $OUT/logs/startup-table.txt
+    kill -TERM $spid; wait $spid
+  done
+  tar czf ${PACK_TO:-$OUT}/reports.tgz -C $OUT --exclude='*.jsonl' --exclude='*.npz' --exclude='*.tsv' \
+    --exclude='*.perfetto.json*' logs runs 2>/dev/null
+  [ "$what" = startup+cells ] && what=cells
 fi
 if [ "$what" = cells ]; then
   # Issue 20's bar, the cells a bar20 call leaves: CELLS="policy/async/round ..." (async on|off), each a fresh server

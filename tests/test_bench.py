@@ -133,6 +133,10 @@ def test_bench_fixed_end_to_end(tiny_model, runs, capsys):
     eng = data["config"]["engine"]
     assert eng["enforce_eager"] is True and eng["attention_backend"] == "torch" and eng["tensor_parallel_size"] == 1
     assert data["config"]["hf"] is None and data["execution"] == "eager"
+    # Where init went, phase by phase (CPU: no warm-up forward, no graphs), adding up to init_s.
+    phases = data["startup_s"]
+    assert list(phases) == ["tokenizer", "kernels and device", "build model", "load weights", "kv cache", "other"]
+    assert all(v >= 0 for v in phases.values()) and abs(sum(phases.values()) - data["init_s"]) < 0.01
     assert [r["seed"] for r in data["runs"]] == [0, 1, 2]
     assert path.with_suffix(".md").read_text().startswith("# labkit bench: fixed (engine)")
     assert "tok/s" in out and "median" in out

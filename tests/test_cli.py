@@ -431,6 +431,22 @@ def test_doctor_on_cpu_passes_and_writes_json(tiny_model, lab_env, capsys):
     assert "doctor" in out and "PASS" in out and "Traceback" not in err
 
 
+def test_doctor_does_not_load_the_engine_or_transformers(tiny_model, lab_env):
+    """doctor reports torch and the GPU without importing the engine's runner (its kernels cost seconds on a
+    GPU box) or transformers (reported by its installed version). (The engine package itself is light: the CLI
+    reads its config module for choices.)"""
+    import subprocess
+    import sys
+
+    code = ("import sys; from labkit.cli import app\n"
+            "try:\n    app(['doctor', '--device', 'cpu', '--model', sys.argv[1]])\n"
+            "except SystemExit as e:\n    print('exit', e.code)\n"
+            "print('loaded', sorted(m for m in ('engine.llm', 'engine.runner', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, str(tiny_model)], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert "exit 0" in done.stdout and "loaded []" in done.stdout, (done.stdout[-800:], done.stderr[-800:])
+
+
 @pytest.mark.skipif(not NO_GPU, reason="needs a machine without a GPU")
 def test_doctor_device_cuda_without_gpu_fails(tiny_model, lab_env, capsys):
     code, out, _ = run_cli(["doctor", "--device", "cuda"], capsys)

@@ -272,6 +272,7 @@ def build_result(env: dict, w: Workload, backend: str, m: dict) -> dict:
         init_s=m["init_s"],
         init_wall_s=m["init_wall_s"],
         graph_capture_s=m["graph_capture_s"],
+        startup_s=m.get("startup_s"),  # (the engine's phases; the Transformers baseline has none)
         warmup_s=m["warmup_s"],
         warmup_rounds=m["warmup_rounds"],
         runs=m["runs"],

@@ -245,6 +245,7 @@ def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: d
             "init_s": float(llm.init_seconds),
             "init_wall_s": init_wall_s,
             "graph_capture_s": None if graph_capture is None else float(graph_capture),
+            "startup_s": {k: round(float(v), 4) for k, v in llm.startup_seconds.items()},
             "warmup_s": sum(r["wall_s"] for r in warmup_rounds),
             "warmup_rounds": warmup_rounds,
             "runs": runs,

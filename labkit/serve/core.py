@@ -69,7 +69,8 @@ class EngineCore:
                 "tp": cfg.tensor_parallel_size, "model": os.path.abspath(cfg.model), "eos": cfg.eos,
                 "block_size": cfg.kvcache_block_size, "num_blocks": cfg.num_kvcache_blocks,
                 "max_num_seqs": cfg.max_num_seqs, "policy": cfg.scheduling_policy,
-                "enforce_eager": cfg.enforce_eager, "async_scheduling": cfg.async_scheduling}
+                "enforce_eager": cfg.enforce_eager, "async_scheduling": cfg.async_scheduling,
+                "startup_s": {k: round(v, 4) for k, v in llm.startup_seconds.items()}}
         return info
 
     @property
