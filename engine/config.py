@@ -40,8 +40,8 @@ class Config:
     attention_backend: str = "auto"
     scheduling_policy: str = "prefill_first"
     dtype: str = "auto"
-    # Our Triton kernels on CUDA for what cuBLAS/inductor do slowly at decode sizes: a split-K GEMV for
-    # matmuls of <= 16 rows and one fused q/k RMSNorm + RoPE kernel (False: cuBLAS + compiled torch ops).
+    # Our Triton split-K GEMV on CUDA for what cuBLAS does slowly at decode sizes (matmuls of <= 16 rows, inside
+    # decode graphs; False: cuBLAS).
     # The rest of the kernel choices follow from the device and enforce_eager (engine/kernel_choice.py).
     custom_kernels: bool = True
     # Async scheduling: schedule and launch the next step before this step's sampled ids reach the host (its

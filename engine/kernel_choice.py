@@ -20,11 +20,12 @@ SMALL_GEMM_MAX_ROWS = 16
 class KernelChoice:
     # The attention backend (engine/backends): "flash_attn" | "triton" | "torch".
     attention: str = "torch"
-    # torch.compile the small elementwise ops (engine/layers/fused.py: norms, RoPE, SiLU*up). Eagerly each is
-    # 3-10 tiny kernels; compiled, one. Only worth its start-up cost where decode runs in CUDA graphs.
-    compile_fused: bool = False
-    # Our Triton kernels inside decode graphs, where cuBLAS/inductor are slow at decode sizes: a split-K GEMV
-    # for matmuls of <= SMALL_GEMM_MAX_ROWS rows and one fused q/k RMSNorm + RoPE kernel.
+    # Our Triton kernels for the small elementwise ops (engine/kernels/elementwise.py: the norms and SiLU*up;
+    # engine/kernels/qk_norm_rope.py: q/k norm + RoPE), in every step: eagerly each is 3-10 tiny torch kernels,
+    # here one. Off with --eager, which keeps plain torch's numbers bit for bit.
+    fused_elementwise: bool = False
+    # Our Triton split-K GEMV inside decode graphs, where cuBLAS is slow at decode sizes: matmuls of
+    # <= SMALL_GEMM_MAX_ROWS rows.
     custom_kernels: bool = False
     # The one-pass Triton Gumbel-max sampler (engine/kernels/gumbel_sampler.py) for batches without top-k/top-p
     # (measured faster than the torch sampler on the H200: docs/perf.md).
@@ -47,10 +48,15 @@ class KernelChoice:
         return self.backend.NEEDS_PREFILL_BLOCK_TABLES
 
     def elementwise(self, fn):
-        """One of fused.py's functions as this engine runs it: compiled or plain. (Compiled in eager steps too:
-        at 30 ms a prefill step of 128 tokens on the H200 against 56 ms with the plain ops' extra launches,
-        docs/serving.md.)"""
-        return fused.compiled(fn) if self.compile_fused else fn
+        """One of fused.py's functions as this engine runs it: our kernel for it, or the plain torch function.
+        (Fused in eager steps too: at 30 ms a prefill step of 128 tokens on the H200 against 56 ms with the
+        plain ops' extra launches, docs/serving.md.)"""
+        if not self.fused_elementwise:
+            return fn
+        from .kernels import elementwise
+
+        return {fused.rms_norm: elementwise.rms_norm, fused.add_rms_norm: elementwise.add_rms_norm,
+                fused.silu_and_mul: elementwise.silu_and_mul}[fn]
 
 
 def choose_kernels(config, device: torch.device) -> KernelChoice:
@@ -59,6 +65,6 @@ def choose_kernels(config, device: torch.device) -> KernelChoice:
     attention = resolve_attention_backend(config.attention_backend, device)
     load_backend(attention)  # imported now, before the model is built under a default device and dtype
     return KernelChoice(attention=attention,
-                        compile_fused=cuda and not config.enforce_eager,
+                        fused_elementwise=cuda and not config.enforce_eager,
                         custom_kernels=cuda and bool(config.custom_kernels),
                         gumbel_sampler=cuda)

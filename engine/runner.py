@@ -154,7 +154,7 @@ class ModelRunner:
         self.block_size = config.kvcache_block_size
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, hf)
-        # Every kernel decision (attention backend, compiled ops, our Triton kernels, sampler), made once here.
+        # Every kernel decision (attention backend, our Triton kernels, sampler), made once here.
         self.kernels = choose_kernels(config, self.device)
         self.attention_backend = self.kernels.attention
         if self.device.type == "cuda":

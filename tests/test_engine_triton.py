@@ -69,13 +69,15 @@ def test_triton_sampler_in_the_engine(tiny_model, monkeypatch):
 
 
 def test_custom_kernels_in_the_model_match_transformers(tiny_model, hf_logits, monkeypatch):
-    """The GEMV and the fused q/k norm + RoPE kernel wired into the real model. The runner enables them only
-    on CUDA, and the GEMV only while a CUDA graph is captured, so both switches are forced here."""
+    """The GEMV and the fused elementwise kernels (q/k norm + RoPE, the norms, SiLU*up) wired into the real
+    model. The runner enables them only on CUDA, and the GEMV only while a CUDA graph is captured, so both
+    switches are forced here."""
     import torch
 
     from engine.kernels import small_gemm
 
-    llm = _llm_choosing(monkeypatch, tiny_model, "triton", {"custom_kernels": True}, max_num_batched_tokens=16)
+    llm = _llm_choosing(monkeypatch, tiny_model, "triton", {"custom_kernels": True, "fused_elementwise": True},
+                        max_num_batched_tokens=16)
     calls = []
     real = small_gemm.small_matmul
     monkeypatch.setattr(small_gemm, "small_matmul", lambda *a, **k: calls.append(1) or real(*a, **k))

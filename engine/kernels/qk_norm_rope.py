@@ -1,5 +1,5 @@
 """Qwen3's q/k head RMSNorm + neox RoPE straight from the merged qkv rows: one kernel per layer instead of
-torch.compile's split/index/norm/rope chain. Numerics follow fused.qk_norm_rope exactly, rounding to the
+torch's split/index/norm/rope chain. Numerics follow fused.qk_norm_rope exactly, rounding to the
 model dtype wherever eager torch does; only the norm's float32 sum order differs, which now and then
 moves a value by 1 ulp."""
 from __future__ import annotations

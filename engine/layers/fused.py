@@ -1,15 +1,11 @@
-"""The small elementwise pieces of a decoder layer as plain functions, optionally torch.compile'd.
-
-Eagerly each is 3-10 tiny kernels; at decode batch sizes a kernel costs a few microseconds however little
-it does, so 28 layers of them dominate a step. torch.compile fuses each function into one kernel. Whether a
-layer uses the compiled or the plain function is the engine's KernelChoice (engine/kernel_choice.py), which
-layers consult when they are built."""
+"""The small elementwise pieces of a decoder layer as plain torch functions: the reference for our Triton
+kernels (engine/kernels/elementwise.py, engine/kernels/qk_norm_rope.py), which fuse each into one kernel,
+and what runs on the CPU and with --eager. Which one a layer uses is the engine's KernelChoice
+(engine/kernel_choice.py), consulted when the layer is built."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-_compiled: dict = {}
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -42,15 +38,3 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 def qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos_sin: torch.Tensor):
     cos, sin = cos_sin.chunk(2, dim=-1)
     return rope(rms_norm(q, q_weight, eps), cos, sin), rope(rms_norm(k, k_weight, eps), cos, sin)
-
-
-def compiled(fn):
-    """`fn` torch.compile'd (one compiled wrapper per function per process)."""
-    if fn not in _compiled:
-        import torch._inductor.config as inductor_config
-
-        # Round bf16 intermediates where eager PyTorch rounds, so graph and eager runs (and
-        # Transformers) see the same numbers; fusion still removes the extra kernels.
-        inductor_config.emulate_precision_casts = True
-        _compiled[fn] = torch.compile(fn, dynamic=True)
-    return _compiled[fn]

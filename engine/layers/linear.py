@@ -32,7 +32,7 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
         # Decode-sized batches in CUDA graphs: our split-K GEMV keeps every SM reading the weight where
-        # cuBLAS's tiles leave most idle (docs/perf.md); chosen at construction, like the compiled ops.
+        # cuBLAS's tiles leave most idle (docs/perf.md); chosen at construction, like the fused elementwise kernels.
         self._small_gemm = kernels.custom_kernels
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:

@@ -43,16 +43,13 @@ class Qwen3Attention(nn.Module):
                               kernels.backend)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels)
-        # Per-head q/k RMSNorm and RoPE in one function: our single Triton kernel (CUDA, custom kernels
-        # on), else torch.compile's fusion of it, else plain torch.
-        self._qk_norm_rope = kernels.elementwise(fused.qk_norm_rope)
-        self._qk_kernel = kernels.custom_kernels
+        # Per-head q/k RMSNorm and RoPE straight from the qkv rows: our single Triton kernel (CUDA but
+        # --eager), else plain torch.
+        self._qk_kernel = kernels.fused_elementwise
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
-        # Inside decode graphs only (as the GEMV): eager steps keep torch's numbers bit for bit; the kernel
-        # sums each head's squares in another order, which can move a value by 1 ulp in long prefills.
-        if self._qk_kernel and torch.cuda.is_current_stream_capturing():
+        if self._qk_kernel:
             from ..kernels.qk_norm_rope import qk_norm_rope
 
             q, k = qk_norm_rope(qkv, positions, self.rotary_emb.cos_sin_cache, self.q_norm.weight,
@@ -63,7 +60,7 @@ class Qwen3Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self._qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+        q, k = fused.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
                                   self.rotary_emb.cos_sin_cache[positions])
         o = self.attn(q, k, v)
         return self.o_proj(o.flatten(1, -1))

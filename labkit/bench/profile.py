@@ -84,8 +84,8 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
 )
 IDLE = ("idle", "idle", "no kernel or copy running on any stream")
 # (family, pattern): matched case-insensitively against the kernel name, in this order; the first match wins.
-# Our Triton kernels go by their function names (engine/kernels/*.py); torch.compile'd pieces of
-# engine/layers/fused.py (norms, RoPE, SiLU-and-mul) are inductor's triton_{poi,red,per}_fused_* kernels.
+# Our Triton kernels go by their function names (engine/kernels/*.py: _rms_norm_kernel, _silu_and_mul_kernel,
+# _qk_norm_rope_kernel, ...); inductor's triton_{poi,red,per}_fused_* names stay for profiles of older commits.
 KERNEL_FAMILIES: tuple[tuple[str, str], ...] = (
     ("attention_decode", r"_decode_split_kernel|_decode_merge_kernel|flash_fwd_splitkv|flash_decod|paged_decode"),
     ("attention_prefill", r"_prefill_kernel|flash_fwd_kernel|fmha|flash_attn|cudnn.*sdpa|attention"),
