@@ -46,13 +46,19 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + row * n + cols, (silu * up).to(DT), mask=mask)
 
 
+def NORM_WARPS(block: int) -> int:  # noqa: N802 - a rule, read like a constant
+    """Warps per row of the norm kernel (scripts/elementwise_bench.py times the choices)."""
+    return 8 if block >= 4096 else 4
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x as [rows, last dim] without a copy where its rows are evenly strided (a column slice is)."""
     assert x.stride(-1) == 1, "the last dimension must be contiguous"
     return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
 
 
-def _norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+def _norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+          num_warps: int | None = None):
     n = x.shape[-1]
     assert weight.shape == (n,) and weight.is_contiguous() and weight.dtype == x.dtype
     x2 = _rows(x)
@@ -64,28 +70,29 @@ def _norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, 
         block = triton.next_power_of_2(n)
         _rms_norm_kernel[(x2.shape[0],)](x2, res2, weight, out, res_out, x2.stride(0), res2.stride(0), n,
                                          float(eps), HAS_RESIDUAL=residual is not None, BLOCK=block,
-                                         num_warps=8 if block >= 4096 else 4, enable_fp_fusion=False)
+                                         num_warps=num_warps or NORM_WARPS(block), enable_fp_fusion=False)
     return out, res_out
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, num_warps: int | None = None) -> torch.Tensor:
     """fused.rms_norm(x, weight, eps) over the last dimension."""
-    return _norm(x, None, weight, eps)[0]
+    return _norm(x, None, weight, eps, num_warps)[0]
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 num_warps: int | None = None):
     """fused.add_rms_norm: (rms_norm(x + residual), x + residual), the sum rounded to the model dtype."""
-    return _norm(x, residual, weight, eps)
+    return _norm(x, residual, weight, eps, num_warps)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, num_warps: int | None = None, block: int | None = None) -> torch.Tensor:
     """fused.silu_and_mul: SiLU of the first half of the last dimension times the second half."""
     n = x.shape[-1] // 2
     assert x.shape[-1] == 2 * n
     x2 = _rows(x)
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
-        block = min(1024, triton.next_power_of_2(n))
+        block = block or min(1024, triton.next_power_of_2(n))
         _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](x2, out, x2.stride(0), n, BLOCK=block,
-                                                                   num_warps=4, enable_fp_fusion=False)
+                                                                   num_warps=num_warps or 4, enable_fp_fusion=False)
     return out
