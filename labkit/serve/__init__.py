@@ -6,7 +6,8 @@
     detokenize.py     incremental detokenisation (O(1) per token)
     metrics.py        Prometheus families named as vLLM's
     http.py           the FastAPI routes (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)
-    server.py         uvicorn with drain-then-exit on SIGTERM/SIGINT; exit 1 when the engine dies
+    server.py         uvicorn with drain-then-exit on SIGTERM/SIGINT, deadlines on slow senders; exit 1 when the
+                      engine dies
     client.py         `labkit serve client`: one request, per-token timestamps to JSONL
     command.py        the Typer sub-app
 

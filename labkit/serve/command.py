@@ -91,6 +91,10 @@ def serve(
                                        "accepted (bytes); larger ones get 400."),
     body_timeout: float = typer.Option(30.0, "--body-timeout", min=0.1, help="Seconds a request body may take "
                                        "to arrive; a slower one gets 408 and its connection is closed."),
+    header_timeout: float = typer.Option(30.0, "--header-timeout", min=0.1, help="Seconds a client may take "
+                                         "to send a request's line and headers, from connecting (or from the "
+                                         "previous response); a slower one gets 408 and its connection is "
+                                         "closed."),
     engine_timeout: float = typer.Option(10.0, "--engine-timeout", min=2.0, help="Seconds the engine core may "
                                          "send nothing, not even its once-a-second heartbeat, before it is killed "
                                          "as hung: open requests fail, /health says 503, the server exits 1."),
@@ -145,7 +149,7 @@ def serve(
     provenance = {"model": {"path": str(model_dir), "config_sha256": config_sha256(model_dir)},
                   "git_head": git_head(), "labkit_version": __version__}
     settings = ServeSettings(model_name=name, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout,
-                             health_extra=provenance)
+                             header_timeout_s=header_timeout, health_extra=provenance)
 
     def ready(engine) -> None:
         print(f"labkit serve: model {name!r} on {engine.info.get('device')} (tp={tp}) ready at http://{host}:{port} "

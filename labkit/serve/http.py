@@ -4,7 +4,8 @@ read the EngineClient from `request.app.state.engine`.
 
 Status codes: 400 invalid_request_error (bad JSON, a field out of range or beyond the engine's limits,
 text that is not valid UTF-8, a body over --max-body-bytes, a field the server does not implement), 404
-not_found_error (another model), 408 (the body did not arrive within --body-timeout), 503 overloaded_error /
+not_found_error (another model), 408 (the body did not arrive within --body-timeout; the request line and
+headers within --header-timeout, answered by server.py's protocol before any route), 503 overloaded_error /
 service_unavailable (queue full, shutting down, engine gone; with Retry-After where waiting helps), 500
 engine_error (the engine failed on this request; everyone else carries on).
 Extensions: `ignore_eos`, `top_k`, `return_token_ids` (choices carry token_ids), `request_id`.
@@ -41,6 +42,7 @@ class ServeSettings:
     model_name: str
     max_body_bytes: int = 4 << 20
     body_timeout_s: float = 30.0
+    header_timeout_s: float = 30.0  # enforced by server.DeadlineH11Protocol, below the app
     health_extra: dict = dataclasses.field(default_factory=dict)  # provenance /health reports
 
 

@@ -9,22 +9,29 @@ forever.
 
 The listening socket is bound by the command before the engine loads and handed to uvicorn, so the port
 checked is the port served: nothing can take it in between.
+
+Connections speak uvicorn's h11 protocol with a deadline on reading each request (DeadlineH11Protocol):
+uvicorn itself never times out a client that is still sending.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import socket
 import threading
 import time
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from labkit.serve.engine_client import EngineClient
 from labkit.serve.http import ServeSettings, build_app
 from labkit.serve.metrics import ServerMetrics
+from labkit.serve.protocol import APIError
 
 log = logging.getLogger("labkit.serve")
 # SIGHUP (the terminal closed) and SIGQUIT (Ctrl-\) would otherwise end the process at once: streams cut
@@ -80,6 +87,89 @@ class LabServer(uvicorn.Server):
         self.should_exit = True
 
 
+class DeadlineH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with deadlines on the client's half of each request. uvicorn times out only an
+    idle keep-alive connection, and any byte restarts that timer, so a client sending its request line and
+    headers a byte every few seconds (slowloris), or never finishing them, held a connection forever, and so
+    did one trickling a body the app had answered without reading (a 404, a 400 over --max-body-bytes):
+    uvicorn drains such a body for as long as it keeps coming. A body the app reads is bounded in http.py
+    (--body-timeout: a 408, before anything reaches the engine).
+
+    The headers must be in within header_timeout_s of the connection being ready for a request (opened, or
+    the previous response sent); an unread body within body_timeout_s of the response. Past that: a 408
+    (when part of a request had come) and the connection is closed. Only h11: httptools would need the
+    same hooks again, and `http=` pins this class whichever is installed."""
+
+    header_timeout_s = 30.0
+    body_timeout_s = 30.0
+
+    @classmethod
+    def with_timeouts(cls, header_timeout_s: float, body_timeout_s: float) -> type:
+        return type(cls.__name__, (cls,), {"header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s})
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._phase: str | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._sync_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._sync_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._sync_deadline()
+
+    def connection_lost(self, exc) -> None:
+        self._set_phase(None)
+        super().connection_lost(exc)
+
+    def _sync_deadline(self) -> None:
+        # Called after every state change h11 can make: the phase depends on both halves of the exchange.
+        client, server = self.conn.their_state, self.conn.our_state
+        if self.transport.is_closing():
+            phase = None
+        elif client is h11.IDLE and server is h11.IDLE:
+            phase = "headers"
+        elif client is h11.SEND_BODY and server in (h11.DONE, h11.MUST_CLOSE):
+            phase = "body"
+        else:  # a request being served (the app reads its own body) or the connection past use
+            phase = None
+        if phase != self._phase:
+            self._set_phase(phase)
+
+    def _set_phase(self, phase: str | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        self._phase = phase
+        if phase is not None:
+            timeout = self.header_timeout_s if phase == "headers" else self.body_timeout_s
+            self._deadline = self.loop.call_later(timeout, self._expired, phase)
+
+    def _expired(self, phase: str) -> None:
+        self._deadline, self._phase = None, None
+        if self.transport.is_closing():
+            return
+        if phase == "headers" and self.conn.trailing_data[0]:
+            err = APIError(408, f"headers: the request line and headers were not received within "
+                           f"{self.header_timeout_s:g} s (--header-timeout)")
+            body = json.dumps(err.body()).encode()
+            try:
+                out = self.conn.send(h11.Response(status_code=408, reason=b"Request Timeout", headers=[
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close")]))
+                out += self.conn.send(h11.Data(data=body)) + self.conn.send(h11.EndOfMessage())
+                self.transport.write(out)
+            except h11.LocalProtocolError:
+                pass  # h11 will not answer in this state: just close
+        self.transport.close()
+
+
 async def serve_async(model: str, engine_kwargs: dict, settings: ServeSettings, *, sock: socket.socket,
                       max_queue: int, drain_s: float, log_level: str, trace_path: str | None,
                       engine_timeout_s: float = 10.0, stats_interval_s: float = 10.0, access_log: bool = False,
@@ -105,8 +195,9 @@ async def serve_async(model: str, engine_kwargs: dict, settings: ServeSettings, 
     stats = None
     try:
         app = build_app(engine, settings)
-        config = uvicorn.Config(app, log_level=log_level, access_log=access_log, timeout_graceful_shutdown=5,
-                                lifespan="off")
+        http = DeadlineH11Protocol.with_timeouts(settings.header_timeout_s, settings.body_timeout_s)
+        config = uvicorn.Config(app, http=http, log_level=log_level, access_log=access_log,
+                                timeout_graceful_shutdown=5, lifespan="off")
         if access_log:
             # One line per request whatever --log-level says of uvicorn's own messages.
             logging.getLogger("uvicorn.access").setLevel(logging.INFO)
