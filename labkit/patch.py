@@ -26,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from labkit.errors import LabkitError
+from labkit.narrow import fit, log_console
 from labkit.options import JsonOption, Out
 from labkit.output import print_json, project_root
 
@@ -98,7 +99,8 @@ def _first_error(proc: subprocess.CompletedProcess) -> str:
     return lines[0].strip() if lines else f"git apply exited {proc.returncode}"
 
 
-# The terminal width from which `patch list` is one table; narrower, each patch is a block of lines.
+# The terminal width from which `patch list` and `patch prove` are one table; narrower, each patch is a
+# block of lines.
 WIDE_LIST = 160
 _STATE_STYLE = {"applied": "yellow", "conflicts": "red", "applies": "green"}
 
@@ -207,9 +209,7 @@ def prove_cmd(
                           "to catch (an experiment changes what a case expects; see `labkit trace` CHANGED)")
     if not entries:
         raise LabkitError(f"patch prove: no fault patches in {patch_dir()}/README.md")
-    console = Console()
-    if not console.is_terminal:  # CI logs: wide enough for the table
-        console = Console(width=160)
+    console = log_console(WIDE_LIST)  # a CI log without COLUMNS gets the table
     model = resolve_model(default_model_dir())
     env = envelope("patch prove", device="cpu", model_dir=model, evidence="cpu-executed")
     t0 = time.perf_counter()
@@ -220,15 +220,7 @@ def prove_cmd(
     wall = time.perf_counter() - t0
     caught = sum(p.result == "CAUGHT" for p in proofs)
     verdict = "PASS" if caught == len(proofs) else "FAIL"
-    table = Table(title=f"fault patches against {facts['engine_source']}"
-                        + (f" {facts['commit'][:12]}" if facts["commit"] else ""), title_justify="left")
-    for col in ("patch", "caught by", "clean", "patched", "result"):
-        table.add_column(col, no_wrap=col in ("patch", "result"), overflow="fold")
-    table.add_column("why", overflow="fold")
-    for p in proofs:
-        table.add_row(p.patch, p.check or "-", _run_cell(p.clean), _run_cell(p.patched),
-                      f"[{'green' if p.result == 'CAUGHT' else 'red'}]{p.result}[/]", p.why[:160])
-    console.print(table)
+    print_proofs(proofs, facts, console)
     if facts["note"]:
         console.print(f"note: {facts['note']}")
     result = finish(env, verdict=verdict, passed=verdict == "PASS", proofs=[p.to_dict() for p in proofs],
@@ -238,6 +230,39 @@ def prove_cmd(
     console.print(f"[{style}]{verdict}[/]: {caught} of {len(proofs)} fault patch(es) proven caught "
                   f"({wall:.0f} s); {path}")
     raise typer.Exit(EXIT_PASS if verdict == "PASS" else EXIT_FAIL)
+
+
+def print_proofs(proofs, facts: dict, console: Console) -> None:
+    """The proofs: a table from WIDE_LIST columns on, else a line per patch and its result, and its check,
+    runs and why below it."""
+    title = (f"fault patches against {facts['engine_source']}"
+             + (f" {facts['commit'][:12]}" if facts["commit"] else ""))
+    if console.width >= WIDE_LIST:
+        table = Table(title=title, title_justify="left")
+        for col in ("patch", "caught by", "clean", "patched", "result"):
+            table.add_column(col, no_wrap=col in ("patch", "result"), overflow="fold")
+        table.add_column("why", overflow="fold")
+        for p in proofs:
+            table.add_row(p.patch, p.check or "-", _run_cell(p.clean), _run_cell(p.patched),
+                          Text(p.result, style=_result_style(p.result)), Text(p.why[:160]))
+        fit(table, console)
+        console.print(table)
+        return
+    # Narrower: the six columns fold the check's node id and the why mid-word.
+    console.print(Text(title, style="italic"))
+    for p in proofs:
+        console.print(Text.assemble((p.patch, "bold"), "  ", (p.result, _result_style(p.result))))
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True, style="dim")
+        grid.add_column()
+        grid.add_row("  check", Text(p.check or "-"))
+        grid.add_row("  runs", f"clean {_run_cell(p.clean)}, patched {_run_cell(p.patched)}")
+        grid.add_row("  why", Text(p.why or "-"))
+        console.print(grid)
+
+
+def _result_style(result: str) -> str:
+    return "green" if result == "CAUGHT" else "red"
 
 
 def _run_cell(run) -> str:

@@ -49,7 +49,8 @@ def _write(tmp_path, name, data):
     return str(p)
 
 
-def test_separated_repeats_give_a_ratio_with_its_interval(tmp_path, runs, capsys):
+def test_separated_repeats_give_a_ratio_with_its_interval(tmp_path, runs, capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)  # a log (xdist's workers set 80): each spread on one line
     a = _write(tmp_path, "a.json", _synthetic([100.0, 101.0, 102.0]))
     b = _write(tmp_path, "b.json", _synthetic([150.0, 151.0, 152.0], enforce_eager=False))
     code, out, err = run_cli(["bench", "compare", a, b, "--variable", "eager"], capsys)

@@ -31,6 +31,7 @@ from labkit.bench.offline import Stepper
 from labkit.bench.profile import DEFAULT_SKIP, DEFAULT_STEPS, check_request, finish_profile, summary_lines
 from labkit.bench.workloads import Workload, draw, list_workloads, load_workload
 from labkit.errors import LabkitError
+from labkit.narrow import fit, log_console
 from labkit.options import (AsyncSchedulingOption, AttentionOption, Backend, BackendOption, BlockSizeOption, BudgetOption, Device,
                             DeviceOption, DTypeOption, EagerOption, JsonOption, MaxModelLenOption, MaxNumSeqsOption,
                             ModelOption, NumBlocksOption, NumRequestsOption, Out, PolicyOption, TpOption,
@@ -214,6 +215,7 @@ def print_profile(t: dict, console: Console) -> None:
         for r in rows:
             table.add_row(r["label"], f"{r['ms']:,.3f}", f"{r['pct']:.1f}",
                           *(f"{r['by_phase_ms'][p]:,.3f}" for p in ("prefill", "decode", "between")))
+        fit(table, console)
         console.print(table)
     if t["gpu"] is None:
         console.print(Text(f"note: {t['gpu_note']}", style="yellow"))
@@ -326,6 +328,27 @@ def _summary_rows(r: dict) -> list[tuple[str, str]]:
     ]
 
 
+RUN_COLUMNS = ("repeat", "reqs", "prompt tok", "out tok", "wall s", "out tok/s", "total tok/s")
+DECODE_COLUMNS = ("decode steps", "decode ms/token")
+
+
+def _runs_table(r: dict, cols: tuple[str, ...], title: str = "timed runs") -> Table:
+    """A row per timed repeat and the median's, with the columns `cols` of RUN_COLUMNS + DECODE_COLUMNS."""
+    table = Table(title=title, title_justify="left")
+    for col in cols:
+        table.add_column(col, justify="right")
+    med = r["median"]
+    for x in r["runs"] + [med]:
+        cells = {"repeat": "median" if x is med else str(x["repeat"]), "wall s": _f(x["wall_s"]),
+                 "out tok/s": _f(x["output_throughput"], 1), "total tok/s": _f(x["total_token_throughput"], 1),
+                 "decode ms/token": _f(x.get("decode_ms_per_token"), 4)}
+        if x is not med:
+            cells |= {"reqs": _f(x["requests"]), "prompt tok": _f(x["prompt_tokens"]),
+                      "out tok": _f(x["output_tokens"]), "decode steps": _f(x.get("decode_steps"))}
+        table.add_row(*(cells.get(c, "") for c in cols), style="bold" if x is med else None)
+    return table
+
+
 def print_result(r: dict, console: Console) -> None:
     table = Table(title=f"labkit bench: {r['workload']['name']} ({r['backend']})", show_header=False,
                   title_justify="left")
@@ -333,20 +356,16 @@ def print_result(r: dict, console: Console) -> None:
     table.add_column("value")
     for what, value in _summary_rows(r):
         table.add_row(what, Text(value))
+    fit(table, console)
     console.print(table)
-    runs = Table(title="timed runs", title_justify="left")
     per_token = "decode_ms_per_token" in r["median"]
-    cols = ("repeat", "reqs", "prompt tok", "out tok", "wall s", "out tok/s", "total tok/s")
-    for col in cols + (("decode steps", "decode ms/token") if per_token else ()):
-        runs.add_column(col, justify="right")
-    for x in r["runs"]:
-        extra = (_f(x.get("decode_steps")), _f(x.get("decode_ms_per_token"), 4)) if per_token else ()
-        runs.add_row(str(x["repeat"]), _f(x["requests"]), _f(x["prompt_tokens"]), _f(x["output_tokens"]),
-                     _f(x["wall_s"]), _f(x["output_throughput"], 1), _f(x["total_token_throughput"], 1), *extra)
-    med = r["median"]
-    extra = ("", _f(med["decode_ms_per_token"], 4)) if per_token else ()
-    runs.add_row("median", "", "", "", _f(med["wall_s"]), _f(med["output_throughput"], 1),
-                 _f(med["total_token_throughput"], 1), *extra, style="bold")
+    runs = _runs_table(r, RUN_COLUMNS + (DECODE_COLUMNS if per_token else ()))
+    if not fit(runs, console) and per_token:
+        # Nine columns do not fit: the decode figures get a table of their own.
+        runs = _runs_table(r, RUN_COLUMNS)
+        fit(runs, console)
+        console.print(runs)
+        runs = _runs_table(r, ("repeat",) + DECODE_COLUMNS, "decode per timed run")
     console.print(runs)
     for note in r["notes"]:
         console.print(Text(f"note: {note}", style="yellow"))
@@ -443,9 +462,8 @@ def compare_cmd(
     write_json(json_path, result)
     md_path.write_text(cmp.markdown(result), encoding="utf-8")
 
-    console = Console(quiet=as_json)
-    if not console.is_terminal:  # logs and pipes: wide enough for the spread table on one line per metric
-        console = Console(width=140, quiet=as_json)
+    # Logs and pipes: wide enough for the spread table on one line per metric.
+    console = log_console(140, quiet=as_json)
     if res["values"]["a"]:
         fields = Table(title=f"labkit bench compare --variable {variable}", title_justify="left")
         for col in ("field", "A", "B"):
@@ -453,6 +471,7 @@ def compare_cmd(
         for k in res["values"]["a"]:
             fields.add_row(Text(k, style="cyan"), Text(cmp._fmt(res["values"]["a"][k])),
                            Text(cmp._fmt(res["values"]["b"][k])))
+        fit(fields, console)
         console.print(fields)
     table = Table(title=f"spread over the {res['samples_are']} (min / median / max) and B/A of the medians",
                   title_justify="left")
@@ -460,12 +479,14 @@ def compare_cmd(
         table.add_column(col, justify="right" if col != "metric" else "left")
     for mt in res["metrics"].values():
         table.add_row(mt["label"], cmp._spread_text(mt["a"]), cmp._spread_text(mt["b"]), mt["text"])
+    fit(table, console)
     console.print(table)
     once = Table(title="measured once per run (no spread, no interval)", title_justify="left")
     for col in ("figure", "A", "B", "B/A"):
         once.add_column(col, justify="right" if col != "figure" else "left")
     for name, mt in res["single_measurements"].items():
         once.add_row(name, cmp._short(mt["a"]), cmp._short(mt["b"]), "-" if mt["ratio"] is None else f"{mt['ratio']:.3f}")
+    fit(once, console)
     console.print(once)
     style = "bold" if res["within_noise"] is False else "bold yellow"
     console.print(Text.assemble((res["headline"], style), f"  ({evidence})"))

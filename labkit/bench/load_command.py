@@ -32,6 +32,7 @@ from labkit.bench import load_metrics as M
 from labkit.bench.workloads import draw_warmup, fold_to_vocab, load_workload
 from labkit.errors import LabkitError
 from labkit.model import resolve_model
+from labkit.narrow import fit
 from labkit.options import (AsyncSchedulingOption, BudgetOption, Device, DeviceOption, EagerOption, JsonOption, MaxModelLenOption,
                             MaxNumSeqsOption, MaxQueueOption, ModelOption, NumRequestsOption, Out, PolicyOption,
                             TpOption, WorkloadOption)
@@ -308,6 +309,7 @@ def print_summary(r: dict, console: Console) -> None:
     table.add_column(justify="right")
     for k, v in _rows(r, latencies=False):
         table.add_row(k, v)
+    fit(table, console)
     console.print(table)
     # Latencies as their own table, a column per statistic: as key/value rows their six figures wrap in a
     # terminal of 80 columns.
@@ -318,6 +320,15 @@ def print_summary(r: dict, console: Console) -> None:
         lat.add_column(name, justify="right", no_wrap=True)
     for row in rows:
         lat.add_row(row[0].removesuffix(" ms"), *row[1:])
+    if not fit(lat, console):
+        # More statistics (--percentiles) or longer figures than the width holds: a column per latency
+        # instead, as there are only four of them.
+        lat = Table(title="latencies (ms, over the completed requests)", title_justify="left")
+        lat.add_column("", style="cyan", no_wrap=True)
+        for row in rows:
+            lat.add_column(row[0].removesuffix(" ms"), justify="right", no_wrap=True)
+        for i, name in enumerate(names, start=1):
+            lat.add_row(name, *(row[i] for row in rows))
     console.print(lat)
 
 

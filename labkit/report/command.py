@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -23,7 +24,7 @@ from labkit.report.verify import verify
 app = typer.Typer(invoke_without_command=True, no_args_is_help=False)
 
 
-# The terminal width from which the labs table spells out the evidence each short lab needs.
+# The terminal width from which the labs are one table that spells out the evidence each short lab needs.
 WIDE_REPORT = 120
 
 
@@ -103,22 +104,33 @@ def report(
 
 def _print(statuses, gathered, warn, figures_note, dest, tarball, manifest, n_files) -> None:
     console = Console()
-    # In a narrow terminal "(needs gpu-measured)" beside each result leaves the headline a column of single
-    # words: a mark, explained once below the table, says the same.
     narrow = console.width < WIDE_REPORT
-    table = Table(title="labs of the plan", title_justify="left")
-    for col in ("lab", "verdict", "evidence"):
-        table.add_column(col, no_wrap=narrow)
-    table.add_column("headline", ratio=1)
-    for s in statuses:
-        if s.evidence is None:
-            ev = "-"
-        elif s.evidence_short:
-            ev = f"{s.evidence}*" if narrow else f"{s.evidence} (needs {s.lab.evidence})"
-        else:
-            ev = s.evidence
-        table.add_row(s.lab.id, Text(s.verdict, style=_style(s.verdict)), ev, s.headline())
-    console.print(table)
+    if narrow:
+        # A line per lab, its headline indented below at the full width: as a table column in 80 columns the
+        # headline was a column of single words, and a long word in it (an arrivals file's path) was cut.
+        # "(needs gpu-measured)" beside each result would crowd the line: a mark, explained once below.
+        console.print(Text("labs of the plan", style="italic"))
+        id_width = max((len(s.lab.id) for s in statuses), default=0)
+        verdict_width = max((len(s.verdict) for s in statuses), default=0)
+        for s in statuses:
+            ev = "-" if s.evidence is None else s.evidence + ("*" if s.evidence_short else "")
+            console.print(Text.assemble((s.lab.id.ljust(id_width), "bold"), "  ",
+                                        (s.verdict.ljust(verdict_width), _style(s.verdict)), "  ", ev))
+            console.print(Padding(Text(s.headline()), (0, 0, 0, 2), expand=False))
+    else:
+        table = Table(title="labs of the plan", title_justify="left")
+        for col in ("lab", "verdict", "evidence"):
+            table.add_column(col)
+        table.add_column("headline", ratio=1)
+        for s in statuses:
+            if s.evidence is None:
+                ev = "-"
+            elif s.evidence_short:
+                ev = f"{s.evidence} (needs {s.lab.evidence})"
+            else:
+                ev = s.evidence
+            table.add_row(s.lab.id, Text(s.verdict, style=_style(s.verdict)), ev, s.headline())
+        console.print(table)
     if narrow and any(s.evidence_short for s in statuses):
         console.print("* weaker evidence than the lab needs (the caveats below say which labs need what)")
     for f, why in gathered.unreadable:
