@@ -289,6 +289,9 @@ def test_the_defaults_of_unimplemented_fields_are_served(server):
 def test_health_names_the_cpu(server):
     h = server.health()
     assert h["device"] == "cpu" and isinstance(h["device_name"], str) and h["device_name"]
+    # The engine's start-up, phase by phase (CPU: no warm-up forward, no graphs).
+    assert {"tokenizer", "build model", "load weights", "kv cache"} <= set(h["startup_s"])
+    assert all(v >= 0 for v in h["startup_s"].values()) and "capture decode graphs" not in h["startup_s"]
 
 
 @pytest.mark.parametrize("raw, field", [

@@ -309,6 +309,7 @@ async def health(request: Request):
     info = engine.info
     body = {"model_name": settings.model_name, "device": info.get("device"), "device_name": info.get("device_name"),
             "tp": info.get("tp"), "async_scheduling": info.get("async_scheduling"),
+            "startup_s": info.get("startup_s"),  # where the engine's init went, phase by phase
             "vocab_size": (engine.limits.vocab_size if engine.limits else None),
             "max_model_len": (engine.limits.max_model_len if engine.limits else None),
             **settings.health_extra, **engine.stats, "live": engine.num_live, "queued": engine.num_waiting,
