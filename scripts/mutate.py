@@ -40,6 +40,7 @@ FAST_TESTS = [
     "tests/test_api.py", "tests/test_async_scheduling.py", "tests/test_scheduler_model.py",
     "tests/test_mixed_graphs.py", "tests/test_step_result.py", "tests/test_invariants_fire.py",
     "tests/test_judges_at_edges.py", "tests/test_bench_compare.py", "tests/test_report.py",
+    "tests/test_elementwise_kernels.py",
 ]
 CASES_TIMEOUT_S = 900
 TESTS_TIMEOUT_S = 1500
@@ -177,6 +178,13 @@ MUTATIONS = [
       "StepResult keeps the placeholder input ids"),
     M("L3", "engine/step_events.py", "            if after is None:\n                self.open[m]",
       "            if False:\n                self.open[m]", "a step's after-state is read once the next step changed it"),
+    # --- the elementwise kernels (engine/kernels/elementwise.py) ---------------------------------------------
+    M("E1", "engine/kernels/elementwise.py", "        x = (x + r).to(DT)\n", "        x = x + r\n",
+      "the residual sum is not rounded to the model dtype"),
+    M("E2", "engine/kernels/elementwise.py", "    silu = (gate / (1.0 + tl.exp(-gate))).to(DT).to(tl.float32)",
+      "    silu = gate / (1.0 + tl.exp(-gate))", "SiLU's result is not rounded before the product"),
+    M("E3", "engine/kernel_choice.py", "fused.silu_and_mul: elementwise.silu_and_mul}[fn]",
+      "fused.silu_and_mul: elementwise.rms_norm}[fn]", "the wrong kernel wired in for SiLU*up"),
     # --- the judges (labkit) ----------------------------------------------------------------------------------
     M("J1", "labkit/logits/gates.py", "    status = grade(ratio, OVERALL_PASS, OVERALL_FAIL)",
       "    status = grade(ratio, ROW_PASS, ROW_FAIL)", "the overall logits verdict graded with the per-row factors"),
