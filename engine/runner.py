@@ -126,7 +126,7 @@ class _Laps:
 
     def __call__(self, name: str) -> None:
         now = time.perf_counter()
-        self.into[name] = self.into.get(name, 0.0) + now - self.t
+        self.into[name] = now - self.t
         self.t = now
 
 

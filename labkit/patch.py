@@ -129,13 +129,20 @@ def list_cmd(as_json: JsonOption = False) -> None:
     # Narrower: a block per patch, its two sentences at the full width (in table columns they fold mid-word).
     console.print(Text(f"patches in {patch_dir()}", style="italic"))
     for e, st in entries:
-        grid = Table.grid(padding=(0, 1))
-        grid.add_column(no_wrap=True, style="dim")
-        grid.add_column()
-        grid.add_row("  what", e.what)
-        grid.add_row("  see", e.how)
-        console.print(Text.assemble((e.name[:-6], "bold"), f"  {e.kind}  ", (st, _STATE_STYLE.get(st, ""))))
-        console.print(grid)
+        _print_block(console, Text.assemble((e.name[:-6], "bold"), f"  {e.kind}  ", (st, _STATE_STYLE.get(st, ""))),
+                     [("what", e.what), ("see", e.how)])
+
+
+def _print_block(console: Console, head: Text, rows: list[tuple[str, str | Text]]) -> None:
+    """A patch as a block of lines: its head, then each (label, text) indented, the text wrapped on spaces at
+    the full width (in table columns it folds mid-word)."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, style="dim")
+    grid.add_column()
+    for label, text in rows:
+        grid.add_row(f"  {label}", text)
+    console.print(head)
+    console.print(grid)
 
 
 @app.command("show")
@@ -251,14 +258,9 @@ def print_proofs(proofs, facts: dict, console: Console) -> None:
     # Narrower: the six columns fold the check's node id and the why mid-word.
     console.print(Text(title, style="italic"))
     for p in proofs:
-        console.print(Text.assemble((p.patch, "bold"), "  ", (p.result, _result_style(p.result))))
-        grid = Table.grid(padding=(0, 1))
-        grid.add_column(no_wrap=True, style="dim")
-        grid.add_column()
-        grid.add_row("  check", Text(p.check or "-"))
-        grid.add_row("  runs", f"clean {_run_cell(p.clean)}, patched {_run_cell(p.patched)}")
-        grid.add_row("  why", Text(p.why or "-"))
-        console.print(grid)
+        _print_block(console, Text.assemble((p.patch, "bold"), "  ", (p.result, _result_style(p.result))),
+                     [("check", Text(p.check or "-")), ("runs", f"clean {_run_cell(p.clean)}, patched {_run_cell(p.patched)}"),
+                      ("why", Text(p.why or "-"))])
 
 
 def _result_style(result: str) -> str:

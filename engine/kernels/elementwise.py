@@ -46,11 +46,6 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + row * n + cols, (silu * up).to(DT), mask=mask)
 
 
-def NORM_WARPS(block: int) -> int:  # noqa: N802 - a rule, read like a constant
-    """Warps per row of the norm kernel (scripts/elementwise_bench.py times the choices)."""
-    return 8 if block >= 4096 else 4
-
-
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x as [rows, last dim] without a copy where its rows are evenly strided (a column slice is)."""
     assert x.stride(-1) == 1, "the last dimension must be contiguous"
@@ -59,6 +54,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 def _norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
           num_warps: int | None = None):
+    # (num_warps, and silu_and_mul's block: scripts/elementwise_bench.py times the choices; the defaults won.)
     n = x.shape[-1]
     assert weight.shape == (n,) and weight.is_contiguous() and weight.dtype == x.dtype
     x2 = _rows(x)
@@ -70,7 +66,7 @@ def _norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, 
         block = triton.next_power_of_2(n)
         _rms_norm_kernel[(x2.shape[0],)](x2, res2, weight, out, res_out, x2.stride(0), res2.stride(0), n,
                                          float(eps), HAS_RESIDUAL=residual is not None, BLOCK=block,
-                                         num_warps=num_warps or NORM_WARPS(block), enable_fp_fusion=False)
+                                         num_warps=num_warps or (8 if block >= 4096 else 4), enable_fp_fusion=False)
     return out, res_out
 
 
