@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
-#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan|bar20|cells|final20|startup|startup+cells]
+#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan|bar20|cells|final20|startup|startup+cells|trees|capture-profile]
 # Measured on one H200 (docs/perf.md): evidence ~2 minutes, perf ~7 (3.5 of them the Transformers baseline);
 # `all` is ~9.5, close to a 10-minute device call: two calls (evidence, perf) are safer.
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
@@ -385,6 +385,32 @@ if [ "$what" = final20 ]; then
     kill -TERM $spid; wait $spid
     pack
   done
+fi
+if [ "$what" = trees ]; then
+  # A bisect in one call: TREES="dir ..." (each a `git archive` of one commit, carried; named by its commit), a
+  # benchmark (TREE_BENCH, default batch1) run from each tree in turn, ROUNDS times (the order reversed every
+  # other round, so a drifting machine does not favour one tree). Lines in logs/trees.txt: "<round> <tree> rc=".
+  pack() { tar czf ${PACK_TO:-$OUT}/reports.tgz -C $OUT logs 2>/dev/null; }
+  order=${TREES:-}
+  for r in $(seq ${ROUNDS:-2}); do
+    for t in $order; do
+      name=$(basename $t)
+      (cd $t && PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 120 python3 -m labkit bench --workload ${TREE_BENCH:-batch1} \
+        --model $M --device cuda --out $OUT/logs/tree-$name-r$r.json > $OUT/logs/tree-$name-r$r.log 2>&1)
+      echo "$r $name rc=$?" >> $OUT/logs/trees.txt
+    done
+    order=$(echo $order | tr ' ' '\n' | tac | tr '\n' ' ')
+    pack
+  done
+fi
+if [ "$what" = capture-profile ]; then
+  # Where nano's start-up goes, stack by stack: py-spy (raw collapsed stacks, 200 Hz, native frames off) over
+  # `bench --workload nano --repeats 1`, whose init captures every decode graph.
+  PATH=$PATH:/tmp/site/bin timeout 200 py-spy record --rate 200 --format raw -o $OUT/logs/pyspy-nano-init.txt -- \
+    python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 1 \
+    --out $OUT/logs/capture-profile-nano.json > $OUT/logs/capture-profile.log 2>&1
+  echo "capture-profile rc=$?"
+  tar czf ${PACK_TO:-$OUT}/reports.tgz -C $OUT logs 2>/dev/null
 fi
 if [ "$what" = slow-state ]; then
   # Issue 20: catch a rate-16 round in the slow state (one round in three fell into it at c9f8878) with a per-step
