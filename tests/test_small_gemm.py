@@ -73,35 +73,6 @@ def test_split_k_is_deterministic():
     assert torch.equal(first, second)
 
 
-@pytest.mark.parametrize("M", [1, 3, 16])
-@pytest.mark.parametrize("N, K, block_k, split_k", [(40, 64, 16, 1), (48, 96, 32, 2), (40, 72, 16, 4)])
-def test_gated_input_equals_silu_and_mul_then_the_gemv(M, N, K, block_k, split_k):
-    # The down projection's fused input: bit for bit what the SiLU*up kernel and then the GEMV give (the same
-    # roundings of SiLU and of the product to the model dtype), and one output rounding from plain torch's
-    # SiLU*up (engine/layers/fused.py) times w in float64.
-    from engine.kernels.elementwise import silu_and_mul
-    from engine.layers import fused as plain
-
-    g = torch.Generator().manual_seed(M * 1000 + K)
-    gate_up = (torch.randn(M, 2 * K, generator=g) * 3).to(HALF).to(DEVICE)
-    w = (torch.randn(N, K, generator=g) * K ** -0.5).to(HALF).to(DEVICE)
-    knobs = dict(block_n=16, block_k=block_k, split_k=split_k)
-    fused = small_matmul(gate_up, w, gated=True, **knobs)
-    assert torch.equal(fused, small_matmul(silu_and_mul(gate_up), w, **knobs))
-    _check(fused, plain.silu_and_mul(gate_up).double() @ w.double().T, HALF)
-
-
-def test_gated_input_takes_the_gate_up_rows_of_a_wider_buffer():
-    # Strided [gate | up] rows (a slice of a wider buffer): up is read K columns after gate, not one row on.
-    g = torch.Generator().manual_seed(7)
-    buf = torch.randn(3, 2 * 48 + 5, generator=g).to(DEVICE)
-    gate_up = buf[:, 2:2 + 96]
-    w = torch.randn(24, 48, generator=g).to(DEVICE)
-    gate, up = gate_up.double().chunk(2, dim=-1)
-    _check(small_matmul(gate_up, w, gated=True, block_n=16, block_k=16, split_k=2),
-           (torch.nn.functional.silu(gate) * up) @ w.double().T, torch.float32)
-
-
 @pytest.mark.parametrize("N, K, split", [(4096, 1024, 1), (1024, 2048, 8), (6144, 1024, 1), (1024, 3072, 8)])
 def test_config_for_qwen3_0_6b_follows_the_h200_sweep(N, K, split):
     # The sweep (docs/perf.md): 64 x 128 tiles; split K only where 64-wide row tiles leave SMs idle.

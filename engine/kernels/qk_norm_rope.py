@@ -26,13 +26,14 @@ def _norm_rope_heads(src, dst, w_ptr, cos, sin, eps, H: tl.constexpr, BLOCK_H: t
     c = tl.arange(0, HALF)[None, :]
     mask = (h < H) & (c < HALF)  # the second term only broadcasts the mask to the tile
     offs = h * D + c
+    # The weights are loaded with x, before the reduction's barrier (elementwise.py's norm says why).
+    w1 = tl.load(w_ptr + c).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + c).to(tl.float32)
     x1 = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + offs + HALF, mask=mask, other=0.0).to(tl.float32)
     # rms_norm: float32 statistics, round to the dtype, then the dtype product with the weight.
     ms = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) * (1.0 / D)  # D is a power of two: exact
     r = tl.math.rsqrt(ms + eps)[:, None]  # what torch.rsqrt lowers to on CUDA, eager and compiled
-    w1 = tl.load(w_ptr + c).to(tl.float32)
-    w2 = tl.load(w_ptr + HALF + c).to(tl.float32)
     y1 = _rnd(_rnd(x1 * r, DT) * w1, DT)
     y2 = _rnd(_rnd(x2 * r, DT) * w2, DT)
     # rope: each product rounded, then the difference/sum rounded (the explicit casts also keep the

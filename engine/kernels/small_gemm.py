@@ -7,10 +7,6 @@ so the roles are swapped: acc[BLOCK_N, BLOCK_M] += w_tile @ x_tile^T, with x's r
 
 Split-K is deterministic: programs write float32 partials and a second kernel sums them in a fixed order
 (no atomics). Nothing syncs with the host and outputs come from torch.empty, so it is CUDA-graph safe.
-
-`gated=True` takes x as the MLP's [gate | up] rows and multiplies by SiLU(gate) * up, computed as the tiles
-are loaded with elementwise.silu_and_mul's roundings: one kernel launch fewer per layer, which at batch 1
-(a step of ~340 kernels, each a few microseconds of latency) is worth more than the arithmetic it adds.
 """
 from __future__ import annotations
 
@@ -31,7 +27,7 @@ _DEFAULT_SMS = 132  # H200; used off-CUDA, where the heuristic is only exercised
 def _small_gemm_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, part_ptr,
     M, N, K, stride_xm, stride_wn, stride_ym, tiles_per_split,
-    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, GATED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -53,19 +49,11 @@ def _small_gemm_kernel(
         if EVEN_K:
             # No mask along K: a mask that varies along the contiguous dim would break the wide loads.
             w = tl.load(w_rows + (k + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
-            x_mask = m_mask[None, :]
+            xt = tl.load(x_cols + (k + offs_k)[:, None], mask=m_mask[None, :], other=0.0)
         else:
             k_mask = (k + offs_k) < K
             w = tl.load(w_rows + (k + offs_k)[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            x_mask = k_mask[:, None] & m_mask[None, :]
-        xt = tl.load(x_cols + (k + offs_k)[:, None], mask=x_mask, other=0.0)
-        if GATED:
-            # x's row is [gate | up] (K each): SiLU(gate) * up, rounded to the model dtype where
-            # elementwise.silu_and_mul rounds (F.silu returns a model-dtype tensor).
-            up = tl.load(x_cols + K + (k + offs_k)[:, None], mask=x_mask, other=0.0).to(tl.float32)
-            gate = xt.to(tl.float32)
-            silu = (gate / (1.0 + tl.exp(-gate))).to(w.dtype).to(tl.float32)
-            xt = (silu * up).to(w.dtype)
+            xt = tl.load(x_cols + (k + offs_k)[:, None], mask=k_mask[:, None] & m_mask[None, :], other=0.0)
         acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
 
     mask = n_mask[:, None] & m_mask[None, :]
@@ -117,20 +105,18 @@ def small_gemm_config(M: int, N: int, K: int, num_sms: int) -> dict:
     return dict(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=4)
 
 
-def small_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, gated: bool = False,
+def small_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
                  block_n: int | None = None, block_k: int | None = None, split_k: int | None = None,
                  num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
-    """x [M, K], w [N, K], bias [N] or None -> y [M, N] in x.dtype (float32 accumulation). gated: x is
-    [M, 2K], [gate | up], and y = silu_and_mul(x) @ w.T without the intermediate.
+    """x [M, K], w [N, K], bias [N] or None -> y [M, N] in x.dtype (float32 accumulation).
 
     Knobs left as None come from small_gemm_config; rows of x and w may be strided, but each row must be
     contiguous.
     """
-    K = w.shape[1] if w.dim() == 2 else -1
-    assert x.dim() == 2 and w.dim() == 2 and x.shape[1] == (2 * K if gated else K), (tuple(x.shape), tuple(w.shape))
+    assert x.dim() == 2 and w.dim() == 2 and x.shape[1] == w.shape[1], (tuple(x.shape), tuple(w.shape))
     assert x.dtype == w.dtype, (x.dtype, w.dtype)
     assert x.stride(-1) == 1 and w.stride(-1) == 1, "rows of x and w must be contiguous"
-    M = x.shape[0]
+    M, K = x.shape
     N = w.shape[0]
     if bias is not None:
         assert bias.shape == (N,) and bias.stride(0) == 1
@@ -152,11 +138,9 @@ def small_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     grid = (triton.cdiv(N, block_n), split_k, triton.cdiv(M, _BLOCK_M))
     _small_gemm_kernel[grid](
         x, w, b, y, part, M, N, K, x.stride(0), w.stride(0), y.stride(0), tiles_per_split,
-        HAS_BIAS=bias is not None, SPLIT_K=split_k, EVEN_K=K % block_k == 0, GATED=gated,
+        HAS_BIAS=bias is not None, SPLIT_K=split_k, EVEN_K=K % block_k == 0,
         BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=dot_precision(x.dtype),
         num_warps=num_warps, num_stages=num_stages,
-        # (as elementwise.silu_and_mul's launch: no multiply-add contraction that would round otherwise)
-        **({"enable_fp_fusion": False} if gated else {}),
     )
     if split_k > 1:
         _split_k_reduce_kernel[(triton.cdiv(N, _REDUCE_BLOCK), M)](

@@ -35,16 +35,15 @@ class LinearBase(nn.Module):
         # cuBLAS's tiles leave most idle (docs/perf.md); chosen at construction, like the fused elementwise kernels.
         self._small_gemm = kernels.custom_kernels
 
-    def matmul(self, x: torch.Tensor, act=None) -> torch.Tensor:
-        """x @ weight.T (+ bias); with `act` (a SiluAndMul), act(x) @ weight.T, which our GEMV fuses."""
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
         # Only inside CUDA graphs: launched eagerly from Python, two Triton launches cost more host time
         # than cuBLAS's one, and an eager step is host-bound at these sizes anyway.
         if self._small_gemm and x.shape[0] <= SMALL_GEMM_MAX_ROWS and x.dim() == 2 \
                 and torch.cuda.is_current_stream_capturing():
             from ..kernels.small_gemm import small_matmul
 
-            return small_matmul(x, self.weight, self.bias, gated=act is not None)
-        return F.linear(x if act is None else act(x), self.weight, self.bias)
+            return small_matmul(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor):
         raise NotImplementedError
@@ -111,5 +110,5 @@ class RowParallelLinear(LinearBase):
         shard = param.data.size(self.tp_dim)
         param.data.copy_(loaded.narrow(self.tp_dim, self.tp_rank * shard, shard))
 
-    def forward(self, x, act=None):
-        return all_reduce(self.matmul(x, act))
+    def forward(self, x):
+        return all_reduce(self.matmul(x))

@@ -76,8 +76,7 @@ class Qwen3MLP(nn.Module):
         self.act_fn = SiluAndMul(kernels)
 
     def forward(self, x):
-        # (act_fn applied inside down_proj: in decode graphs our GEMV computes it as it loads its input.)
-        return self.down_proj(self.gate_up_proj(x), act=self.act_fn)
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class Qwen3DecoderLayer(nn.Module):
