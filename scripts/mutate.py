@@ -176,7 +176,7 @@ MUTATIONS = [
       "        pass", "the hook before scheduling is never called (a case's `after` request joins a step late)"),
     M("L7", "engine/llm.py", " and not self.scheduler.next_is_eager_prefill()):", "):",
       "an eager prefill is planned ahead (requests arriving meanwhile miss it)"),
-    M("S17", "engine/scheduler.py", "            return False  # a decode turn\n", "",
+    M("S17", "engine/scheduler.py", "            return False  # a decode turn\n", "            pass\n",
       "the prefill hint ignores balanced's decode turn"),
     M("L2", "engine/llm.py", "        if plan.from_previous is not None:  # the ids", "        if False:  # the ids",
       "StepResult keeps the placeholder input ids"),
