@@ -223,7 +223,9 @@ class LLMEngine:
         if it replays a graph too, launched, so the device never waits for the host. An eager step's launch is
         host-bound (tens of ms): it goes after this step's commit, so this step's tokens are not held back by it.
         After an eager step nothing is scheduled ahead: its run leaves the host no idle time to fill, and
-        requests that arrived during it can join the very next step. An exception after scheduling takes the
+        requests that arrived during it can join the very next step. Nor when the next step would be an eager
+        prefill (Scheduler.next_is_eager_prefill): planned now, it would leave out the requests that arrive
+        while this step runs. An exception after scheduling takes the
         step's sequences out of the engine and raises StepFailed."""
         if self._failed is not None:
             failed, self._failed = self._failed, None
@@ -231,7 +233,7 @@ class LLMEngine:
         current = self._queued or self._launch(self._schedule())
         self._queued = None
         if not (self._async and self.sampling.on_device and not self.scheduler.is_finished()
-                and self.executor.replays_graph(current.plan)):
+                and self.executor.replays_graph(current.plan) and not self.scheduler.next_is_eager_prefill()):
             return self._commit(current)
         current.queues = self._queues()  # what it leaves, before the next step changes it
         ahead = self._schedule(fail_later=True)

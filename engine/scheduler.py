@@ -49,6 +49,19 @@ class Scheduler:
     def add(self, seq: Sequence):
         self.waiting.append(seq)
 
+    def next_is_eager_prefill(self) -> bool:
+        """Would schedule() now make a prefill-only step (prefill_first, balanced; under mixed a prefill joins
+        the decodes in a step that replays a graph)? Read without changing anything. The engine asks it before
+        planning a step ahead: an eager prefill planned early leaves out the requests that arrive before this
+        step commits. A hint only: either answer gives the same states, the wrong one only a later admission
+        or a step less overlapped."""
+        if self.policy == "mixed" or not self.waiting:
+            return False
+        if self.policy == "balanced" and self.last_phase_prefill and self.running:
+            return False  # a decode turn
+        seq = self.waiting[0]
+        return not seq.pending and (bool(seq.block_table) or self.block_manager.can_allocate(seq) != -1)
+
     # --- choosing a step ------------------------------------------------------------------------
     @phase("engine::schedule")
     def schedule(self) -> BatchPlan:

@@ -38,9 +38,12 @@ def _kept(result):
                                                             _samples(result)) if t is not None or f is not None or not ok])
 
 
-def _after_replays(results, launch_order) -> int:
-    """How many steps were scheduled ahead: each one after a step that replays a graph, but the last."""
-    return sum(launch_order == "graph-ahead" or r.phase == "decode" for r in results[:-1])
+def _after_replays(results, launch_order, policy) -> int:
+    """How many steps were scheduled ahead: each one after a step that replays a graph, but the last, and but
+    an eager prefill (under prefill_first and balanced a prefill-only step: it is planned after the commit, so
+    that requests arriving meanwhile can join it)."""
+    return sum((launch_order == "graph-ahead" or r.phase == "decode") and not (policy != "mixed" and nxt.phase == "prefill")
+               for r, nxt in zip(results, results[1:]))
 
 
 def _samples(result):
@@ -121,7 +124,7 @@ def test_without_eos_every_step_is_the_synchronous_step(tiny_model, policy, laun
         overlapped = _run(tiny_model, True, requests, kvcache_block_size=4, scheduling_policy=policy, **config)
         assert [_rows(r) for r in overlapped[0]] == [_rows(r) for r in sync[0]], config
         assert overlapped[1] == sync[1]
-        assert overlapped[2] == {"launched_ahead": _after_replays(overlapped[0], launch_order), "wasted_rows": 0}, \
+        assert overlapped[2] == {"launched_ahead": _after_replays(overlapped[0], launch_order, policy), "wasted_rows": 0}, \
             (config, overlapped[2])
         if "num_kvcache_blocks" in config and config["num_kvcache_blocks"] < 20:
             assert any(r.preempted for r in sync[0])  # the small pool did preempt
@@ -146,7 +149,7 @@ def test_arrivals_join_a_later_step_and_aborts_cost_their_row(tiny_model, policy
     # The arrivals wasted nothing: they joined the step after the one already launched. The abort wasted the
     # row of request 1 in that step, and that is all.
     assert overlapped[2]["wasted_rows"] <= 1 + sum(r == "stop" for _, r in sync[1])
-    assert overlapped[2]["launched_ahead"] == _after_replays(overlapped[0], launch_order)
+    assert overlapped[2]["launched_ahead"] == _after_replays(overlapped[0], launch_order, policy)
 
 
 def test_a_request_arriving_while_a_step_runs_joins_the_step_after_the_launched_one(tiny_model, launch_order):
@@ -307,14 +310,16 @@ def test_a_step_is_scheduled_ahead_only_while_a_graph_replays_and_launched_befor
     while not llm.is_finished():
         llm.step()
     P, D = "prefill", "decode"
-    if launch_order == "graph-ahead":  # every step replays: each next step goes before the commit
+    # The second request waits while the first one's last decode runs: the prefill for it is planned after that
+    # commit, not ahead (it is an eager prefill), in both launch orders.
+    if launch_order == "graph-ahead":  # every step replays: each other next step goes before the commit
         want = [("launch", P), ("launch", D), ("commit", P), ("launch", D), ("commit", D), ("launch", D),
-                ("commit", D), ("launch", P), ("commit", D), ("launch", D), ("commit", P), ("commit", D)]
-        assert llm.async_stats["launched_ahead"] == 5
+                ("commit", D), ("commit", D), ("launch", P), ("launch", D), ("commit", P), ("commit", D)]
+        assert llm.async_stats["launched_ahead"] == 4
     else:  # a prefill is eager: nothing is planned while it runs, and it is launched after the decode commits
         want = [("launch", P), ("commit", P), ("launch", D), ("launch", D), ("commit", D), ("launch", D),
                 ("commit", D), ("commit", D), ("launch", P), ("commit", P), ("launch", D), ("commit", D)]
-        assert llm.async_stats["launched_ahead"] == 3
+        assert llm.async_stats["launched_ahead"] == 2
     assert order == want
     llm.exit()
 
@@ -342,3 +347,27 @@ def test_an_abort_while_a_step_runs_gives_an_equal_hash_back_to_the_block_that_h
         hits[on] = sum(r.prefix_cache_hits for r in results)
         llm.exit()
     assert hits[True] == hits[False] == 8, hits
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_eager_prefill_hint_names_the_step_the_scheduler_makes(tiny_model, policy):
+    """Scheduler.next_is_eager_prefill, read between steps of a synchronous engine (arrivals, a small pool that
+    preempts, EOS), says whether the next schedule() is a prefill-only step: always under prefill_first and
+    balanced; never under mixed (its prefills join the decodes)."""
+    requests = _requests(5, 16, {})
+    llm = LLM(tiny_model, device="cpu", kvcache_block_size=4, scheduling_policy=policy, async_scheduling=False,
+              num_kvcache_blocks=20, max_num_seqs=4, max_num_batched_tokens=40)
+    llm.scheduler.eos = _frequent_token(tiny_model, requests)
+    pending = list(requests)
+    said, made = [], []
+    while pending or not llm.is_finished():
+        for _ in range(3 if len(made) % 3 == 0 else 0):  # more than a step admits: some wait a decode turn
+            if pending:
+                llm.add_request(*pending.pop())
+        if llm.is_finished():
+            continue
+        said.append(llm.scheduler.next_is_eager_prefill())
+        made.append(llm.step().phase == "prefill" and policy != "mixed")
+    llm.exit()
+    assert said == made
+    assert (any(made) and not all(made)) if policy != "mixed" else not any(said)
