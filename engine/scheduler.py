@@ -57,7 +57,7 @@ class Scheduler:
         or a step less overlapped."""
         if self.policy == "mixed" or not self.waiting:
             return False
-        if self.policy == "balanced" and self.last_phase_prefill and self.running:
+        if self._decode_turn():
             return False  # a decode turn
         seq = self.waiting[0]
         return not seq.pending and (bool(seq.block_table) or self.block_manager.can_allocate(seq) != -1)
@@ -76,8 +76,7 @@ class Scheduler:
                                               admit=not preempted)
         else:
             decodes, prefills = [], []
-            order = (False, True) if self.policy == "balanced" and self.last_phase_prefill and self.running \
-                else (True, False)
+            order = (False, True) if self._decode_turn() else (True, False)
             for is_prefill in order:
                 if is_prefill:
                     prefills = self._schedule_prefill(self.max_num_seqs, self.max_num_batched_tokens)
@@ -91,6 +90,10 @@ class Scheduler:
         plan = self._plan(decodes, prefills, preempted)
         self._fold(decodes + [seq for seq, _ in prefills], plan)
         return plan
+
+    def _decode_turn(self) -> bool:
+        """balanced alternates phases: after a prefill step the running decodes go first."""
+        return self.policy == "balanced" and self.last_phase_prefill and bool(self.running)
 
     def _schedule_prefill(self, max_seqs: int, budget: int, any_chunk: bool = False,
                           admit: bool = True) -> list[tuple[Sequence, int]]:
