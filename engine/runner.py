@@ -411,10 +411,6 @@ class ModelRunner:
         size = 4 * max_bs + max_bs * max_blocks
         self._graph_inputs = torch.zeros(size, dtype=torch.int32, device=dev)
         self.staging.reserve(self._graph_inputs.numel() * self._graph_inputs.element_size())
-        if self.kernels.custom_kernels:
-            from .kernels.small_gemm import reserve_split_counters
-
-            reserve_split_counters(dev)  # (the GEMV's split-K counters: process memory, not a graph's)
         self.graph_vars = gv = graph_input_views(self._graph_inputs, max_bs, max_blocks)
         gv["outputs"] = torch.zeros(max_bs, hidden, dtype=self.dtype, device=dev)
         gv["slot_mapping"].fill_(-1)

@@ -5,13 +5,8 @@ program owns a BLOCK_N slice of w's rows and one of SPLIT_K whole-tile ranges of
 enough programs (~2 per SM) to stream w at full bandwidth. Tensor cores want the large dimension first,
 so the roles are swapped: acc[BLOCK_N, BLOCK_M] += w_tile @ x_tile^T, with x's rows padded to BLOCK_M = 16.
 
-Split-K is deterministic: programs write float32 partials, and the last of a tile's splits to finish (an atomic
-counter per tile says which) sums them in a fixed order, so the result never depends on which split that is.
-A second kernel did that sum before; at batch 1 its launch cost more than the sum (a decode step is ~340 kernels,
-each a few microseconds of latency, and this saves 56). The counters live in one zeroed buffer per device,
-reserved before graph capture (reserve_split_counters); each call leaves them at zero again. Calls on one
-stream only (the engine's), so no two calls use the counters at once. Nothing syncs with the host and the
-outputs come from torch.empty, so it is CUDA-graph safe.
+Split-K is deterministic: programs write float32 partials and a second kernel sums them in a fixed order
+(no atomics). Nothing syncs with the host and outputs come from torch.empty, so it is CUDA-graph safe.
 """
 from __future__ import annotations
 
@@ -25,11 +20,12 @@ from . import dot_precision
 # The largest M the tiling is meant for (one BLOCK_M tile); larger M still works, one tile per 16 rows.
 MAX_SMALL_M = 16
 _BLOCK_M = 16
+_REDUCE_BLOCK = 256
 _DEFAULT_SMS = 132  # H200; used off-CUDA, where the heuristic is only exercised, not timed
 
 @triton.jit
 def _small_gemm_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr,
+    x_ptr, w_ptr, b_ptr, y_ptr, part_ptr,
     M, N, K, stride_xm, stride_wn, stride_ym, tiles_per_split,
     HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -61,24 +57,30 @@ def _small_gemm_kernel(
         acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
 
     mask = n_mask[:, None] & m_mask[None, :]
-    y = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
     if SPLIT_K == 1:
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        y = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
     else:
-        parts = part_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
-        tl.store(parts + pid_k * M * N, acc, mask=mask)
-        # acq_rel: this split's partial is visible before its count, and the last split sees every partial.
-        counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
-        if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1:
-            total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K):  # a fixed order: every call bit-identical
-                total += tl.load(parts + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                total += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-            tl.store(y, total.to(y_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(counter, 0)  # ready for the next call
+        part = part_ptr + (pid_k * M + offs_m[None, :]).to(tl.int64) * N + offs_n[:, None]
+        tl.store(part, acc, mask=mask)
+
+
+@triton.jit
+def _split_k_reduce_kernel(part_ptr, b_ptr, y_ptr, M, N, stride_ym,
+                           HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1)
+    offs = pid_n * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    # A fixed summation order makes every call bit-identical.
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(part_ptr + (s * M + m).to(tl.int64) * N + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + m * stride_ym + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def small_gemm_config(M: int, N: int, K: int, num_sms: int) -> dict:
@@ -101,22 +103,6 @@ def small_gemm_config(M: int, N: int, K: int, num_sms: int) -> dict:
         while split_k < 8 and tiles * split_k * 2 <= num_sms and split_k * 2 <= k_tiles:
             split_k *= 2
     return dict(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=4, num_stages=4)
-
-
-_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def reserve_split_counters(device: torch.device | str, tiles: int = 1024) -> torch.Tensor:
-    """The zeroed per-tile counters split-K calls on `device` use, at least `tiles` of them. Call it before a
-    CUDA graph is captured: a buffer made during capture would be the graph's memory, not the process's."""
-    device = torch.device(device)
-    have = _counters.get(device)
-    if have is None or have.numel() < tiles:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"small_matmul: split-K needs {tiles} counters on {device}; call "
-                               "reserve_split_counters before capturing a CUDA graph")
-        _counters[device] = have = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
-    return have
 
 
 def small_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -147,17 +133,18 @@ def small_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     if M == 0 or N == 0:
         return y
     tiles_per_split = triton.cdiv(triton.cdiv(K, block_k), split_k)
+    part = torch.empty(split_k, M, N, dtype=torch.float32, device=x.device) if split_k > 1 else y
     b = bias if bias is not None else w  # never read when HAS_BIAS is False
     grid = (triton.cdiv(N, block_n), split_k, triton.cdiv(M, _BLOCK_M))
-    if split_k > 1:
-        part = torch.empty(split_k, M, N, dtype=torch.float32, device=x.device)
-        counters = reserve_split_counters(x.device, grid[0] * grid[2])
-    else:
-        part = counters = y  # never touched
     _small_gemm_kernel[grid](
-        x, w, b, y, part, counters, M, N, K, x.stride(0), w.stride(0), y.stride(0), tiles_per_split,
+        x, w, b, y, part, M, N, K, x.stride(0), w.stride(0), y.stride(0), tiles_per_split,
         HAS_BIAS=bias is not None, SPLIT_K=split_k, EVEN_K=K % block_k == 0,
         BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=dot_precision(x.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )
+    if split_k > 1:
+        _split_k_reduce_kernel[(triton.cdiv(N, _REDUCE_BLOCK), M)](
+            part, b, y, M, N, y.stride(0),
+            HAS_BIAS=bias is not None, SPLIT_K=split_k, BLOCK=_REDUCE_BLOCK,
+        )
     return y
