@@ -25,6 +25,9 @@
 #           recording it and its engine core; with .old/ (a `git archive` of an earlier commit) the same load
 #           on that commit's server.
 #           Needs fastapi/uvicorn/pyzmq/py-spy wheels installed on PYTHONPATH first (docs/perf.md says how).
+# trees:    a bisect in one call: TREES="dir ..." (each a `git archive` of one commit, carried), TREE_BENCH (default
+#           batch1) from each in turn, ROUNDS times, the order reversed every other round (docs/perf.md, session 9).
+# capture-profile: py-spy over `bench --workload nano`'s init (raw stacks: where start-up and graph capture go).
 # Logs and JSON go to $OUT (the device tool's output folder).
 set -u
 cd "$(dirname "$0")/.."
