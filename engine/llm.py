@@ -225,8 +225,8 @@ class LLMEngine:
         After an eager step nothing is scheduled ahead: its run leaves the host no idle time to fill, and
         requests that arrived during it can join the very next step. Nor when the next step would be an eager
         prefill (Scheduler.next_is_eager_prefill): planned now, it would leave out the requests that arrive
-        while this step runs. An exception after scheduling takes the
-        step's sequences out of the engine and raises StepFailed."""
+        while this step runs. An exception after scheduling takes the step's sequences out of the engine and
+        raises StepFailed."""
         if self._failed is not None:
             failed, self._failed = self._failed, None
             raise failed
