@@ -4,6 +4,11 @@ counts (and silu blocks) against torch.compile's fusion of engine/layers/fused.p
 session 8). Prints one row per (variant, rows): microseconds per layer and the largest difference from the
 plain torch functions.
 
+Its weights sit in L2 for every layer (one small weight, reused), which a real step never gives them: there a
+norm's weight comes from memory, and a load after the reduction costs a trip more. This bench ranked our kernels
+ahead of inductor's while the model ran 17-20 us a step slower with them (docs/perf.md, session 9). Decide with
+`bench --workload batch1` from both trees in one call (`gpu_session.sh trees`), not with this.
+
     python scripts/elementwise_bench.py [--rows 1 64 256] [--hidden 1024] [--intermediate 3072]
 """
 from __future__ import annotations
