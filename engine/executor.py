@@ -55,6 +55,12 @@ class Executor:
         """The workers are gone (a dead rank, or the engine has exited): no step can run any more."""
         return self.tp is not None and (self.tp.broken is not None or self.tp.closed)
 
+    def check_alive(self) -> None:
+        """Raise RuntimeError (naming the rank and its exit code) if a tensor-parallel worker has died; a
+        no-op without TP. Cheap (no message to the workers): a caller may poll it while idle."""
+        if self.tp is not None:
+            self.tp.check_alive()
+
     def shutdown(self) -> None:
         try:
             self.runner.exit()

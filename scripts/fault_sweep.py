@@ -1,19 +1,26 @@
-"""Stop a starting server at every moment: nothing may outlive it.
+"""Stop a server at every moment, starting or serving: nothing may outlive it, and it ends as documented.
 
-    python3 scripts/fault_sweep.py --model DIR [--tp 2] [--device cpu] [--at 0.5 1 2 ...] [--json OUT]
+    python3 scripts/fault_sweep.py --model DIR [--tp 2] [--device cpu] [--at 0.5 1 2 ... ready load]
+                                   [--faults frontend-SIGTERM ...] [--json OUT]
 
-For each moment (seconds after `labkit serve` was started) and each fault (SIGTERM or SIGKILL to the
-frontend, SIGKILL to the engine core), a fresh server is started, the fault is delivered at that moment, and
-the sweep then waits up to --grace seconds for every process the server started (the core, its TP workers,
-seen at any time) to be gone, its shared memory (/dev/shm/labkit-CORE-*) to be unlinked and its socket
-folder (/tmp/labkit-serve-PID-*) to be removed. A frontend killed with SIGKILL cannot remove its folder: the
-next server's start sweeps it, and the sweep says so rather than failing. One line per trial, an 80-column
-table at the end, exit 1 if anything was left. Issue 22 found a 10-minute window this way (a TP worker left
-when the server was stopped 3.5 s into start-up); the moments that matter are those while the engine loads.
+For each moment and each fault, a fresh server is started and the fault delivered. A moment is seconds after
+`labkit serve` was started, `ready` (once /health answers) or `load` (ready, with --clients streams open).
+The faults: SIGTERM, SIGINT, SIGHUP or SIGKILL to the frontend, SIGKILL to the engine core, SIGKILL to a
+tensor-parallel worker (a moment before the process exists waits for it). After each the sweep waits up to
+--grace seconds for every process the server started (seen at any time) to be gone, its shared memory
+(/dev/shm/labkit-CORE-*) unlinked and its socket folder (/tmp/labkit-serve-PID-*) removed, and checks:
+- the frontend's exit status as docs/serving.md documents it (expected_exit);
+- under load, every client answered: its stream ended with `data: [DONE]`, unless the frontend itself was
+  killed (SIGKILL leaves nobody to answer).
+A frontend killed with SIGKILL cannot remove its folder: the next server's start sweeps it, and the sweep says
+so rather than failing. One line per trial, each with the command that replays it; exit 1 if any trial failed.
+Issue 22 found a 10-minute window this way (a TP worker left when the server was stopped 3.5 s into start-up).
+`pytest -m slow tests/test_fault_sweep.py` runs a fixed sweep of it.
 """
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
@@ -21,11 +28,31 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FAULTS = ("frontend-SIGTERM", "frontend-SIGKILL", "core-SIGKILL")
+FAULTS = ("frontend-SIGTERM", "frontend-SIGINT", "frontend-SIGHUP", "frontend-SIGKILL", "core-SIGKILL",
+          "worker-SIGKILL")
+NAMED_MOMENTS = ("ready", "load")
+
+
+def expected_exit(fault: str, handled: bool, ready: bool) -> set[int]:
+    """The frontend's exit status docs/serving.md gives for a fault. `handled`: the fault came after serve set
+    its signal handlers (the "loading" line); before that, in the first fraction of a second while Python
+    imports labkit, a signal has its default effect and nothing has been started yet. `ready`: the server had
+    said it was ready."""
+    target, name = fault.split("-")
+    sig = getattr(signal, name)
+    if target == "frontend" and sig == signal.SIGKILL:
+        return {-signal.SIGKILL}
+    if target == "frontend":
+        # Drained or interrupted while loading: 0. Unhandled: the default action (SIGINT: "interrupted", 130).
+        return {0} if handled else {0, -sig, 130, 1}
+    # The core or a worker killed: "the engine could not start" (2) before the server was ready, "the engine
+    # died" (1) after.
+    return {1} if ready else {2}
 
 
 def children(pid: int) -> list[int]:
@@ -56,11 +83,51 @@ def alive(pid: int) -> bool:
 
 
 def is_core(pid: int) -> bool:
+    """A multiprocessing child (the frontend's is the core; the core's are the TP workers)."""
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
     return b"spawn_main" in cmd and b"resource_tracker" not in cmd
+
+
+def target_pid(proc: subprocess.Popen, fault: str) -> int | None:
+    if fault.startswith("frontend"):
+        return proc.pid
+    core = next((c for c in children(proc.pid) if is_core(c)), None)
+    if fault.startswith("core") or core is None:
+        return core
+    return next((w for w in children(core) if is_core(w)), None)
+
+
+def healthy(port: int) -> bool:
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+        conn.request("GET", "/health")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+
+
+def stream_client(port: int, out: list) -> None:
+    """One streamed completion, long enough to outlast the fault; appends how it ended: "done" (the stream
+    ended with data: [DONE], finished or failed with an error event), "cut" (the connection ended without
+    it) or "refused"."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        body = json.dumps({"prompt": "a b c d", "max_tokens": 400, "ignore_eos": True, "stream": True})
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        ended = "cut"
+        for line in resp:
+            if line.strip() == b"data: [DONE]":
+                ended = "done"
+                break
+        out.append(ended)
+    except ConnectionRefusedError:
+        out.append("refused")
+    except OSError:
+        out.append("cut")
 
 
 def free_port() -> int:
@@ -69,43 +136,69 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def trial(model: str, tp: int, device: str, at: float, fault: str, grace: float) -> dict:
+def trial(model: str, tp: int, device: str, at, fault: str, grace: float, clients: int = 2) -> dict:
+    """One server, one fault at one moment (seconds, "ready" or "load"); see the module doc."""
     log = tempfile.NamedTemporaryFile("w+", prefix="fault-sweep-", suffix=".log", delete=False)
+    port = free_port()
     cmd = [sys.executable, "-m", "labkit", "serve", "--model", model, "--device", device, "--tp", str(tp),
-           "--port", str(free_port()), "--log-level", "warning"]
+           "--port", str(port), "--log-level", "warning"]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     seen: set[int] = set()
     core = None
-    while time.monotonic() - start < at and proc.poll() is None:
+
+    def watch() -> None:
+        nonlocal seen, core
         seen |= descendants(proc.pid)
         core = core or next((c for c in children(proc.pid) if is_core(c)), None)
+
+    def due() -> bool:
+        if isinstance(at, (int, float)):
+            return time.monotonic() - start >= at
+        return healthy(port)
+
+    while not due() and proc.poll() is None and time.monotonic() - start < 180:
+        watch()
         time.sleep(0.02)
-    if fault == "core-SIGKILL":  # no core yet at this moment: kill it as soon as it exists
-        while core is None and proc.poll() is None and time.monotonic() - start < at + 120:
-            core = next((c for c in children(proc.pid) if is_core(c)), None)
-            time.sleep(0.01)
+    answers: list[str] = []
+    threads = []
+    if at == "load" and proc.poll() is None:
+        threads = [threading.Thread(target=stream_client, args=(port, answers), daemon=True) for _ in range(clients)]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)  # the streams are running
+    victim = target_pid(proc, fault)
+    while victim is None and proc.poll() is None and time.monotonic() - start < 180:
+        watch()  # no core or worker yet at this moment: strike it as soon as it exists
+        time.sleep(0.01)
+        victim = target_pid(proc, fault)
+    watch()
     at_actual = time.monotonic() - start
-    delivered = proc.poll() is None
+    log.flush()
+    said = Path(log.name).read_bytes()
+    # (At "ready" and "load" /health has answered; the ready line can come a moment after it.)
+    handled, ready = b"labkit serve: loading" in said, at in NAMED_MOMENTS or b"ready at http" in said
+    delivered = proc.poll() is None and victim is not None
     if delivered:
-        if fault == "core-SIGKILL":
-            os.kill(core, signal.SIGKILL)
-        else:
-            os.kill(proc.pid, signal.SIGTERM if fault == "frontend-SIGTERM" else signal.SIGKILL)
-    end = time.monotonic() + grace
+        try:
+            os.kill(victim, getattr(signal, fault.split("-")[1]))
+        except ProcessLookupError:
+            delivered = False
+    end = time.monotonic() + grace + (30 if at == "load" else 0)  # (a drain waits for its streams)
     while time.monotonic() < end and proc.poll() is None:
-        seen |= descendants(proc.pid)
-        core = core or next((c for c in children(proc.pid) if is_core(c)), None)
+        watch()
         time.sleep(0.02)
-    if proc.poll() is None:  # the frontend itself did not exit: that is a finding too
-        frontend_left = True
+    frontend_left = proc.poll() is None
+    if frontend_left:  # the frontend itself did not exit: that is a finding too
         proc.kill()
         proc.wait()
-    else:
-        frontend_left = False
+    for t in threads:
+        t.join(timeout=grace)
     end = time.monotonic() + grace
-    left = []
+    left: list[int] = []
+    shm: list[str] = []
+    folders: list[str] = []
     while time.monotonic() < end:
         left = [p for p in seen if alive(p)]
         shm = [n for n in os.listdir("/dev/shm") if core and n.startswith(f"labkit-{core}-")]
@@ -119,10 +212,18 @@ def trial(model: str, tp: int, device: str, at: float, fault: str, grace: float)
         except OSError:
             pass
     log.close()
-    result = {"at_s": at, "delivered_at_s": round(at_actual, 2), "fault": fault, "delivered": delivered, "frontend_exit": proc.returncode,
-              "frontend_left": frontend_left, "processes_left": sorted(left), "shm_left": shm,
-              "folder_left": folders, "seconds": round(time.monotonic() - start, 1), "log": log.name}
-    result["ok"] = not frontend_left and not left and not shm and (not folders or fault == "frontend-SIGKILL")
+    want = expected_exit(fault, handled, ready)
+    exit_ok = not delivered or proc.returncode in want  # a server that had already exited is judged on leftovers
+    answered = fault == "frontend-SIGKILL" or all(a == "done" for a in answers)
+    result = {"at": at, "delivered_at_s": round(at_actual, 2), "fault": fault, "delivered": delivered,
+              "frontend_exit": proc.returncode, "expected_exit": sorted(want), "exit_ok": exit_ok,
+              "clients": answers, "clients_answered": answered, "frontend_left": frontend_left,
+              "processes_left": sorted(left), "shm_left": shm, "folder_left": folders,
+              "seconds": round(time.monotonic() - start, 1), "log": log.name,
+              "replay": f"python3 scripts/fault_sweep.py --model {model} --tp {tp} --device {device} --at {at} "
+                        f"--faults {fault}"}
+    result["ok"] = (exit_ok and answered and not frontend_left and not left and not shm
+                    and (not folders or fault == "frontend-SIGKILL"))
     if result["ok"]:
         os.unlink(log.name)
     for f in folders if fault == "frontend-SIGKILL" else ():  # what the next start would sweep
@@ -130,30 +231,51 @@ def trial(model: str, tp: int, device: str, at: float, fault: str, grace: float)
     return result
 
 
+def line(r: dict) -> str:
+    """One trial in one line (what failed, if anything), then how to replay it."""
+    problems = [f"exit {r['frontend_exit']} (documented {r['expected_exit']})"] if not r["exit_ok"] else []
+    problems += [f"clients {r['clients']}"] if not r["clients_answered"] else []
+    problems += ["frontend still running"] if r["frontend_left"] else []
+    problems += [f"left {x}" for x in (r["processes_left"], r["shm_left"], r["folder_left"])
+                 if x and not (x is r["folder_left"] and r["fault"] == "frontend-SIGKILL")]
+    when = f"at {r['delivered_at_s']:.1f} s" if r["delivered"] else "(nothing to strike: exited)"
+    return f"{str(r['at']):>5}  {r['fault']:17s} {when:22s} {'ok' if r['ok'] else 'FAIL ' + '; '.join(problems)}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--at", type=float, nargs="+", default=[0.5, 1.5, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0])
+    ap.add_argument("--at", nargs="+", default=["0.5", "1.5", "2.5", "3.0", "3.5", "4.0", "5.0", "6.0", "8.0",
+                                                "ready", "load"],
+                    help="moments: seconds after the start, 'ready' or 'load'")
     ap.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
     ap.add_argument("--grace", type=float, default=10.0, help="seconds everything has to go (default 10)")
+    ap.add_argument("--clients", type=int, default=2, help="streams open at the moment 'load' (default 2)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if not Path(args.model, "config.json").is_file():
         print(f"fault_sweep: --model {args.model}: no config.json there", file=sys.stderr)
         return 2
-    results = []
+    moments = []
     for at in args.at:
+        try:
+            moments.append(at if at in NAMED_MOMENTS else float(at))
+        except ValueError:
+            print(f"fault_sweep: --at {at}: seconds, or one of {', '.join(NAMED_MOMENTS)}", file=sys.stderr)
+            return 2
+    if args.tp < 2 and "worker-SIGKILL" in args.faults:
+        print("fault_sweep: worker-SIGKILL needs --tp 2 or more (TP=1 has no worker)", file=sys.stderr)
+        return 2
+    results = []
+    for at in moments:
         for fault in args.faults:
-            r = trial(args.model, args.tp, args.device, at, fault, args.grace)
+            r = trial(args.model, args.tp, args.device, at, fault, args.grace, args.clients)
             results.append(r)
-            what = "ok" if r["ok"] else f"LEFT {r['processes_left'] or ''}{r['shm_left'] or ''}{r['folder_left'] or ''}"
-            when = f"at {r['delivered_at_s']:.1f} s" if r["delivered"] else "(the server had exited)"
-            print(f"{at:5.1f} s  {fault:17s} {when:23s} {what}", flush=True)
+            print(line(r) + ("" if r["ok"] else f"\n       replay: {r['replay']}; log {r['log']}"), flush=True)
     bad = [r for r in results if not r["ok"]]
-    print(f"\n{len(results)} trials, {len(bad)} left something behind"
-          + ("" if not bad else ": logs " + ", ".join(r["log"] for r in bad)))
+    print(f"\n{len(results)} trials, {len(bad)} failed")
     if args.json:
         args.json.write_text(json.dumps({"tp": args.tp, "device": args.device, "grace_s": args.grace,
                                          "trials": results}, indent=1))

@@ -113,7 +113,8 @@ def serve(
 
     Listens on loopback only unless --allow-remote. Engine options left out take the engine's defaults.
     SIGTERM, SIGINT, SIGHUP or SIGQUIT drains for --drain-timeout seconds, then exits 0; exit 1 when the engine
-    dies, or sends nothing for --engine-timeout seconds, while serving.
+    dies, or sends nothing for --engine-timeout seconds, while serving; exit 2 when it cannot start (a bad
+    option, the port taken, the engine refusing its settings or dying while it loads).
     `labkit serve client` sends one request.
 
     Example: labkit serve --device cpu --port 8000

@@ -275,6 +275,9 @@ def _loop(core: EngineCore, pull, send, parent_pid: int) -> int:
             next_parent_check = now + 1.0
             if os.getppid() != parent_pid:
                 return 0  # the frontend is gone: nobody will ever read our output
+            # A TP worker that died while the engine idles: fatal now (the frontend exits 1), not at the
+            # next request, which would find a broken engine behind a /health that says ok.
+            core.llm.executor.check_alive()
 
 
 def _open_step_log():

@@ -28,6 +28,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from labkit.errors import LabkitError
 from labkit.serve.engine_client import EngineClient
 from labkit.serve.http import ServeSettings, build_app
 from labkit.serve.metrics import ServerMetrics
@@ -189,6 +190,10 @@ async def serve_async(model: str, engine_kwargs: dict, settings: ServeSettings, 
     except asyncio.CancelledError:
         log.warning("labkit serve: interrupted while the engine was starting")
         return 0
+    except Exception as exc:
+        # Refused its configuration, or its core or a worker died (killed, out of memory) before anyone was
+        # served: the server never ran. (Dying while serving is exit 1: see LabServer.engine_died.)
+        raise LabkitError(f"the engine could not start: {exc}", 2) from exc
     finally:
         for sig in SIGNALS:
             loop.remove_signal_handler(sig)
