@@ -388,6 +388,11 @@ class LLMEngine:
                          "finish_reason": seq.finish_reason})
         return outs
 
+    def check_alive(self) -> None:
+        """Raise RuntimeError if a tensor-parallel worker has died (a no-op without TP). Cheap: a server may
+        poll it while the engine idles, when no step would show the death."""
+        self.executor.check_alive()
+
     def exit(self):
         if self._closed:
             return

@@ -277,7 +277,7 @@ def _loop(core: EngineCore, pull, send, parent_pid: int) -> int:
                 return 0  # the frontend is gone: nobody will ever read our output
             # A TP worker that died while the engine idles: fatal now (the frontend exits 1), not at the
             # next request, which would find a broken engine behind a /health that says ok.
-            core.llm.executor.check_alive()
+            core.llm.check_alive()
 
 
 def _open_step_log():
