@@ -150,13 +150,14 @@ class LLMEngine:
         """What a request may ask of this engine (a server validates with the same object)."""
         cfg = self.config
         return RequestLimits(max_model_len=cfg.max_model_len, vocab_size=cfg.hf_config.vocab_size,
-                             block_size=cfg.kvcache_block_size, num_blocks=cfg.num_kvcache_blocks)
+                             block_size=cfg.kvcache_block_size, num_blocks=cfg.num_kvcache_blocks,
+                             max_prompt_chars=cfg.max_model_len * self.tokenizer.max_chars_per_token)
 
     def _encode(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt: empty string")
-            return self.tokenizer.encode(prompt)
+            return self.tokenizer.encode(self._limits.check_text(prompt))
         if not isinstance(prompt, (list, tuple)):
             raise ValueError(f"prompt: expected a non-empty string or list of token ids, got {type(prompt).__name__}")
         return self._limits.check_token_ids(prompt)

@@ -56,6 +56,17 @@ class Tokenizer:
     def __len__(self) -> int:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
 
+    @cached_property
+    def max_chars_per_token(self) -> int:
+        """The most characters of text one token can stand for: the longest entry of the vocabulary (an entry
+        spells its token in at least as many characters as the text it stands for: byte-level entries one a
+        byte), times 4 under a Unicode normaliser (NFC composes at most 4 code points into one, U+1FAF). A text
+        longer than max_model_len times this cannot fit, so it is refused before it is tokenised (a normaliser
+        that deletes text, such as Strip, is not bounded by it: such a text is refused all the same)."""
+        tok = self.backend_tokenizer
+        longest = max((len(entry) for entry in tok.get_vocab(with_added_tokens=True)), default=1)
+        return max(1, longest) * (1 if tok.normalizer is None else 4)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 

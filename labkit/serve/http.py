@@ -115,7 +115,7 @@ class CountRequests:
 
 
 # --- plumbing --------------------------------------------------------------------------------------
-async def _read_body(request: Request, settings: ServeSettings):
+async def _read_body(request: Request, settings: ServeSettings, max_prompt_ids: int | None = None):
     """The JSON body, refused (400) as soon as it grows past --max-body-bytes, and (408) when it has not all
     arrived within --body-timeout seconds: a client that sends a byte a minute must not hold a connection
     and its buffer forever."""
@@ -135,7 +135,29 @@ async def _read_body(request: Request, settings: ServeSettings):
     except TimeoutError:
         raise APIError(408, f"body: not received within {settings.body_timeout_s:g} s (--body-timeout); "
                        f"{size} bytes arrived", headers={"Connection": "close"}) from None
-    return protocol.parse_json(b"".join(chunks))
+    return protocol.parse_json(b"".join(chunks), max_prompt_ids)
+
+
+def _limits(engine: EngineClient):
+    if engine.limits is None:
+        raise APIError(503, "the engine is not ready", "service_unavailable")
+    return engine.limits
+
+
+def _check_prompt_size(engine: EngineClient, data) -> None:
+    """Refuse a completion prompt that cannot fit in max_model_len from its size alone, before anything walks
+    it: a list of ids from its length, a text from its length in characters (RequestLimits.check_text), so a
+    4 MB text is never tokenised and a 4 MiB list of ids never validated id by id on the event loop."""
+    prompt = data.get("prompt") if isinstance(data, dict) else None
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    try:
+        if isinstance(prompt, str):
+            _limits(engine).check_text(prompt)
+        elif isinstance(prompt, list):
+            _limits(engine).check_prompt_len(len(prompt))
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
 
 
 async def _tokenize(engine: EngineClient, fn, *args):
@@ -253,7 +275,9 @@ async def _sse(engine: EngineClient, stream: RequestStream, writer: ChunkWriter,
 async def completions(request: Request):
     engine: EngineClient = request.app.state.engine
     settings: ServeSettings = request.app.state.settings
-    body = protocol.parse_body(protocol.CompletionRequest, await _read_body(request, settings))
+    data = await _read_body(request, settings, max_prompt_ids=_limits(engine).max_model_len)
+    _check_prompt_size(engine, data)
+    body = protocol.parse_body(protocol.CompletionRequest, data)
     protocol.check_common(body, settings.model_name)
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
@@ -284,10 +308,17 @@ async def chat_completions(request: Request):
 
     def render() -> list[int]:
         text = engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        try:
+            limits.check_text(text, "messages")  # the rendered prompt, before it is tokenised
+        except ValueError as exc:
+            raise invalid(str(exc)) from None
         return engine.tokenizer.encode(text, add_special_tokens=False)
 
+    limits = _limits(engine)
     try:
         ids = await asyncio.to_thread(render)
+    except APIError:
+        raise
     except Exception as exc:  # noqa: BLE001 - a template that cannot render these messages is the request's problem
         raise invalid(f"messages: the chat template failed: {type(exc).__name__}: {exc}") from None
     return await _generate(request, "/v1/chat/completions", body, ids, chat=True, default_max=None)

@@ -114,9 +114,36 @@ class ChatRequest(_Sampling):
     top_logprobs: Optional[int] = None
 
 
-def parse_json(raw: bytes) -> Any:
+class _TooManyNumbers(Exception):
+    pass
+
+
+NUMBERS_BESIDE_PROMPT = 64  # integers a completion body may hold besides its prompt (max_tokens, seed, ...)
+
+
+def parse_json(raw: bytes, max_prompt_ids: int | None = None) -> Any:
+    """The body as JSON. max_prompt_ids (max_model_len): refuse, while parsing, a body holding more numbers
+    than a prompt of that many ids and the other fields can (NUMBERS_BESIDE_PROMPT): a 4 MiB list of ids is
+    stopped after a few thousand instead of being built whole on the event loop (json's C parser holds the GIL
+    throughout, so a thread would not free the loop)."""
+    hooks = {}
+    if max_prompt_ids is not None:
+        most, seen = max_prompt_ids + NUMBERS_BESIDE_PROMPT, 0
+
+        def counted(convert):
+            def parse(digits: str):
+                nonlocal seen
+                seen += 1
+                if seen > most:
+                    raise _TooManyNumbers
+                return convert(digits)
+            return parse
+        hooks = {"parse_int": counted(int), "parse_float": counted(float)}
     try:
-        return json.loads(raw)
+        return json.loads(raw, **hooks)
+    except _TooManyNumbers:
+        raise invalid(f"prompt: more token ids than max_model_len={max_prompt_ids} (the body holds more than "
+                      f"{max_prompt_ids + NUMBERS_BESIDE_PROMPT} numbers)") from None
     except (ValueError, RecursionError):
         raise invalid("body: not valid JSON") from None
 
