@@ -12,7 +12,10 @@ class SamplingParams:
     ignore_eos: bool = False
     top_k: int = -1  # -1 or 0: off
     top_p: float = 1.0  # 1.0: off
-    seed: int | None = None  # this request's own random stream (vLLM's per-request seed); None: the engine's
+    # This request's own random stream (vLLM's per-request seed); None: the engine's. [0, 2**63): the sampler's
+    # row seeds are 63-bit (sampler.row_seeds), so each seed in it has a stream of its own and one beyond would
+    # share another's; int64's non-negative range, as vLLM's API bounds it above.
+    seed: int | None = None
 
     def __post_init__(self):
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \

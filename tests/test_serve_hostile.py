@@ -158,6 +158,19 @@ def test_a_long_chat_message_is_refused_before_it_is_tokenised(server):
     assert time.monotonic() - t0 < ANSWER_BOUND_S
 
 
+def test_the_seed_is_taken_to_the_end_of_its_documented_range_and_refused_beyond(server):
+    """Item 17: [0, 2**63), as docs/serving.md says."""
+    for seed in (0, (1 << 63) - 1):
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "seed": seed,
+                                                             "temperature": 1.0}, timeout=60)
+        assert r.status_code == 200, r.text
+    for seed in (-1, 1 << 63):
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "seed": seed},
+                       timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
+        assert "[0, 2**63)" in r.json()["error"]["message"]
+
+
 # --- the same bounds, in-process -------------------------------------------------------------------------
 LIMITS = RequestLimits(max_model_len=1024, vocab_size=2048, block_size=256, num_blocks=64, max_prompt_chars=50_000)
 
