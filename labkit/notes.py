@@ -101,7 +101,10 @@ def render(template: str, title: str | None, today: str, machine_text: str, comm
     """The template with its title placeholder and its date/machine/commit line filled in."""
     lines = template.splitlines()
     if lines and title:
-        lines[0] = re.sub(r"<[^>]*>", title, lines[0], count=1)
+        # A function replacement: the title is text, never a pattern (`\1`, `\n`, `\g<0>` stay as typed),
+        # and a heading is one line.
+        heading = " ".join(title.split())
+        lines[0] = re.sub(r"<[^>]*>", lambda _: heading, lines[0], count=1)
     for i, line in enumerate(lines):
         if line.startswith("- Date"):
             lines[i] = f"{line.rstrip()} {today}; {machine_text}; {commit}"

@@ -11,6 +11,8 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.sampler import row_seeds
 
+from .helpers import run_cli
+
 REPO = Path(__file__).resolve().parents[1]
 SEED_END = 1 << 63  # the end of the seed's range, [0, 2**63)
 
@@ -56,3 +58,13 @@ def test_the_engine_samples_with_the_largest_seed(tiny_model):
         assert outs[0]["token_ids"] != outs[1]["token_ids"]
     finally:
         llm.exit()
+
+
+# --- 16: a note's title is text, never a pattern ------------------------------------------------------------
+@pytest.mark.parametrize("title", [r"why \1 and \n here", r"\g<0> and \\", "a\nsecond line"])
+def test_a_note_title_with_backslashes_is_written_as_given(title, tmp_path, capsys):
+    out = tmp_path / "note.md"
+    code, _, err = run_cli(["notes", "new", "trace", "--title", title, "--out", str(out)], capsys)
+    assert code == 0, err
+    first = out.read_text(encoding="utf-8").splitlines()[0]
+    assert first == "# Trace note: " + " ".join(title.split()), first
