@@ -140,7 +140,10 @@ def _root(
 
 
 def _one_line(text: object) -> str:
-    return " ".join(str(text).split()) or "(no message)"
+    """One line, and nothing a terminal would act on: control characters (an escape sequence in a file's value,
+    say) are shown as Python writes them (\\x1b), never sent raw."""
+    line = " ".join(str(text).split()) or "(no message)"
+    return line if line.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
 
 
 def _fail(message: str, code: int) -> None:

@@ -24,6 +24,10 @@ Workload file
                                         # steps: drive the engine step by step (add_request / step) and
                                         # also time every step: decode ms per token (batch1.yaml)
 
+Limits, checked before anything is drawn: prompt_len and output_len at most 2**24 tokens, requests at
+most 2**20, requests x the longest prompt at most 2**24 tokens (MAX_TOKENS: the draw is held in memory),
+repeats and warm-up rounds at most 1000.
+
 Draw order (upstream nano-vLLM bench.py): one `random.Random(seed)`; for each request the prompt
 length (when uniform) then its ids; then, for each request, the output length (when uniform).
 With seed 0, 256 requests, uniform [100, 1024] for both and token_range [0, 10000] this gives
@@ -60,6 +64,13 @@ ENGINE_KEYS = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "gpu_m
 _ENGINE_POSITIVE_INTS = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "tensor_parallel_size",
                          "kvcache_block_size")
 _ENGINE_STRS = ("attention_backend", "scheduling_policy", "dtype")
+
+# What one workload may draw, checked before anything is drawn: its prompts are held in memory as Python lists
+# (about 36 bytes a token), so requests x the longest prompt is bounded (2**24 tokens: 64 times nano's
+# 256 x 1024; about 600 MB drawn), and so are the request count and the rounds.
+MAX_REQUESTS = 1 << 20
+MAX_TOKENS = 1 << 24
+MAX_ROUNDS = 1000
 
 
 @dataclass
@@ -276,14 +287,31 @@ class _Ctx:
 
 def _length(ctx: _Ctx, where: str, v) -> LengthSpec:
     if _is_int(v):
-        return LengthSpec(ctx.int(where, v, 1), v, False)
-    if isinstance(v, dict) and set(v) == {"uniform"}:
+        spec = LengthSpec(ctx.int(where, v, 1), v, False)
+    elif isinstance(v, dict) and set(v) == {"uniform"}:
         pair = v["uniform"]
-        if (isinstance(pair, list) and len(pair) == 2 and all(_is_int(x) for x in pair)
+        if not (isinstance(pair, list) and len(pair) == 2 and all(_is_int(x) for x in pair)
                 and 1 <= pair[0] <= pair[1]):
-            return LengthSpec(pair[0], pair[1], True)
-        ctx.fail(where, f"uniform must be [lo, hi] with 1 <= lo <= hi, got {pair!r}")
-    ctx.fail(where, f"must be a positive integer or {{uniform: [lo, hi]}}, got {v!r}")
+            ctx.fail(where, f"uniform must be [lo, hi] with 1 <= lo <= hi, got {pair!r}")
+        spec = LengthSpec(pair[0], pair[1], True)
+    else:
+        ctx.fail(where, f"must be a positive integer or {{uniform: [lo, hi]}}, got {v!r}")
+    if spec.hi > MAX_TOKENS:
+        ctx.fail(where, f"{spec.hi} tokens is more than a workload may draw ({MAX_TOKENS})")
+    return spec
+
+
+def _check_size(ctx: _Ctx, w: "Workload") -> None:
+    """requests x the longest prompt within MAX_TOKENS, before a single request is drawn."""
+    if w.requests > MAX_REQUESTS:
+        ctx.fail("requests", f"{w.requests} is more than a workload may hold ({MAX_REQUESTS})")
+    total = w.requests * w.prompt_len.hi
+    if total > MAX_TOKENS:
+        ctx.fail("requests", f"{w.requests} requests of up to {w.prompt_len.hi} prompt tokens draw up to {total} "
+                             f"tokens, more than a workload may ({MAX_TOKENS}): fewer requests or shorter prompts")
+    for where, n in (("repeats", w.repeats), ("warmup", w.warmup.rounds)):
+        if n > MAX_ROUNDS:
+            ctx.fail(where, f"{n} rounds is more than a workload may run ({MAX_ROUNDS})")
 
 
 def _warmup(ctx: _Ctx, v) -> Warmup:
@@ -341,11 +369,13 @@ def parse_workload(data, path: str | os.PathLike | None = None) -> Workload:
         if key not in data:
             ctx.fail(key, "missing (required)")
     name = data.get("name", Path(path).stem if path is not None else "workload")
-    if not isinstance(name, str) or not name.strip() or any(c in name for c in "/\\ \t\n"):
-        ctx.fail("name", f"must be a non-empty word (no spaces or slashes), got {name!r}")
+    if not isinstance(name, str) or not name.strip() or any(c in name for c in "/\\ \t\n") \
+            or not name.isprintable() or len(name) > 100:
+        ctx.fail("name", f"must be a non-empty word of at most 100 printable characters (no spaces or slashes), "
+                         f"got {name!r:.120}")
     about = data.get("about", "")
-    if not isinstance(about, str):
-        ctx.fail("about", f"must be a string, got {about!r}")
+    if not isinstance(about, str) or not " ".join(about.split()).isprintable():
+        ctx.fail("about", f"must be printable text, got {about!r:.120}")
     token_range = data.get("token_range", [0, 10000])
     if (not isinstance(token_range, list) or len(token_range) != 2 or not all(_is_int(x) for x in token_range)
             or not 0 <= token_range[0] <= token_range[1]):
@@ -356,7 +386,7 @@ def parse_workload(data, path: str | os.PathLike | None = None) -> Workload:
     temperature = data.get("temperature", 0.6)
     if not _is_num(temperature) or temperature < 0:
         ctx.fail("temperature", f"must be a number >= 0, got {temperature!r}")
-    return Workload(
+    w = Workload(
         name=name,
         about=" ".join(about.split()),
         requests=ctx.int("requests", data["requests"], 1),
@@ -373,4 +403,6 @@ def parse_workload(data, path: str | os.PathLike | None = None) -> Workload:
         timing=timing,
         path=str(Path(path).resolve()) if path is not None else None,
     )
+    _check_size(ctx, w)
+    return w
 

@@ -8,8 +8,9 @@ fields: the names and types come from those dataclasses, and their own checks ju
 
 Case file
 ---------
-    name: chunk                        # optional, defaults to the file's stem
-    about: one line                    # optional
+    name: chunk                        # optional, defaults to the file's stem; letters, digits and
+                                       # . _ + - (it names the output folder runs/trace-NAME)
+    about: one line                    # optional; printable text
     engine: {max_num_batched_tokens: 512, kvcache_block_size: 256, ...}   # Config fields: ENGINE_KEYS
     requests:
       - id: A                          # label; the engine's events carry it as request_id
@@ -58,6 +59,12 @@ Each entry is either a step entry or the final entry. Steps count engine steps f
                                        # order, after postprocess (after_postprocess ref_counts)
       note: free text, ignored
     - final: {A: {outputs: 3, status: FINISHED}}   # the request's last state (also total)
+
+Limits, checked before anything is built from them: a prompt's length against max_model_len (the case's,
+else the engine's default, 4096); a step's positions against the most input ids a step of the case's
+engine can hold (max_num_batched_tokens + max_num_seqs), counted before the list is expanded. The file is
+UTF-8 YAML, read with libyaml where pyyaml has it; a key given twice is an error (labkit/yamlfile.py).
+Request ids and `about` are printable text (no terminal escapes).
 
 After loading, `Case.expect` holds normalised entries: positions expanded to lists and
 `scheduled: {ID: N}` turned into `{ID: {scheduled: N}}`.
@@ -111,6 +118,9 @@ RANDOM_HIGH = 10000
 
 DEFAULT_MAX_TOKENS = 64
 DEFAULT_TEMPERATURE = 0.0
+
+# A case's name names its output folder (runs/trace-NAME) and is printed: one plain path component.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 
 
 @dataclass
@@ -199,6 +209,7 @@ def load_case(name_or_path: str | os.PathLike) -> Case:
 class _Ctx:
     def __init__(self, path: Path | None):
         self.path = path
+        self.max_step_tokens: int | None = None  # the most input ids a step of this case's engine can hold
         if path is None:
             self.label = "<case>"
         else:
@@ -271,6 +282,9 @@ def _rid(ctx: _Ctx, where: str, v) -> str:
         return str(v)
     if not isinstance(v, str) or not v:
         ctx.fail(where, f"must be a non-empty string, got {v!r}")
+    if not v.isprintable() or len(v) > 100:
+        # It is printed in tables and messages: no terminal escapes or other control characters.
+        ctx.fail(where, f"must be at most 100 printable characters, got {v[:100]!r}")
     return v
 
 
@@ -306,6 +320,13 @@ def _check_engine(ctx: _Ctx, engine) -> dict:
                                f"(allowed: {', '.join(ENGINE_KEYS)})")
     _engine_checks(ctx, "engine", Config, engine, _ENGINE_FIELDS, **_NO_MODEL)
     return dict(engine)
+
+
+def _declared(engine: dict) -> Config:
+    """The case's engine settings with the engine's defaults for the rest: the limits a case's prompts and
+    expected states are held to before anything is built from them (the run checks them again with the model,
+    which can only lower max_model_len)."""
+    return Config(**_NO_MODEL, **engine)
 
 
 @cache
@@ -404,9 +425,11 @@ def _check_request(ctx: _Ctx, i: int, raw, earlier: dict[str, RequestSpec],
             ctx.fail(f"{where}.after", f"{after!r} is not an earlier request of this case "
                                        f"(after must name a request listed before this one)")
     plen = _static_len(prompt)
-    mml = engine.get("max_model_len")
-    if plen is not None and _is_int(mml) and plen > mml:
-        ctx.fail(f"{where}.prompt", f"prompt has {plen} tokens, more than engine.max_model_len {mml}")
+    mml = _declared(engine).max_model_len
+    if plen is not None and plen > mml:
+        whose = "engine.max_model_len" if "max_model_len" in engine else "max_model_len (the engine's default; " \
+                                                                          "set engine.max_model_len for more)"
+        ctx.fail(f"{where}.prompt", f"prompt has {plen} tokens, more than {whose} {mml}")
     top_p = sampling.get("top_p")
     return RequestSpec(id=rid, prompt=prompt, max_tokens=sampling["max_tokens"], ignore_eos=sampling["ignore_eos"],
                        temperature=float(sampling["temperature"]), top_k=sampling.get("top_k"),
@@ -416,8 +439,9 @@ def _check_request(ctx: _Ctx, i: int, raw, earlier: dict[str, RequestSpec],
 _POS_PART = re.compile(r"^\s*(-?\d+)\s*(?:\.\.\s*(-?\d+)\s*)?$")
 
 
-def expand_positions(spec) -> list[int]:
-    """Expand "512..699 + 0..31" (inclusive ranges joined by +) or a list into a list of ints."""
+def expand_positions(spec, limit: int | None = None) -> list[int]:
+    """Expand "512..699 + 0..31" (inclusive ranges joined by +) or a list into a list of ints. limit: refuse
+    (ValueError) more positions than that, counted before the list is built."""
     if isinstance(spec, list):
         if not all(_is_int(x) for x in spec):
             raise ValueError(f"positions must be integers, got {spec!r}")
@@ -432,6 +456,7 @@ def expand_positions(spec) -> list[int]:
     out: list[int] = []
     if not text.strip():
         return out
+    ranges = []
     for part in re.split(r"[+,]", text):
         m = _POS_PART.match(part)
         if not m:
@@ -440,6 +465,11 @@ def expand_positions(spec) -> list[int]:
         b = int(m.group(2)) if m.group(2) is not None else a
         if b < a:
             raise ValueError(f"range {part.strip()!r} runs backwards in {spec!r}")
+        ranges.append((a, b))
+    count = sum(b - a + 1 for a, b in ranges)
+    if limit is not None and count > limit:
+        raise ValueError(f"{count} positions, more than a step can hold ({limit})")
+    for a, b in ranges:
         out.extend(range(a, b + 1))
     return out
 
@@ -557,7 +587,7 @@ def _expect_inputs(ctx: _Ctx, where: str, v, known: set[str]) -> dict:
         w = f"{where}.{f}"
         if f == "positions":
             try:
-                out[f] = expand_positions(x)
+                out[f] = expand_positions(x, ctx.max_step_tokens)
             except ValueError as ex:
                 ctx.fail(w, str(ex))
         elif f in ("cu_seqlens_q", "cu_seqlens_k", "context_lens"):
@@ -654,14 +684,25 @@ def parse_case(data, path: str | os.PathLike | None = None) -> Case:
     name = data.get("name")
     if name is None:
         name = Path(path).stem if path is not None else "case"
-    elif not isinstance(name, str) or not name:
-        ctx.fail("name", f"must be a non-empty string, got {name!r}")
+        if not NAME_PATTERN.fullmatch(name):
+            ctx.fail("name", f"the file's name {name!r} cannot name the case's output folder: give a name "
+                             "(letters, digits, '.', '_', '+', '-'; at most 100)")
+    elif not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        # It names the output folder (runs/trace-NAME): never a path that climbs out, never a terminal escape.
+        ctx.fail("name", "must be letters, digits, '.', '_', '+' or '-' (starting with a letter or digit; at "
+                         f"most 100), got {name!r:.120}")
     about = data.get("about", "")
     if about is None:
         about = ""
     if not isinstance(about, str):
         ctx.fail("about", f"must be a string, got {about!r}")
+    about = " ".join(about.split())
+    if not about.isprintable():
+        ctx.fail("about", f"must be printable text (no terminal escapes or control characters), got {about!r:.120}")
     engine = _check_engine(ctx, data.get("engine"))
+    declared = _declared(engine)
+    # Decode rows (one per sequence) and prefill tokens (the budget): no step of this engine holds more.
+    ctx.max_step_tokens = declared.max_num_batched_tokens + declared.max_num_seqs
     reqs_raw = data.get("requests")
     if reqs_raw is None:
         ctx.fail("", "missing key 'requests'")
@@ -672,7 +713,7 @@ def parse_case(data, path: str | os.PathLike | None = None) -> Case:
         spec = _check_request(ctx, i, r, earlier, engine)
         earlier[spec.id] = spec
     expect = _check_expect(ctx, data.get("expect"), set(earlier))
-    return Case(name=name, about=about.strip(), engine=engine, requests=list(earlier.values()),
+    return Case(name=name, about=about, engine=engine, requests=list(earlier.values()),
                 expect=expect, path=Path(path) if path is not None else None)
 
 

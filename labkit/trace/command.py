@@ -46,7 +46,8 @@ from labkit.trace.validate import Report, change_text, validate
 app = typer.Typer(help="Run a traced case, show every step, and check it against expected states.\n\n"
                        "An engine option (Engine panel) overrides the case's value: the run is then an experiment, "
                        "its differences from the case are shown as a diff and the verdict is CHANGED (exit 0). "
-                       "Every invariant always gates (FAIL, exit 1).\n\n"
+                       "Every invariant always gates (FAIL, exit 1). --device left out: the case's engine.device, "
+                       "else auto.\n\n"
                        "Example: labkit trace --case chunk --budget 100",
                   invoke_without_command=True, no_args_is_help=False)
 
@@ -192,6 +193,19 @@ _OVERRIDE_FLAGS = {"max_num_batched_tokens": "--budget", "max_num_seqs": "--max-
                    "tensor_parallel_size": "--tp", "async_scheduling": "--async-scheduling/--no-async-scheduling"}
 
 
+def _device(flag: Optional[Device], case: Case) -> str:
+    """--device when given, else the case's engine.device (a case written for the CPU runs there), else auto.
+    A case that asks for cuda on a machine without one cannot run: said so, naming the case's key."""
+    if flag is not None:
+        return resolve_device(flag)
+    asked = case.engine.get("device", "auto")
+    try:
+        return resolve_device(asked)
+    except LabkitError:
+        raise LabkitError(f"{case.path or case.name}: engine.device: {asked!r}, but no CUDA GPU is visible to "
+                          "torch (give --device cpu to run it here)") from None
+
+
 def _outputs(out_dir: Path, events: list[dict], report: Report, env: dict, extra: dict) -> dict:
     tsv = write_tsv(events, out_dir / "steps.tsv")
     result = finish(env, verdict=report.verdict, passed=report.passed, judged=report.judged, report=report.to_dict(),
@@ -205,7 +219,7 @@ def trace(
     ctx: typer.Context,
     case: Optional[str] = typer.Option(None, "--case", help="Case name in workloads/cases/ or a YAML path."),
     model: ModelOption = None,
-    device: DeviceOption = Device.auto,
+    device: DeviceOption = None,  # None: the case's engine.device, else auto (_device)
     out: Out("Output folder (default: runs/trace-CASE).") = None,
     shapes: bool = typer.Option(False, "--shapes", help="Also record model_shape events for layer 0."),
     perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="Write a Chrome trace-event JSON for ui.perfetto.dev."),
@@ -243,7 +257,7 @@ def trace(
 
     the_case = load_case(case)
     model_dir = resolve_model(model)
-    dev = resolve_device(device)
+    dev = _device(device, the_case)
     out_dir = out or runs_dir() / f"trace-{the_case.name}"
     overrides = {"max_num_batched_tokens": budget, "max_num_seqs": max_num_seqs, "kvcache_block_size": block_size,
                  "num_kvcache_blocks": num_blocks, "scheduling_policy": policy.value if policy else None,
