@@ -60,25 +60,55 @@ def _subplots(rows: int, cols: int = 1, height: float = 2.6, width: float = 8.0,
     return plt.subplots(rows, cols, figsize=(width, height * rows), squeeze=False, layout="constrained", **kw)
 
 
+# A picture stays readable, and its cost bounded, whatever the log's length: at most this many request rows
+# (the first added; the title says how many more), token counts written only where they fit, a value over each
+# KV point only for a short run. Cells are drawn as one collection per row and phase, not one artist each.
+MAX_ROWS = 40
+MAX_LABELS = 150
+MAX_LABELLED_STEPS = 60
+MAX_ANNOTATED_POINTS = 40
+MAX_MARKED_POINTS = 200
+
+
+def shown_requests(requests: list[str]) -> tuple[list[str], str]:
+    """The request rows a timeline draws, and what its title says of the rest."""
+    if len(requests) <= MAX_ROWS:
+        return requests, ""
+    return requests[:MAX_ROWS], f" (first {MAX_ROWS} of {len(requests)} requests)"
+
+
 def _timeline_axis(ax, requests: list[str], cells: list[tuple[str, int, str, int]], discarded: set,
                    preempted: list[tuple[str, int]], title: str) -> None:
     """One row per request, one cell per step it was scheduled in: prefill chunks labelled with their token
     count (paler where postprocess discarded the candidate), decodes, preemptions as x."""
+    requests, more = shown_requests(requests)
     row = {r: i for i, r in enumerate(requests)}
+    bars: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    labels = []
+    steps = set()
     for r, step, phase, n in cells:
+        if r not in row:
+            continue
         if phase == "prefill" and (r, step) in discarded:
             phase = "prefill chunk (no output)"
-        ax.broken_barh([(step - 0.45, 0.9)], (row[r] - 0.35, 0.7), facecolors=PHASE_COLORS.get(phase, "#8172b2"))
+        bars.setdefault((row[r], phase), []).append((step - 0.45, 0.9))
+        steps.add(step)
         if phase.startswith("prefill"):
-            ax.text(step, row[r], str(n), ha="center", va="center", color="black")
-    for r, step in preempted:
-        if r in row:
-            ax.plot([step], [row[r]], marker="x", color="#c44e52", markersize=10, mew=2)
+            labels.append((step, row[r], str(n)))
+    for (y, phase), xranges in bars.items():
+        ax.broken_barh(xranges, (y - 0.35, 0.7), facecolors=PHASE_COLORS.get(phase, "#8172b2"))
+    if len(labels) <= MAX_LABELS and len(steps) <= MAX_LABELLED_STEPS:
+        for x, y, text in labels:
+            ax.text(x, y, text, ha="center", va="center", color="black")
+    marks = [(step, row[r]) for r, step in preempted if r in row]
+    if marks:
+        ax.plot([x for x, _ in marks], [y for _, y in marks], linestyle="none", marker="x", color="#c44e52",
+                markersize=10, mew=2)
     ax.set_yticks(range(len(requests)), requests)
     ax.set_ylim(len(requests) - 0.5, -0.5)
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("engine step")
-    ax.set_title(title)
+    ax.set_title(title + more)
 
 
 def _phase_legend(ax) -> None:
@@ -119,7 +149,7 @@ def trace_timeline_figure(events: list[dict], title: str):
     """Top: the step timeline of every request. Bottom: the KV blocks in use after every step, on a scale of
     what the run used (a small case holds 3 of 64 blocks: drawn against the pool it would be a flat line)."""
     f = _trace_facts(events)
-    fig, axes = _subplots(2, height=max(1.9, 0.45 * len(f["requests"]) + 1.1))
+    fig, axes = _subplots(2, height=max(1.9, 0.45 * len(shown_requests(f["requests"])[0]) + 1.1))
     _timeline_axis(axes[0][0], f["requests"], f["cells"], f["discarded"], f["preempted"],
                    f"{title}: scheduled tokens per request and step; x = preempted")
     _phase_legend(axes[0][0])
@@ -136,9 +166,11 @@ def _kv_axis(ax, free: list[tuple[int, int]], total) -> None:
     if free:
         steps = [s for s, _ in free]
         values = [pool - v for _, v in free] if pool is not None else [v for _, v in free]
-        ax.step(steps, values, where="mid", marker="o", color="#c44e52" if pool is not None else "#4c72b0")
-        for x, y in zip(steps, values):
-            ax.annotate(str(y), (x, y), textcoords="offset points", xytext=(0, 5), ha="center")
+        ax.step(steps, values, where="mid", marker="o" if len(steps) <= MAX_MARKED_POINTS else None,
+                color="#c44e52" if pool is not None else "#4c72b0")
+        if len(steps) <= MAX_ANNOTATED_POINTS:
+            for x, y in zip(steps, values):
+                ax.annotate(str(y), (x, y), textcoords="offset points", xytext=(0, 5), ha="center")
         ax.set_ylim(0, max(values) * 1.25 + 1)
         ax.yaxis.get_major_locator().set_params(integer=True)
     ax.xaxis.get_major_locator().set_params(integer=True)
@@ -172,7 +204,7 @@ def trace_changed_figure(events: list[dict], expect: list[dict], changes: list[d
     f = _trace_facts(events)
     requests, want = expected_cells(expect, f["requests"])
     differs = sorted({c["step"] for c in changes if isinstance(c.get("step"), int)})
-    fig, axes = _subplots(2, height=max(1.9, 0.45 * len(requests) + 1.1), sharex=True)
+    fig, axes = _subplots(2, height=max(1.9, 0.45 * len(shown_requests(requests)[0]) + 1.1), sharex=True)
     panels = ((axes[0][0], want, set(), [], f"{title}: what the case expects"),
               (axes[1][0], f["cells"], f["discarded"], f["preempted"], "what the run did (steps that differ shaded)"))
     for ax, cells, discarded, preempted, label in panels:

@@ -68,6 +68,11 @@ def load_json(path: Path) -> Any:
         raw = path.read_bytes()
     except OSError as exc:
         raise Unreadable(f"cannot read: {exc.strerror or exc}") from None
+    return parse_json_bytes(raw)
+
+
+def parse_json_bytes(raw: bytes) -> Any:
+    """load_json for bytes already read (a member of an archive)."""
     if not raw.strip():
         raise Unreadable("empty file")
     try:
@@ -75,12 +80,25 @@ def load_json(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise Unreadable(f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=_bounded_int)
     except json.JSONDecodeError as exc:
         cut = "; the file looks truncated" if not text.rstrip().endswith(("}", "]")) else ""
         raise Unreadable(f"not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno}){cut}") from None
     except RecursionError:
         raise Unreadable("JSON nested too deeply to read") from None
+    except ValueError as exc:  # past Python's integer-digits limit, say
+        raise Unreadable(f"not readable JSON ({exc})") from None
+
+
+MAX_INT_DIGITS = 300  # a float holds up to 1.8e308: beyond, a number cannot be shown, plotted or compared
+
+
+def _bounded_int(digits: str) -> int:
+    """An integer of the file, refused (Unreadable) past MAX_INT_DIGITS: labkit writes nothing near it, and one
+    such number must not stop the whole report when it is formatted or plotted."""
+    if len(digits) > MAX_INT_DIGITS + 1:
+        raise Unreadable(f"an integer of {len(digits.lstrip('-'))} digits (at most {MAX_INT_DIGITS} are read)")
+    return int(digits)
 
 
 def read_events(path: Path) -> list[dict]:
@@ -289,7 +307,7 @@ def summarise(path: Path, rel: str, d: dict) -> Result:
         verdict, headline = fn(d)
     except Unreadable:
         raise
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError, ArithmeticError) as exc:
         raise Unreadable(f"a {command!r} result with unexpected content ({type(exc).__name__}: {exc})") from None
     dev = d.get("device") if isinstance(d.get("device"), dict) else {}
     head = d.get("git_head")

@@ -3,10 +3,13 @@
 It trusts only the archive: nothing it reads, hashes or prints comes from the verifier's own disk (except the
 project's case files, which a trace is re-validated against by name).
 
-0. The archive is read member by member: at most MAX_MEMBERS members and MAX_BYTES bytes (checked from each
-   header before its data is written), only regular files and folders, every name a relative path inside
-   `evidence/` (an absolute name, a `..`, a link, a device, a name given twice: each is a difference, and
-   nothing of it is extracted).
+0. The archive is read member by member, twice: first up to its manifest (evidence/manifest.json, at most
+   MAX_MANIFEST_BYTES), then to write out only the files the manifest lists, each at the size it records,
+   judged from its header before its data is read. At most MAX_MEMBERS members and MAX_BYTES bytes, a
+   GNU long-name or PAX header at most MAX_HEADER_BYTES (tarfile reads those whole before it yields the member
+   they name: a 200 MiB one was read into memory), only regular files and folders, every name a relative path
+   inside `evidence/` (an absolute name, a `..`, a link, a device, a name given twice, a file the manifest
+   does not list or lists at another size: each is a difference, and nothing of it is extracted).
 1. Every file of the manifest is in the archive with the recorded size and sha256, every manifest name is a
    relative path inside the archive's evidence folder, and the archive holds nothing the manifest does not
    list.
@@ -32,12 +35,36 @@ from pathlib import Path, PurePosixPath
 
 from labkit.errors import LabkitError
 from labkit.report.archive import ARCHIVE_ROOT, sha256_file
-from labkit.report.results import Unreadable, load_json, summarise
+from labkit.report.results import Unreadable, load_json, parse_json_bytes, summarise
 
 # Above what `labkit report` writes (a real model's full-vocabulary logits rows are 0.6 MB each: a few suites
 # of them make a few GB), below what would fill a disk. A member declared past the cap is never read.
 MAX_MEMBERS = 20_000
 MAX_BYTES = 4 << 30
+# A name (GNU long name, PAX path) is at most a few KiB; a PAX header of a few records. The manifest lists at
+# most MAX_MEMBERS files in about 200 bytes each.
+MAX_HEADER_BYTES = 64 << 10
+MAX_MANIFEST_BYTES = 64 << 20
+MANIFEST = f"{ARCHIVE_ROOT}/manifest.json"
+
+
+class _HeaderTooLarge(Exception):
+    pass
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tarfile's member header, with the extended headers (GNU long name/link, PAX) refused past
+    MAX_HEADER_BYTES before tarfile reads them (it reads one whole, into memory, to name the next member).
+    _proc_member is the hook tarfile documents for subclasses."""
+
+    def _proc_member(self, tarfile_):
+        if self.type in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+                         tarfile.SOLARIS_XHDTYPE) and self.size > MAX_HEADER_BYTES:
+            kind = "a GNU long-name" if self.type in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK) \
+                else "a PAX"
+            raise _HeaderTooLarge(f"{kind} header declares {self.size} bytes (the verifier's cap: "
+                                  f"{MAX_HEADER_BYTES}): not read")
+        return super()._proc_member(tarfile_)
 
 
 @dataclass
@@ -46,6 +73,7 @@ class Verification:
     traces: int = 0
     logits: int = 0
     problems: list[tuple[str, str]] = field(default_factory=list)   # (file in the archive, what differs)
+    unread: set[str] = field(default_factory=set)  # listed files not written out (a difference said why)
 
     def differ(self, name: str, why: str) -> None:
         # Names come from the archive: a newline or an escape sequence in one must not forge a line of output.
@@ -103,52 +131,116 @@ def _kind(member: tarfile.TarInfo) -> str:
     return "not a regular file"
 
 
-def _extract(archive: Path, into: Path, v: Verification, max_members: int = MAX_MEMBERS,
-             max_bytes: int = MAX_BYTES) -> Path | None:
-    """Write the archive's evidence/ files into `into`, one member at a time, within the caps; every member
-    that is not plain evidence is a difference and is not written. None when the archive cannot be used."""
-    seen: set[str] = set()
+def _members(archive: Path, v: Verification, max_members: int, max_bytes: int):
+    """The archive's members in order (a stream: each header is judged before its data is read), within the
+    caps; a cap reached is a difference and ends the iteration (the caller sees `v.problems` grow)."""
     count = total = 0
+    with tarfile.open(archive, "r|*", tarinfo=_BoundedTarInfo) as tar:
+        for member in tar:
+            count += 1
+            total += member.size
+            if count > max_members:
+                v.differ(archive.name, f"more than {max_members} members (the verifier's cap): not a "
+                         "`labkit report` archive")
+                return
+            if total > max_bytes:
+                # Judged from the header: the data of a member past the cap is never read or written.
+                v.differ(archive.name, f"its members hold more than {max_bytes} bytes (the verifier's cap; "
+                         f"{member.name} alone declares {member.size})")
+                return
+            yield tar, member
+
+
+def _read_manifest(archive: Path, v: Verification, max_members: int, max_bytes: int) -> bytes | None:
+    """The manifest's bytes (the first pass: nothing is written), or None (a difference says why)."""
+    for tar, member in _members(archive, v, max_members, max_bytes):
+        if member.name != MANIFEST or not member.isfile():
+            continue
+        if member.size > MAX_MANIFEST_BYTES:
+            v.differ("manifest.json", f"declares {member.size} bytes (the verifier's cap: {MAX_MANIFEST_BYTES}): "
+                     "not read")
+            return None
+        return tar.extractfile(member).read()
+    if not v.problems:
+        v.differ(archive.name, f"no {MANIFEST}: not an archive `labkit report` wrote")
+    return None
+
+
+def _sizes(manifest: dict) -> dict[str, int | None]:
+    """What the manifest records of each file it names: name in the archive -> bytes (None: no byte count)."""
+    entries = manifest.get("files")
+    out: dict[str, int | None] = {}
+    for e in entries if isinstance(entries, list) else []:
+        if isinstance(e, dict) and isinstance(e.get("file"), str):
+            n = e.get("bytes")
+            out.setdefault(f"{ARCHIVE_ROOT}/{e['file']}", n if isinstance(n, int) and not isinstance(n, bool)
+                           and n >= 0 else None)
+    return out
+
+
+def _extract(archive: Path, into: Path, v: Verification, max_members: int = MAX_MEMBERS,
+             max_bytes: int = MAX_BYTES) -> tuple[Path, dict] | None:
+    """Write the archive's evidence/ files into `into`, one member at a time, within the caps and at the sizes
+    the manifest records; every member that is not plain, listed evidence is a difference and is not written.
+    (the evidence folder, the manifest), or None when the archive cannot be used."""
     try:
-        with tarfile.open(archive, "r|*") as tar:  # a stream: each header is judged before its data is read
-            for member in tar:
-                count += 1
-                total += member.size
-                if count > max_members:
-                    v.differ(archive.name, f"more than {max_members} members (the verifier's cap): not a "
-                             "`labkit report` archive")
-                    return None
-                if total > max_bytes:
-                    # Judged from the header: the data of a member past the cap is never read or written.
-                    v.differ(archive.name, f"its members hold more than {max_bytes} bytes (the verifier's cap; "
-                             f"{member.name} alone declares {member.size})")
-                    return None
-                name = member.name
-                rel = inside_name(name.rstrip("/") if member.isdir() else name)
-                if rel is None or rel.parts[0] != ARCHIVE_ROOT:
-                    v.differ(name, f"a member outside {ARCHIVE_ROOT}/ (an absolute name, `..`, or another "
-                             "folder): not read")
-                    continue
-                if member.isdir():
-                    continue
-                if not member.isfile():
-                    v.differ(name, f"{_kind(member)}: only regular files are evidence; not read")
-                    continue
-                if name in seen:
-                    v.differ(name, "in the archive more than once")
-                    continue
-                seen.add(name)
-                # (Judged above: a regular file under evidence/. The data filter too, where this Python has it:
-                # 3.11.4 and later.)
+        raw = _read_manifest(archive, v, max_members, max_bytes)
+        if raw is None:
+            return None
+        try:
+            manifest = parse_json_bytes(raw)
+            if not isinstance(manifest, dict):
+                raise Unreadable("not a JSON object")
+        except Unreadable as exc:
+            v.differ("manifest.json", f"cannot read it: {exc}")
+            return None
+        sizes = _sizes(manifest)
+        sizes[MANIFEST] = len(raw)
+        seen: set[str] = set()
+        for tar, member in _members(archive, v, max_members, max_bytes):
+            name = member.name
+            rel = inside_name(name.rstrip("/") if member.isdir() else name)
+            if rel is None or rel.parts[0] != ARCHIVE_ROOT:
+                v.differ(name, f"a member outside {ARCHIVE_ROOT}/ (an absolute name, `..`, or another "
+                         "folder): not read")
+                continue
+            if member.isdir():
+                continue
+            if not member.isfile():
+                v.differ(name, f"{_kind(member)}: only regular files are evidence; not read")
+                continue
+            if name in seen:
+                v.differ(name, "in the archive more than once")
+                continue
+            seen.add(name)
+            short = name[len(ARCHIVE_ROOT) + 1:]
+            if name not in sizes:
+                v.differ(short, "in the archive but not in the manifest")
+                continue
+            if sizes[name] is None:
+                v.unread.add(short)
+                v.differ(short, "the manifest gives no byte count for it: not read")
+                continue
+            if member.size != sizes[name]:
+                v.unread.add(short)
+                v.differ(short, f"declares {member.size} bytes, the manifest says {sizes[name]}: not read")
+                continue
+            try:
+                # (Judged above: a regular file under evidence/. The data filter too, where this Python has
+                # it: 3.11.4 and later.)
                 tar.extract(member, into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+            except OSError as exc:  # a name this file system cannot hold (too long, say): that file only
+                v.unread.add(short)
+                v.differ(short, f"cannot be written here to check it ({exc.strerror or exc})")
+        if v.problems and any(f == archive.name for f, _ in v.problems):
+            return None
+    except _HeaderTooLarge as exc:
+        v.differ(archive.name, str(exc))
+        return None
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
         v.differ(archive.name, f"cannot read the archive ({type(exc).__name__}: {exc})")
         return None
-    base = into / ARCHIVE_ROOT
-    if not base.is_dir():
-        v.differ(archive.name, f"no {ARCHIVE_ROOT}/ folder: not an archive `labkit report` wrote")
-        return None
-    return base
+    return into / ARCHIVE_ROOT, manifest
 
 
 def _within(base: Path, path: Path) -> bool:
@@ -182,7 +274,14 @@ def _check_files(base: Path, manifest: dict, v: Verification) -> None:
             continue
         listed.add(name)
         v.files += 1
-        if not path.is_file():
+        if name in v.unread:
+            continue  # its difference is said already
+        try:
+            present = path.is_file()
+        except OSError as exc:  # a name no file system here can hold (300 characters, say)
+            v.differ(name, f"cannot be looked up here ({exc.strerror or exc}): not in the archive as written")
+            continue
+        if not present:
             v.differ(name, "listed in the manifest but missing from the archive")
             continue
         got = sha256_file(path)
@@ -327,16 +426,10 @@ def verify(archive: Path, max_members: int = MAX_MEMBERS, max_bytes: int = MAX_B
     v = Verification()
     with tempfile.TemporaryDirectory(prefix="labkit-verify-") as tmp_dir:
         tmp = Path(tmp_dir)
-        base = _extract(archive, tmp / "x", v, max_members, max_bytes)
-        if base is None:
+        got = _extract(archive, tmp / "x", v, max_members, max_bytes)
+        if got is None:
             return v
-        try:
-            manifest = _load(base / "manifest.json")
-            if not isinstance(manifest, dict):
-                raise Unreadable("not a JSON object")
-        except Unreadable as exc:
-            v.differ("manifest.json", f"cannot read it: {exc}")
-            return v
+        base, manifest = got
         _check_files(base, manifest, v)
         _revalidate_traces(base, tmp, v)
         runs_root = manifest.get("runs") if isinstance(manifest.get("runs"), str) else None
