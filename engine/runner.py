@@ -303,6 +303,8 @@ class ModelRunner:
         """The captured graph a plan replays: (decode rows, prefill tokens; None for a decode graph), or None
         when it runs eagerly."""
         nd = plan.num_decodes
+        if not len(plan):
+            return None  # nothing to run: no graph (the decode bucket of 1 would replay for nothing)
         if nd < len(plan):
             return self.mixed_graphs.key(nd, sum(plan.num_new[nd:]), len(plan) - nd) if self.mixed_graphs else None
         if self.graphs and nd <= self.graph_bs[-1]:
