@@ -25,6 +25,7 @@ from labkit.options import Device, DeviceOption, JsonOption, ModelOption
 from labkit.output import (
     EXIT_FAIL,
     EXIT_PASS,
+    configuration_suffix,
     cuda_available,
     envelope,
     evidence_for,
@@ -254,7 +255,8 @@ def run(model: ModelOption = None, device: DeviceOption = Device.auto, as_json: 
     ran_on = used if cuda_available() else "cpu"
     env = envelope("doctor", device=used, model_dir=model_dir, evidence=evidence_for(ran_on))
     result = finish(env, status=PASS if ok else FAIL, counts=counts, rows=rows)
-    path = write_json(runs_dir() / "doctor.json", result)
+    # Another --device or --model is a record of its own: a failed try never replaces a good record.
+    path = write_json(runs_dir() / f"doctor{configuration_suffix()}.json", result)
 
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))

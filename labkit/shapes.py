@@ -25,7 +25,7 @@ from rich.table import Table
 
 from labkit.errors import LabkitError
 from labkit.options import Device, DeviceOption, JsonOption, ModelOption, Out, TpOption
-from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, \
+from labkit.output import EXIT_FAIL, EXIT_PASS, configuration_suffix, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, \
     write_json
 
 _ITEMSIZE = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
@@ -266,7 +266,7 @@ def run(
     check: bool = typer.Option(False, "--check", help="Build the engine (--device, default cpu with gloo) and compare "
                                                       "every rank's parameters and KV pool with the table."),
     device: DeviceOption = Device.cpu,
-    out: Out("JSON path (default: runs/shapes-tpN.json).") = None,
+    out: Out("JSON path (default: runs/shapes-tpN[-OPTION-VALUE...].json, one -OPTION-VALUE per other option given).") = None,
     as_json: JsonOption = False,
 ) -> None:
     """Per-rank tensor-parallel shapes from config.json (static); --check compares with the engine.
@@ -300,7 +300,7 @@ def run(
     # Without --check nothing is compared: the table is recorded, not judged.
     verdict = ("PASS" if passed else "FAIL") if check else "RECORDED"
     result = finish(env, verdict=verdict, passed=passed, **results)
-    path = write_json(out or runs_dir() / f"shapes-tp{tp}.json", result)
+    path = write_json(out or runs_dir() / f"shapes-tp{tp}{configuration_suffix(skip=('tp',))}.json", result)
     md = path.with_suffix(".md")
     md.write_text(markdown(result), encoding="utf-8")
     console.print(f"wrote {path} and {md}")

@@ -20,6 +20,7 @@ from labkit.errors import LabkitError
 from labkit.model import resolve_model
 from labkit.options import Device, DeviceOption, EagerOption, ModelOption, TpOption
 from labkit.output import (
+    configuration_suffix,
     EXIT_FAIL,
     EXIT_PASS,
     device_info,
@@ -166,7 +167,7 @@ def run(
         generate_s=round(got["generate_s"], 4),
         checks=checks,
     )
-    path = write_json(runs_dir() / "smoke.json", result)
+    path = write_json(runs_dir() / f"smoke{configuration_suffix()}.json", result)
 
     console = Console()
     print_summary(result, console)

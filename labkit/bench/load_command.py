@@ -36,7 +36,7 @@ from labkit.narrow import fit
 from labkit.options import (AsyncSchedulingOption, BudgetOption, Device, DeviceOption, EagerOption, JsonOption, MaxModelLenOption,
                             MaxNumSeqsOption, MaxQueueOption, ModelOption, NumRequestsOption, Out, PolicyOption,
                             TpOption, WorkloadOption)
-from labkit.output import (device_info, dist_version, envelope, finish, print_json, resolve_device, runs_dir,
+from labkit.output import (configuration_suffix, device_info, dist_version, envelope, finish, print_json, resolve_device, runs_dir,
                            write_json)
 
 
@@ -78,7 +78,7 @@ def load(
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds a request may take."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Before timing, send the workload's warm-up "
                                 "requests (its own random prompts, short outputs) so compile caches are warm."),
-    out: Out("JSON path (default: runs/bench-load-NAME.json).") = None,
+    out: Out("JSON path (default: runs/bench-load-NAME[-OPTION-VALUE...].json, one -OPTION-VALUE per other option given).") = None,
     as_json: JsonOption = False,
 ) -> None:
     """Online load bench: requests on a schedule at `labkit serve`; ttft, tpot, itl, e2el, throughput, goodput.
@@ -116,7 +116,7 @@ def load(
     console = Console(quiet=as_json)
     server = None
     model_dir = None
-    json_path = out if out is not None else runs_dir() / f"bench-load-{name}.json"
+    json_path = out if out is not None else runs_dir() / f"bench-load-{name}{configuration_suffix(skip=('workload', 'rate', 'arrivals'))}.json"
     try:
         if not urls:
             model_dir = Path(resolve_model(model))
