@@ -121,10 +121,17 @@ def print_options_panel(*, name: str, params: list, ctx: Any, markup_mode: Any, 
     console.print(options_panel(name, rows, console))
 
 
+# typer's own panel printer, kept for the test that shows what it does at 80 columns.
+typer_options_panel = None
+
+
 def install() -> None:
+    global typer_options_panel
     from typer import rich_utils
 
     if hasattr(rich_utils, "_print_options_panel") and hasattr(rich_utils, "_get_parameter_help"):
+        if rich_utils._print_options_panel is not print_options_panel:
+            typer_options_panel = rich_utils._print_options_panel
         rich_utils._print_options_panel = print_options_panel
     if hasattr(rich_utils, "_fix_linebreaks"):
         rich_utils._fix_linebreaks = fix_linebreaks

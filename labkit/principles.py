@@ -576,7 +576,7 @@ def _print(result: dict, path: Path, console: Console) -> None:
         states.append(state)
         how = c.get("how", "")
         name = Text(c["name"]) if wide or not how else Text.assemble(c["name"], "\n", (how, "dim"))
-        table.add_row(name, _show(c["computed"]), _show(c["expected"]), *((how,) if wide else ()),
+        table.add_row(name, Text(_show(c["computed"])), Text(_show(c["expected"])), *((Text(how),) if wide else ()),
                       Text(state, style=_STYLE.get(state, "yellow")))
     if fit(table, console):
         console.print(table)
