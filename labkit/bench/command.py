@@ -314,7 +314,10 @@ def _summary_rows(r: dict) -> list[tuple[str, str]]:
         mode = (f"{mode}{'' if asked == mode else f' (asked: {asked})'}, attention {eng.get('attention_backend')}, "
                 f"tp {eng.get('tensor_parallel_size')}")
         if "custom_kernels" in eng:
-            mode += f", custom kernels {'on' if eng['custom_kernels'] else 'off'}"
+            # Config asks; only a CUDA device runs them (engine/kernel_choice.py): on a CPU they are not on.
+            on_gpu = (dev.get("type") or "").startswith("cuda")
+            mode += (f", custom kernels {'on' if eng['custom_kernels'] else 'off'}" if on_gpu
+                     else ", custom kernels off (CUDA only)")
     peak = r["peak_memory"]
     return [
         ("workload", f"{w['name']}: {w['requests']} requests, prompt {w['prompt_len']}, output {w['output_len']}, "

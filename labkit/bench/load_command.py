@@ -293,10 +293,12 @@ def _rows(r: dict, latencies: bool = True) -> list[tuple[str, str]]:
 
 
 def latency_table(r: dict) -> tuple[list[str], list[list[str]]]:
-    """The statistics' names (mean, median, std, then the percentiles) and one row per latency: its name and
-    its values in ms."""
+    """The statistics' names (mean, median, std, then the percentiles but the 50th) and one row per latency: its
+    name and its values in ms."""
     m = r["metrics"]
-    names = ["mean", "median", "std"] + [M.percentile_key(p) for p in m.get("percentiles", M.DEFAULT_PERCENTILES)]
+    # p50 is the median: one column for it (the JSON keeps both keys, as vLLM's benchmark writes them).
+    names = ["mean", "median", "std"] + [M.percentile_key(p) for p in m.get("percentiles", M.DEFAULT_PERCENTILES)
+                                         if float(p) != 50]
     return names, [[f"{key[:-3]} ms"] + [_ms(m[key].get(k)) for k in names] for key in M.LATENCIES]
 
 

@@ -73,7 +73,7 @@ def report(
     todo = [p.name for p in user_notes() if todo_count(p)]
     statuses = assign(labs, gathered.results, notes)
     warn = caveats(statuses, gathered, todo)
-    pics, figures_note = pictures(gathered)
+    pics, figures_note = pictures(gathered, statuses)
 
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "report.md").write_text(markdown(title, statuses, gathered, warn, todo, figures_note), encoding="utf-8")

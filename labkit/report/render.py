@@ -23,12 +23,45 @@ class Picture:
     note: str = ""         # why there is no picture
 
 
-def pictures(gathered: Gathered) -> tuple[list[Picture], str | None]:
-    """Every picture the results allow, and why there are none (matplotlib missing) or None."""
+def load_policy(r: Result) -> str | None:
+    """The scheduling policy a load run's server used: the --policy it was started with (none: the engine's
+    default, prefill_first), or what the server said of itself; None where neither is known."""
+    config = r.data.get("config") if isinstance(r.data.get("config"), dict) else {}
+    server = config.get("server") if isinstance(config.get("server"), dict) else {}
+    if server.get("--policy"):
+        return str(server["--policy"])
+    said = (r.data.get("server") or {}).get("policy") if isinstance(r.data.get("server"), dict) else None
+    if said:
+        return str(said)
+    return "prefill_first" if server.get("started") else None
+
+
+def lab_pictures(statuses: list[LabStatus]) -> list[Picture]:
+    """A picture per lab whose question is a comparison of its own results: load runs under two or more
+    scheduling policies (load-policies, scheduling-under-arrivals) side by side, one column a policy."""
+    out = []
+    for s in statuses:
+        runs = [(load_policy(r), r) for r in s.results if r.command == "bench load"]
+        runs = [(p, r) for p, r in runs if p is not None and isinstance(r.data.get("metrics"), dict)]
+        if len({p for p, _ in runs}) < 2:
+            continue
+        title = f"lab {s.lab.id}: {len(runs)} runs under {len({p for p, _ in runs})} policies"
+        try:
+            png = figures.policies_side_by_side([(p, r.data["metrics"]) for p, r in runs], title)
+            out.append(Picture(title, ", ".join(r.rel for _, r in runs), png))
+        except Exception as exc:  # noqa: BLE001 - odd content loses the picture, not the report
+            figures.close_all()
+            out.append(Picture(title, "", None, f"could not draw it ({type(exc).__name__}: {exc})"))
+    return out
+
+
+def pictures(gathered: Gathered, statuses: list[LabStatus] | None = None) -> tuple[list[Picture], str | None]:
+    """Every picture the results allow (the labs' comparisons first), and why there are none (matplotlib
+    missing) or None."""
     missing = figures.unavailable()
     if missing:
         return [], missing
-    out = []
+    out = lab_pictures(statuses or [])
     for r in gathered.results:
         try:
             pics = _pictures_of(r)
