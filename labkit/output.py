@@ -334,7 +334,8 @@ RECORD_NAME_MAX = 120
 def configuration_suffix(skip: tuple[str, ...] = ()) -> str:
     """The options given on the command line that change what a command runs (device, engine options, sizes),
     as a file-name suffix: `--device cuda --budget 100` -> "-device-cuda-budget-100", "" when none (an option
-    given its default value, or the device `auto` resolves to here, changes nothing). A command's
+    given its default value, the device `auto` resolves to here, or the model folder used without --model,
+    changes nothing). A command's
     default output path adds it, so that a run of another configuration is a record of its own beside the
     others (`labkit doctor --device cuda` failing on a CPU box adds runs/doctor-device-cuda.json and leaves a
     passing runs/doctor.json as it was); a second run of one configuration replaces its own record. `skip`:
@@ -360,6 +361,8 @@ def configuration_suffix(skip: tuple[str, ...] = ()) -> str:
             continue  # given, but the default: the same configuration
         if name == "device" and plain in ("auto", "cuda" if cuda_available() else "cpu"):
             continue  # the device `auto` stands for here
+        if name == "model" and plain is not None and _default_model() == Path(str(plain)).expanduser().resolve():
+            continue  # the model folder a command takes without --model ($MODEL_DIR, else the tiny model)
         flag = max(param.opts, key=len).lstrip("-")
         if isinstance(value, bool) and param.is_flag:
             chosen = param.opts if value else param.secondary_opts or [f"--no-{flag}"]
@@ -374,6 +377,12 @@ def configuration_suffix(skip: tuple[str, ...] = ()) -> str:
         digest = hashlib.sha256(suffix.encode()).hexdigest()[:10]
         suffix = suffix[:RECORD_NAME_MAX - 11] + "-" + digest
     return suffix
+
+
+def _default_model() -> Path:
+    from labkit.model import default_model_dir
+
+    return Path(os.environ.get("MODEL_DIR", "").strip() or default_model_dir()).expanduser().resolve()
 
 
 def runs_dir() -> Path:

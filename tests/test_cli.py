@@ -529,3 +529,23 @@ def test_old_transformers_fails(monkeypatch):
     assert doctor.check_transformers()["status"] == "FAIL"
     monkeypatch.setattr(doctor, "versions", lambda: {"transformers": "5.2.0"})
     assert doctor.check_transformers()["status"] == "PASS"
+
+
+def test_every_first_hour_command_writes_its_json_with_a_markdown_twin(tiny_model, lab_env, capsys):
+    """README: every command of the first hour writes its JSON and a Markdown twin under runs/ (doctor, smoke and
+    trace wrote none)."""
+    tiny = ["--model", str(tiny_model), "--device", "cpu"]
+    runs = [(["doctor"], "doctor.json", "# labkit doctor: PASS"),
+            (["smoke", "--device", "cpu"], "smoke.json", "# labkit smoke: PASS"),
+            (["trace", "--case", "chunk", *tiny, "-q"], "trace-chunk/check.json", "# trace chunk: PASS"),
+            (["principles", "slots"], "principles/slots.json", "# principles slots: **PASS**"),
+            (["logits-check", "run", "--suite", "prefix", *tiny], "logits-prefix/check.json", "PASS"),
+            (["bench", "--workload", "fixed", "--num-requests", "2", "--repeats", "1", "--warmup", "0", *tiny, "--eager",
+              "--out", str(lab_env / "bench.json")], "bench.json", "fixed")]
+    for args, json_name, head in runs:
+        code, out, err = run_cli(args, capsys)
+        assert code == 0, (args, err)
+        result = lab_env / json_name
+        twin = result.with_suffix(".md")
+        assert json.loads(result.read_text())["command"] and twin.is_file(), (args, sorted(lab_env.rglob("*")))
+        assert head in twin.read_text(), (args, twin.read_text()[:300])

@@ -200,7 +200,26 @@ def _outputs(out_dir: Path, events: list[dict], report: Report, env: dict, extra
     result = finish(env, verdict=report.verdict, passed=report.passed, judged=report.judged, report=report.to_dict(),
                     files={"events": str(out_dir / "events.jsonl"), "tsv": str(tsv)}, **extra)
     write_json(out_dir / "check.json", result)
+    (out_dir / "check.md").write_text(check_markdown(result, report), encoding="utf-8")
     return result
+
+
+def check_markdown(result: dict, report: Report) -> str:
+    """check.json's twin for a person: the verdict, its counts, the differences from the case or the failures."""
+    lines = [f"# trace {result.get('case')}: {report.verdict}", "",
+             f"{report.summary()}", "",
+             f"- command: `{' '.join(result.get('argv') or [])}`",
+             f"- device: {(result.get('device') or {}).get('type')} ({(result.get('device') or {}).get('name')}), "
+             f"evidence {result.get('evidence')}",
+             f"- commit: {result.get('git_head')}{' (dirty)' if result.get('git_dirty') else ''}",
+             f"- steps: {report.steps}; files: events.jsonl (the log), steps.tsv, check.json", ""]
+    if report.changes:
+        lines += [f"## Differences from the case ({len(report.changes)})", ""]
+        lines += [f"- {change_text(c)}" for c in report.changes] + [""]
+    failures = report.gating_failures
+    if failures:
+        lines += [f"## Failures ({len(failures)})", ""] + [f"- {c.message}" for c in failures[:50]] + [""]
+    return "\n".join(lines)
 
 
 @app.callback()
@@ -270,7 +289,7 @@ def trace(
     _print_report(report, console, the_case)
     if why and report.verdict != "CHANGED":
         console.print(f"({why})", markup=False, highlight=False)
-    console.print(f"wrote {_shown(out_dir)}/: events.jsonl (the log), steps.tsv, check.json"
+    console.print(f"wrote {_shown(out_dir)}/: events.jsonl (the log), steps.tsv, check.json and check.md"
                   + (f"; perfetto {_shown(perfetto)}" if perfetto else ""), markup=False, highlight=False)
     raise typer.Exit(EXIT_PASS if report.passed else EXIT_FAIL)
 
