@@ -58,6 +58,6 @@ def hanging(label: str, text: str | Text, indent: int | None = None, label_style
     rather than back at the margin, where they read as a new entry; words are wrapped whole."""
     grid = Table.grid()
     grid.add_column(no_wrap=True, width=len(label) if indent is None else indent)
-    grid.add_column(ratio=1)
+    grid.add_column(ratio=1, overflow="fold")  # a word wider than the column (a long path) is kept whole, folded
     grid.add_row(Text(label, style=label_style), text if isinstance(text, Text) else Text(text))
     return grid
