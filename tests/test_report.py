@@ -490,3 +490,34 @@ def test_json_flag_prints_the_result_of_every_command_that_prints_one(lab_runs, 
     if shutil.which("git"):
         patches = as_json(["patch", "list"])
         assert patches and {"name", "kind", "state"} <= set(patches[0])
+
+
+def test_the_terminal_report_gives_each_missing_labs_commands_to_paste(tmp_path, capsys, monkeypatch):
+    """At 80 columns, under each lab MISSING a result, its commands one per line as a shell reads them (a long
+    one continued with a backslash), `labkit serve` never joined to its client; the doctor's counts as words."""
+    from labkit.report.plan import load_plan
+    from labkit.report.render import command_lines
+
+    runs = tmp_path / "runs"
+    assert run_cli(["principles", "slots", "--out", runs / "principles" / "slots.json"], capsys)[0] == 0
+    doctor = {"command": "doctor", "evidence": "cpu-executed", "status": "PASS", "counts": {"PASS": 9, "WARN": 2, "FAIL": 0}}
+    (runs / "doctor.json").write_text(json.dumps(doctor))
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = _report(runs, tmp_path / "report", capsys)
+    assert code == 0, err
+    assert all(len(line) <= 80 for line in out.splitlines())
+    assert "doctor: PASS 9, WARN 2, FAIL 0" in out and "{'PASS'" not in out + (tmp_path / "report" / "report.md").read_text()
+    shown, current = [], None
+    for line in out.splitlines():
+        text = line[7:] if line.startswith(("  run: ", " " * 7)) and line.strip() else None
+        if text is None or text.startswith("#"):
+            current = None
+            continue
+        current = (current[:-1].rstrip() + " " + text.strip()) if current and current.endswith("\\") else text.strip()
+        if not current.endswith("\\"):
+            shown.append(current)
+    wanted = [" ".join(line.partition("#")[0].split()) for lab in load_plan() if lab.id != "principles-slots"
+              for line in command_lines(lab.command)]
+    assert [" ".join(s.split()) for s in shown] == wanted
+    assert "labkit serve" in wanted and not any("labkit serve;" in s or "; labkit" in s for s in shown)
+    assert "# in a terminal of its own: it serves until Ctrl-C" in out

@@ -165,10 +165,32 @@ def _print(statuses, gathered, warn, figures_note, dest, tarball, manifest, n_fi
                   f"manifest sha256 {arch.sha256_file(manifest)}")
 
 
+def command_screen_lines(line: str, width: int) -> list[str]:
+    """One command of the plan as lines that paste into a shell: its comment first (`# in a terminal of its
+    own`), then the command, broken before an option with a trailing backslash where it is wider than `width`."""
+    text, _, comment = line.partition("#")
+    out = [f"# {comment.strip()}"] if comment.strip() else []
+    words, groups = text.split(), []
+    while words:  # an option keeps its value beside it
+        take = 2 if words[0].startswith("-") and len(words) > 1 and not words[1].startswith("-") else 1
+        groups.append(" ".join(words[:take]))
+        words = words[take:]
+    current = ""
+    for group in groups:
+        if current and len(current) + len(group) + 3 > width:
+            out.append(current + " \\")
+            current = "  " + group
+        else:
+            current = f"{current} {group}" if current else group
+    return out + [current] if current else out
+
+
 def _print_commands(console: Console, lines: list[str]) -> None:
-    """A lab's commands, a line each ("run: " before the first), a long one wrapped under its start."""
+    """A lab's commands under it ("run: " before the first), each pasteable as shown."""
     for i, line in enumerate(lines):
-        console.print(hanging("  run: " if i == 0 else " " * 7, line))
+        for j, part in enumerate(command_screen_lines(line, console.width - 7)):
+            style = "dim" if part.startswith("#") else ""
+            console.print(Text.assemble("  run: " if i == 0 and j == 0 else " " * 7, (part, style)), soft_wrap=True)
 
 
 @app.command("verify")

@@ -258,7 +258,9 @@ def trace(
     if list_:
         for name in list_cases():
             c = load_case(name)
-            console.print(f"[bold]{name}[/bold]: {c.about}{'' if c.judged else ' (recorded, not judged)'}")
+            # The description's continuation lines indented under its start, not back under the names.
+            console.print(hanging(f"{name}: ", f"{c.about}{'' if c.judged else ' (recorded, not judged)'}",
+                                  label_style="bold"))
         raise typer.Exit(EXIT_PASS)
     if case is None:
         raise LabkitError("trace: give --case NAME|PATH (see labkit trace --list)")
