@@ -225,4 +225,7 @@ def test_step_input_pointers_are_not_specialised_on_alignment():
             prefill_attention._prefill_kernel: {"block_tables_ptr", "cu_q_ptr", "cu_k_ptr"},
             kv_write._store_kv_kernel: {"slot_ptr"}, qk_norm_rope._qk_norm_rope_kernel: {"pos_ptr"}}
     for kernel, names in want.items():
-        assert names <= set(kernel.do_not_specialize_on_alignment), kernel
+        given = getattr(kernel, "do_not_specialize_on_alignment", None)  # a JITFunction (GPU)
+        if given is None:  # Triton's interpreter keeps the jit keywords as they were given
+            given = kernel.kwargs.get("do_not_specialize_on_alignment", [])
+        assert names <= set(given), kernel
