@@ -299,3 +299,23 @@ def test_bench_refuses_a_huge_workload_in_one_line_at_bounded_memory(sandbox):
     path.write_text("name: huge\nrequests: 1000000000\nprompt_len: 1000000000000\noutput_len: 4\n")
     _one_line_naming(labkit_limited(["bench", "--workload", str(path), "--device", "cpu"], env=sandbox.env),
                      str(path), "prompt_len:", str(MAX_TOKENS))
+
+
+def test_an_arrivals_file_drawing_past_the_workload_limit_is_refused_before_drawing(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"t": 0, "prompt_len": 4, "max_tokens": 2}\n{"t": 1, "prompt_len": 1000000000000, '
+                    '"max_tokens": 2}\n')
+    code = ("import sys\nfrom labkit.bench.load import load_arrivals\nfrom labkit.errors import LabkitError\n"
+            "try:\n    load_arrivals(sys.argv[1])\nexcept LabkitError as e:\n    print(e)\n")
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
+
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], cwd=REPO, preexec_fn=cap, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith(f"{path}:2: prompt_len: "), (proc.stdout, proc.stderr)
+    assert f"more than a workload may ({MAX_TOKENS})" in proc.stdout
+    from labkit.bench.load import load_arrivals
+
+    path.write_text('{"t": 0, "prompt_len": 4, "max_tokens": 2}\n')
+    assert len(load_arrivals(path)[0].prompt) == 4

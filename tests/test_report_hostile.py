@@ -230,3 +230,84 @@ def test_a_timeline_with_more_requests_than_rows_says_so():
     title = fig.axes[0].get_title()
     assert f"first {figures.MAX_ROWS} of 100 requests" in title
     figures.close_all()
+
+
+# --- a long event log, streamed ------------------------------------------------------------------------------------
+def long_log(src: Path, dest: Path, lines: int) -> Path:
+    """A run's log made `lines` long: its decode step repeated (renumbered, later in time) before its run_end.
+    (The repeats break the invariants: the verdict is FAIL, with the failures capped, as for any long bad log.)"""
+    events = [json.loads(line) for line in src.read_text().splitlines()]
+    last = max(e["step"] for e in events if isinstance(e.get("step"), int))
+    template = [e for e in events if e.get("step") == last]
+    end = next(e for e in events if e["event"] == "run_end")
+    t, step, n = max(e["t_ns"] for e in events), last, 0
+    with dest.open("w") as f:
+        for e in events:
+            if e["event"] != "run_end":
+                f.write(json.dumps(e, separators=(",", ":")) + "\n")
+                n += 1
+        while n < lines - 1:
+            step += 1
+            for e in template:
+                t += 1000
+                f.write(json.dumps({**e, "step": step, "t_ns": t}, separators=(",", ":")) + "\n")
+                n += 1
+        f.write(json.dumps({**end, "t_ns": t + 1, "steps": step}) + "\n")
+    return dest
+
+
+def _labkit_limited(args: list[str], limit: int, timeout: float = 600) -> subprocess.CompletedProcess:
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=REPO, env=os.environ.copy(),
+                          preexec_fn=cap, capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_streamed_log_is_judged_as_the_same_log_in_memory(runs, tmp_path):
+    from labkit.trace.cases import load_case
+    from labkit.trace.events import EventLog, read_jsonl
+    from labkit.trace.validate import validate, validate_log
+
+    src = runs / "trace-chunk" / "events.jsonl"
+    for path in (src, long_log(src, tmp_path / "long.jsonl", 3000)):
+        for case in (load_case("chunk"), None):
+            streamed = validate_log(EventLog.from_file(path), case).to_dict()
+            assert streamed == validate(read_jsonl(path), case).to_dict()
+    streamed = validate_log(EventLog.from_file(tmp_path / "long.jsonl"), load_case("chunk"))
+    assert streamed.verdict == "FAIL" and streamed.steps > 500
+
+
+def test_trace_check_of_a_100000_line_log_runs_in_bounded_memory(runs, tmp_path):
+    """Before: the log was read whole into a list of events (285 MB resident for these 33 MB; 4.7 GB for a
+    million lines) and failed here with MemoryError. Streamed, it needs a fraction of the limit."""
+    log = long_log(runs / "trace-chunk" / "events.jsonl", tmp_path / "events.jsonl", 100_000)
+    proc = _labkit_limited(["trace", "check", str(log), "--case", "chunk", "--out", str(tmp_path / "replay.json")],
+                           200 << 20)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "MemoryError" not in proc.stderr, \
+        proc.stderr[-2000:]
+    replay = json.loads((tmp_path / "replay.json").read_text())
+    assert replay["verdict"] == "FAIL" and replay["report"]["steps"] > 19_000
+
+
+@pytest.mark.slow
+def test_a_million_line_log_is_reported_and_verified_in_bounded_memory(runs, tmp_path):
+    """The whole path a long run takes: `labkit report` (its timeline picture streams the log) and `labkit report
+    verify` (re-validating it, streamed), each in 1 GiB of address space."""
+    folder = tmp_path / "runs"
+    shutil.copytree(runs / "trace-chunk", folder / "trace-chunk")
+    log = long_log(runs / "trace-chunk" / "events.jsonl", folder / "trace-chunk" / "events.jsonl", 1_000_000)
+    proc = _labkit_limited(["trace", "check", str(log), "--case", "chunk", "--out",
+                            str(folder / "trace-chunk" / "check.json")], 1 << 30, timeout=1200)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    check = json.loads((folder / "trace-chunk" / "check.json").read_text())
+    check["command"] = "trace"  # the log's own result, as `labkit trace` would have written it
+    (folder / "trace-chunk" / "check.json").write_text(json.dumps(check))
+    proc = _labkit_limited(["report", "--runs", str(folder), "--out", str(tmp_path / "report")], 1 << 30,
+                           timeout=1200)
+    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr and "Error" not in proc.stderr, \
+        proc.stderr[-2000:]
+    assert "| trace-chunk | FAIL |" in (tmp_path / "report" / "report.md").read_text()
+    proc = _labkit_limited(["report", "verify", str(tmp_path / "report" / "evidence.tar.gz")], 1 << 30,
+                           timeout=1200)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, (proc.stdout[-2000:], proc.stderr[-2000:])

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import free_port
-from labkit.bench.workloads import Workload, draw
+from labkit.bench.workloads import MAX_REQUESTS, MAX_TOKENS, Workload, draw
 from labkit.errors import LabkitError
 
 
@@ -92,10 +92,13 @@ def load_arrivals(path: str | Path, vocab_range: tuple[int, int] = (100, 10000),
     except OSError as e:
         raise LabkitError(f"--arrivals: cannot read {p}: {e.strerror or e}") from None
     out: list[Arrival] = []
+    drawn = 0
     for n, line in enumerate(lines, 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         where = f"{p}:{n}"
+        if len(out) >= MAX_REQUESTS:
+            raise LabkitError(f"{where}: more than {MAX_REQUESTS} requests, more than a workload may hold")
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
@@ -127,6 +130,10 @@ def load_arrivals(path: str | Path, vocab_range: tuple[int, int] = (100, 10000),
             k = rec["prompt_len"]
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
                 raise LabkitError(f"{where}: prompt_len must be an integer >= 1, got {k!r}")
+            drawn += k
+            if drawn > MAX_TOKENS:  # before the ids are drawn: the file's prompt_len lines share one budget
+                raise LabkitError(f"{where}: prompt_len: the file's prompt_len lines draw {drawn} tokens so far, "
+                                  f"more than a workload may ({MAX_TOKENS})")
             rng = random.Random(f"labkit-arrivals:{seed}:{n}")
             prompt = [rng.randrange(*vocab_range) for _ in range(k)]
         rid = rec.get("id", f"line{n}")

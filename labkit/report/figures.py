@@ -68,6 +68,18 @@ MAX_LABELS = 150
 MAX_LABELLED_STEPS = 60
 MAX_ANNOTATED_POINTS = 40
 MAX_MARKED_POINTS = 200
+MAX_SEPARATE_STEPS = 400  # beyond, a row's consecutive cells of one phase are one bar
+
+
+def _merged(xranges: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Bars of consecutive steps (each 0.9 wide, one step apart) as one bar each run."""
+    out: list[list[float]] = []
+    for x, w in xranges:
+        if out and x <= out[-1][0] + out[-1][1] + 0.1 + 1e-9:
+            out[-1][1] = x + w - out[-1][0]
+        else:
+            out.append([x, w])
+    return [(x, w) for x, w in out]
 
 
 def shown_requests(requests: list[str]) -> tuple[list[str], str]:
@@ -95,7 +107,10 @@ def _timeline_axis(ax, requests: list[str], cells: list[tuple[str, int, str, int
         steps.add(step)
         if phase.startswith("prefill"):
             labels.append((step, row[r], str(n)))
+    merge = len(steps) > MAX_SEPARATE_STEPS
     for (y, phase), xranges in bars.items():
+        if merge:  # a long run: consecutive steps of one row and phase drawn as one bar
+            xranges = _merged(sorted(xranges))
         ax.broken_barh(xranges, (y - 0.35, 0.7), facecolors=PHASE_COLORS.get(phase, "#8172b2"))
     if len(labels) <= MAX_LABELS and len(steps) <= MAX_LABELLED_STEPS:
         for x, y, text in labels:

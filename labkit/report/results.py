@@ -101,12 +101,13 @@ def _bounded_int(digits: str) -> int:
     return int(digits)
 
 
-def read_events(path: Path) -> list[dict]:
-    """A trace's event log, or Unreadable naming the first bad line."""
-    from labkit.trace.events import read_jsonl
+def read_events(path: Path):
+    """A trace's event log, or Unreadable naming the first bad line: checked whole now, then read again as a
+    stream by each picture that iterates it (labkit.trace.events.EventFile), never held whole in memory."""
+    from labkit.trace.events import EventFile
 
     try:
-        return read_jsonl(path)
+        return EventFile(path)
     except LabkitError as exc:
         raise Unreadable(str(exc).replace(f"{path}:", "line ").replace(str(path), "").strip()) from None
     except RecursionError:

@@ -39,10 +39,10 @@ from labkit.options import (AsyncSchedulingOption, BlockSizeOption, BudgetOption
 from labkit.output import EXIT_FAIL, EXIT_PASS, configuration_suffix, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, \
     write_json
 from labkit.trace.cases import Case, list_cases, load_case
-from labkit.trace.events import read_jsonl
+from labkit.trace.events import EventLog, read_jsonl
 from labkit.trace.run import engine_changes
 from labkit.trace.tables import case_mismatch, compact_steps, config_differences, diff_rows, steps_table, write_tsv
-from labkit.trace.validate import Report, change_text, validate
+from labkit.trace.validate import Report, change_text, validate, validate_log
 
 app = typer.Typer(help="Run a traced case, show every step, and check it against expected states.\n\n"
                        "An engine option (Engine panel) overrides the case's value: the run is then an experiment, "
@@ -360,15 +360,16 @@ def check(
     console = Console(quiet=as_json)
     if not log.is_file():
         raise LabkitError(f"trace check: no such log {log}")
-    events = read_jsonl(log)
     the_case = load_case(case) if case else None
+    # Streamed: a step's events are read when it is checked (a million-line log in bounded memory).
+    events = EventLog.from_file(log)
     if expect_changes is None:   # judge the way the run was judged (what it was meant to change travels in the log)
-        ctx = next((e for e in events if e.get("event") == "trace_context"), {})
+        ctx = events.trace_context or {}
         expect_changes, why = bool(ctx.get("expect_changes")), str(ctx.get("why_changes") or "")
     else:
         why = "--expect-changes" if expect_changes else "--no-expect-changes: the case's states gate"
-    report = validate(events, the_case, expect_changes=expect_changes, why_changes=why)
-    start = next((e for e in events if e.get("event") == "run_start"), {})
+    report = validate_log(events, the_case, expect_changes=expect_changes, why_changes=why)
+    start = events.run_start
     model_dir = (start.get("model") or {}).get("path")
     env = envelope("trace check", device=start.get("device", "cpu"), model_dir=model_dir, evidence="simulated")
     result = finish(env, verdict=report.verdict, passed=report.passed, judged=report.judged,

@@ -104,6 +104,78 @@ def _run_start_problems(e: dict) -> list[str]:
     return probs
 
 
+def _parse_line(p: Path, lineno: int, line) -> dict:
+    try:
+        e = json.loads(line)
+    except json.JSONDecodeError as ex:
+        raise LabkitError(f"{p}:{lineno}: not valid JSON ({ex.msg})") from None
+    except UnicodeDecodeError as ex:
+        raise LabkitError(f"{p}:{lineno}: not UTF-8 text (byte {ex.start})") from None
+    probs = event_problems(e)
+    if probs:
+        raise LabkitError(f"{p}:{lineno}: {'; '.join(probs)}")
+    return e
+
+
+class _StepsOnDisk:
+    """EventLog.steps for a log on disk: step -> {event name: [events]}, read back from the step's line offsets
+    when asked for; the last step read is kept (a step's checks ask for it several times)."""
+
+    def __init__(self, path: Path, offsets: dict[int, list[int]]):
+        self._path, self._offsets = path, offsets
+        self._cached: tuple[int, dict] | None = None
+
+    def __getitem__(self, step: int) -> dict[str, list[dict]]:
+        if self._cached is not None and self._cached[0] == step:
+            return self._cached[1]
+        events: dict[str, list[dict]] = {}
+        with self._path.open("rb") as f:
+            for at in self._offsets[step]:
+                f.seek(at)
+                e = json.loads(f.readline())
+                events.setdefault(e["event"], []).append(e)
+        self._cached = (step, events)
+        return events
+
+    def get(self, step: int, default=None):
+        return self[step] if step in self._offsets else default
+
+    def __contains__(self, step) -> bool:
+        return step in self._offsets
+
+    def __iter__(self):
+        return iter(self._offsets)
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+
+class EventFile:
+    """A saved log read as a stream, every time it is iterated: each line checked as read_jsonl checks it when the
+    object is made (LabkitError naming the line), then yielded one event at a time by `iter`, so that a reader
+    of the whole log (the report's pictures) holds one event at a time, not the million of a long run."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.num_events = sum(1 for _ in self._events())
+
+    def _events(self):
+        try:
+            f = self.path.open("rb")
+        except OSError as e:
+            raise LabkitError(f"cannot read event log {self.path}: {e}") from None
+        with f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    yield _parse_line(self.path, lineno, line)
+
+    def __iter__(self):
+        return self._events()
+
+    def __len__(self) -> int:
+        return self.num_events
+
+
 def read_jsonl(path) -> list[dict]:
     """Read an event log; LabkitError (naming the line) on bad JSON or a schema problem."""
     p = Path(path)
@@ -136,27 +208,119 @@ def write_jsonl(events, path) -> Path:
     return p
 
 
-class EventLog:
-    """A log indexed by step and event name, with request ids for every seq_id it has seen."""
+MAX_KEPT = 100  # of the events a whole-log check lists (engine errors, run ids, times going backwards)
 
-    def __init__(self, events: list[dict]):
-        self.events = [e for e in events if isinstance(e, dict)]
-        self.run_starts = [e for e in self.events if e.get("event") == "run_start"]
-        self.run_ends = [e for e in self.events if e.get("event") == "run_end"]
+
+class EventLog:
+    """A log indexed by step and event name, with request ids for every seq_id it has seen, and what the checks
+    of the whole log need (its run ids, its times going backwards, its run_start and run_end events, the
+    requests added and aborted, engine errors, where each request first finished), gathered in one pass.
+
+    `EventLog(events)` indexes a list in memory. `EventLog.from_file(path)` streams a saved log: one pass keeps
+    the summary above and each step's lines by their offset in the file, and a step's events are read back when
+    the step is asked for (one step at a time), so a million-line log is checked in memory that grows with its
+    steps and requests, not with its events (a list of them took 4.7 GB). `events` is the list for the first
+    form and None for the second."""
+
+    def __init__(self, events: list[dict] | None = None):
+        self.events = [e for e in events or [] if isinstance(e, dict)] if events is not None else None
+        self.num_events = 0
+        self.run_starts: list[dict] = []      # the first MAX_KEPT
+        self.num_run_starts = 0
+        self.run_ends: list[dict] = []        # the first MAX_KEPT
+        self.num_run_ends = 0
         self.added: list[tuple[int, dict]] = []
-        self.steps: dict[int, dict[str, list[dict]]] = {}
+        self.aborted: list[tuple[int, dict]] = []
+        self.errors: list[dict] = []          # engine_error events, the first MAX_KEPT
+        self.num_errors = 0
+        self.runs: set = set()                # the run ids seen (at most MAX_KEPT)
+        self.first_run = None
+        self.trace_context: dict | None = None
+        self.timed = 0                        # events with an integer t_ns
+        self.time_reversals: list[tuple] = []  # (event, step, previous t_ns, t_ns): the first MAX_KEPT
+        self.num_time_reversals = 0
+        self._last_t = None
+        self.finished_at: dict[str, int] = {}  # request id -> index of the first after_postprocess it FINISHED in
         self.first_index: dict[int, int] = {}
         self.seq_req: dict[Any, str] = {}
-        for i, e in enumerate(self.events):
-            ev = e.get("event")
-            if ev == "request_added":
-                self.added.append((i, e))
-                if e.get("seq_id") is not None and e.get("request_id") is not None:
-                    self.seq_req[e["seq_id"]] = str(e["request_id"])
-            elif ev in STEP_EVENTS and is_int(e.get("step")):
-                st = e["step"]
-                self.steps.setdefault(st, {}).setdefault(ev, []).append(e)
-                self.first_index.setdefault(st, i)
+        self.steps: dict = {}
+        for i, e in enumerate(self.events or []):
+            self._note(i, e)
+            if e.get("event") in STEP_EVENTS and is_int(e.get("step")):
+                self.steps.setdefault(e["step"], {}).setdefault(e["event"], []).append(e)
+        self._done()
+
+    @classmethod
+    def from_file(cls, path) -> "EventLog":
+        """A saved log, streamed (see the class); LabkitError naming the line on bad JSON or a schema problem,
+        as read_jsonl."""
+        p = Path(path)
+        log = cls()
+        offsets: dict[int, list[int]] = {}
+        try:
+            f = p.open("rb")
+        except OSError as e:
+            raise LabkitError(f"cannot read event log {p}: {e}") from None
+        with f:
+            at, i = 0, 0
+            for lineno, line in enumerate(f, 1):
+                here, at = at, at + len(line)
+                if not line.strip():
+                    continue
+                e = _parse_line(p, lineno, line)
+                log._note(i, e)
+                if e.get("event") in STEP_EVENTS and is_int(e.get("step")):
+                    offsets.setdefault(e["step"], []).append(here)
+                i += 1
+        log.steps = _StepsOnDisk(p, offsets)
+        log._done()
+        return log
+
+    def _note(self, i: int, e: dict) -> None:
+        """What the whole-log checks keep of event number i."""
+        self.num_events += 1
+        ev = e.get("event")
+        run = e.get("run")
+        if len(self.runs) < MAX_KEPT:
+            self.runs.add(run)
+        if self.first_run is None and run is not None:
+            self.first_run = run
+        t = e.get("t_ns")
+        if is_int(t):
+            self.timed += 1
+            if self._last_t is not None and t < self._last_t:
+                self.num_time_reversals += 1
+                if len(self.time_reversals) < MAX_KEPT:
+                    self.time_reversals.append((ev, e.get("step"), self._last_t, t))
+            self._last_t = t
+        if ev == "request_added":
+            self.added.append((i, e))
+            if e.get("seq_id") is not None and e.get("request_id") is not None:
+                self.seq_req[e["seq_id"]] = str(e["request_id"])
+        elif ev == "run_start":
+            self.num_run_starts += 1
+            if len(self.run_starts) < MAX_KEPT:
+                self.run_starts.append(e)
+        elif ev == "run_end":
+            self.num_run_ends += 1
+            if len(self.run_ends) < MAX_KEPT:
+                self.run_ends.append(e)
+        elif ev == "engine_error":
+            self.num_errors += 1
+            if len(self.errors) < MAX_KEPT:
+                self.errors.append(e)
+        elif ev == "trace_context" and self.trace_context is None:
+            self.trace_context = e
+        if ev == "aborted":
+            self.aborted.append((i, e))
+        elif ev == "after_postprocess":
+            for a in e.get("seqs") or []:
+                if isinstance(a, dict) and a.get("status") == "FINISHED":
+                    self.finished_at.setdefault(self.rid(a), i)
+        if ev in STEP_EVENTS and is_int(e.get("step")):
+            self.first_index.setdefault(e["step"], i)
+
+    def _done(self) -> None:
         self.run_start = self.run_starts[0] if self.run_starts else {}
         self.config = self.run_start.get("config") if isinstance(self.run_start.get("config"), dict) else {}
 

@@ -28,7 +28,7 @@ from functools import cached_property
 from typing import Any
 
 from labkit.trace.cases import Case, format_positions
-from labkit.trace.events import PHASES, STATUSES, EventLog, event_problems, is_int
+from labkit.trace.events import MAX_KEPT, PHASES, STATUSES, EventLog, event_problems, is_int
 
 # Every invariant validate() checks, name -> what it asserts, in the order the report lists them (filled
 # by @invariant below). Each one that never fails gets one passing Check.
@@ -373,6 +373,7 @@ class _Replay:
         self.failed: dict[str, int] = {}
         self.skips: dict[str, str] = {}
         self.expected: dict[int, list[Check]] = {}      # index of the case's expect entry -> its checks
+        self.last_after: dict[str, tuple[int, dict]] = {}  # request -> (step, its entry) of its last after_postprocess
 
     # --- what the checks found
     def run(self, check, *args) -> bool:
@@ -427,30 +428,32 @@ class _Replay:
         # request_added and aborted events, and steps (at their first event), in log order
         agenda = [(i, self.request_added, e) for i, e in log.added]
         agenda += [(log.first_index[n], self.step, n) for n in log.steps]
-        agenda += [(i, self.aborted, e) for i, e in enumerate(log.events) if e.get("event") == "aborted"]
+        agenda += [(i, self.aborted, e) for i, e in log.aborted]
         for _, handler, item in sorted(agenda, key=lambda x: x[0]):
             handler(item)
         self.run_end()
 
     @invariant("log.single_run", "every event carries the same run id")
     def single_run(self):
-        runs = {e.get("run") for e in self.log.events}
-        yield need(len(runs) <= 1, f"the log mixes {len(runs)} runs: {', '.join(sorted(map(str, runs)))}")
+        runs = self.log.runs
+        more = "" if len(runs) < MAX_KEPT else ", ..."
+        yield need(len(runs) <= 1, f"the log mixes {len(runs)}{'+' if more else ''} runs: "
+                                   f"{', '.join(sorted(map(str, runs)))}{more}")
 
     @invariant("log.run_start", "the log has exactly one run_start event")
     def one_run_start(self):
-        n = len(self.log.run_starts)
+        n = self.log.num_run_starts
         yield need(n == 1, f"run: expected one run_start event, found {n}")
 
     @invariant("time.monotonic", "t_ns never goes backwards")
     def monotonic(self):
-        last = None
-        for e in self.log.events:
-            t = e.get("t_ns")
-            if is_int(t):
-                yield need(last is None or t >= last, f"run: t_ns goes backwards at {e.get('event')} (step "
-                                                      f"{e.get('step')}): {last} -> {t}", step=e.get("step"))
-                last = t
+        log = self.log
+        for ev, step, last, t in log.time_reversals:
+            yield need(False, f"run: t_ns goes backwards at {ev} (step {step}): {last} -> {t}", step=step)
+        for _ in range(log.num_time_reversals - len(log.time_reversals)):   # past those listed: counted
+            yield need(False, "run: t_ns goes backwards (more times)")
+        for _ in range(log.timed - log.num_time_reversals):
+            yield None
 
     @invariant("steps.contiguous", "steps are numbered 1..N")
     def contiguous(self):
@@ -480,6 +483,12 @@ class _Replay:
         """A step too malformed to check fails step.events; the model keeps what its events before that set. The
         case's expectations for the step are compared with its events whatever the invariants found."""
         s = _Step(self.log, n)
+        seqs = s.after.get("seqs") if isinstance(s.after, dict) else None
+        for a in seqs if isinstance(seqs, list) else ():
+            if isinstance(a, dict):
+                rid = self.log.rid(a)
+                if rid not in self.last_after or self.last_after[rid][0] <= n:
+                    self.last_after[rid] = (n, a)
         try:
             self.run(self.step_events, s)
             if s.scheduled is not None:
@@ -1027,7 +1036,7 @@ class _Replay:
 
     @invariant("engine.raised", "the engine did not raise (no engine_error event)")
     def engine_raised(self):
-        errors = [e for e in self.log.events if e.get("event") == "engine_error"]
+        errors = self.log.errors
         for e in errors:
             yield need(False, f"{_where(e.get('step'))}: the engine raised {e.get('error')}: {e.get('message')}",
                        step=e.get("step") if is_int(e.get("step")) else None)
@@ -1037,8 +1046,9 @@ class _Replay:
     @invariant("run.end", "the log ends with one run_end event counting its steps")
     def run_ended(self):
         ends, n = self.log.run_ends, len(self.log.steps)
-        yield need(len(ends) == 1, f"run: expected one run_end event, found {len(ends)} (the run did not finish?)")
-        if len(ends) == 1:
+        yield need(self.log.num_run_ends == 1, f"run: expected one run_end event, found {self.log.num_run_ends} "
+                                               "(the run did not finish?)")
+        if self.log.num_run_ends == 1:
             got = ends[0].get("steps")
             yield need(got == n, f"run: run_end.steps is {got} but the log has {n} steps", field="steps", expected=n,
                        actual=got)
@@ -1085,9 +1095,7 @@ class _Replay:
                                              f"request {r.id} added with {fld} {want}" if ok else
                                              f"run, request {r.id}, {fld}: expected {want}, got {e.get(fld)}", "case"))
             if r.after is not None:
-                done = next((j for j, ev in enumerate(log.events) if ev.get("event") == "after_postprocess" and any(
-                    isinstance(a, dict) and log.rid(a) == r.after and a.get("status") == "FINISHED"
-                    for a in ev.get("seqs") or [])), None)
+                done = log.finished_at.get(r.after)
                 ok = done is not None and i > done
                 self.checks.append(Check("case.after", ok, None, r.id, "after", r.after, None,
                                          f"request {r.id} added after {r.after} finished" if ok else
@@ -1160,13 +1168,8 @@ class _Replay:
 
     def expect_final(self, i: int, final: dict):
         """Each request's last state in the log against the case's `final` entry."""
-        log = self.log
         for rid, fields in final.items():
-            last = None
-            for st in sorted(log.steps):
-                for a in (log.one(st, "after_postprocess") or {}).get("seqs") or []:
-                    if isinstance(a, dict) and log.rid(a) == rid:
-                        last = a
+            last = self.last_after.get(rid, (None, None))[1]
             if last is None:
                 self.missing(i, None, rid, "final", "the request never appears in after_postprocess")
             for f, v in fields.items() if last is not None else ():
@@ -1212,6 +1215,17 @@ def validate(events: list[dict], case: Case | None = None, *, block_size: int | 
     if not bad:
         schema.append(Check("schema", True, message=f"schema: {len(events)} events are v1", kind="schema"))
     log = EventLog(events)
+    return validate_log(log, case, schema, block_size=block_size, num_kvcache_blocks=num_kvcache_blocks,
+                        expect_changes=expect_changes, why_changes=why_changes)
+
+
+def validate_log(log: EventLog, case: Case | None = None, schema: list[Check] | None = None, *,
+                 block_size: int | None = None, num_kvcache_blocks: int | None = None, expect_changes: bool = False,
+                 why_changes: str = "") -> Report:
+    """validate() of an indexed log: EventLog(events), or EventLog.from_file(path) for a saved log streamed in
+    bounded memory (its lines passed the schema as it was read)."""
+    if schema is None:
+        schema = [Check("schema", True, message=f"schema: {log.num_events} events are v1", kind="schema")]
     rs, cfg = log.run_start, log.config
     eng = case.engine if case is not None else {}
     bs = block_size or (rs.get("block_size") if is_int(rs.get("block_size")) else None) \
@@ -1222,7 +1236,7 @@ def validate(events: list[dict], case: Case | None = None, *, block_size: int | 
                    if v is not None and v > 0), None)
     replay = _Replay(log, case, bs, nb)
     replay.replay()
-    run = next((e.get("run") for e in log.events if e.get("run") is not None), None)
+    run = log.first_run
     return Report(checks=schema + replay.finish(), run=run, steps=len(log.steps),
                   case=case.name if case is not None else None, expect_changes=expect_changes,
                   why_changes=why_changes)
