@@ -197,7 +197,7 @@ MUTATIONS = [
       "    return \"REVIEW\" if ratio > pass_at + 0.1 else \"PASS\"", "a ratio just above the PASS bound still passes"),
     M("J3", "labkit/trace/validate.py", "total <= self.max_batched", "total <= self.max_batched + 1",
       "the budget invariant allows one token over"),
-    M("J4", "labkit/report/verify.py", "        if not path.is_file():\n            v.differ(name, \"listed in the manifest but missing",
+    M("J4", "labkit/report/verify.py", "        if not present:\n            v.differ(name, \"listed in the manifest but missing",
       "        if False:\n            v.differ(name, \"listed in the manifest but missing", "verify accepts a missing file"),
     M("J5", "labkit/bench/compare.py", "    within = None if iv is None else bool(iv[0] <= 1.0 <= iv[1])",
       "    within = None if iv is None else bool(iv[0] < 1.0 < iv[1])", "within noise excludes an interval ending at 1.0"),
