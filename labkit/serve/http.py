@@ -154,7 +154,7 @@ def _check_prompt_size(engine: EngineClient, data) -> None:
     try:
         if isinstance(prompt, str):
             _limits(engine).check_text(prompt)
-        elif isinstance(prompt, list):
+        elif isinstance(prompt, list) and not (prompt and isinstance(prompt[0], str)):  # (a batch: refused later)
             _limits(engine).check_prompt_len(len(prompt))
     except ValueError as exc:
         raise invalid(str(exc)) from None
