@@ -104,6 +104,10 @@ def serve(
                                              "once."),
     access_log: bool = typer.Option(False, "--access-log", help="Log one line per HTTP request (uvicorn's "
                                     "access log)."),
+    log_iteration_details: bool = typer.Option(False, "--log-iteration-details", help="Log one line per engine "
+                                               "step, as vLLM's --enable-logging-iteration-details does: context "
+                                               "(prefill) and generation (decode) requests and tokens, the step's "
+                                               "time, KV cache usage."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model name in the API (default: the folder name)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Write the engine's JSONL event log (schema v1) "
@@ -161,7 +165,8 @@ def serve(
         code = asyncio.run(serve_async(str(model_dir), kwargs, settings, sock=sock, max_queue=max_queue,
                                        drain_s=drain_timeout, log_level=log_level, trace_path=trace,
                                        engine_timeout_s=engine_timeout, stats_interval_s=log_stats_interval,
-                                       access_log=access_log, on_ready=ready))
+                                       access_log=access_log, log_iterations=log_iteration_details,
+                                       on_ready=ready))
     finally:
         sock.close()
     if code == 2:

@@ -10,10 +10,13 @@ PUSH/PULL sockets on ipc:// paths in a private folder, one msgpack message at a 
     core -> frontend   ["ready", info]                 info: limits, device, model, tp (see EngineCore.info)
                        ["start_failed", message]
                        ["step", step]                  once per engine step, for every request at once:
-                           {"n": step number, "phase": "prefill"|"decode", "batch": sequences,
-                            "tokens": tokens computed, "wall_s": seconds,
+                           {"n": step number, "phase": "prefill"|"decode"|"mixed", "batch": sequences,
+                            "tokens": tokens computed, "prefill": [prefill rows, their tokens] (the rest are
+                            decode rows, one token each), "wall_s": seconds,
                             "out": [[request_id, token_id|None, finish_reason|None], ...]  (only rows with news),
-                            "queued": [[request_id, seconds waited before its first schedule], ...],
+                            "queued": [[request_id, seconds waited before its first schedule, prompt tokens],
+                                       ...]  (each request once, in the step that first schedules any of it:
+                                       a prefill step, or a mixed step's prefill rows),
                             "stats": [waiting, running, free_blocks, total_blocks, preempted,
                                       prefix_queries, prefix_hits],
                             "ahead": [steps launched while the one before ran, rows wasted on sequences
@@ -55,7 +58,9 @@ class EngineCore:
     def __init__(self, llm: LLM):
         self.llm = llm
         self.live: dict[str, int] = {}          # request_id -> seq_id
-        self.unscheduled: dict[str, float] = {}  # request_id -> monotonic time it was added
+        # seq_id -> (request_id, monotonic time it was added, prompt tokens) until a step first schedules it (keyed
+        # by seq_id: a request_id may come back once its first request has finished)
+        self.unscheduled: dict[int, tuple[str, float, int]] = {}
         self.stopping = False
         self._ahead_seen = (0, 0)               # async scheduling's steps ahead / wasted rows already reported
 
@@ -106,13 +111,13 @@ class EngineCore:
             msg = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
             return [["rejected", rid, msg]]
         self.live[rid] = seq_id
-        self.unscheduled[rid] = time.monotonic()
+        self.unscheduled[seq_id] = (rid, time.monotonic(), len(prompt_ids))
         return []
 
     def _abort(self, rid: str) -> None:
         seq_id = self.live.pop(rid, None)
-        self.unscheduled.pop(rid, None)
         if seq_id is not None:
+            self.unscheduled.pop(seq_id, None)
             self.llm.abort(seq_id)
             self.llm.forget(seq_id)
 
@@ -127,10 +132,20 @@ class EngineCore:
             for rid, seq_id in zip(exc.request_ids, exc.seq_ids):
                 if self.live.get(rid) == seq_id:
                     del self.live[rid]
-                    self.unscheduled.pop(rid, None)
+                    self.unscheduled.pop(seq_id, None)
                     llm.forget(seq_id)
             return [["failed", exc.request_ids, str(exc)]]
         wall = time.monotonic() - t0
+        # Queue time and prompt tokens, once per request, in the step that first schedules it whatever its phase
+        # (under mixed most requests start in a mixed step), and before the rows below may finish it (a request
+        # can finish in its first step).
+        queued = []
+        unscheduled = self.unscheduled
+        if unscheduled:
+            for seq_id in r.seq_ids:
+                first = unscheduled.pop(seq_id, None)
+                if first is not None:
+                    queued.append([first[0], t0 - first[1], first[2]])
         out = []
         live = self.live
         for rid, seq_id, tok, reason in zip(r.request_ids, r.seq_ids, r.token_ids, r.finish_reasons):
@@ -140,18 +155,14 @@ class EngineCore:
             if reason is not None and live.get(rid) == seq_id:
                 del live[rid]
                 llm.forget(seq_id)
-        queued = []
-        if r.phase == "prefill" and self.unscheduled:
-            for rid in r.request_ids:
-                t_added = self.unscheduled.pop(rid, None)
-                if t_added is not None:
-                    queued.append([rid, t0 - t_added])
         stats = [r.num_waiting, r.num_running, r.num_free_blocks, r.num_blocks, len(r.preempted),
                  r.prefix_cache_queries, r.prefix_cache_hits]
         counts = llm.async_stats
         ahead = [counts["launched_ahead"] - self._ahead_seen[0], counts["wasted_rows"] - self._ahead_seen[1]]
         self._ahead_seen = (counts["launched_ahead"], counts["wasted_rows"])
+        decodes = r.num_decodes
         return [["step", {"n": r.step, "phase": r.phase, "batch": r.batch_size, "tokens": r.num_computed_tokens,
+                          "prefill": [r.batch_size - decodes, r.num_computed_tokens - decodes],
                           "wall_s": wall, "out": out, "queued": queued, "stats": stats, "ahead": ahead}]]
 
 

@@ -112,7 +112,7 @@ class EngineClient:
 
     def __init__(self, model: str, engine_kwargs: dict, *, metrics: ServerMetrics, max_queue: int = 256,
                  trace_path: str | None = None, on_dead: Callable[[str], None] | None = None,
-                 engine_timeout_s: float = 10.0):
+                 engine_timeout_s: float = 10.0, log_iterations: bool = False):
         self.model = model
         self.engine_kwargs = engine_kwargs
         self.metrics = metrics
@@ -120,6 +120,7 @@ class EngineClient:
         self.trace_path = trace_path
         self.on_dead = on_dead
         self.engine_timeout_s = engine_timeout_s
+        self.log_iterations = log_iterations  # vLLM's per-iteration line (iteration_line) for every step
         self.info: dict = {}
         self.limits: RequestLimits | None = None
         self.tokenizer = None
@@ -392,12 +393,13 @@ class EngineClient:
             if reason is not None:
                 m.e2el.observe(now - stream.t_arrival)
                 self._end(rid, reason=reason)
-        for rid, waited in step["queued"]:
+        prompt_tokens = 0
+        for _rid, waited, num_prompt in step["queued"]:  # the core's count: the stream may be gone already
             m.queue_time.observe(waited)
-            stream = live.get(rid)
-            if stream is not None:
-                m.prompt_tokens.inc(stream.prompt_len)
-                self.totals["prompt_tokens"] += stream.prompt_len
+            prompt_tokens += num_prompt
+        if prompt_tokens:
+            m.prompt_tokens.inc(prompt_tokens)
+            self.totals["prompt_tokens"] += prompt_tokens
         m.generation_tokens.inc(delivered)
         self.totals["generation_tokens"] += delivered
         m.steps.inc()
@@ -411,6 +413,8 @@ class EngineClient:
         m.async_step(ahead, wasted)
         if step["batch"] > s["max_batch"]:
             s["max_batch"] = step["batch"]
+        if self.log_iterations:
+            log.info("%s", iteration_line(step))
 
     def _on_stats(self, stats: list) -> None:
         waiting, running, free, total, preempted, queries, hits = stats
@@ -492,6 +496,20 @@ class EngineClient:
             self._fail(rid, APIError(500, f"the engine failed: {self.dead}", "engine_error"))
         if self.on_dead is not None:
             self.on_dead(self.dead)
+
+
+def iteration_line(step: dict) -> str:
+    """vLLM's per-iteration log line (`--enable-logging-iteration-details`, vLLM pull request 31193), with its
+    context (prefill rows: a chunk or a whole prompt, re-prefills after preemption included) and generation
+    (decode rows, one token each) requests and tokens, the step's time in the engine core, and the KV cache use
+    it left."""
+    rows, tokens = step.get("prefill", (0, 0))
+    decodes = step["batch"] - rows
+    _, _, free, total = step["stats"][:4]
+    usage = 1.0 - free / total if total else 0.0
+    return (f"labkit serve: Iteration({step['n']}): {rows} context requests, {tokens} context tokens, {decodes} "
+            f"generation requests, {decodes} generation tokens, iteration elapsed time: {1e3 * step['wall_s']:.2f} "
+            f"ms, KV cache usage: {100 * usage:.1f}%")
 
 
 def _ignore(*_args) -> None:
