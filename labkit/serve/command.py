@@ -50,6 +50,13 @@ def _need_serve_packages() -> None:
         raise LabkitError(f"labkit serve needs {', '.join(missing)}: pip install 'labkit[serve]'", 2)
 
 
+def check_endpoint(option: str, endpoint: str) -> str:
+    """A ZeroMQ endpoint a socket may bind: tcp://HOST:PORT or ipc://PATH."""
+    if not (endpoint.startswith("tcp://") and ":" in endpoint[6:]) and not endpoint.startswith("ipc://"):
+        raise LabkitError(f"{option} {endpoint}: expected tcp://HOST:PORT or ipc://PATH", 2)
+    return endpoint
+
+
 def listen_socket(host: str, port: int) -> socket.socket:
     """The server's listening socket, bound and listening now, before the engine loads, and handed to uvicorn
     later: a port checked and released would be free for anyone to take until uvicorn binds it. Connections
@@ -108,6 +115,14 @@ def serve(
                                                "step, as vLLM's --enable-logging-iteration-details does: context "
                                                "(prefill) and generation (decode) requests and tokens, the step's "
                                                "time, KV cache usage."),
+    step_stream: bool = typer.Option(False, "--step-stream", help="Publish one record per engine step "
+                                     "(ForwardPassMetrics' fields and labkit's: rows, KV, preemptions) and serve it "
+                                     "as server-sent events at /v1/steps, with the live page at /live and "
+                                     "`labkit watch`. Off: costs nothing."),
+    step_stream_zmq: Optional[str] = typer.Option(None, "--step-stream-zmq", metavar="ENDPOINT",
+                                                  help="Also publish the step records on a ZeroMQ PUB socket bound "
+                                                       "here (msgpack; e.g. tcp://127.0.0.1:5560); implies "
+                                                       "--step-stream."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model name in the API (default: the folder name)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Write the engine's JSONL event log (schema v1) "
@@ -140,6 +155,9 @@ def serve(
                        ("async_scheduling", async_scheduling)):
         if value is not None:
             kwargs[key] = value
+    streams = None
+    if step_stream or step_stream_zmq:
+        streams = [check_endpoint("--step-stream-zmq", step_stream_zmq)] if step_stream_zmq else []
     sock = listen_socket(host, port)
 
     import asyncio
@@ -166,7 +184,7 @@ def serve(
                                        drain_s=drain_timeout, log_level=log_level, trace_path=trace,
                                        engine_timeout_s=engine_timeout, stats_interval_s=log_stats_interval,
                                        access_log=access_log, log_iterations=log_iteration_details,
-                                       on_ready=ready))
+                                       step_stream=streams, worker_id=f"{host}:{port}", on_ready=ready))
     finally:
         sock.close()
     if code == 2:

@@ -43,6 +43,7 @@ import traceback
 
 from engine import LLM, SamplingParams
 from engine.step_result import StepFailed
+from labkit.serve.step_stream import STEP_TOPIC, QueueBook, step_record
 
 IDLE_POLL_MS = 100
 # A file to append one JSON line per engine step to (the step message without its token rows, plus the
@@ -55,8 +56,12 @@ class EngineCore:
     """The loop body, free of sockets (tests drive it in-process): `handle(msg)` for each incoming
     message, then `step()` while `has_work`; both return the messages to send."""
 
-    def __init__(self, llm: LLM):
+    def __init__(self, llm: LLM, publisher=None, worker_id: str = ""):
         self.llm = llm
+        # --step-stream: each step's record (step_stream.py) goes out on this PUB socket; None costs nothing.
+        self.publisher = publisher
+        self.worker_id = worker_id
+        self.queue = QueueBook() if publisher is not None else None
         self.live: dict[str, int] = {}          # request_id -> seq_id
         # seq_id -> (request_id, monotonic time it was added, prompt tokens) until a step first schedules it (keyed
         # by seq_id: a request_id may come back once its first request has finished)
@@ -112,14 +117,23 @@ class EngineCore:
             return [["rejected", rid, msg]]
         self.live[rid] = seq_id
         self.unscheduled[seq_id] = (rid, time.monotonic(), len(prompt_ids))
+        if self.queue is not None:
+            self.queue.added(len(prompt_ids))
         return []
 
     def _abort(self, rid: str) -> None:
         seq_id = self.live.pop(rid, None)
         if seq_id is not None:
-            self.unscheduled.pop(seq_id, None)
+            self._forget_unscheduled(seq_id)
             self.llm.abort(seq_id)
             self.llm.forget(seq_id)
+
+    def _forget_unscheduled(self, seq_id: int) -> None:
+        first = self.unscheduled.pop(seq_id, None)
+        if self.queue is not None:
+            if first is not None:
+                self.queue.scheduled(first[2])
+            self.queue.preempted.pop(seq_id, None)
 
     def step(self) -> list:
         llm = self.llm
@@ -132,7 +146,7 @@ class EngineCore:
             for rid, seq_id in zip(exc.request_ids, exc.seq_ids):
                 if self.live.get(rid) == seq_id:
                     del self.live[rid]
-                    self.unscheduled.pop(seq_id, None)
+                    self._forget_unscheduled(seq_id)
                     llm.forget(seq_id)
             return [["failed", exc.request_ids, str(exc)]]
         wall = time.monotonic() - t0
@@ -146,6 +160,8 @@ class EngineCore:
                 first = unscheduled.pop(seq_id, None)
                 if first is not None:
                     queued.append([first[0], t0 - first[1], first[2]])
+                    if self.queue is not None:
+                        self.queue.scheduled(first[2])
         out = []
         live = self.live
         for rid, seq_id, tok, reason in zip(r.request_ids, r.seq_ids, r.token_ids, r.finish_reasons):
@@ -155,20 +171,40 @@ class EngineCore:
             if reason is not None and live.get(rid) == seq_id:
                 del live[rid]
                 llm.forget(seq_id)
+                if self.queue is not None:
+                    self.queue.preempted.pop(seq_id, None)
         stats = [r.num_waiting, r.num_running, r.num_free_blocks, r.num_blocks, len(r.preempted),
                  r.prefix_cache_queries, r.prefix_cache_hits]
         counts = llm.async_stats
         ahead = [counts["launched_ahead"] - self._ahead_seen[0], counts["wasted_rows"] - self._ahead_seen[1]]
         self._ahead_seen = (counts["launched_ahead"], counts["wasted_rows"])
+        if self.publisher is not None:
+            self._publish(r, wall, ahead)
         decodes = r.num_decodes
         return [["step", {"n": r.step, "phase": r.phase, "batch": r.batch_size, "tokens": r.num_computed_tokens,
                           "prefill": [r.batch_size - decodes, r.num_computed_tokens - decodes],
                           "wall_s": wall, "out": out, "queued": queued, "stats": stats, "ahead": ahead}]]
 
 
+    def _publish(self, r, wall: float, ahead: list[int]) -> None:
+        """The step's record on the step stream (--step-stream)."""
+        book, llm = self.queue, self.llm
+        if book.preempted:      # preempted requests scheduled again leave the queue
+            for seq_id in r.seq_ids:
+                book.preempted.pop(seq_id, None)
+        preempted = []
+        for seq_id in r.preempted:
+            seq = llm.get_sequence(seq_id)
+            preempted.append(seq.request_id)
+            book.preempted[seq_id] = seq.num_tokens
+        self.publisher.publish(STEP_TOPIC, step_record(r, wall, self.publisher.next_counter(STEP_TOPIC), book, ahead, preempted,
+                                                       self.worker_id))
+
+
 def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, parent_pid: int,
-              trace_path: str | None = None) -> None:
-    """Body of the engine-core process (spawned by the frontend)."""
+              trace_path: str | None = None, streams: dict | None = None) -> None:
+    """Body of the engine-core process (spawned by the frontend). `streams` (None: all off): {"steps": the
+    endpoints the step stream's PUB socket binds, "worker_id": the records' worker_id}."""
     import signal
 
     import msgpack
@@ -198,15 +234,24 @@ def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, pare
 
     code = 0
     llm = None
+    publisher = None
     beating = threading.Event()
+    streams = streams or {}
     try:
         try:
+            if streams.get("steps"):
+                from labkit.serve.step_stream import Publisher
+
+                try:
+                    publisher = Publisher(ctx, streams["steps"])
+                except zmq.ZMQError as exc:
+                    raise ValueError(f"--step-stream: cannot bind {', '.join(streams['steps'])}: {exc}") from None
             if trace_path is not None:
                 from engine.trace import JsonlTracer
 
                 engine_kwargs = {**engine_kwargs, "tracer": JsonlTracer(trace_path)}
             llm = LLM(model, **engine_kwargs)
-            core = EngineCore(llm)
+            core = EngineCore(llm, publisher, streams.get("worker_id", ""))
             send(["ready", core.info()])
             threading.Thread(target=_heartbeat, args=(ctx, out_addr, beating), name="labkit-core-heartbeat",
                              daemon=True).start()
@@ -225,6 +270,8 @@ def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, pare
             except Exception:  # noqa: BLE001 - best effort on the way out
                 traceback.print_exc()
         beating.set()
+        if publisher is not None:
+            publisher.close()
         pull.close(linger=0)
         push.close()
         ctx.term()

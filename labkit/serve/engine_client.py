@@ -34,6 +34,8 @@ log = logging.getLogger("labkit.serve")
 SOCKET_DIR_PREFIX = "labkit-serve-"
 # A core silent this long while it is being stopped is not stopping: it is killed rather than waited for.
 STOP_SILENCE_S = 3.0
+# Seconds between the frontend's summaries on the step stream (totals, latency percentiles).
+SUMMARY_INTERVAL_S = 1.0
 
 
 def socket_dir_owner(path: Path) -> int | None:
@@ -112,7 +114,8 @@ class EngineClient:
 
     def __init__(self, model: str, engine_kwargs: dict, *, metrics: ServerMetrics, max_queue: int = 256,
                  trace_path: str | None = None, on_dead: Callable[[str], None] | None = None,
-                 engine_timeout_s: float = 10.0, log_iterations: bool = False):
+                 engine_timeout_s: float = 10.0, log_iterations: bool = False,
+                 step_stream: list[str] | None = None, worker_id: str = ""):
         self.model = model
         self.engine_kwargs = engine_kwargs
         self.metrics = metrics
@@ -121,6 +124,11 @@ class EngineClient:
         self.on_dead = on_dead
         self.engine_timeout_s = engine_timeout_s
         self.log_iterations = log_iterations  # vLLM's per-iteration line (iteration_line) for every step
+        # --step-stream: None = off; else the endpoints (besides this frontend's own) the core's PUB socket binds
+        self.step_stream = step_stream
+        self.worker_id = worker_id
+        self.hub = None                       # the frontend's end of the core's stream (stream_hub.StreamHub)
+        self._summary: asyncio.Task | None = None
         self.info: dict = {}
         self.limits: RequestLimits | None = None
         self.tokenizer = None
@@ -156,6 +164,10 @@ class EngineClient:
         sweep_socket_dirs()
         self._dir = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
         in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
+        stream_addr = f"ipc://{self._dir}/stream"
+        streams = None
+        if self.step_stream is not None:
+            streams = {"steps": [stream_addr, *self.step_stream], "worker_id": self.worker_id}
         self._ctx = zmq.asyncio.Context()
         self._push = self._ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.SNDHWM, 0)
@@ -169,7 +181,7 @@ class EngineClient:
         # Not a daemon: the core spawns tensor-parallel workers of its own.
         self._proc = ctx.Process(target=core_main, name="labkit-engine-core",
                                  args=(self.model, self.engine_kwargs, in_addr, out_addr, os.getpid(),
-                                       self.trace_path))
+                                       self.trace_path, streams))
         self._proc.start()
         loop = asyncio.get_running_loop()
         tokenizer = loop.run_in_executor(None, self._load_tokenizer)
@@ -192,6 +204,11 @@ class EngineClient:
         self._reader = asyncio.create_task(self._read_loop(), name="labkit-engine-outputs")
         self._watchdog = asyncio.create_task(self._watch(), name="labkit-engine-watchdog")
         loop.add_reader(self._proc.sentinel, self._on_core_exit)
+        if streams is not None:
+            from labkit.serve.stream_hub import StreamHub
+
+            self.hub = StreamHub(self._ctx, stream_addr, self.metrics)
+            self._summary = asyncio.create_task(self._summaries(), name="labkit-stream-summary")
         self.metrics.healthy.set(1)
 
     def _load_tokenizer(self):
@@ -224,6 +241,7 @@ class EngineClient:
         were cancelled."""
         self.draining = True
         self.metrics.healthy.set(0)
+        await self._close_streams()  # watchers' streams never end by themselves
         deadline = time.monotonic() + timeout_s
         while self._live and time.monotonic() < deadline and self.dead is None:
             await asyncio.sleep(0.05)
@@ -246,6 +264,7 @@ class EngineClient:
                 asyncio.get_running_loop().remove_reader(self._proc.sentinel)
             except (ValueError, OSError):
                 pass
+        await self._close_streams()
         await self._stop_core(timeout_s)
         for task in (self._watchdog, self._reader):
             if task is None:
@@ -277,6 +296,29 @@ class EngineClient:
             log.warning("labkit serve: the engine core did not stop; killing it")
             proc.kill()
         await asyncio.to_thread(proc.join, 5.0)
+
+    async def _close_streams(self) -> None:
+        if self._summary is not None:
+            self._summary.cancel()
+            self._summary = None
+        if self.hub is not None:
+            hub, self.hub = self.hub, None
+            await hub.close()
+
+    async def _summaries(self) -> None:
+        """Once a second: the frontend's totals and latencies (live_summary.py) into the step stream, for whoever
+        reads it (taken every second all the same, so a latency window is always the last 10 s)."""
+        from labkit.serve.live_summary import LiveSummary
+        from labkit.serve.step_stream import STEP_TOPIC
+
+        summary = LiveSummary(self.metrics.registry)
+        while True:
+            await asyncio.sleep(SUMMARY_INTERVAL_S)
+            record = summary.snapshot()
+            hub = self.hub
+            if hub is not None and hub.subs.get(STEP_TOPIC):
+                record["live"], record["queued"] = self.num_live, self.num_waiting
+                hub.broadcast(STEP_TOPIC, record)
 
     def _close_sockets(self) -> None:
         for sock in (self._push, self._pull):

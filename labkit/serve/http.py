@@ -321,6 +321,60 @@ async def health(request: Request):
                         headers={"Retry-After": str(EngineClient.RETRY_AFTER_S)} if engine.dead is None else None)
 
 
+def _hub(engine: EngineClient):
+    if engine.hub is None:
+        raise APIError(404, "the step stream is off: start labkit serve with --step-stream", "not_found_error")
+    return engine.hub
+
+
+@router.get("/v1/steps")
+async def steps(request: Request, rows: bool = True):
+    """Server-sent events: `event: step` per engine step (step_stream.py's record), `event: summary` once a second
+    (live_summary.py), `event: dropped` before the end when this client fell a whole queue behind. rows=false
+    leaves out each step's per-request rows."""
+    from labkit.serve.step_stream import STEP_TOPIC
+
+    engine: EngineClient = request.app.state.engine
+    hub = _hub(engine)
+    sub = hub.subscribe(STEP_TOPIC)
+    return StreamingResponse(_steps_sse(hub, sub, rows), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+async def _steps_sse(hub, sub, rows: bool):
+    import json
+
+    try:
+        yield ": labkit step stream\n\n"   # headers and a first byte now, before the first step
+        while True:
+            record = await sub.get()
+            if record is None:
+                if sub.dropped:
+                    yield ("event: dropped\ndata: " + json.dumps({"reason": "this client fell behind by a whole "
+                                                                 "queue of records"}) + "\n\n")
+                return
+            if record.get("kind") == "summary":
+                yield "event: summary\ndata: " + json.dumps(record) + "\n\n"
+                continue
+            if not rows:
+                record = {k: v for k, v in record.items() if k != "rows"}
+            yield "event: step\ndata: " + json.dumps(record) + "\n\n"
+    finally:
+        hub.unsubscribe(sub)
+
+
+@router.get("/live")
+async def live_page(request: Request):
+    """The live page (labkit/data/live.html): plain HTML, JavaScript and SVG reading /v1/steps; nothing from
+    the network."""
+    from importlib.resources import files
+
+    engine: EngineClient = request.app.state.engine
+    _hub(engine)
+    html = files("labkit").joinpath("data/live.html").read_text(encoding="utf-8")
+    return Response(html, media_type="text/html; charset=utf-8")
+
+
 @router.get("/metrics")
 async def metrics(request: Request):
     engine: EngineClient = request.app.state.engine

@@ -55,6 +55,12 @@ class ServerMetrics:
                                "on EOS or been aborted (async scheduling: their tokens are dropped)",
                                ["model_name"], registry=r)
         self.healthy = gauge("healthy", "1 while the engine core is alive and admitting")
+        # --step-stream (and the live trace): who reads the engine core's stream through this frontend.
+        self.stream_subscribers = gauge("stream_subscribers", "Clients reading /v1/steps or /v1/trace now")
+        self.stream_dropped = counter("stream_dropped_subscribers", "Stream clients dropped because they fell a "
+                                      "whole queue behind")
+        self.stream_missed = counter("stream_missed_records", "Stream records the engine core dropped before this "
+                                     "frontend read them (its PUB socket's high-water mark)")
         self.model_name = model_name
 
     def finished(self, reason: str) -> None:

@@ -174,12 +174,14 @@ class DeadlineH11Protocol(H11Protocol):
 async def serve_async(model: str, engine_kwargs: dict, settings: ServeSettings, *, sock: socket.socket,
                       max_queue: int, drain_s: float, log_level: str, trace_path: str | None,
                       engine_timeout_s: float = 10.0, stats_interval_s: float = 10.0, access_log: bool = False,
-                      log_iterations: bool = False, on_ready=None) -> int:
+                      log_iterations: bool = False, step_stream: list[str] | None = None, worker_id: str = "",
+                      on_ready=None) -> int:
     """Start the core, serve on `sock` (bound, listening) until a signal or the core's death; the exit
     status."""
     metrics = ServerMetrics(settings.model_name)
     engine = EngineClient(model, engine_kwargs, metrics=metrics, max_queue=max_queue, trace_path=trace_path,
-                          engine_timeout_s=engine_timeout_s, log_iterations=log_iterations)
+                          engine_timeout_s=engine_timeout_s, log_iterations=log_iterations,
+                          step_stream=step_stream, worker_id=worker_id)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     # A signal while the engine loads: stop loading, clean up, exit.
