@@ -17,6 +17,7 @@ NANO_TOKEN_BUDGET = 16384
 ATTENTION_BACKENDS = ("auto", "flash_attn", "triton", "torch")
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # engine/kv_quant.py
 # The largest tensor_parallel_size accepted: the GPUs of one host (labkit's --tp takes its limit from here).
 MAX_TENSOR_PARALLEL_SIZE = 8
 # Each tensor parallel worker answers rank 0 in a reply slot of this size at the end of the shared memory.
@@ -40,10 +41,18 @@ class Config:
     attention_backend: str = "auto"
     scheduling_policy: str = "prefill_first"
     dtype: str = "auto"
+    # The KV pool's element type (vLLM's name): "auto" = the model dtype; "fp8" (or "fp8_e4m3") = E4M3 with fp32
+    # scales, quantised by the KV-write kernel and read inside the attention kernels (engine/kv_quant.py): half
+    # the bytes a token, twice the blocks.
+    kv_cache_dtype: str = "auto"
     # Our Triton split-K GEMV on CUDA for what cuBLAS does slowly at decode sizes (matmuls of <= 16 rows, inside
     # decode graphs; False: cuBLAS).
     # The rest of the kernel choices follow from the device and enforce_eager (engine/kernel_choice.py).
     custom_kernels: bool = True
+    # With custom_kernels, decode graphs of <= 16 rows run each decoder layer as five fused kernels chained with
+    # programmatic dependent launch (engine/fused_decode.py) instead of twelve; False: the separate kernels
+    # (the "before" of the batch1-kernels lab). One rank only.
+    fused_decode: bool = True
     # Async scheduling: schedule and launch the next step before this step's sampled ids reach the host (its
     # inputs read them on the device), so the device never waits for the host's commit and scheduling. Every
     # state is a synchronous engine's, except that an EOS learnt late costs that row one wasted token.
@@ -87,6 +96,7 @@ class Config:
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         _choice("dtype", self.dtype, DTYPES)
+        _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         if self.hf_config is None:
             from .model_config import load_model_config
 
