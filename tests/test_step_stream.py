@@ -312,8 +312,10 @@ def test_watch_shows_the_load_in_80_columns_and_its_json_is_the_stream(server):
 
     from tests.test_cli_width import assert_fits
 
-    def load():
-        for _ in range(3):
+    stop = threading.Event()
+
+    def load():  # a request after another, until both watches are done
+        while not stop.is_set():
             server.post(json={"prompt": list(range(100, 300)), "max_tokens": 30, "ignore_eos": True})
 
     t = threading.Thread(target=load)
@@ -323,6 +325,7 @@ def test_watch_shows_the_load_in_80_columns_and_its_json_is_the_stream(server):
                            capture_output=True, text=True, timeout=60, env=env)
     as_json = subprocess.run([sys.executable, "-m", "labkit", "watch", server.url, "--seconds", "3", "--json"],
                              capture_output=True, text=True, timeout=60, env=env)
+    stop.set()
     t.join()
     assert shown.returncode == 0, shown.stderr
     assert_fits(shown.stdout, ["steps / s", "prefill tok / step", "decode tok / step", "KV cache used",

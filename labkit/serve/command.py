@@ -124,6 +124,13 @@ def serve(
                                                   help="Also publish the step records on a ZeroMQ PUB socket bound "
                                                        "here (msgpack; e.g. tcp://127.0.0.1:5560); implies "
                                                        "--step-stream."),
+    kv_events: Optional[str] = typer.Option(None, "--kv-events", metavar="ENDPOINT",
+                                            help="Publish the prefix cache's changes in vLLM's KV-event schema "
+                                                 "(BlockStored, BlockRemoved, AllBlocksCleared; msgpack batches on "
+                                                 "a ZeroMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557) for a "
+                                                 "prefix-aware router. Off: costs nothing."),
+    kv_events_topic: str = typer.Option("", "--kv-events-topic", help="The KV events' ZeroMQ topic (vLLM's "
+                                        "default: none)."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model name in the API (default: the folder name)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Write the engine's JSONL event log (schema v1) "
@@ -160,6 +167,7 @@ def serve(
     streams = None
     if step_stream or step_stream_zmq:
         streams = [check_endpoint("--step-stream-zmq", step_stream_zmq)] if step_stream_zmq else []
+    kv_endpoint = check_endpoint("--kv-events", kv_events) if kv_events else None
     sock = listen_socket(host, port)
 
     import asyncio
@@ -186,7 +194,9 @@ def serve(
                                        drain_s=drain_timeout, log_level=log_level, trace_path=trace,
                                        engine_timeout_s=engine_timeout, stats_interval_s=log_stats_interval,
                                        access_log=access_log, log_iterations=log_iteration_details,
-                                       step_stream=streams, worker_id=f"{host}:{port}", on_ready=ready))
+                                       step_stream=streams, worker_id=f"{host}:{port}",
+                                       kv_events=kv_endpoint,
+                                       kv_events_topic=kv_events_topic, on_ready=ready))
     finally:
         sock.close()
     if code == 2:

@@ -56,8 +56,14 @@ class EngineCore:
     """The loop body, free of sockets (tests drive it in-process): `handle(msg)` for each incoming
     message, then `step()` while `has_work`; both return the messages to send."""
 
-    def __init__(self, llm: LLM, publisher=None, worker_id: str = ""):
+    def __init__(self, llm: LLM, publisher=None, worker_id: str = "", kv_events=None):
         self.llm = llm
+        # --kv-events: the prefix cache's changes go out after each step in vLLM's schema (kv_events.py)
+        self.kv_events = kv_events
+        if kv_events is not None:
+            llm.enable_kv_events()
+            kv_events.block_size = llm.config.kvcache_block_size
+            kv_events.cleared()
         # --step-stream: each step's record (step_stream.py) goes out on this PUB socket; None costs nothing.
         self.publisher = publisher
         self.worker_id = worker_id
@@ -99,6 +105,8 @@ class EngineCore:
         if kind == "abort":
             for rid in msg[1]:
                 self._abort(rid)
+            if self.kv_events is not None:
+                self.kv_events.publish(self.llm.take_kv_events())
             return []
         if kind == "stop":
             self.stopping = True
@@ -148,6 +156,8 @@ class EngineCore:
                     del self.live[rid]
                     self._forget_unscheduled(seq_id)
                     llm.forget(seq_id)
+            if self.kv_events is not None:
+                self.kv_events.publish(llm.take_kv_events())
             return [["failed", exc.request_ids, str(exc)]]
         wall = time.monotonic() - t0
         # Queue time and prompt tokens, once per request, in the step that first schedules it whatever its phase
@@ -180,6 +190,8 @@ class EngineCore:
         self._ahead_seen = (counts["launched_ahead"], counts["wasted_rows"])
         if self.publisher is not None:
             self._publish(r, wall, ahead)
+        if self.kv_events is not None:
+            self.kv_events.publish(llm.take_kv_events())
         decodes = r.num_decodes
         return [["step", {"n": r.step, "phase": r.phase, "batch": r.batch_size, "tokens": r.num_computed_tokens,
                           "prefill": [r.batch_size - decodes, r.num_computed_tokens - decodes],
@@ -204,7 +216,8 @@ class EngineCore:
 def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, parent_pid: int,
               trace_path: str | None = None, streams: dict | None = None) -> None:
     """Body of the engine-core process (spawned by the frontend). `streams` (None: all off): {"steps": the
-    endpoints the step stream's PUB socket binds, "worker_id": the records' worker_id}."""
+    endpoints the step stream's PUB socket binds, "worker_id": the records' worker_id, "kv_events": the endpoint
+    the KV events' PUB socket binds, "kv_events_topic": their topic}."""
     import signal
 
     import msgpack
@@ -234,7 +247,7 @@ def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, pare
 
     code = 0
     llm = None
-    publisher = None
+    publisher = kv_publisher = None
     beating = threading.Event()
     streams = streams or {}
     try:
@@ -246,12 +259,19 @@ def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, pare
                     publisher = Publisher(ctx, streams["steps"])
                 except zmq.ZMQError as exc:
                     raise ValueError(f"--step-stream: cannot bind {', '.join(streams['steps'])}: {exc}") from None
+            if streams.get("kv_events"):
+                from labkit.serve.kv_events import KVEventPublisher
+
+                try:  # bound before the engine loads: a taken port fails the start at once
+                    kv_publisher = KVEventPublisher(ctx, streams["kv_events"], 0, streams.get("kv_events_topic", ""))
+                except zmq.ZMQError as exc:
+                    raise ValueError(f"--kv-events: cannot bind {streams['kv_events']}: {exc}") from None
             if trace_path is not None:
                 from engine.trace import JsonlTracer
 
                 engine_kwargs = {**engine_kwargs, "tracer": JsonlTracer(trace_path)}
             llm = LLM(model, **engine_kwargs)
-            core = EngineCore(llm, publisher, streams.get("worker_id", ""))
+            core = EngineCore(llm, publisher, streams.get("worker_id", ""), kv_publisher)
             send(["ready", core.info()])
             threading.Thread(target=_heartbeat, args=(ctx, out_addr, beating), name="labkit-core-heartbeat",
                              daemon=True).start()
@@ -270,8 +290,9 @@ def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, pare
             except Exception:  # noqa: BLE001 - best effort on the way out
                 traceback.print_exc()
         beating.set()
-        if publisher is not None:
-            publisher.close()
+        for pub in (publisher, kv_publisher):
+            if pub is not None:
+                pub.close()
         pull.close(linger=0)
         push.close()
         ctx.term()

@@ -115,7 +115,8 @@ class EngineClient:
     def __init__(self, model: str, engine_kwargs: dict, *, metrics: ServerMetrics, max_queue: int = 256,
                  trace_path: str | None = None, on_dead: Callable[[str], None] | None = None,
                  engine_timeout_s: float = 10.0, log_iterations: bool = False,
-                 step_stream: list[str] | None = None, worker_id: str = ""):
+                 step_stream: list[str] | None = None, worker_id: str = "", kv_events: str | None = None,
+                 kv_events_topic: str = ""):
         self.model = model
         self.engine_kwargs = engine_kwargs
         self.metrics = metrics
@@ -127,6 +128,7 @@ class EngineClient:
         # --step-stream: None = off; else the endpoints (besides this frontend's own) the core's PUB socket binds
         self.step_stream = step_stream
         self.worker_id = worker_id
+        self.kv_events, self.kv_events_topic = kv_events, kv_events_topic   # --kv-events ENDPOINT (None: off)
         self.hub = None                       # the frontend's end of the core's stream (stream_hub.StreamHub)
         self._summary: asyncio.Task | None = None
         self.info: dict = {}
@@ -165,9 +167,11 @@ class EngineClient:
         self._dir = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
         in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
         stream_addr = f"ipc://{self._dir}/stream"
-        streams = None
+        streams = {"worker_id": self.worker_id}
         if self.step_stream is not None:
-            streams = {"steps": [stream_addr, *self.step_stream], "worker_id": self.worker_id}
+            streams["steps"] = [stream_addr, *self.step_stream]
+        if self.kv_events is not None:
+            streams["kv_events"], streams["kv_events_topic"] = self.kv_events, self.kv_events_topic
         self._ctx = zmq.asyncio.Context()
         self._push = self._ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.SNDHWM, 0)
@@ -204,7 +208,7 @@ class EngineClient:
         self._reader = asyncio.create_task(self._read_loop(), name="labkit-engine-outputs")
         self._watchdog = asyncio.create_task(self._watch(), name="labkit-engine-watchdog")
         loop.add_reader(self._proc.sentinel, self._on_core_exit)
-        if streams is not None:
+        if self.step_stream is not None:
             from labkit.serve.stream_hub import StreamHub
 
             self.hub = StreamHub(self._ctx, stream_addr, self.metrics)
