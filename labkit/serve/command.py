@@ -124,6 +124,9 @@ def serve(
                                                   help="Also publish the step records on a ZeroMQ PUB socket bound "
                                                        "here (msgpack; e.g. tcp://127.0.0.1:5560); implies "
                                                        "--step-stream."),
+    live_trace: bool = typer.Option(False, "--live-trace", help="Run the engine with a tracer whose windows "
+                                    "`labkit trace --url URL --seconds N` records and validates (GET /v1/trace). "
+                                    "Costs the tracer's work on every step; not with --trace."),
     kv_events: Optional[str] = typer.Option(None, "--kv-events", metavar="ENDPOINT",
                                             help="Publish the prefix cache's changes in vLLM's KV-event schema "
                                                  "(BlockStored, BlockRemoved, AllBlocksCleared; msgpack batches on "
@@ -168,6 +171,8 @@ def serve(
     if step_stream or step_stream_zmq:
         streams = [check_endpoint("--step-stream-zmq", step_stream_zmq)] if step_stream_zmq else []
     kv_endpoint = check_endpoint("--kv-events", kv_events) if kv_events else None
+    if live_trace and trace is not None:
+        raise LabkitError("--live-trace and --trace: give one (each is the engine's tracer)", 2)
     sock = listen_socket(host, port)
 
     import asyncio
@@ -196,7 +201,8 @@ def serve(
                                        access_log=access_log, log_iterations=log_iteration_details,
                                        step_stream=streams, worker_id=f"{host}:{port}",
                                        kv_events=kv_endpoint,
-                                       kv_events_topic=kv_events_topic, on_ready=ready))
+                                       kv_events_topic=kv_events_topic, live_trace=live_trace,
+                                       on_ready=ready))
     finally:
         sock.close()
     if code == 2:

@@ -56,8 +56,11 @@ class EngineCore:
     """The loop body, free of sockets (tests drive it in-process): `handle(msg)` for each incoming
     message, then `step()` while `has_work`; both return the messages to send."""
 
-    def __init__(self, llm: LLM, publisher=None, worker_id: str = "", kv_events=None):
+    def __init__(self, llm: LLM, publisher=None, worker_id: str = "", kv_events=None, live_trace=None,
+                 step_records: bool = True):
         self.llm = llm
+        # --live-trace: the engine's tracer (live_trace.LiveTracer), whose windows `labkit trace --url` records
+        self.live_trace = live_trace
         # --kv-events: the prefix cache's changes go out after each step in vLLM's schema (kv_events.py)
         self.kv_events = kv_events
         if kv_events is not None:
@@ -65,9 +68,9 @@ class EngineCore:
             kv_events.block_size = llm.config.kvcache_block_size
             kv_events.cleared()
         # --step-stream: each step's record (step_stream.py) goes out on this PUB socket; None costs nothing.
-        self.publisher = publisher
+        self.publisher = publisher if step_records else None
         self.worker_id = worker_id
-        self.queue = QueueBook() if publisher is not None else None
+        self.queue = QueueBook() if self.publisher is not None else None
         self.live: dict[str, int] = {}          # request_id -> seq_id
         # seq_id -> (request_id, monotonic time it was added, prompt tokens) until a step first schedules it (keyed
         # by seq_id: a request_id may come back once its first request has finished)
@@ -107,6 +110,9 @@ class EngineCore:
                 self._abort(rid)
             if self.kv_events is not None:
                 self.kv_events.publish(self.llm.take_kv_events())
+            return []
+        if kind == "trace" and self.live_trace is not None:   # ["trace", "open"|"close", token]
+            (self.live_trace.open if msg[1] == "open" else self.live_trace.close)(msg[2])
             return []
         if kind == "stop":
             self.stopping = True
@@ -158,6 +164,8 @@ class EngineCore:
                     llm.forget(seq_id)
             if self.kv_events is not None:
                 self.kv_events.publish(llm.take_kv_events())
+            if self.live_trace is not None:
+                self.live_trace.flush()
             return [["failed", exc.request_ids, str(exc)]]
         wall = time.monotonic() - t0
         # Queue time and prompt tokens, once per request, in the step that first schedules it whatever its phase
@@ -192,6 +200,8 @@ class EngineCore:
             self._publish(r, wall, ahead)
         if self.kv_events is not None:
             self.kv_events.publish(llm.take_kv_events())
+        if self.live_trace is not None:
+            self.live_trace.flush()
         decodes = r.num_decodes
         return [["step", {"n": r.step, "phase": r.phase, "batch": r.batch_size, "tokens": r.num_computed_tokens,
                           "prefill": [r.batch_size - decodes, r.num_computed_tokens - decodes],
@@ -256,7 +266,7 @@ def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, pare
                 from labkit.serve.step_stream import Publisher
 
                 try:
-                    publisher = Publisher(ctx, streams["steps"])
+                    publisher = Publisher(ctx, streams["steps"], hwm=streams.get("hwm", 2000))
                 except zmq.ZMQError as exc:
                     raise ValueError(f"--step-stream: cannot bind {', '.join(streams['steps'])}: {exc}") from None
             if streams.get("kv_events"):
@@ -266,12 +276,19 @@ def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, pare
                     kv_publisher = KVEventPublisher(ctx, streams["kv_events"], 0, streams.get("kv_events_topic", ""))
                 except zmq.ZMQError as exc:
                     raise ValueError(f"--kv-events: cannot bind {streams['kv_events']}: {exc}") from None
+            live_trace = None
             if trace_path is not None:
                 from engine.trace import JsonlTracer
 
                 engine_kwargs = {**engine_kwargs, "tracer": JsonlTracer(trace_path)}
+            elif streams.get("live_trace"):
+                from labkit.serve.live_trace import LiveTracer
+
+                live_trace = LiveTracer(publisher)
+                engine_kwargs = {**engine_kwargs, "tracer": live_trace}
             llm = LLM(model, **engine_kwargs)
-            core = EngineCore(llm, publisher, streams.get("worker_id", ""), kv_publisher)
+            core = EngineCore(llm, publisher, streams.get("worker_id", ""), kv_publisher, live_trace,
+                              step_records=streams.get("step_records", True))
             send(["ready", core.info()])
             threading.Thread(target=_heartbeat, args=(ctx, out_addr, beating), name="labkit-core-heartbeat",
                              daemon=True).start()

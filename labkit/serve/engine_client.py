@@ -116,7 +116,7 @@ class EngineClient:
                  trace_path: str | None = None, on_dead: Callable[[str], None] | None = None,
                  engine_timeout_s: float = 10.0, log_iterations: bool = False,
                  step_stream: list[str] | None = None, worker_id: str = "", kv_events: str | None = None,
-                 kv_events_topic: str = ""):
+                 kv_events_topic: str = "", live_trace: bool = False):
         self.model = model
         self.engine_kwargs = engine_kwargs
         self.metrics = metrics
@@ -129,6 +129,7 @@ class EngineClient:
         self.step_stream = step_stream
         self.worker_id = worker_id
         self.kv_events, self.kv_events_topic = kv_events, kv_events_topic   # --kv-events ENDPOINT (None: off)
+        self.live_trace = live_trace          # --live-trace: windows of the engine's event log at /v1/trace
         self.hub = None                       # the frontend's end of the core's stream (stream_hub.StreamHub)
         self._summary: asyncio.Task | None = None
         self.info: dict = {}
@@ -155,6 +156,7 @@ class EngineClient:
     async def start(self, timeout_s: float | None = None) -> None:
         """Spawn the core and wait until its engine is built. ValueError on a refused engine argument,
         RuntimeError when it dies or fails to start."""
+        live_trace = self.live_trace
         import msgpack
         import zmq
         import zmq.asyncio
@@ -168,8 +170,13 @@ class EngineClient:
         in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
         stream_addr = f"ipc://{self._dir}/stream"
         streams = {"worker_id": self.worker_id}
-        if self.step_stream is not None:
-            streams["steps"] = [stream_addr, *self.step_stream]
+        if self.step_stream is not None or live_trace:
+            # One PUB socket for both; step records only with --step-stream. A live trace must lose nothing.
+            streams["steps"] = [stream_addr, *(self.step_stream or [])]
+            streams["step_records"] = self.step_stream is not None
+            streams["live_trace"] = live_trace
+            if live_trace:
+                streams["hwm"] = 0
         if self.kv_events is not None:
             streams["kv_events"], streams["kv_events_topic"] = self.kv_events, self.kv_events_topic
         self._ctx = zmq.asyncio.Context()
@@ -208,7 +215,7 @@ class EngineClient:
         self._reader = asyncio.create_task(self._read_loop(), name="labkit-engine-outputs")
         self._watchdog = asyncio.create_task(self._watch(), name="labkit-engine-watchdog")
         loop.add_reader(self._proc.sentinel, self._on_core_exit)
-        if self.step_stream is not None:
+        if "steps" in streams:
             from labkit.serve.stream_hub import StreamHub
 
             self.hub = StreamHub(self._ctx, stream_addr, self.metrics)
@@ -300,6 +307,10 @@ class EngineClient:
             log.warning("labkit serve: the engine core did not stop; killing it")
             proc.kill()
         await asyncio.to_thread(proc.join, 5.0)
+
+    async def trace_window(self, token: str, open_: bool) -> None:
+        """Open or close a window of the engine's event log (--live-trace): the core marks it in its stream."""
+        await self._send_if_read(["trace", "open" if open_ else "close", token])
 
     async def _close_streams(self) -> None:
         if self._summary is not None:

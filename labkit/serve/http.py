@@ -322,7 +322,7 @@ async def health(request: Request):
 
 
 def _hub(engine: EngineClient):
-    if engine.hub is None:
+    if engine.hub is None or engine.step_stream is None:
         raise APIError(404, "the step stream is off: start labkit serve with --step-stream", "not_found_error")
     return engine.hub
 
@@ -361,6 +361,73 @@ async def _steps_sse(hub, sub, rows: bool):
             yield "event: step\ndata: " + json.dumps(record) + "\n\n"
     finally:
         hub.unsubscribe(sub)
+
+
+@router.get("/v1/trace")
+async def trace(request: Request, seconds: float = 10.0):
+    """A window of the engine's event log (labkit serve --live-trace), one JSON event a line (schema v1): the state
+    the window starts from (run_start, the live requests, a live_state), every event of the next `seconds`, and a
+    closing live_state. `labkit trace --url` records and validates it."""
+    import math
+
+    from labkit.serve.live_trace import TRACE_TOPIC
+
+    engine: EngineClient = request.app.state.engine
+    if not engine.live_trace or engine.hub is None:
+        raise APIError(404, "the live trace is off: start labkit serve with --live-trace", "not_found_error")
+    if not (math.isfinite(seconds) and 0 < seconds <= TRACE_MAX_S):
+        raise invalid(f"seconds: must be in (0, {TRACE_MAX_S}], got {seconds}")
+    sub = engine.hub.subscribe(TRACE_TOPIC, queue_size=TRACE_QUEUE, lossless=True)
+    token = uuid.uuid4().hex
+    await engine.trace_window(token, True)
+    return StreamingResponse(_trace_lines(engine, sub, token, seconds), media_type="application/x-ndjson",
+                             headers={"Cache-Control": "no-cache"})
+
+
+TRACE_MAX_S = 3600.0
+TRACE_QUEUE = 1_000_000   # step batches a window may have waiting for a slow client before it is cut off
+TRACE_OPEN_TIMEOUT_S = 30.0
+
+
+async def _trace_lines(engine: EngineClient, sub, token: str, seconds: float):
+    import json
+    import time
+
+    loop_start = time.monotonic()
+    deadline, closing, done = None, False, False
+    try:
+        while True:
+            now = time.monotonic()
+            if deadline is None and now - loop_start > TRACE_OPEN_TIMEOUT_S:
+                yield json.dumps({"error": "the engine core did not open the window"}) + "\n"
+                return
+            if deadline is not None and not closing and now >= deadline:
+                await engine.trace_window(token, False)
+                closing = True
+            try:
+                record = await asyncio.wait_for(sub.get(), 0.2)
+            except TimeoutError:
+                continue
+            if record is None:
+                why = ("this client fell behind and events were lost" if sub.dropped else "the server is stopping")
+                yield json.dumps({"error": f"the window ended early: {why}"}) + "\n"
+                return
+            mark = record.get("mark")
+            if mark is not None and mark != token:
+                continue                      # another client's window
+            if mark is None and deadline is None:
+                continue                      # events of another window, before this one opened
+            yield "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in record["events"])
+            if mark is not None:
+                if record["kind"] == "close":
+                    done = True
+                    return
+                deadline = time.monotonic() + seconds
+    finally:
+        if not done:
+            await engine.trace_window(token, False)
+        if engine.hub is not None:
+            engine.hub.unsubscribe(sub)
 
 
 @router.get("/live")

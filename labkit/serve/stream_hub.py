@@ -19,13 +19,14 @@ SUBSCRIBER_QUEUE = 1024
 
 
 class Subscription:
-    __slots__ = ("topic", "queue", "dropped", "closed")
+    __slots__ = ("topic", "queue", "dropped", "closed", "lossless")
 
-    def __init__(self, topic: bytes, size: int):
+    def __init__(self, topic: bytes, size: int, lossless: bool = False):
         self.topic = topic
         self.queue: asyncio.Queue = asyncio.Queue(size)
-        self.dropped = False   # it fell behind by a whole queue and was let go
+        self.dropped = False   # it fell behind by a whole queue and was let go (or, lossless, missed a record)
         self.closed = False
+        self.lossless = lossless  # a gap in the topic's numbering ends it (a live trace must see every event)
 
     async def get(self):
         """The next record; None once this subscription was dropped (it fell behind) or the hub closed."""
@@ -70,8 +71,8 @@ class StreamHub:
         self._reader: asyncio.Task | None = None
         self._listeners: dict[bytes, list] = {}   # topic -> callbacks run on each record (in the reader)
 
-    def subscribe(self, topic: bytes, queue_size: int | None = None) -> Subscription:
-        sub = Subscription(topic, queue_size or self.queue_size)
+    def subscribe(self, topic: bytes, queue_size: int | None = None, lossless: bool = False) -> Subscription:
+        sub = Subscription(topic, queue_size or self.queue_size, lossless)
         subs = self.subs.setdefault(topic, set())
         if not subs and not self._listeners.get(topic):
             self.sock.setsockopt(self._zmq.SUBSCRIBE, topic)
@@ -115,6 +116,8 @@ class StreamHub:
             if last is not None and n > last + 1:
                 self.missed += n - last - 1
                 self.metrics.stream_missed.inc(n - last - 1)
+                for sub in [s for s in self.subs.get(topic, ()) if s.lossless]:
+                    self._drop(sub)
             self.last_counter[topic] = n
             try:
                 record = unpack(payload, raw=False)
