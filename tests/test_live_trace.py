@@ -203,7 +203,7 @@ def test_trace_url_against_a_tp2_cpu_server_under_a_bench_load(tiny_model, tmp_p
                     "0")
     try:
         load = subprocess.Popen([sys.executable, "-m", "labkit", "bench", "load", "--url", server.url, "--workload",
-                                 "fixed", "--rate", "4", "--num-requests", "24", "--no-warmup", "--out",
+                                 "fixed", "--rate", "3", "--no-warmup", "--out",
                                  str(tmp_path / "load.json")], cwd=REPO, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         time.sleep(4.0)

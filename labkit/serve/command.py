@@ -124,6 +124,9 @@ def serve(
                                                   help="Also publish the step records on a ZeroMQ PUB socket bound "
                                                        "here (msgpack; e.g. tcp://127.0.0.1:5560); implies "
                                                        "--step-stream."),
+    vllm_metric_names: bool = typer.Option(False, "--vllm-metric-names", help="/metrics also exports every family "
+                                           "under vLLM's names (vllm:num_requests_running, ...) beside labkit:'s, "
+                                           "for routers and dashboards that read vLLM's."),
     live_trace: bool = typer.Option(False, "--live-trace", help="Run the engine with a tracer whose windows "
                                     "`labkit trace --url URL --seconds N` records and validates (GET /v1/trace). "
                                     "Costs the tracer's work on every step; not with --trace."),
@@ -202,7 +205,7 @@ def serve(
                                        step_stream=streams, worker_id=f"{host}:{port}",
                                        kv_events=kv_endpoint,
                                        kv_events_topic=kv_events_topic, live_trace=live_trace,
-                                       on_ready=ready))
+                                       vllm_metric_names=vllm_metric_names, on_ready=ready))
     finally:
         sock.close()
     if code == 2:

@@ -293,6 +293,36 @@ async def chat_completions(request: Request):
     return await _generate(request, "/v1/chat/completions", body, ids, chat=True, default_max=None)
 
 
+@router.post("/tokenize")
+async def tokenize(request: Request):
+    """vLLM's /tokenize: {"prompt": text} or {"messages": [...]} -> {"count", "max_model_len", "tokens"}. Routers
+    (vllm-router's cache- and KV-aware policies) ask it for a request's token ids before they pick a replica."""
+    engine: EngineClient = request.app.state.engine
+    settings: ServeSettings = request.app.state.settings
+    if engine.limits is None:
+        raise APIError(503, "the engine is not ready", "service_unavailable")
+    body = protocol.parse_body(protocol.TokenizeRequest, await _read_body(request, settings))
+    if body.model is not None and body.model != settings.model_name:
+        raise APIError(404, f"model: {body.model!r} is not served here", "not_found_error")
+    if (body.prompt is None) == (body.messages is None):
+        raise invalid("prompt: give prompt or messages")
+    if body.prompt is not None:
+        ids = await _tokenize(engine, engine.tokenizer.encode, protocol.check_text("prompt", body.prompt))
+    else:
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+
+        def render() -> list[int]:
+            text = engine.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                        add_generation_prompt=body.add_generation_prompt)
+            return engine.tokenizer.encode(text, add_special_tokens=False)
+
+        try:
+            ids = await asyncio.to_thread(render)
+        except Exception as exc:  # noqa: BLE001 - the request's problem
+            raise invalid(f"messages: the chat template failed: {type(exc).__name__}: {exc}") from None
+    return {"count": len(ids), "max_model_len": engine.limits.max_model_len, "tokens": ids}
+
+
 @router.get("/v1/models")
 async def models(request: Request):
     engine: EngineClient = request.app.state.engine
@@ -445,5 +475,9 @@ async def live_page(request: Request):
 @router.get("/metrics")
 async def metrics(request: Request):
     engine: EngineClient = request.app.state.engine
-    return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    m = engine.metrics
+    body = generate_latest(m.registry)
+    if m.vllm_names is not None:   # --metric-names both: the same families under vLLM's names too
+        body += generate_latest(m.vllm_names)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 

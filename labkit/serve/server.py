@@ -176,10 +176,10 @@ async def serve_async(model: str, engine_kwargs: dict, settings: ServeSettings, 
                       engine_timeout_s: float = 10.0, stats_interval_s: float = 10.0, access_log: bool = False,
                       log_iterations: bool = False, step_stream: list[str] | None = None, worker_id: str = "",
                       kv_events: str | None = None, kv_events_topic: str = "", live_trace: bool = False,
-                      on_ready=None) -> int:
+                      vllm_metric_names: bool = False, on_ready=None) -> int:
     """Start the core, serve on `sock` (bound, listening) until a signal or the core's death; the exit
     status."""
-    metrics = ServerMetrics(settings.model_name)
+    metrics = ServerMetrics(settings.model_name, vllm_names=vllm_metric_names)
     engine = EngineClient(model, engine_kwargs, metrics=metrics, max_queue=max_queue, trace_path=trace_path,
                           engine_timeout_s=engine_timeout_s, log_iterations=log_iterations,
                           step_stream=step_stream, worker_id=worker_id, kv_events=kv_events,
