@@ -63,7 +63,8 @@ class Router:
             time.sleep(0.3)
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
@@ -82,8 +83,12 @@ def replicas(tiny_model, tmp_path_factory):
     from tests.test_serve import Server
 
     tmp = tmp_path_factory.mktemp("replicas")
-    servers = [Server(tiny_model, tmp, "--block-size", "16", "--log-stats-interval", "0", "--vllm-metric-names")
-               for _ in range(2)]
+    servers = []
+    for _ in range(2):
+        kv = f"tcp://127.0.0.1:{_free_port()}"
+        servers.append(Server(tiny_model, tmp, "--block-size", "16", "--log-stats-interval", "0",
+                              "--vllm-metric-names", "--kv-events", kv))
+        servers[-1].kv_events = kv
     yield servers
     for s in servers:
         assert s.stop() == 0, s.log()
@@ -157,3 +162,35 @@ def test_tokenize_answers_as_vllm_does(replicas):
     assert chat["count"] > 2
     for bad in ({}, {"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, {"prompt": 3}):
         assert httpx.post(url + "/tokenize", json=bad, timeout=30).status_code == 400
+
+
+def test_kv_aware_routing_reads_our_kv_events_and_follows_the_cache(replicas, tmp_path):
+    """vllm-router's kv_aware policy mirrors each replica's prefix cache from its KV events (serve --kv-events, vLLM's
+    schema) and the request's token ids (/tokenize). A prefix cached on the second replica by a request sent to it
+    directly, past the router, draws the router's requests with that prefix to it: only the events can say so."""
+    prefix = " ".join(f"term{i}" for i in range(120))
+    holder = replicas[1]
+    assert httpx.post(holder.url + "/v1/completions", json={"prompt": f"{prefix} warm", "max_tokens": 1},
+                      timeout=120).status_code == 200
+    router = Router([s.url for s in replicas], tmp_path, "kv_aware",
+                    *[x for s in replicas for x in ("--kv-event-source", f"{s.url}={s.kv_events}")],
+                    "--kv-event-block-size", "16", "--kv-event-model", Path(holder.health()["model"]["path"]).name)
+    try:
+        time.sleep(2.0)   # (its subscribers connect; what the replicas published before then is not replayed)
+        # The router has not seen the warm-up's events (they went out before it subscribed): warm again now.
+        assert httpx.post(holder.url + "/v1/completions", json={"prompt": f"{prefix} again", "max_tokens": 1},
+                          timeout=120).status_code == 200
+        time.sleep(2.0)   # (the events reach the router's index)
+        before = [_metrics(s.url) for s in replicas]
+        for k in range(3):
+            r = httpx.post(router.url + "/v1/completions", json={"prompt": f"{prefix} q{k}", "max_tokens": 2},
+                           timeout=120)
+            assert r.status_code == 200, r.text
+        after = [_metrics(s.url) for s in replicas]
+    finally:
+        router.stop()
+    served = [after[i].get("labkit:request_success_total", 0) - before[i].get("labkit:request_success_total", 0)
+              for i in range(2)]
+    assert served == [0, 3], served + [router.log()[-3000:]]
+    hits = after[1]["labkit:prefix_cache_hits_total"] - before[1]["labkit:prefix_cache_hits_total"]
+    assert hits >= 3 * 16 * 10
