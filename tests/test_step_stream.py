@@ -353,3 +353,68 @@ def test_watch_without_a_step_stream_or_a_server_is_one_line_and_exit_2(tiny_mod
         assert __import__("httpx").get(plain.url + "/v1/steps", timeout=10).status_code == 404
     finally:
         assert plain.stop() == 0
+
+
+def test_the_live_page_in_chromium_changes_under_load_and_matches_the_metrics(server, tmp_path):
+    """The live page (/live) in headless Chromium (Debian's, driven by Playwright, as the report's browser test does):
+    while a load runs its step figures move; once the load is over its totals are /metrics' values."""
+    import threading
+
+    from tests.test_report_browser import FLAGS, _chromium
+    from tests.test_serve import _metrics, _value
+
+    executable = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    stop = threading.Event()
+
+    def load():
+        while not stop.is_set():
+            server.post(json={"prompt": list(range(100, 260)), "max_tokens": 24, "ignore_eos": True})
+
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for t in threads:
+        t.start()
+    ids = ("prompt-tokens", "generation-tokens", "engine-steps", "requests-finished", "preemptions", "running",
+           "waiting")
+
+    def values(page) -> dict:
+        return page.evaluate("ids => Object.fromEntries(ids.map(i => [i, document.getElementById(i).dataset.value]))",
+                             list(ids) + ["last-step", "steps-per-s"])
+
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=executable,
+                                                       headless=True, args=FLAGS)
+        try:
+            page = context.new_page()
+            page.goto(server.url + "/live", wait_until="load")
+            page.wait_for_function("document.getElementById('engine-steps').dataset.value !== undefined "
+                                   "&& document.getElementById('last-step').dataset.value !== undefined", timeout=30000)
+            first = values(page)
+            time.sleep(2.5)
+            second = values(page)
+            stop.set()
+            for t in threads:
+                t.join()
+            deadline = time.monotonic() + 60
+            while server.health()["live"] and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(2.5)      # a summary after the last step
+            settled = values(page)
+            metrics = _metrics(server)
+            svg = page.evaluate("document.getElementById('line-decode').getAttribute('points')")
+            offline = page.evaluate("Array.from(document.querySelectorAll('script[src],link[href]')).length")
+        finally:
+            stop.set()
+            context.close()
+    assert int(second["last-step"]) > int(first["last-step"]) and float(first["steps-per-s"]) > 0
+    assert float(second["generation-tokens"]) > float(first["generation-tokens"])
+    families = {"prompt-tokens": ("labkit:prompt_tokens", "_total"),
+                "generation-tokens": ("labkit:generation_tokens", "_total"),
+                "engine-steps": ("labkit:engine_steps", "_total"), "preemptions": ("labkit:num_preemptions", "_total"),
+                "running": ("labkit:num_requests_running", ""), "waiting": ("labkit:num_requests_waiting", "")}
+    for key, (fam, suffix) in families.items():
+        assert float(settled[key]) == _value(metrics[fam], suffix), (key, settled[key])
+    finished = sum(s.value for s in metrics["labkit:request_success"].samples if s.name.endswith("_total"))
+    assert float(settled["requests-finished"]) == finished
+    assert svg and len(svg.split()) >= 2 and offline == 0   # drawn in SVG; nothing loaded from anywhere
