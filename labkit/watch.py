@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from labkit.errors import LabkitError
+from labkit.options import JsonOption
 from labkit.output import EXIT_PASS
 
 REFRESH_S = 0.25
@@ -152,7 +153,7 @@ def run(
     url: str = typer.Argument(..., metavar="URL", help="A running labkit serve --step-stream, e.g. "
                                                        "http://127.0.0.1:8000."),
     seconds: float = typer.Option(0.0, "--seconds", min=0.0, help="Stop after this many seconds (0: until Ctrl-C)."),
-    as_json: bool = typer.Option(False, "--json", help="At the end, print the last view as JSON (no live view)."),
+    as_json: JsonOption = False,
 ) -> None:
     """Watch a running server step by step: steps a second, prefill and decode tokens a step, queue and running,
     KV use, preemptions, TTFT and ITL percentiles; 80 columns, refreshed four times a second.

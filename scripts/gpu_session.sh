@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
-#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan|bar20|cells|final20|startup|startup+cells|trees|capture-profile]
+#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan|bar20|cells|final20|startup|startup+cells|trees|capture-profile|issue34]
 # Measured on one H200 (docs/perf.md): evidence ~2 minutes, perf ~7 (3.5 of them the Transformers baseline);
 # `all` is ~9.5, close to a 10-minute device call: two calls (evidence, perf) are safer.
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
@@ -28,6 +28,13 @@
 # trees:    a bisect in one call: TREES="dir ..." (each a `git archive` of one commit, carried), TREE_BENCH (default
 #           batch1) from each in turn, ROUNDS times, the order reversed every other round (docs/perf.md, session 9).
 # capture-profile: py-spy over `bench --workload nano`'s init (raw stacks: where start-up and graph capture go).
+# issue34:  issue 34's GPU bar and serve's default policy by measurement, one call (~7.5 minutes on an H200):
+#           A. nano at rate inf on a fresh server with --step-stream (+ a ZeroMQ subscriber), --kv-events (+ a
+#              subscriber) and a `labkit watch` client attached, against the same server without them, interleaved,
+#              3 rounds (workload seed 4-6, one per round); B. `trace --url` over nano at rate 16 under mixed
+#              (serve --live-trace); C. each policy at the default budget on a fresh server: rates 16, 32, inf (same
+#              prompts for every policy: workload and arrival seed 1, 2, 3), /metrics scraped around every load.
+#              scripts/issue34_summary.py writes logs/issue34-summary.md (every check, the rule of Deliver 7).
 # Logs and JSON go to $OUT (the device tool's output folder).
 set -u
 cd "$(dirname "$0")/.."
@@ -437,6 +444,70 @@ if [ "$what" = slow-state ]; then
     wait $pyspy
   done
   kill -TERM $spid; wait $spid; echo "serve exit code $?" >> $OUT/logs/serve.log
+fi
+if [ "$what" = issue34 ]; then
+  pack() { python3 scripts/issue34_summary.py $OUT/logs > $OUT/logs/issue34-summary.md 2>&1
+    tar czf ${PACK_TO:-$OUT}/reports.tgz -C $OUT --exclude='*.jsonl' --exclude='*.npz' --exclude='*.tsv' \
+      --exclude='*.perfetto.json*' logs runs 2>/dev/null; }
+  mkdir -p $OUT/runs
+  for i in 1 2 3 4 5 6 9; do sed "s/^seed: 0/seed: $i/" workloads/bench/nano.yaml > /tmp/nano-seed$i.yaml; done
+  port=8900
+  start() {  # NAME FLAGS...: a fresh server on the next port; sets $url, $spid; logs its /health time
+    local name=$1; shift; port=$((port + 1)); url=http://127.0.0.1:$port
+    python3 -m labkit serve --model $M --device cuda --port $port --log-level warning --log-stats-interval 0 "$@" \
+      > $OUT/logs/serve-$name.log 2>&1 &
+    spid=$!; local t0; t0=$(date +%s.%N)
+    for _ in $(seq 600); do curl -sf $url/health > /dev/null && break; sleep 0.2; done
+    echo "$name: /health after $(awk "BEGIN{print $(date +%s.%N) - $t0}") s" >> $OUT/logs/startup.txt
+    # warm-up (compile caches, first graph replays) with its own prompts, before anything is counted
+    step 60 python3 -m labkit bench load --workload /tmp/nano-seed9.yaml --num-requests 16 --rate inf --seed 9 \
+      --url $url --no-warmup --out $OUT/logs/warm-$name.json
+  }
+  load() {  # NAME SEED RATE: a timed load, /metrics scraped before and after
+    curl -s $url/metrics > $OUT/logs/metrics-$1-before.txt
+    step 150 python3 -m labkit bench load --workload /tmp/nano-seed$2.yaml --rate $3 --seed $2 --url $url \
+      --no-warmup --out $OUT/logs/load-$1.json
+    curl -s $url/metrics > $OUT/logs/metrics-$1-after.txt
+  }
+  stop() { kill -TERM $spid; wait $spid; echo "$1 exit $?" >> $OUT/logs/startup.txt; }
+  # A. the streams' cost at rate inf: with (step stream + its ZeroMQ subscriber, KV events + a subscriber, a watch
+  # client) against without, interleaved.
+  for round in 1 2 3; do
+    seed=$((round + 3))
+    for cond in plain streams; do
+      if [ $cond = streams ]; then
+        start streams-r$round --step-stream --step-stream-zmq tcp://127.0.0.1:5560 --kv-events tcp://127.0.0.1:5557
+        python3 scripts/zmq_tap.py tcp://127.0.0.1:5560 tcp://127.0.0.1:5557 --seconds 60 \
+          --out $OUT/logs/taps-r$round.json > $OUT/logs/taps-r$round.log 2>&1 & tap=$!
+        python3 -m labkit watch $url --seconds 60 --json > $OUT/logs/watch-r$round.json 2> $OUT/logs/watch-r$round.log & w=$!
+        sleep 1
+      else
+        start plain-r$round
+      fi
+      load overhead-$cond-r$round $seed inf
+      [ $cond = streams ] && { kill -INT $w $tap; wait $w $tap; curl -s $url/health > $OUT/logs/health-streams-r$round.json; }
+      stop $cond-r$round
+    done
+    pack
+  done
+  # B. trace --url over nano at rate 16 under mixed, the window in the middle of the load
+  start live-mixed --policy mixed --live-trace
+  load live-mixed-rate16 1 16 & lp=$!
+  sleep 6
+  step 200 python3 -m labkit trace --url $url --seconds 8 -q --out $OUT/runs/trace-live-mixed
+  wait $lp
+  stop live-mixed
+  pack
+  # C. serve's policies at the default budget, a fresh server each, the same prompts (seed 1, 2, 3 at rates 16, 32,
+  # inf), with vLLM's per-iteration line for the record
+  for policy in prefill_first balanced mixed; do
+    start policy-$policy --policy $policy
+    load policy-$policy-rate16 1 16
+    load policy-$policy-rate32 2 32
+    load policy-$policy-rateinf 3 inf
+    stop policy-$policy
+    pack
+  done
 fi
 if [ -f $OUT/bench-nano-hf.json ] && [ -f $OUT/bench-nano-graph.json ]; then
   step 30 python3 -m labkit bench compare $OUT/bench-nano-hf.json $OUT/bench-nano-graph.json --variable backend --out $OUT/compare-backend.json
