@@ -80,7 +80,12 @@ def summarize(logs: Path) -> tuple[str, dict]:
         taps = logs / f"taps-r{r}.json"
         watch = logs / f"watch-r{r}.json"
         if taps.exists():
-            out.append(f"- round {r} subscribers: {taps.read_text().strip()[:400]}")
+            try:
+                taps_text = "; ".join(f"{t['endpoint']}: {t['messages']} messages, {t['bytes']} bytes, gaps {t['gaps']}"
+                                      for t in json.loads(taps.read_text()))
+            except (ValueError, KeyError, TypeError):
+                taps_text = "unreadable"
+            out.append(f"- round {r} subscribers: {taps_text}")
         if watch.exists():
             try:
                 text = watch.read_text()

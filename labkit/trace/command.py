@@ -5,6 +5,8 @@
     labkit trace --case lifecycle --budget 100   # an experiment: invariants gate, the case is a diff
     labkit trace check runs/trace-chunk/events.jsonl --case chunk   # re-validate a saved log
     labkit trace diff BEFORE.jsonl AFTER.jsonl   # two runs side by side, first divergence marked
+    labkit trace --url http://127.0.0.1:8000 --seconds 10   # a running server's steps (serve --live-trace), every
+                                                           # invariant checked on them
 
 The table: a line per step (its phase, the tokens it computed out of the budget, free KV blocks before and
 after), under it a line per request: what the row computes (prefill, prefill chunk, decode; a step may mix
@@ -47,6 +49,8 @@ app = typer.Typer(help="Run a traced case, show every step, and check it against
                        "An engine option (Engine panel) overrides the case's value: the run is then an experiment, "
                        "its differences from the case are shown as a diff and the verdict is CHANGED (exit 0). "
                        "Every invariant always gates (FAIL, exit 1).\n\n"
+                       "--url URL --seconds N records a running server's steps instead (labkit serve --live-trace) "
+                       "and checks every invariant on them.\n\n"
                        "Example: labkit trace --case chunk --budget 100",
                   invoke_without_command=True, no_args_is_help=False)
 
