@@ -69,7 +69,7 @@ def bf16_baseline(tiny_model):
 
 def test_suite_compositions():
     assert {n: s.rows for n, s in SUITES.items()} == {"baseline": 15, "graph": 126, "prefix": 6, "tp": 15, "mixed": 27,
-                                                      "kv": 49}
+                                                      "kv": 49, "fp8-kv": 277}
     graph = SUITES["graph"]
     assert [len(c.requests) for c in graph.cases] == [1, 9, 16, 17, 20]
     assert all(c.engine_kwargs()["max_num_seqs"] == 20 for c in graph.cases)
