@@ -183,10 +183,10 @@ def test_kv_compare_names_the_first_bad_step(tiny_model, kv_truth, monkeypatch):
     clean = collect_engine(suite, tiny_model, device="cpu", dtype="float32")
     real_store = torch_ref.store_kvcache
 
-    def store(k, v, k_cache, v_cache, slot_mapping):
+    def store(k, v, k_cache, v_cache, slot_mapping, **scales):  # scales: an FP8 pool's (engine/kv_quant.py)
         if get_context().prefill is None:  # a decode step
             v = v + 0.01
-        real_store(k, v, k_cache, v_cache, slot_mapping)
+        real_store(k, v, k_cache, v_cache, slot_mapping, **scales)
 
     monkeypatch.setattr(torch_ref, "store_kvcache", store)
     broken = collect_engine(suite, tiny_model, device="cpu", dtype="float32")
