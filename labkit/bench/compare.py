@@ -69,6 +69,7 @@ VARIABLES: dict[str, tuple[str, ...]] = {
     "custom_kernels": ("engine.custom_kernels",),
     "async_scheduling": ("engine.async_scheduling",),
     "kv_cache_dtype": ("engine.kv_cache_dtype",),
+    "fused_decode": ("engine.fused_decode",),
     "dtype": ("dtype",),
     "device": ("device.*",),
     "model": ("model_config_sha256",),
