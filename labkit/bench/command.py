@@ -51,7 +51,7 @@ ENGINE_FLAGS = {"--eager/--graph": "enforce_eager", "--attention": "attention_ba
                 "--gpu-memory-utilization": "gpu_memory_utilization",
                 "--custom-kernels/--no-custom-kernels": "custom_kernels",
                 "--async-scheduling/--no-async-scheduling": "async_scheduling",
-                "--kv-cache-dtype": "kv_cache_dtype"}
+                "--kv-cache-dtype": "kv_cache_dtype", "--fused-decode/--no-fused-decode": "fused_decode"}
 
 
 class RichStepper(Stepper):
@@ -108,6 +108,11 @@ def run(
                                                        "on); off: cuBLAS and compiled torch ops."),
     async_scheduling: AsyncSchedulingOption = None,
     kv_cache_dtype: KvCacheDtypeOption = None,
+    fused_decode: Optional[bool] = typer.Option(None, "--fused-decode/--no-fused-decode",
+                                                rich_help_panel=ENGINE_ON_GPU,
+                                                help="fused_decode: decode graphs of <= 16 rows as five fused "
+                                                     "kernels a layer chained with PDL (engine default: on); "
+                                                     "off: the separate kernels."),
     warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Warm-up rounds (default: the workload's)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Timed repeats (default: the workload's)."),
     num_requests: NumRequestsOption = None,
@@ -151,7 +156,8 @@ def run(
                  "max_num_seqs": max_num_seqs, "max_num_batched_tokens": budget, "kvcache_block_size": block_size,
                  "max_model_len": max_model_len, "num_kvcache_blocks": num_blocks, "scheduling_policy": _enum(policy),
                  "gpu_memory_utilization": gpu_memory_utilization, "custom_kernels": custom_kernels,
-                 "async_scheduling": async_scheduling, "kv_cache_dtype": _enum(kv_cache_dtype)}
+                 "async_scheduling": async_scheduling, "kv_cache_dtype": _enum(kv_cache_dtype),
+                 "fused_decode": fused_decode}
     if backend_name == "hf":
         given = [flag for flag, field in ENGINE_FLAGS.items() if overrides[field] is not None]
         if given:
@@ -321,6 +327,12 @@ def _gib(n: Optional[int]) -> str:
     return "-" if n is None else f"{n / 2**30:.2f} GiB"
 
 
+def _kv_dtype_note(kv_cache_dtype: str | None) -> str:
+    if kv_cache_dtype in (None, "auto"):
+        return ""
+    return f" ({kv_cache_dtype} pool: 1 byte an element, twice the blocks of a 16-bit pool)"
+
+
 def _summary_rows(r: dict) -> list[tuple[str, str]]:
     w, dev = r["workload"], r["device"]
     eng = r.get("engine") or {}
@@ -342,7 +354,7 @@ def _summary_rows(r: dict) -> list[tuple[str, str]]:
         ("init s", _f(r["init_s"])),
         ("graph capture s", _f(r["graph_capture_s"])),
         ("warm-up s", f"{_f(r['warmup_s'])} ({len(r['warmup_rounds'])} round(s))"),
-        ("kv blocks", _f(r["kv_blocks"])),
+        ("kv blocks", _f(r["kv_blocks"]) + _kv_dtype_note(eng.get("kv_cache_dtype"))),
         ("peak memory", ", ".join(f"rank {p['rank']}: {_gib(p['peak_bytes'])}" for p in peak["per_rank"])
          + (" (torch.cuda.max_memory_allocated)" if peak["source"].startswith("torch") else " (max RSS of the process)")),
     ]
