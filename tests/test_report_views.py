@@ -189,6 +189,7 @@ def test_batch1_without_a_gpu_profile_says_why_there_is_no_picture(tmp_path, cap
     sec = _section(md, "batch1-kernels")
     assert labs["batch1-kernels"]["verdict"] == "MISSING"
     assert "Not run yet: after, compare" in sec and "before: CPU run: no CUDA activity" in sec
+    assert labs["batch1-kernels"]["headline"].endswith("kernels a token and GPU idle: no GPU profile")
     assert "no picture (needs a GPU profile" in page or "no picture (pictures" in page
 
 

@@ -152,9 +152,12 @@ def kernels_before_after(status, draw: bool) -> LabView:
     idle = [p.get("decode_gpu_idle_pct") for p in (p0, p1)]
     lt = [p.get("layer_timeline") if isinstance(p.get("layer_timeline"), dict) else {} for p in (p0, p1)]
     speed = _get(cmp, "metrics", "decode_ms_per_token", "text")
-    headline = (f"decode ms/token {_f(ms[0], '.3f')} -> {_f(ms[1], '.3f')}"
-                + (f" (B/A {speed})" if speed else "") + f"; kernels a token {_f(kpt[0], ',.0f')} -> "
-                f"{_f(kpt[1], ',.0f')}; GPU idle {_f(idle[0], '.1f', '%')} -> {_f(idle[1], '.1f', '%')}")
+    headline = f"decode ms/token {_f(ms[0], '.3f')} -> {_f(ms[1], '.3f')}" + (f" (B/A {speed})" if speed else "")
+    if any(_num(x) for x in kpt + idle):
+        headline += (f"; kernels a token {_f(kpt[0], ',.0f')} -> {_f(kpt[1], ',.0f')}; GPU idle "
+                     f"{_f(idle[0], '.1f', '%')} -> {_f(idle[1], '.1f', '%')}")
+    else:
+        headline += "; kernels a token and GPU idle: no GPU profile"
     fused = lambda d: str(_get(d, "config", "engine", "fused_decode"))  # noqa: E731
     layer = lambda t: (f"{len(t['kernels'])} kernels, {_f(t.get('span_us'), ',.1f')} us, gaps "  # noqa: E731
                        f"{_f(t.get('gap_us'), ',.1f')} us" if t.get("found") else "-")
