@@ -55,7 +55,8 @@ PolicyOption = Annotated[Optional[Policy], typer.Option(
 DTypeOption = Annotated[Optional[DType], typer.Option(
     "--dtype", rich_help_panel=ENGINE, help="Weights and activations; auto: the checkpoint's dtype.")]
 AttentionOption = Annotated[Optional[Attention], typer.Option(
-    "--attention", rich_help_panel=ENGINE, help="attention_backend.")]
+    "--attention", rich_help_panel=ENGINE,
+    help="attention_backend; auto: triton on CUDA, torch on a CPU (flash_attn only when named).")]
 BudgetOption = Annotated[Optional[int], typer.Option(
     "--budget", min=1, metavar="N", rich_help_panel=ENGINE, help="max_num_batched_tokens: tokens per step.")]
 MaxNumSeqsOption = Annotated[Optional[int], typer.Option(

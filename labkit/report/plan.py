@@ -42,6 +42,7 @@ class Lab:
     slots: list[Slot]
     questions: list[str] = field(default_factory=list)
     producer: str | None = None
+    gpus: int = 1            # GPUs its commands need
     view: str | None = None   # a section of its own in the report (labkit/report/views.py)
 
 
@@ -118,6 +119,9 @@ def parse(data: Any, source: str) -> list[Lab]:
         questions = entry.get("questions") or []
         if not isinstance(questions, list) or not all(isinstance(q, str) for q in questions):
             raise LabkitError(f"{where}: `questions` must be a list of strings")
+        gpus = entry.get("gpus", 1)
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+            raise LabkitError(f"{where}: `gpus` must be a whole number of GPUs, at least 1")
         view = _text(entry, "view", where, required=False)
         slots = [_slot(r, where, j) for j, r in enumerate(results)]
         if view is not None:
@@ -129,7 +133,7 @@ def parse(data: Any, source: str) -> list[Lab]:
             if lacking:
                 raise LabkitError(f"{where}: view {view} reads results labelled {', '.join(VIEWS[view].slots)}; "
                                   f"none is labelled {', '.join(lacking)}")
-        labs.append(Lab(id=lab_id, title=_text(entry, "title", where), view=view,
+        labs.append(Lab(id=lab_id, title=_text(entry, "title", where), gpus=gpus, view=view,
                         command=_text(entry, "command", where), evidence=evidence,
                         slots=slots, questions=questions,
                         producer=_text(entry, "producer", where, required=False)))

@@ -237,6 +237,8 @@ def _status(d: dict) -> tuple[str, str]:
     if verdict is None:
         raise Unreadable(f"status {status!r} is not a verdict")
     counts = d.get("counts")
+    if isinstance(counts, dict) and counts:  # doctor's rows by status, as a person reads them: "PASS 9, WARN 2"
+        return verdict, ", ".join(f"{k} {v}" for k, v in counts.items())
     return verdict, (f"{counts}" if counts else f"token ids {d.get('token_ids')}" if "token_ids" in d else "")
 
 
