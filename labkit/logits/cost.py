@@ -81,11 +81,9 @@ def judge(lhs: Collection, baseline: Collection, truth: Collection, reference: C
     ref_cost = ref_fp8 / plain
     quantised = _quantised(fp8_d, ref_fp8, plain, ref_cost)
     s = base_body["summary_counts"]
-    base_first = (s["first_failure_row"] or {}).get("reason") or s["overall_failure"] or \
-        (s["first_review_row"] or {}).get("reason") or s["overall_review"]
-    if s["first_failure_row"] or s["first_review_row"]:
-        r = s["first_failure_row"] or s["first_review_row"]
-        base_first = f"row {r['index']} ({r['request_id']} output {r['output_index']}): {base_first}"
+    row = s["first_failure_row"] or (None if s["overall_failure"] else s["first_review_row"])
+    base_first = (f"row {row['index']} ({row['request_id']} output {row['output_index']}): {row['reason']}" if row
+                  else s["overall_failure"] or s["overall_review"])
     status = anchored.worst(base_body["verdict"], quantised["status"] if quantised["status"] != "n/a" else "PASS")
     return {
         "status": status,

@@ -64,6 +64,22 @@ def _missing(status, labels: tuple[str, ...]) -> list[str]:
     return [label for label in labels if _slot(status, label) is None]
 
 
+def _engine(data: dict | None, key: str) -> str:
+    """A bench run's recorded engine setting, as text ("-" without the run)."""
+    return "-" if data is None else str(_get(data, "config", "engine", key))
+
+
+def _profile(data: dict | None) -> dict:
+    p = (data or {}).get("profile")
+    return p if isinstance(p, dict) else {}
+
+
+def _layer_text(t: dict) -> str:
+    if not t.get("found"):
+        return "-"
+    return f"{len(t['kernels'])} kernels, {_f(t.get('span_us'), ',.1f')} us, gaps {_f(t.get('gap_us'), ',.1f')} us"
+
+
 def _spread(data: dict | None, key: str) -> tuple[float | None, float | None, float | None, int]:
     """median, min, max and n of a bench run's repeats for `key`."""
     if data is None:
@@ -87,7 +103,6 @@ def _spread_text(data: dict | None, key: str, spec: str) -> str:
 def speed_and_numbers(status, draw: bool) -> LabView:
     a, b, cmp, lg = (_slot(status, x) for x in ("A", "B", "compare", "logits"))
     kv = (lg or {}).get("kv_cost") if isinstance((lg or {}).get("kv_cost"), dict) else None
-    name = lambda d: str(_get(d, "config", "engine", "kv_cache_dtype") or "-")  # noqa: E731
     speed = _get(cmp, "metrics", "output_throughput", "text") or (f"B/A {_f(_get(cmp, 'ratio'), '.3f')}x"
                                                                   if cmp else None)
     parts = [f"tok/s B/A {speed}" if speed else "tok/s B/A: not compared"]
@@ -101,7 +116,7 @@ def speed_and_numbers(status, draw: bool) -> LabView:
     d_a = _get(kv, "rel_l2", "baseline")
     d_b = _get(kv, "rel_l2", "fp8")
     rows = [
-        ["kv_cache_dtype", name(a), name(b)],
+        ["kv_cache_dtype", _engine(a, "kv_cache_dtype"), _engine(b, "kv_cache_dtype")],
         ["output tok/s, median (min - max)", _spread_text(a, "output_throughput", ",.0f"),
          _spread_text(b, "output_throughput", ",.0f")],
         ["KV blocks", _f(_get(a, "kv_blocks"), ","), _f(_get(b, "kv_blocks"), ",")],
@@ -134,7 +149,7 @@ def speed_and_numbers(status, draw: bool) -> LabView:
     for label, data, dist in (("A", a, d_a), ("B", b, d_b)):
         med, lo, hi, _ = _spread(data, "output_throughput")
         if med is not None and _num(dist):
-            points.append((f"{label}: kv {name(data)}", dist, med, lo, hi))
+            points.append((f"{label}: kv {_engine(data, 'kv_cache_dtype')}", dist, med, lo, hi))
     _draw(view, draw, lambda: figures.speed_vs_distance(points, _wrap_title(view)) if points else None,
           "needs a bench run and the logits check's distance for at least one side")
     return view
@@ -145,8 +160,7 @@ def speed_and_numbers(status, draw: bool) -> LabView:
 
 def kernels_before_after(status, draw: bool) -> LabView:
     before, after, cmp = (_slot(status, x) for x in ("before", "after", "compare"))
-    prof = lambda d: (d or {}).get("profile") if isinstance((d or {}).get("profile"), dict) else {}  # noqa: E731
-    p0, p1 = prof(before), prof(after)
+    p0, p1 = _profile(before), _profile(after)
     ms = [_spread(d, "decode_ms_per_token")[0] for d in (before, after)]
     kpt = [p.get("kernels_per_decode_token") for p in (p0, p1)]
     idle = [p.get("decode_gpu_idle_pct") for p in (p0, p1)]
@@ -158,16 +172,13 @@ def kernels_before_after(status, draw: bool) -> LabView:
                      f"{_f(idle[0], '.1f', '%')} -> {_f(idle[1], '.1f', '%')}")
     else:
         headline += "; kernels a token and GPU idle: no GPU profile"
-    fused = lambda d: str(_get(d, "config", "engine", "fused_decode"))  # noqa: E731
-    layer = lambda t: (f"{len(t['kernels'])} kernels, {_f(t.get('span_us'), ',.1f')} us, gaps "  # noqa: E731
-                       f"{_f(t.get('gap_us'), ',.1f')} us" if t.get("found") else "-")
     rows = [
-        ["fused_decode", fused(before), fused(after)],
+        ["fused_decode", _engine(before, "fused_decode"), _engine(after, "fused_decode")],
         ["decode ms/token, median (min - max)", _spread_text(before, "decode_ms_per_token", ".3f"),
          _spread_text(after, "decode_ms_per_token", ".3f")],
         ["kernels per decode token (profiled)", _f(kpt[0], ",.1f"), _f(kpt[1], ",.1f")],
         ["GPU idle, share of the decode steps", _f(idle[0], ".1f", "%"), _f(idle[1], ".1f", "%")],
-        ["one decoder layer", layer(lt[0]), layer(lt[1])],
+        ["one decoder layer", _layer_text(lt[0]), _layer_text(lt[1])],
     ]
     lines = []
     if cmp:
