@@ -187,7 +187,7 @@ class ModelRunner:
         if self.device.type == "cuda" and not config.enforce_eager and self.kernels.graph_safe:
             pool = self.capture_cudagraph()
             lap("capture decode graphs")
-            if config.scheduling_policy == "mixed":  # (no other policy makes a step with both kinds of row)
+            if config.policy.mixes_phases:  # (only such a policy makes a step with both kinds of row)
                 self.capture_mixed_graphs(pool)
                 lap("capture mixed graphs")
             self.graph_capture_seconds = sum(v for k, v in self.startup_seconds.items() if k.startswith("capture"))

@@ -1,20 +1,16 @@
-"""Which sequences compute which tokens in the next step (a BatchPlan), and what a step's tokens do to them.
+"""The scheduler's mechanics: queues, KV blocks, the BatchPlan of a step, and what a step's tokens do.
 
-Policies:
-- `prefill_first` is nano-vLLM bb823b3: any prefill work wins, and a step never mixes phases; only the
-  first sequence of a prefill batch may be chunked; decode preempts from the tail of `running`.
-- `balanced` alternates the phases when both can run, rotates served decode sequences to the tail of
-  `running` so every sequence gets its turn, and takes the other phase when the chosen one cannot run.
-- `mixed` (vLLM v1's chunked prefill): every running decode first, then prefill chunks of the waiting
-  sequences, any of which may be chunked, in one step under one token budget; no prefill in a step that
-  had to preempt.
+Which sequences a step serves is its policy's choice (engine/policies.py: prefill_first, nano-vLLM's default;
+balanced; mixed); the policy picks with the mechanics here (take_decodes, take_prefills, order_waiting), which
+keep the queues and the pool consistent whatever it asks.
 
 A step has two moments. `schedule()` picks the rows and at once folds in what the step will do whatever it
 samples: the computed tokens count as cached, a sampling row gets a placeholder token, a sequence that
 reaches max_tokens or max_model_len finishes. `commit(plan, token_ids)` fills the placeholders with the
-sampled tokens and stops sequences on EOS. Without async scheduling the two follow each other. With it the
-next step is scheduled between them, while the device still runs this one (engine/llm.py): it sees every
-state a synchronous engine would, except an EOS not yet known, which costs that row one wasted token.
+sampled tokens and stops sequences on EOS. In the synchronous step loop the two follow each other. In the
+overlapped one the next step is scheduled between them, while the device still runs this one
+(engine/step_loop.py): it sees every state a synchronous engine would, except an EOS not yet known, which
+costs that row one wasted token.
 """
 from __future__ import annotations
 
@@ -23,6 +19,7 @@ from collections import deque
 from .batch_plan import BatchPlan
 from .block_manager import BlockManager
 from .config import Config
+from .policies import policy_class
 from .profiling import phase
 from .sequence import Sequence, SequenceStatus
 
@@ -32,12 +29,11 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_model_len = config.max_model_len
-        self.policy = config.scheduling_policy
+        self.policy = policy_class(config.scheduling_policy)()
         self.eos = config.eos
         self.block_manager = BlockManager(config.num_kvcache_blocks, config.kvcache_block_size)
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
-        self.last_phase_prefill: bool | None = None
         # Sequences that finished as a step was scheduled, in row order: each frees its blocks (after hashing them)
         # once its cached tokens' values are all known, and never before one ahead of it, so the free list takes
         # back blocks in the order a synchronous engine gives them back.
@@ -50,53 +46,30 @@ class Scheduler:
         self.waiting.append(seq)
 
     def next_is_eager_prefill(self) -> bool:
-        """Would schedule() now make a prefill-only step (prefill_first, balanced; under mixed a prefill joins
-        the decodes in a step that replays a graph)? Read without changing anything. The engine asks it before
-        planning a step ahead: an eager prefill planned early leaves out the requests that arrive before this
-        step commits. A hint only: either answer gives the same states, the wrong one only a later admission
-        or a step less overlapped."""
-        if self.policy == "mixed" or not self.waiting:
+        """Would schedule() now make a prefill-only step? (The policy's hint, read without changing anything.)"""
+        return self.policy.prefill_alone_next(self)
+
+    def head_can_prefill(self) -> bool:
+        """Could the head of `waiting` prefill now (it holds blocks mid-chunk, or the pool can take it)?"""
+        if not self.waiting:
             return False
-        if self._decode_turn():
-            return False  # a decode turn
         seq = self.waiting[0]
         return not seq.pending and (bool(seq.block_table) or self.block_manager.can_allocate(seq) != -1)
 
     # --- choosing a step ------------------------------------------------------------------------
     @phase("engine::schedule")
     def schedule(self) -> BatchPlan:
-        """The next step's plan (raises when nothing can run although sequences wait)."""
-        preempted: list[Sequence] = []
-        if self.policy == "mixed":
-            decodes = self._schedule_decode(preempted, self.max_num_batched_tokens)
-            # After a preemption nothing new is admitted (it would take the blocks the preemption just freed);
-            # a prompt mid-chunk still goes on, or it could hold its blocks while nothing runs.
-            prefills = self._schedule_prefill(self.max_num_seqs - len(decodes),
-                                              self.max_num_batched_tokens - len(decodes), any_chunk=True,
-                                              admit=not preempted)
-        else:
-            decodes, prefills = [], []
-            order = (False, True) if self._decode_turn() else (True, False)
-            for is_prefill in order:
-                if is_prefill:
-                    prefills = self._schedule_prefill(self.max_num_seqs, self.max_num_batched_tokens)
-                else:
-                    decodes = self._schedule_decode(preempted)
-                if prefills or decodes:
-                    self.last_phase_prefill = is_prefill
-                    break
+        """The next step's plan, as the policy picks it (raises when nothing can run although sequences wait)."""
+        decodes, prefills, preempted = self.policy.pick(self)
         if not decodes and not prefills:
             raise RuntimeError("scheduler: nothing can run (the KV pool cannot hold the first waiting request)")
         plan = self._plan(decodes, prefills, preempted)
         self._fold(decodes + [seq for seq, _ in prefills], plan)
         return plan
 
-    def _decode_turn(self) -> bool:
-        """balanced alternates phases: after a prefill step the running decodes go first."""
-        return self.policy == "balanced" and self.last_phase_prefill and bool(self.running)
-
-    def _schedule_prefill(self, max_seqs: int, budget: int, any_chunk: bool = False,
-                          admit: bool = True) -> list[tuple[Sequence, int]]:
+    # --- the mechanics a policy picks with -------------------------------------------------------
+    def take_prefills(self, max_seqs: int, budget: int, any_chunk: bool = False,
+                      admit: bool = True) -> list[tuple[Sequence, int]]:
         """(sequence, tokens) of waiting sequences, from the head of `waiting`, under `budget` tokens.
         nano's rule: only the first of them may be chunked; with `any_chunk` the last one may be too.
         Without `admit`, only a sequence that already holds blocks (mid-chunk) is taken."""
@@ -131,9 +104,13 @@ class Scheduler:
             self.running.append(seq)
         return scheduled
 
-    def _schedule_decode(self, preempted: list[Sequence], budget: int | None = None) -> list[Sequence]:
+    def take_decodes(self, preempted: list[Sequence], limit: int | None = None, rotate: bool = False) -> list[Sequence]:
+        """Running sequences that decode now (at most `limit`, and max_num_seqs), from the head of `running`; when
+        the pool cannot take a sequence's next token, sequences are preempted from the tail (into `preempted`).
+        The served ones go back to the head of `running` (nano), or with `rotate` to its tail (everyone gets a
+        turn when fewer fit than run)."""
         scheduled: list[Sequence] = []
-        limit = self.max_num_seqs if budget is None else min(self.max_num_seqs, budget)
+        limit = self.max_num_seqs if limit is None else min(self.max_num_seqs, limit)
         while self.running and len(scheduled) < limit:
             seq = self.running.popleft()
             while not self.block_manager.can_append(seq):
@@ -145,11 +122,16 @@ class Scheduler:
             else:
                 self.block_manager.may_append(seq)
                 scheduled.append(seq)
-        if self.policy == "balanced":
+        if rotate:
             self.running.extend(scheduled)
         else:
             self.running.extendleft(reversed(scheduled))
         return scheduled
+
+    def order_waiting(self, key) -> None:
+        """Sort `waiting` by `key` (stable), but for a prompt mid-chunk: it holds blocks, and stays first."""
+        held = [self.waiting.popleft()] if self.waiting and self.waiting[0].block_table else []
+        self.waiting = deque(held + sorted(self.waiting, key=key))
 
     def preempt(self, seq: Sequence, preempted: list[Sequence]):
         seq.status = SequenceStatus.WAITING

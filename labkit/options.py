@@ -14,7 +14,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from engine.config import ATTENTION_BACKENDS, DEVICES, DTYPES, MAX_TENSOR_PARALLEL_SIZE, SCHEDULING_POLICIES
+from engine.config import ATTENTION_BACKENDS, DEVICES, DTYPES, MAX_TENSOR_PARALLEL_SIZE
+from engine.policies import POLICIES
 
 
 def _choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
@@ -25,7 +26,7 @@ def _choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
 Device = _choices("Device", DEVICES)
 DType = _choices("DType", DTYPES)
 Attention = _choices("Attention", ATTENTION_BACKENDS)
-Policy = _choices("Policy", SCHEDULING_POLICIES)
+Policy = _choices("Policy", tuple(POLICIES))
 
 
 class Backend(str, enum.Enum):
