@@ -19,6 +19,7 @@ from collections import deque
 from .batch_plan import BatchPlan
 from .block_manager import BlockManager
 from .config import Config
+from .in_flight import take_back
 from .policies import policy_class
 from .profiling import phase
 from .sequence import Sequence, SequenceStatus
@@ -153,7 +154,7 @@ class Scheduler:
         from_previous = None
         if any(seq.pending for seq in decodes):
             # The last token of these is sampled by the step in flight: the runner reads it on the device.
-            from_previous = [seq.sample_row if seq.pending else -1 for seq in decodes]
+            from_previous = [seq.flight.sample_row if seq.pending else -1 for seq in decodes]
             input_ids = [0 if seq.pending else t for seq, t in zip(decodes, input_ids)]
         for (seq, n), start in zip(prefills, starts[len(decodes):]):
             input_ids.extend(seq.token_ids[start:start + n])
@@ -170,16 +171,13 @@ class Scheduler:
         bm = self.block_manager
         row = 0
         for seq, n, samples in zip(seqs, plan.num_new, plan.samples):
-            # (What a discarded row takes back: see _finish.)
-            seq.cached_before_step, seq.hashed_before_step = seq.num_cached_tokens, seq.num_hashed_blocks
-            seq.hash_undo = []
+            seq.flight.open_row(seq)  # (what taking this row back restores: engine/in_flight.py)
             seq.num_cached_tokens += n
-            seq.in_flight += 1
             bm.hash_blocks(seq)
             if not samples:
                 continue  # a chunk: its prompt goes on next step
             seq.append_placeholder()
-            seq.sample_row = row
+            seq.flight.sample_row = row
             row += 1
             if seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= self.max_model_len:
                 # (The max_model_len stop is not nano's, whose sequences would run past its RoPE table;
@@ -198,19 +196,20 @@ class Scheduler:
         sampled = iter(token_ids)
         bm = self.block_manager
         for seq, samples in zip(plan.seqs, plan.samples):
-            seq.in_flight -= 1
+            flight = seq.flight
+            flight.rows -= 1
             token = next(sampled) if samples else None
-            if seq.discard_rows:  # scheduled before the sequence stopped or was aborted
-                seq.discard_rows -= 1
+            if flight.discard:  # scheduled before the sequence stopped or was aborted
+                flight.discard -= 1
                 token = None
             elif token is not None:
                 seq.fill_placeholder(token)
                 if token == self.eos and not seq.ignore_eos:
-                    self._finish(seq, "stop", later_rows=seq.in_flight)
+                    self._finish(seq, "stop", later_rows=flight.rows)
                 else:
                     bm.hash_blocks(seq)
             tokens.append(token)
-            done = token is not None and seq.is_finished and seq.in_flight == seq.discard_rows
+            done = token is not None and seq.is_finished and flight.rows == flight.discard
             reasons.append(seq.finish_reason if done else None)
         self._release_ready()
         return tokens, reasons
@@ -232,11 +231,10 @@ class Scheduler:
         seq.finish_reason = reason
         bm = self.block_manager
         if later_rows:
-            seq.discard_rows = later_rows
+            seq.flight.discard = later_rows
             while seq.pending:
                 seq.drop_placeholder()
-            bm.unhash(seq, seq.hashed_before_step)
-            seq.num_cached_tokens = seq.cached_before_step
+            take_back(seq, bm)
         if in_order or seq.num_known_tokens < seq.num_cached_tokens:
             if seq not in self._releasing:
                 self._releasing.append(seq)  # (a cached token's value may still be in flight: hash, then free)
@@ -251,11 +249,10 @@ class Scheduler:
         sequence with "error" (unless it had already finished on its own before this step)."""
         if seq.is_finished and seq.finish_reason != "length":
             return
-        seq.in_flight -= 1
+        seq.flight.rows -= 1
         if sampled:
             seq.drop_placeholder()
-        self.block_manager.unhash(seq, seq.hashed_before_step)
-        seq.num_cached_tokens = seq.cached_before_step
+        take_back(seq, self.block_manager)
         if seq in self.waiting:
             self.waiting.remove(seq)
         self._finish(seq, "error", later_rows=0)
@@ -267,5 +264,5 @@ class Scheduler:
             return False
         if seq in self.waiting:
             self.waiting.remove(seq)
-        self._finish(seq, "abort", later_rows=seq.in_flight)
+        self._finish(seq, "abort", later_rows=seq.flight.rows)
         return True

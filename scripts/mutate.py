@@ -7,7 +7,7 @@
     nohup python scripts/mutate.py > runs/mutate.log 2>&1 &    # all of them take a while on 2 cores
 
 Each mutation replaces one exact piece of one line of the engine (scheduler, block manager, runner,
-sampler; one in the engine loop). The script builds a temporary tree like `labkit patch prove` does
+sampler; the step loop). The script builds a temporary tree like `labkit patch prove` does
 (labkit/, tests/, workloads/ from the working copy, engine/ from git HEAD, or as found without git),
 checks that everything passes there, then for each mutation, in a fresh copy of that tree:
   1. runs `labkit trace --case NAME --no-expect-changes` for every case in workloads/cases (in one
@@ -86,14 +86,14 @@ MUTATIONS = [
       "return bool(not self.last_was_prefill and s.running)", "balanced alternates the wrong way"),
     M("S12", "engine/scheduler.py", "if token == self.eos and not seq.ignore_eos:", "if token == self.eos:",
       "ignore_eos is ignored"),
-    M("S13", "engine/scheduler.py", "            seq.num_cached_tokens = seq.cached_before_step",
-      "            pass", "a discarded row's tokens stay counted as cached (and hashed)"),
-    M("S14", "engine/scheduler.py", 'self._finish(seq, "abort", later_rows=seq.in_flight)',
+    M("S13", "engine/in_flight.py", "    seq.num_cached_tokens = seq.flight.cached_before",
+      "    pass", "a discarded row's tokens stay counted as cached (and hashed)"),
+    M("S14", "engine/scheduler.py", 'self._finish(seq, "abort", later_rows=seq.flight.rows)',
       'self._finish(seq, "abort", later_rows=0)', "an abort keeps the row a launched step has for it"),
-    M("S15", "engine/scheduler.py", "from_previous = [seq.sample_row if seq.pending else -1 for seq in decodes]",
+    M("S15", "engine/scheduler.py", "from_previous = [seq.flight.sample_row if seq.pending else -1 for seq in decodes]",
       "from_previous = [-1 for seq in decodes]", "a placeholder input is not read from the step before"),
     M("S16", "engine/scheduler.py", "\n                seq.fill_placeholder(token)\n",
-      "\n                seq.fill_placeholder(token)\n                seq.in_flight += 0\n",
+      "\n                seq.fill_placeholder(token)\n                flight.rows += 0\n",
       "(a no-op, to check the harness)"),
     # --- block manager (engine/block_manager.py) ----------------------------------------------------------
     M("B1", "engine/block_manager.py", "for i in range(seq.num_blocks - 1):", "for i in range(seq.num_blocks):",
@@ -166,19 +166,20 @@ MUTATIONS = [
     M("P7", "engine/sampler.py", "+ t * _POS_SALT) & _M63", ") & _M63",
       "a row's noise does not depend on the position it samples"),
     # --- the engine loop (engine/llm.py, engine/step_events.py) -------------------------------------------
-    M("L1", "engine/llm.py", "        current.queues = self._queues()", "        pass",
+    M("L1", "engine/step_loop.py", "        current.queues = self.queues()", "        pass",
       "a step's queue counts are read after the next step was scheduled"),
-    M("L4", "engine/llm.py", "        if ahead is None or self.executor.replays_graph(ahead[1]):", "        if True:",
+    M("L4", "engine/step_loop.py", "        if ahead is None or self.executor.replays_graph(ahead.plan):", "        if True:",
       "an eager step scheduled ahead is launched before the step before it commits (holds its tokens back)"),
-    M("L5", "engine/llm.py", "                and self.executor.replays_graph(current.plan) and not", "                and not",
+    M("L5", "engine/step_loop.py", "return (not sched.is_finished() and self.executor.replays_graph(current.plan)",
+      "return (not sched.is_finished()",
       "a step is scheduled ahead while an eager one runs (requests that arrive meanwhile wait a step more)"),
-    M("L6", "engine/llm.py", "        if self.before_schedule is not None:\n            self.before_schedule()",
+    M("L6", "engine/step_loop.py", "        if engine.before_schedule is not None:\n            engine.before_schedule()",
       "        pass", "the hook before scheduling is never called (a case's `after` request joins a step late)"),
-    M("L7", "engine/llm.py", " and not self.scheduler.next_is_eager_prefill()):", "):",
+    M("L7", "engine/step_loop.py", "                and not sched.next_is_eager_prefill())", "                )",
       "an eager prefill is planned ahead (requests arriving meanwhile miss it)"),
     M("S17", "engine/policies.py", "return not self._decode_turn(s) and s.head_can_prefill()",
       "return s.head_can_prefill()", "the prefill hint ignores balanced's decode turn"),
-    M("L2", "engine/llm.py", "        if plan.from_previous is not None:  # the ids", "        if False:  # the ids",
+    M("L2", "engine/step_loop.py", "        if plan.from_previous is not None:  # the ids", "        if False:  # the ids",
       "StepResult keeps the placeholder input ids"),
     M("L3", "engine/step_events.py", "            if after is None:\n                self.open[m]",
       "            if False:\n                self.open[m]", "a step's after-state is read once the next step changed it"),
