@@ -15,6 +15,7 @@ SCHEDULING_POLICIES = tuple(POLICIES)
 ATTENTION_BACKENDS = ("auto", "flash_attn", "triton", "torch")
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # engine/kv_quant.py
 # The largest tensor_parallel_size accepted: the GPUs of one host (labkit's --tp takes its limit from here).
 MAX_TENSOR_PARALLEL_SIZE = 8
 # Each tensor parallel worker answers rank 0 in a reply slot of this size at the end of the shared memory.
@@ -38,6 +39,10 @@ class Config:
     attention_backend: str = "auto"
     scheduling_policy: str = "prefill_first"
     dtype: str = "auto"
+    # The KV pool's element type (vLLM's name): "auto" = the model dtype; "fp8" (or "fp8_e4m3") = E4M3 with fp32
+    # scales, quantised by the KV-write kernel and read inside the attention kernels (engine/kv_quant.py): half
+    # the bytes a token, twice the blocks.
+    kv_cache_dtype: str = "auto"
     # Our Triton split-K GEMV on CUDA for what cuBLAS does slowly at decode sizes (matmuls of <= 16 rows, inside
     # decode graphs; False: cuBLAS).
     # The rest of the kernel choices follow from the device and enforce_eager (engine/kernel_choice.py).
@@ -84,6 +89,7 @@ class Config:
         _choice("device", self.device, DEVICES)
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _choice("dtype", self.dtype, DTYPES)
+        _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         if self.hf_config is None:
             from .model_config import load_model_config
 

@@ -63,7 +63,10 @@ def choose_kernels(config, device: torch.device) -> KernelChoice:
     """Config's asks (attention_backend, custom_kernels, enforce_eager) on this device."""
     cuda = device.type == "cuda"
     attention = resolve_attention_backend(config.attention_backend, device)
-    load_backend(attention)  # imported now, before the model is built under a default device and dtype
+    backend = load_backend(attention)  # imported now, before the model is built under a default device and dtype
+    if config.kv_cache_dtype != "auto" and not backend.FP8_KV:
+        raise ValueError(f"kv_cache_dtype: {config.kv_cache_dtype} needs attention_backend triton or torch "
+                         f"({attention}'s kernels read the pool in the model dtype)")
     return KernelChoice(attention=attention,
                         fused_elementwise=cuda and not config.enforce_eager,
                         custom_kernels=cuda and bool(config.custom_kernels),

@@ -120,12 +120,20 @@ class LLMEngine:
         return self.model_runner.graph_capture_seconds
 
     def read_kv(self, slots: list[int]) -> torch.Tensor:
-        """K and V as written in the KV pool at the given slots: [2, layers, len(slots), kv_heads, head_dim]
-        on the engine's device (rank 0's heads under tensor parallel)."""
+        """K and V as attention reads them from the KV pool at the given slots: [2, layers, len(slots), kv_heads,
+        head_dim] on the engine's device (rank 0's heads under tensor parallel); an FP8 pool's rows dequantised
+        (e4m3 value x scale) in float32."""
         from .kv_layout import read_slots
+        from .kv_quant import FP8
 
-        pool = self.model_runner.kv_cache
-        return read_slots(pool, torch.tensor(slots, dtype=torch.long, device=pool.device))
+        runner = self.model_runner
+        pool = runner.kv_cache
+        rows = read_slots(pool, torch.tensor(slots, dtype=torch.long, device=pool.device))
+        if pool.dtype != FP8:
+            return rows
+        scales = torch.tensor([[a.k_scale for a in runner.attn_layers], [a.v_scale for a in runner.attn_layers]],
+                              dtype=torch.float32, device=pool.device)
+        return rows.float() * scales[:, :, None, None, None]
 
     # --- requests -------------------------------------------------------------------------------
     @property
@@ -334,6 +342,7 @@ class LLMEngine:
             "num_kvcache_blocks": cfg.num_kvcache_blocks,
             "attention_backend": self.model_runner.attention_backend,
             "dtype": str(self.model_runner.dtype).replace("torch.", ""),
+            "kv_cache_dtype": str(self.model_runner.kv_dtype).replace("torch.", ""),
         }
 
 

@@ -15,6 +15,7 @@ from .device import num_sms, resolve_device, resolve_dtype
 from .distributed import all_reduce_min, broadcast_from_rank0, set_tp
 from .kernel_choice import choose_kernels
 from .kv_layout import pool_shape
+from .kv_quant import cache_dtype
 from .layers.attention import Attention
 from .loader import load_model
 from .models.qwen3 import Qwen3ForCausalLM
@@ -154,6 +155,7 @@ class ModelRunner:
         self.block_size = config.kvcache_block_size
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, hf)
+        self.kv_dtype = cache_dtype(config.kv_cache_dtype, self.dtype)  # the pool's: an FP8 one halves a block
         # Every kernel decision (attention backend, our Triton kernels, sampler), made once here.
         self.kernels = choose_kernels(config, self.device)
         self.attention_backend = self.kernels.attention
@@ -201,7 +203,7 @@ class ModelRunner:
     @property
     def kv_block_bytes(self) -> int:
         hf = self.config.hf_config
-        itemsize = torch.tensor([], dtype=self.dtype).element_size()
+        itemsize = torch.tensor([], dtype=self.kv_dtype).element_size()
         return 2 * hf.num_hidden_layers * self.block_size * self.num_kv_heads * self.head_dim * itemsize
 
     @torch.inference_mode()
@@ -251,7 +253,7 @@ class ModelRunner:
         # Head-major inside a block (engine/kv_layout.py): one head's rows of a block are contiguous.
         shape = pool_shape(hf.num_hidden_layers, cfg.num_kvcache_blocks, self.block_size, self.num_kv_heads,
                            self.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         for i, layer in enumerate(self.attn_layers):
             layer.k_cache = self.kv_cache[0, i]
             layer.v_cache = self.kv_cache[1, i]

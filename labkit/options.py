@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from engine.config import ATTENTION_BACKENDS, DEVICES, DTYPES, MAX_TENSOR_PARALLEL_SIZE
+from engine.config import ATTENTION_BACKENDS, DEVICES, DTYPES, KV_CACHE_DTYPES, MAX_TENSOR_PARALLEL_SIZE
 from engine.policies import POLICIES
 
 
@@ -27,6 +27,7 @@ Device = _choices("Device", DEVICES)
 DType = _choices("DType", DTYPES)
 Attention = _choices("Attention", ATTENTION_BACKENDS)
 Policy = _choices("Policy", tuple(POLICIES))
+KvCacheDtype = _choices("KvCacheDtype", KV_CACHE_DTYPES)
 
 
 class Backend(str, enum.Enum):
@@ -68,6 +69,10 @@ AsyncSchedulingOption = Annotated[Optional[bool], typer.Option(
     "--async-scheduling/--no-async-scheduling", rich_help_panel=ENGINE,
     help="async_scheduling: launch the planned next decode step before this one's ids reach the host, kept only "
          "if the real schedule matches (engine default: on; states are the same either way).")]
+KvCacheDtypeOption = Annotated[Optional[KvCacheDtype], typer.Option(
+    "--kv-cache-dtype", rich_help_panel=ENGINE,
+    help="kv_cache_dtype: the KV pool's element type; auto: the model dtype; fp8: E4M3 with per-tensor scales, "
+         "half the bytes a token and twice the blocks (triton or torch attention).")]
 NumBlocksOption = Annotated[Optional[int], typer.Option(
     "--num-blocks", min=1, metavar="N", rich_help_panel=ENGINE,
     help="num_kvcache_blocks (default: sized from free memory).")]

@@ -7,20 +7,27 @@ import torch
 
 from ..context import DecodeMeta, PrefillMeta
 from ..kv_layout import token_major
+from ..kv_quant import FP8, as_stored, quantize
 
 NEEDS_PREFILL_BLOCK_TABLES = False
+FP8_KV = True  # reads an FP8 pool (engine/kv_quant.py)
 GRAPH_SAFE = False  # boolean indexing and host-side lengths: not capturable
 
 
+def _to_cache(x: torch.Tensor, cache: torch.Tensor, scale: float) -> torch.Tensor:
+    return quantize(x, scale) if cache.dtype == FP8 else x.to(cache.dtype)
+
+
 def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  slot_mapping: torch.Tensor) -> None:
-    """k, v: [tokens, kv_heads, head_dim]; slot -1 marks a row that must not be written (graph padding)."""
+                  slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """k, v: [tokens, kv_heads, head_dim]; slot -1 marks a row that must not be written (graph padding). An FP8
+    pool stores e4m3(x / scale) (engine/kv_quant.py)."""
     block_size = k_cache.shape[2]
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
     # Writing through the token-major view puts each row where the pool's layout wants it.
-    token_major(k_cache)[slots // block_size, slots % block_size] = k[valid].to(k_cache.dtype)
-    token_major(v_cache)[slots // block_size, slots % block_size] = v[valid].to(v_cache.dtype)
+    token_major(k_cache)[slots // block_size, slots % block_size] = _to_cache(k[valid], k_cache, k_scale)
+    token_major(v_cache)[slots // block_size, slots % block_size] = _to_cache(v[valid], v_cache, v_scale)
 
 
 def _rows(cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -34,8 +41,10 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torc
     return _rows(cache, block_table[pos // block_size], pos % block_size)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal attention of the last len(q) positions of a sequence over all len(k) of its keys."""
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, v_scale: float | None = None
+            ) -> torch.Tensor:
+    """Causal attention of the last len(q) positions of a sequence over all len(k) of its keys. v_scale None:
+    k and v are in the model dtype; else they are an FP8 pool's e4m3 values (the K scale already in `scale`)."""
     lq, num_heads, _ = q.shape
     lk, num_kv_heads, _ = k.shape
     group = num_heads // num_kv_heads
@@ -47,25 +56,31 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
     scores = scores.masked_fill(~allowed, float("-inf"))
     # Probabilities in the model's dtype before the value product, as Transformers' eager attention does.
     probs = scores.softmax(dim=-1).to(q.dtype)
+    if v_scale is not None:
+        return (torch.einsum("hqk,khd->qhd", probs.float(), v.float()) * v_scale).to(q.dtype)
     return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
 
 
-def prefill(q, k, v, k_cache, v_cache, ctx: PrefillMeta, scale: float) -> torch.Tensor:
+def prefill(q, k, v, k_cache, v_cache, ctx: PrefillMeta, scale: float, k_scale: float = 1.0,
+            v_scale: float = 1.0) -> torch.Tensor:
     out = torch.empty_like(q)
     cu_q, cu_k = ctx.cu_seqlens_q_host, ctx.cu_seqlens_k_host
+    fp8 = k_cache.dtype == FP8
     for i in range(len(cu_q) - 1):
         qs, qe = cu_q[i], cu_q[i + 1]
         lk = cu_k[i + 1] - cu_k[i]
-        if ctx.block_tables is None:  # no cached prefix anywhere in the batch: keys are this step's own
-            ki, vi = k[qs:qe], v[qs:qe]
+        if ctx.block_tables is None:  # no cached prefix anywhere in the batch: keys are this step's own,
+            ki = as_stored(k[qs:qe], k_cache, k_scale)  # as the pool holds them
+            vi = as_stored(v[qs:qe], v_cache, v_scale)
         else:
             ki = _gather(k_cache, ctx.block_tables[i], lk)
             vi = _gather(v_cache, ctx.block_tables[i], lk)
-        out[qs:qe] = _attend(q[qs:qe], ki, vi, scale)
+        out[qs:qe] = _attend(q[qs:qe], ki, vi, scale * k_scale if fp8 else scale, v_scale if fp8 else None)
     return out
 
 
-def decode(q, k_cache, v_cache, ctx: DecodeMeta, scale: float) -> torch.Tensor:
+def decode(q, k_cache, v_cache, ctx: DecodeMeta, scale: float, k_scale: float = 1.0,
+           v_scale: float = 1.0) -> torch.Tensor:
     """One query per sequence over its whole context, batched by padding to the longest context."""
     batch, num_heads, head_dim = q.shape
     _, num_kv_heads, block_size, _ = k_cache.shape
@@ -80,8 +95,11 @@ def decode(q, k_cache, v_cache, ctx: DecodeMeta, scale: float) -> torch.Tensor:
     k = _rows(k_cache, blocks, offsets).float()  # [B, L, KV, D]
     v = _rows(v_cache, blocks, offsets).float()
     qg = q.float().view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scores = torch.einsum("bkgd,blkd->bkgl", qg, k) * scale
+    fp8 = k_cache.dtype == FP8  # (e4m3 values, exact in float32; the scales multiply the scores and the output)
+    scores = torch.einsum("bkgd,blkd->bkgl", qg, k) * (scale * k_scale if fp8 else scale)
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = scores.softmax(dim=-1).nan_to_num(0.0)  # a padded row (context 0) attends to nothing
     out = torch.einsum("bkgl,blkd->bkgd", probs.to(q.dtype).float(), v)
+    if fp8:
+        out = out * v_scale
     return out.reshape(batch, num_heads, head_dim).to(q.dtype)

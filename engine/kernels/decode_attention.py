@@ -38,8 +38,8 @@ DEFAULTS = {"block_n": 128, "num_warps": 4, "num_stages": 2}
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_desc, v_desc, block_tables_ptr, context_lens_ptr, out_ptr, acc_ptr, ml_ptr,
     num_splits, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
-    stride_block, stride_head, stride_row, scale_log2,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    stride_block, stride_head, stride_row, scale_log2, v_scale,
+    FP8: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE_TILES: tl.constexpr, TMA: tl.constexpr, PARTIALS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -84,6 +84,8 @@ def _decode_split_kernel(
                 row_off = block * stride_block + head_base + (offs % BLOCK_SIZE) * stride_row
             kv_off = row_off[:, None] + d[None, :]
             k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
+        if FP8:  # e4m3 is exact in the query's dtype; the K scale is in scale_log2
+            k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
         s = tl.where(nmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -95,9 +97,13 @@ def _decode_split_kernel(
             v = tl.where(nmask[:, None], v, tl.zeros_like(v))  # p = 0 on those rows, but 0 * NaN is not 0
         else:
             v = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
+        if FP8:
+            v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
+    if FP8:
+        acc = acc * v_scale
     if PARTIALS:
         base = (b * tl.num_programs(1) * GROUP + heads) * num_splits + split
         tl.store(acc_ptr + base[:, None] * HEAD_DIM + d[None, :], acc, mask=gmask[:, None])
@@ -144,9 +150,11 @@ def num_splits_for(batch: int, num_kv_heads: int, max_context: int, num_sms: int
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, scale: float, num_splits: int, out: torch.Tensor | None = None,
                  block_n: int | None = None, page_tiles: bool | None = None, num_warps: int | None = None,
-                 num_stages: int | None = None, tma: bool | None = None) -> torch.Tensor:
+                 num_stages: int | None = None, tma: bool | None = None, k_scale: float = 1.0,
+                 v_scale: float = 1.0) -> torch.Tensor:
     """q: [batch, heads, head_dim]; caches [num_blocks, kv_heads, block_size, head_dim] with head_dim contiguous
-    (any other strides, equal for K and V); block_tables [batch, max_blocks] int32 (-1 padded); context_lens
+    (any other strides, equal for K and V), in q's dtype or float8_e4m3fn (read with k_scale / v_scale:
+    engine/kv_quant.py); block_tables [batch, max_blocks] int32 (-1 padded); context_lens
     [batch] int32 (0 = padding row: its output is zeros). Knobs left None take DEFAULTS; page_tiles None means
     "whenever block_size % block_n == 0"; tma (page tiles of contiguous caches only) loads tiles through tensor
     descriptors (Hopper's bulk tensor copies; Triton's interpreter emulates them)."""
@@ -188,8 +196,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, k_desc, v_desc, block_tables, context_lens, out, acc, ml,
         num_splits, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * log2e,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * log2e * k_scale, v_scale,
+        FP8=k_cache.dtype == torch.float8_e4m3fn, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_N=block_n, PAGE_TILES=page_tiles, TMA=tma, PARTIALS=partials, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )

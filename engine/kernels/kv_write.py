@@ -1,4 +1,5 @@
-"""Scatter this step's K/V rows into the paged pool: one program per token, slot -1 skipped.
+"""Scatter this step's K/V rows into the paged pool: one program per token, slot -1 skipped. An FP8 pool gets
+each row quantised on the way (engine/kv_quant.py: x * (1 / scale), clamped to +-448, rounded to e4m3).
 
 The pool is head-major inside a block (engine/kv_layout.py), so a token's kv_heads rows land block_size rows
 apart; the kernel takes the cache strides and writes whatever layout it is given."""
@@ -10,9 +11,25 @@ import triton.language as tl
 
 
 @triton.jit
+def _e4m3(x):
+    """float32 x, already clamped to [-448, 448], rounded to the nearest e4m3 value (ties to even) and stored
+    as e4m3, an exact conversion then. The rounding is written out (as the hardware does it) because Triton's
+    interpreter, which runs this kernel in CI, rounds a value just under a power of two down a whole binade."""
+    bits = x.to(tl.int32, bitcast=True)
+    # Normal range: keep 3 of float32's 23 mantissa bits; the carry of a round-up moves into the exponent.
+    normal = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576  # -1048576: 0xFFF00000
+    # Below 2^-6 e4m3 is subnormal: multiples of 2^-9. Adding 1.5 * 2^14 leaves float32 that spacing there; the
+    # sign is put back by hand (a value that rounds to zero keeps it, as -0).
+    magnitude = (tl.abs(x) + 24576.0) - 24576.0
+    subnormal = magnitude.to(tl.int32, bitcast=True) | (bits & -2147483648)  # -2147483648: the sign bit
+    rounded = tl.where(tl.abs(x) < 0.015625, subnormal, normal)
+    return rounded.to(tl.float32, bitcast=True).to(tl.float8e4nv)
+
+
+@triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                      stride_kt, stride_kh, stride_vt, stride_vh, stride_block, stride_head, stride_row,
-                     KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+                     k_inv_scale, v_inv_scale, QUANT: tl.constexpr, KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
                      BLOCK_SIZE: tl.constexpr):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
@@ -23,15 +40,22 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     mask = (h < KV_HEADS)[:, None] & (d < HEAD_DIM)[None, :]
     k = tl.load(k_ptr + token * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
     v = tl.load(v_ptr + token * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
+    if QUANT:
+        k = _e4m3(tl.clamp(k.to(tl.float32) * k_inv_scale, -448.0, 448.0))
+        v = _e4m3(tl.clamp(v.to(tl.float32) * v_inv_scale, -448.0, 448.0))
+    else:
+        k = k.to(k_cache_ptr.dtype.element_ty)
+        v = v.to(v_cache_ptr.dtype.element_ty)
     dst = (slot // BLOCK_SIZE) * stride_block + (slot % BLOCK_SIZE) * stride_row + h[:, None] * stride_head + d[None, :]
     tl.store(k_cache_ptr + dst, k, mask=mask)
     tl.store(v_cache_ptr + dst, v, mask=mask)
 
 
 def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  slot_mapping: torch.Tensor) -> None:
+                  slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """k, v: [tokens, kv_heads, head_dim] (rows may be strided views of the qkv output); k_cache, v_cache:
-    [num_blocks, kv_heads, block_size, head_dim] with head_dim contiguous and equal strides."""
+    [num_blocks, kv_heads, block_size, head_dim] with head_dim contiguous and equal strides; in the model's
+    dtype, or float8_e4m3fn (then quantised with the per-tensor scales)."""
     tokens, heads, head_dim = k.shape
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and slot_mapping.numel() == tokens
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
@@ -39,6 +63,6 @@ def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cac
         return
     _store_kv_kernel[(tokens,)](
         k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        KV_HEADS=heads, HEADS_PAD=triton.next_power_of_2(heads), HEAD_DIM=head_dim,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), 1.0 / k_scale, 1.0 / v_scale,
+        QUANT=k_cache.dtype == torch.float8_e4m3fn, enable_fp_fusion=False, KV_HEADS=heads, HEADS_PAD=triton.next_power_of_2(heads), HEAD_DIM=head_dim,
         DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=k_cache.shape[2])

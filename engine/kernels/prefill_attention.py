@@ -21,8 +21,8 @@ from . import dot_precision
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_q_ptr, cu_k_ptr, out_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bt,
-    stride_block, stride_head, stride_row, scale_log2,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    stride_block, stride_head, stride_row, scale_log2, v_scale,
+    FP8: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
@@ -56,6 +56,8 @@ def _prefill_kernel(
             row_off = block * stride_block + kvh * stride_head + (n_idx % BLOCK_SIZE) * stride_row
             kv_off = row_off[:, None] + d[None, :]
             k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+            if FP8:  # e4m3 is exact in q's dtype; the scale goes on the scores
+                k = k.to(q.dtype)
         else:
             k = tl.load(k_ptr + (q_start + n_idx)[:, None] * stride_kt + kvh * stride_kh + d[None, :],
                         mask=n_mask[:, None], other=0.0)
@@ -69,11 +71,15 @@ def _prefill_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if PAGED:
             v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+            if FP8:
+                v = v.to(q.dtype)
         else:
             v = tl.load(v_ptr + (q_start + n_idx)[:, None] * stride_vt + kvh * stride_vh + d[None, :],
                         mask=n_mask[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+    if FP8:
+        acc = acc * v_scale
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + (q_start + m_idx)[:, None] * stride_ot + h * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None])
@@ -82,15 +88,16 @@ def _prefill_kernel(
 def varlen_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor | None,
                    v_cache: torch.Tensor | None, block_tables: torch.Tensor | None, cu_seqlens_q: torch.Tensor,
                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, scale: float, block_m: int = 64,
-                   block_n: int = 64) -> torch.Tensor:
+                   block_n: int = 64, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim]; with block_tables the keys come
-    from the pool ([num_blocks, kv_heads, block_size, head_dim], already holding this step's rows), else from
-    k/v directly."""
+    from the pool ([num_blocks, kv_heads, block_size, head_dim], already holding this step's rows; in q's dtype
+    or float8_e4m3fn, read with k_scale / v_scale: engine/kv_quant.py), else from k/v directly."""
     tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     num_seqs = cu_seqlens_q.numel() - 1
     out = torch.empty_like(q)
     paged = block_tables is not None
+    fp8 = paged and k_cache.dtype == torch.float8_e4m3fn  # (the K scale rides on the scores' scale)
     if paged:
         assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
         block_size = k_cache.shape[2]
@@ -102,8 +109,8 @@ def varlen_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: t
     _prefill_kernel[grid](
         q, k, v, caches[0], caches[1], caches[2], cu_seqlens_q, cu_seqlens_k, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        *caches[3:], scale * 1.4426950408889634,
-        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        *caches[3:], scale * 1.4426950408889634 * (k_scale if fp8 else 1.0), v_scale,
+        FP8=fp8, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged, DOT_PRECISION=dot_precision(q.dtype),
     )
     return out

@@ -33,7 +33,7 @@ from labkit.bench.workloads import Workload, draw, list_workloads, load_workload
 from labkit.errors import LabkitError
 from labkit.narrow import fit, log_console
 from labkit.options import (AsyncSchedulingOption, AttentionOption, Backend, BackendOption, BlockSizeOption, BudgetOption, Device,
-                            DeviceOption, DTypeOption, EagerOption, JsonOption, MaxModelLenOption, MaxNumSeqsOption,
+                            DeviceOption, DTypeOption, EagerOption, JsonOption, KvCacheDtypeOption, MaxModelLenOption, MaxNumSeqsOption,
                             ModelOption, NumBlocksOption, NumRequestsOption, Out, PolicyOption, TpOption,
                             WorkloadOption)
 from labkit.output import device_info, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, write_json
@@ -50,7 +50,8 @@ ENGINE_FLAGS = {"--eager/--graph": "enforce_eager", "--attention": "attention_ba
                 "--num-blocks": "num_kvcache_blocks", "--policy": "scheduling_policy",
                 "--gpu-memory-utilization": "gpu_memory_utilization",
                 "--custom-kernels/--no-custom-kernels": "custom_kernels",
-                "--async-scheduling/--no-async-scheduling": "async_scheduling"}
+                "--async-scheduling/--no-async-scheduling": "async_scheduling",
+                "--kv-cache-dtype": "kv_cache_dtype"}
 
 
 class RichStepper(Stepper):
@@ -106,6 +107,7 @@ def run(
                                                   help="Our Triton GEMV and q/k norm+RoPE kernels (engine default: "
                                                        "on); off: cuBLAS and compiled torch ops."),
     async_scheduling: AsyncSchedulingOption = None,
+    kv_cache_dtype: KvCacheDtypeOption = None,
     warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Warm-up rounds (default: the workload's)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Timed repeats (default: the workload's)."),
     num_requests: NumRequestsOption = None,
@@ -149,7 +151,7 @@ def run(
                  "max_num_seqs": max_num_seqs, "max_num_batched_tokens": budget, "kvcache_block_size": block_size,
                  "max_model_len": max_model_len, "num_kvcache_blocks": num_blocks, "scheduling_policy": _enum(policy),
                  "gpu_memory_utilization": gpu_memory_utilization, "custom_kernels": custom_kernels,
-                 "async_scheduling": async_scheduling}
+                 "async_scheduling": async_scheduling, "kv_cache_dtype": _enum(kv_cache_dtype)}
     if backend_name == "hf":
         given = [flag for flag, field in ENGINE_FLAGS.items() if overrides[field] is not None]
         if given:

@@ -33,7 +33,7 @@ from labkit.bench.workloads import draw_warmup, fold_to_vocab, load_workload
 from labkit.errors import LabkitError
 from labkit.model import resolve_model
 from labkit.narrow import fit
-from labkit.options import (AsyncSchedulingOption, BudgetOption, Device, DeviceOption, EagerOption, JsonOption, MaxModelLenOption,
+from labkit.options import (AsyncSchedulingOption, BudgetOption, Device, DeviceOption, EagerOption, JsonOption, KvCacheDtypeOption, MaxModelLenOption,
                             MaxNumSeqsOption, MaxQueueOption, ModelOption, NumRequestsOption, Out, PolicyOption,
                             TpOption, WorkloadOption)
 from labkit.output import (device_info, dist_version, envelope, finish, print_json, resolve_device, runs_dir,
@@ -59,6 +59,7 @@ def load(
     device: DeviceOption = Device.auto,
     eager: EagerOption = None,
     async_scheduling: AsyncSchedulingOption = None,
+    kv_cache_dtype: KvCacheDtypeOption = None,
     tp: TpOption = None,
     max_num_seqs: MaxNumSeqsOption = None,
     budget: BudgetOption = None,
@@ -96,7 +97,8 @@ def load(
     server_args = {"--model": model, "--device": None if device == Device.auto else device.value,
                    "--eager/--graph": eager, "--tp": tp, "--max-num-seqs": max_num_seqs, "--budget": budget,
                    "--max-model-len": max_model_len, "--policy": policy.value if policy else None,
-                   "--max-queue": max_queue, "--async-scheduling/--no-async-scheduling": async_scheduling}
+                   "--max-queue": max_queue, "--async-scheduling/--no-async-scheduling": async_scheduling,
+                   "--kv-cache-dtype": kv_cache_dtype.value if kv_cache_dtype else None}
     if urls:
         given = [f for f, v in server_args.items() if v is not None]
         if given:
@@ -122,7 +124,7 @@ def load(
             model_dir = Path(resolve_model(model))
             server = _start_server(model_dir, device, max_queue, len(reqs), tp, max_num_seqs, budget,
                                    max_model_len, eager, policy, json_path.with_suffix(".server.log"), startup_timeout,
-                                   console, async_scheduling)
+                                   console, async_scheduling, kv_cache_dtype)
             urls = [server.url]
         prov = L.server_provenance([(u, L.server_info(u)) for u in urls], allow_mixed)
         for u in prov["unverified_model"]:
@@ -198,7 +200,7 @@ def _endpoint_list(url: str | None, endpoints: str | None) -> list[str]:
 
 def _start_server(model_dir: Path, device: Device, max_queue, n_requests: int, tp, max_num_seqs, budget,
                   max_model_len, eager, policy, log_path: Path, startup_timeout: float, console,
-                  async_scheduling: bool | None = None) -> L.SpawnedServer:
+                  async_scheduling: bool | None = None, kv_cache_dtype=None) -> L.SpawnedServer:
     dev = resolve_device(device)
     args = ["--model", str(model_dir), "--device", dev,
             "--max-queue", str(max_queue if max_queue is not None else max(256, n_requests))]
@@ -212,6 +214,8 @@ def _start_server(model_dir: Path, device: Device, max_queue, n_requests: int, t
         args.append("--async-scheduling" if async_scheduling else "--no-async-scheduling")
     if policy is not None:
         args += ["--policy", policy.value]
+    if kv_cache_dtype is not None:
+        args += ["--kv-cache-dtype", kv_cache_dtype.value]
     console.print(f"starting labkit serve ({dev}) ... log: {log_path}", style="dim")
     return L.SpawnedServer(args, log_path, startup_timeout)
 

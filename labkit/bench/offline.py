@@ -36,7 +36,7 @@ from labkit.bench.workloads import Draw, Workload, draw_repeat, draw_warmup, fol
 RECORDED_ENGINE_FIELDS = ("enforce_eager", "attention_backend", "tensor_parallel_size", "max_num_seqs",
                           "max_num_batched_tokens", "max_model_len", "kvcache_block_size", "num_kvcache_blocks",
                           "gpu_memory_utilization", "kvcache_memory_bytes", "scheduling_policy", "seed",
-                          "custom_kernels", "async_scheduling")
+                          "custom_kernels", "async_scheduling", "kv_cache_dtype")
 
 
 class Stepper:

@@ -56,10 +56,11 @@ WARMUP_KEYS = ("rounds", "requests", "output_len")
 # Engine Config fields a workload may set (never the tracer: tracing is off while timing).
 ENGINE_KEYS = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "gpu_memory_utilization",
                "tensor_parallel_size", "enforce_eager", "kvcache_block_size", "num_kvcache_blocks",
-               "attention_backend", "scheduling_policy", "dtype", "seed", "kvcache_memory_bytes")
+               "attention_backend", "scheduling_policy", "dtype", "seed", "kvcache_memory_bytes",
+               "kv_cache_dtype")
 _ENGINE_POSITIVE_INTS = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "tensor_parallel_size",
                          "kvcache_block_size")
-_ENGINE_STRS = ("attention_backend", "scheduling_policy", "dtype")
+_ENGINE_STRS = ("attention_backend", "scheduling_policy", "dtype", "kv_cache_dtype")
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Optional
 import typer
 
 from labkit.errors import LabkitError
-from labkit.options import (AsyncSchedulingOption, BlockSizeOption, BudgetOption, Device, DeviceOption, EagerOption, MaxModelLenOption,
+from labkit.options import (AsyncSchedulingOption, BlockSizeOption, BudgetOption, Device, DeviceOption, EagerOption, KvCacheDtypeOption, MaxModelLenOption,
                             MaxNumSeqsOption, MaxQueueOption, ModelOption, NumBlocksOption, Policy, PolicyOption,
                             TpOption)
 from labkit.output import resolve_device
@@ -83,6 +83,7 @@ def serve(
     num_blocks: NumBlocksOption = None,
     eager: EagerOption = None,
     async_scheduling: AsyncSchedulingOption = None,
+    kv_cache_dtype: KvCacheDtypeOption = None,
     policy: PolicyOption = Policy.prefill_first,
     max_queue: MaxQueueOption = 256,
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", min=0.0, help="On SIGTERM/SIGINT, seconds "
@@ -133,7 +134,8 @@ def serve(
     for key, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", budget),
                        ("max_model_len", max_model_len), ("enforce_eager", eager),
                        ("kvcache_block_size", block_size), ("num_kvcache_blocks", num_blocks),
-                       ("async_scheduling", async_scheduling)):
+                       ("async_scheduling", async_scheduling),
+                       ("kv_cache_dtype", kv_cache_dtype.value if kv_cache_dtype else None)):
         if value is not None:
             kwargs[key] = value
     sock = listen_socket(host, port)

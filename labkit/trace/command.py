@@ -33,7 +33,7 @@ from rich.table import Table
 from rich.text import Text
 
 from labkit.errors import LabkitError
-from labkit.options import (AsyncSchedulingOption, BlockSizeOption, BudgetOption, Device, DeviceOption, EagerOption, JsonOption,
+from labkit.options import (AsyncSchedulingOption, BlockSizeOption, BudgetOption, Device, DeviceOption, EagerOption, JsonOption, KvCacheDtypeOption,
                             MaxNumSeqsOption, ModelOption, NumBlocksOption, Out, PolicyOption, TpOption)
 from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, \
     write_json
@@ -164,8 +164,9 @@ def _print_report(report: Report, console: Console, case: Case | None = None) ->
     console.print(f"[{_STYLE[report.verdict]}]{report.summary()}[/]")
 
 
-# Overrides that must not change a single state: the run is judged strictly against the case.
-_STATE_NEUTRAL = {"async_scheduling"}
+# Overrides that must not change a single state: the run is judged strictly against the case (an FP8 pool
+# changes the numbers, never the schedule: the cases fix their block counts).
+_STATE_NEUTRAL = {"async_scheduling", "kv_cache_dtype"}
 
 
 def changes_expected(overrides: dict, flag: bool | None) -> tuple[bool, str]:
@@ -189,7 +190,8 @@ def changes_expected(overrides: dict, flag: bool | None) -> tuple[bool, str]:
 _OVERRIDE_FLAGS = {"max_num_batched_tokens": "--budget", "max_num_seqs": "--max-num-seqs",
                    "kvcache_block_size": "--block-size", "num_kvcache_blocks": "--num-blocks",
                    "scheduling_policy": "--policy", "enforce_eager": "--eager/--graph",
-                   "tensor_parallel_size": "--tp", "async_scheduling": "--async-scheduling/--no-async-scheduling"}
+                   "tensor_parallel_size": "--tp", "async_scheduling": "--async-scheduling/--no-async-scheduling",
+                   "kv_cache_dtype": "--kv-cache-dtype"}
 
 
 def _outputs(out_dir: Path, events: list[dict], report: Report, env: dict, extra: dict) -> dict:
@@ -217,6 +219,7 @@ def trace(
     eager: EagerOption = None,
     tp: TpOption = None,
     async_scheduling: AsyncSchedulingOption = None,
+    kv_cache_dtype: KvCacheDtypeOption = None,
     expect_changes: Optional[bool] = typer.Option(
         None, "--expect-changes/--no-expect-changes",
         help="Whether this run is meant to differ from the case's expected states (default: yes with an "
@@ -247,7 +250,8 @@ def trace(
     out_dir = out or runs_dir() / f"trace-{the_case.name}"
     overrides = {"max_num_batched_tokens": budget, "max_num_seqs": max_num_seqs, "kvcache_block_size": block_size,
                  "num_kvcache_blocks": num_blocks, "scheduling_policy": policy.value if policy else None,
-                 "enforce_eager": eager, "tensor_parallel_size": tp, "async_scheduling": async_scheduling}
+                 "enforce_eager": eager, "tensor_parallel_size": tp, "async_scheduling": async_scheduling,
+                 "kv_cache_dtype": kv_cache_dtype.value if kv_cache_dtype else None}
     env = envelope("trace", device=dev, model_dir=model_dir, evidence=evidence_for(dev))
     expected, why = changes_expected(overrides, expect_changes)
     run = run_case(the_case, model_dir, out_dir / "events.jsonl", overrides=overrides, device=dev, shapes=shapes,

@@ -1,0 +1,42 @@
+"""The KV cache's storage dtype: the model's own (kv_cache_dtype="auto") or FP8 E4M3 with fp32 scales ("fp8",
+vLLM's flag and Config field name).
+
+What attention computes with FP8, on every path (the Triton kernels, the torch reference, prefill and decode):
+a K or V row x is stored as q = e4m3(clamp(x * (1 / scale), -448, 448)), rounded to nearest even; attention
+reads q exactly (every e4m3 value is exact in bf16, fp16 and fp32), multiplies the scale into the scores (K)
+and into the output (V). So a prefix-cache hit, a chunk's earlier part and this step's own tokens are all seen
+as stored: chunking and caching never change what a token attends to, as with the model dtype.
+
+The scales are per tensor (one K and one V scale per layer), 1.0 by default as in vLLM when no calibrated
+scales are given: E4M3 is a float format, so the scale only moves where saturation (448) and the subnormal
+floor (2^-9) sit, and Qwen3's normed keys and its values sit well inside that range."""
+from __future__ import annotations
+
+import torch
+
+from .config import KV_CACHE_DTYPES  # noqa: F401 - the choices, declared with the other Config choices
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def is_fp8(kv_cache_dtype: str) -> bool:
+    return kv_cache_dtype in ("fp8", "fp8_e4m3")
+
+
+def cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The pool's element type."""
+    return FP8 if is_fp8(kv_cache_dtype) else model_dtype
+
+
+def quantize(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """x (any float dtype) -> e4m3, as the KV-write kernel stores it."""
+    inv = torch.tensor(1.0 / scale, dtype=torch.float32)
+    return (x.float() * inv).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def as_stored(x: torch.Tensor, cache: torch.Tensor, scale: float) -> torch.Tensor:
+    """x as attention sees it once written to `cache`: unchanged for a model-dtype cache, else its e4m3 values
+    (in float32, the scale not applied: the caller multiplies it in where the kernels do)."""
+    if cache.dtype != FP8:
+        return x
+    return quantize(x, scale).float()
