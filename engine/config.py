@@ -84,6 +84,9 @@ class Config:
                              f"got {self.tensor_parallel_size}")
         if not isinstance(self.num_kvcache_blocks, int) or (self.num_kvcache_blocks < 1 and self.num_kvcache_blocks != -1):
             raise ValueError(f"num_kvcache_blocks: must be -1 (size automatically) or >= 1, got {self.num_kvcache_blocks!r}")
+        if isinstance(self.kvcache_memory_bytes, bool) or not isinstance(self.kvcache_memory_bytes, int) or (
+                self.kvcache_memory_bytes < 1 and self.kvcache_memory_bytes != -1):
+            raise ValueError(f"kvcache_memory_bytes: must be -1 (not set) or >= 1, got {self.kvcache_memory_bytes!r}")
         if not 0.0 < float(self.gpu_memory_utilization) <= 1.0:
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
         _choice("device", self.device, DEVICES)

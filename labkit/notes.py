@@ -211,7 +211,7 @@ def new_cmd(
 ) -> None:
     """Copy a template to a new note with today's date, this machine and the commit filled in.
 
-    Example: labkit notes new bench --title "does --budget 4096 help decode?"
+    Example: labkit notes new bench --title "does --max-num-batched-tokens 4096 help decode?"
     """
     found = templates()
     if kind not in found:

@@ -1,9 +1,9 @@
 """`labkit shapes`: what each tensor-parallel rank holds, computed from config.json alone.
 
-    labkit shapes --tp 2 --preset qwen3-0.6b       # static table, no model files needed
-    labkit shapes --tp 2 --model DIR               # any Qwen3 folder with a config.json
-    labkit shapes --tp 2 --check                   # also build the engine (tiny model, CPU, gloo) and
-                                                   # compare the table with what every rank allocated
+    labkit shapes --tensor-parallel-size 2 --preset qwen3-0.6b   # static table, no model files needed
+    labkit shapes --tensor-parallel-size 2 --model DIR   # any Qwen3 folder with a config.json
+    labkit shapes --tensor-parallel-size 2 --check     # also build the engine (tiny model, CPU, gloo) and
+                                                       # compare the table with what every rank allocated
 
 Per rank: the vocabulary shard of the embedding / LM head, the q/kv heads, the qkv / o / gate_up / down
 weight shapes (column-parallel layers split their output rows, row-parallel ones their input columns and
@@ -11,7 +11,7 @@ all-reduce), the KV bytes per token, the logits shard before the gather to rank 
 same shapes (the shards are even); only the slices differ (`vocab_ranges`).
 
 Writes runs/shapes-tpN.json (or --out). Exit 0 = pass, 1 = --check found a mismatch, 2 = cannot run
-(e.g. a dimension not divisible by --tp).
+(e.g. a dimension not divisible by --tensor-parallel-size).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from labkit.errors import LabkitError
-from labkit.options import Device, DeviceOption, JsonOption, ModelOption, Out, TpOption
+from labkit.options import Device, DeviceOption, JsonOption, ModelOption, Out, TensorParallelSizeOption
 from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, \
     write_json
 
@@ -41,7 +41,7 @@ def per_rank_shapes(cfg: dict[str, Any], tp: int) -> dict[str, Any]:
     """Every rank's shapes for a Qwen3 config.json (a dict) split `tp` ways; raises LabkitError when a
     dimension the engine shards is not divisible by tp."""
     if not 1 <= tp <= 8:
-        raise LabkitError(f"--tp must be between 1 and 8, got {tp}")
+        raise LabkitError(f"--tensor-parallel-size must be between 1 and 8, got {tp}")
     for name in _DIVISIBLE:
         if name not in cfg:
             raise LabkitError(f"config.json has no {name}")
@@ -260,7 +260,7 @@ def print_table(table_data: dict, title: str, console: Console) -> None:
 
 
 def run(
-    tp: TpOption = 2,
+    tensor_parallel_size: TensorParallelSizeOption = 2,
     model: ModelOption = None,
     preset: Optional[str] = typer.Option(None, "--preset", help="tiny or qwen3-0.6b: a fake preset's config."),
     check: bool = typer.Option(False, "--check", help="Build the engine (--device, default cpu with gloo) and compare "
@@ -273,8 +273,9 @@ def run(
 
     Without --check only the model's config.json is read (or a --preset's), no weights.
 
-    Example: labkit shapes --tp 2 --preset qwen3-0.6b
+    Example: labkit shapes --tensor-parallel-size 2 --preset qwen3-0.6b
     """
+    tp = tensor_parallel_size
     cfg, model_dir, source = _load_config(model, preset)
     expected = per_rank_shapes(cfg, tp)
     console = Console(quiet=as_json)

@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_dir
 
     from labkit.bench.offline import engine_kwargs
+    from labkit.engine_args import EngineArgs
     from labkit.bench.workloads import draw_repeat, draw_warmup, fold_to_vocab, load_workload
 
     w = load_workload(args.workload)
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
     phases = []
     t0 = time.perf_counter()
-    llm = LLM(args.model, **engine_kwargs(w, {}, args.device))
+    llm = LLM(args.model, **engine_kwargs(w, EngineArgs(), args.device))
     marks = [("start-up", time.perf_counter() - t0, snapshot())]
     for r in range(w.warmup.rounds):
         marks.append((f"warm-up {r}", run(llm, draw_warmup(w, r)), snapshot()))

@@ -347,7 +347,7 @@ def test_endpoint_option_errors(capsys):
     for args, msg in ((["--url", "http://127.0.0.1:9", "--endpoints", "http://127.0.0.1:9"], "give one of them"),
                       (["--endpoints", "http://127.0.0.1:9,,http://127.0.0.1:8"], "empty entries"),
                       (["--endpoints", "127.0.0.1:9"], "not an http"),
-                      (["--endpoints", "http://127.0.0.1:9", "--tp", "2"], "--tp"),
+                      (["--endpoints", "http://127.0.0.1:9", "--tensor-parallel-size", "2"], "--tensor-parallel-size"),
                       (["--percentiles", "50,200"], "--percentiles"),
                       (["--client", "curl"], "--client")):
         code, _, err = run_cli(["bench", "load", *args], capsys)

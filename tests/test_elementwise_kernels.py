@@ -99,7 +99,7 @@ def test_no_rows_is_no_launch():
                                             "check the wired kernels against Transformers")
 def test_the_engine_with_the_fused_kernels_gives_the_plain_engines_tokens(tiny_model, monkeypatch):
     """The kernels wired into the model (the norms, SiLU*up, q/k norm + RoPE from the qkv rows), as on a GPU
-    without --eager: greedy tokens equal the plain torch engine's, and the logits agree to float32 rounding."""
+    without --enforce-eager: greedy tokens equal the plain torch engine's, and the logits agree to float32 rounding."""
     import dataclasses
 
     from engine import LLM, SamplingParams

@@ -460,7 +460,7 @@ def test_tp_suite_passes_or_refuses_cleanly(tiny_model, tmp_path, capsys):
                                  "--dtype", "float32", "--out", str(out)], capsys)
     if code == 2:
         lines = [line for line in err.splitlines() if line.strip()]
-        assert len(lines) == 1 and "--tp 2" in lines[0] and "tensor" in lines[0], err
+        assert len(lines) == 1 and "--tensor-parallel-size 2" in lines[0] and "tensor" in lines[0], err
         assert not (out / "check.json").exists()
     else:
         assert code == 0, err
@@ -471,9 +471,9 @@ def test_tp_suite_passes_or_refuses_cleanly(tiny_model, tmp_path, capsys):
         assert report["gate"]["judged"] == ["lhs", "rhs"] and report["truth"]["backend"] == "hf"
         assert set(report["rows"][0]["to_truth"]) == {"lhs", "rhs"} and "lhs_to_rhs" in report["rows"][0]
         assert (out / "tp2.npz").is_file() and (out / "tp1.npz").is_file()
-    code, _, err = run_cli(["logits-check", "run", "--suite", "tp", "--tp", "1", "--model", tiny_model,
+    code, _, err = run_cli(["logits-check", "run", "--suite", "tp", "--tensor-parallel-size", "1", "--model", tiny_model,
                             "--out", str(tmp_path / "x")], capsys)
-    assert code == 2 and "--tp 1" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "--tensor-parallel-size 1" in err and len(err.strip().splitlines()) == 1
 
 
 def test_engine_refusing_tp_is_reported_in_one_line(tiny_model, monkeypatch, tmp_path, capsys):
@@ -490,7 +490,7 @@ def test_engine_refusing_tp_is_reported_in_one_line(tiny_model, monkeypatch, tmp
     code, _, err = run_cli(["logits-check", "run", "--suite", "tp", "--model", tiny_model, "--device", "cpu",
                             "--out", str(tmp_path / "tp")], capsys)
     assert code == 2
-    assert err.strip() == ("labkit: --tp 2: tensor_parallel_size: num_key_value_heads (2) is not divisible by 4")
+    assert err.strip() == ("labkit: --tensor-parallel-size 2: tensor_parallel_size: num_key_value_heads (2) is not divisible by 4")
 
 
 def test_cli_run_baseline_end_to_end(tiny_model, tmp_path, capsys):

@@ -38,8 +38,8 @@ def lab_runs(tmp_path_factory, tiny_model):
     cli(["trace", "--case", "chunk", *tiny, "-q", "--out", runs / "trace-chunk"])
     cli(["logits-check", "run", "--suite", "prefix", *tiny, "--out", runs / "logits-prefix"])
     bench = ["bench", "--workload", "fixed", "--num-requests", "2", "--warmup", "0", "--repeats", "2", *tiny]
-    cli([*bench, "--eager", "--out", runs / "bench-eager.json"])
-    cli([*bench, "--graph", "--out", runs / "bench-graph.json"])
+    cli([*bench, "--enforce-eager", "--out", runs / "bench-eager.json"])
+    cli([*bench, "--no-enforce-eager", "--out", runs / "bench-graph.json"])
     cli(["bench", "compare", runs / "bench-eager.json", runs / "bench-graph.json", "--variable", "eager",
          "--out", runs / "compare-eager.json"])
     cli(["principles", "slots", "--out", runs / "principles" / "slots.json"])
@@ -425,7 +425,7 @@ def test_json_flag_prints_the_result_of_every_command_that_prints_one(lab_runs, 
     cmp = as_json(["bench", "compare", str(lab_runs / "bench-eager.json"), str(lab_runs / "bench-graph.json"),
                    "--variable", "eager", "--out", tmp_path / "c.json"])
     assert cmp["command"] == "bench compare" and cmp["variable"] == "eager"
-    shapes = as_json(["shapes", "--tp", "2", "--preset", "qwen3-0.6b", "--out", tmp_path / "s.json"])
+    shapes = as_json(["shapes", "--tensor-parallel-size", "2", "--preset", "qwen3-0.6b", "--out", tmp_path / "s.json"])
     assert shapes["verdict"] == "RECORDED" and shapes["table"]["heads"]["q"]["rank"] == 8
     if shutil.which("git"):
         patches = as_json(["patch", "list"])

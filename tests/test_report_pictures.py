@@ -139,7 +139,7 @@ def test_report_html_has_every_section_of_its_markdown_and_a_changed_picture(tin
                                                                               monkeypatch):
     runs = tmp_path / "runs"
     tiny = ["--model", tiny_model, "--device", "cpu", "-q"]
-    code, _, err = run_cli(["trace", "--case", "lifecycle", "--budget", "100", *tiny, "--out",
+    code, _, err = run_cli(["trace", "--case", "lifecycle", "--max-num-batched-tokens", "100", *tiny, "--out",
                             str(runs / "trace-lifecycle")], capsys)
     assert code == 0, err
     (runs / "perfetto.json").write_text(json.dumps({"traceEvents": []}))     # not a labkit result
@@ -175,7 +175,7 @@ def test_a_load_run_with_request_classes_is_read_and_drawn_per_class():
     assert titles == ["short: TTFT (ms), per request: n=6", "short: ITL (ms), every gap: n=18",
                       "long: TTFT (ms), per request: n=3", "long: ITL (ms), every gap: n=3"]
     stat = {"p99": 41.0}
-    d = {"status": "ok", "config": {"server": {"--policy": "mixed"}, "source": {"arrivals": "a.jsonl"}},
+    d = {"status": "ok", "config": {"server": {"--scheduling-policy": "mixed"}, "source": {"arrivals": "a.jsonl"}},
          "metrics": {"completed": 9, "requests": 9, "output_throughput": 100.0, "ttft_ms": {"median": 11},
                      "tpot_ms": {"median": 3}, "classes": {"short": {"itl_ms": stat, "ttft_ms": {"p99": 15}},
                                                          "long": {"itl_ms": {"p99": 5}, "ttft_ms": {"p99": 302}}}}}

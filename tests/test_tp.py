@@ -536,7 +536,7 @@ def test_shapes_command_static_and_checked(tmp_path, capsys):
 
     out = tmp_path / "static.json"
     with pytest.raises(SystemExit) as done:
-        cli.main(["shapes", "--tp", "2", "--preset", "qwen3-0.6b", "--out", str(out)])
+        cli.main(["shapes", "--tensor-parallel-size", "2", "--preset", "qwen3-0.6b", "--out", str(out)])
     assert done.value.code in (0, None)
     data = json.loads(out.read_text())
     table = data["table"]
@@ -550,13 +550,13 @@ def test_shapes_command_static_and_checked(tmp_path, capsys):
     assert table["kv_bytes_per_token"]["rank"] == 56 * 1024
     assert table["activations"]["logits_shard"] == ["N", 75968]
     with pytest.raises(SystemExit) as done:
-        cli.main(["shapes", "--tp", "4", "--preset", "tiny", "--out", str(tmp_path / "bad.json")])
+        cli.main(["shapes", "--tensor-parallel-size", "4", "--preset", "tiny", "--out", str(tmp_path / "bad.json")])
     assert done.value.code == 2 and "tensor_parallel_size" in capsys.readouterr().err
 
 
 def test_shapes_check_on_tiny_compares_every_rank(tiny_model, tmp_path):
     out = tmp_path / "check.json"
-    res = subprocess.run([sys.executable, "-m", "labkit", "shapes", "--tp", "2", "--check", "--model", tiny_model,
+    res = subprocess.run([sys.executable, "-m", "labkit", "shapes", "--tensor-parallel-size", "2", "--check", "--model", tiny_model,
                           "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads(out.read_text())

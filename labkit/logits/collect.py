@@ -131,7 +131,7 @@ def _row_meta(index: int, rid: str, k: int, path: dict, **extra) -> dict:
 def _engine_error(exc: Exception, tp: int) -> LabkitError:
     msg = " ".join(str(exc).split())
     if tp > 1 and "tensor_parallel_size" in msg:
-        return LabkitError(f"--tp {tp}: {msg}", code=2)
+        return LabkitError(f"--tensor-parallel-size {tp}: {msg}", code=2)
     return LabkitError(f"engine: {msg}", code=2)
 
 

@@ -34,8 +34,8 @@ from labkit.logits.collect import (Collection, collect_engine, collect_hf, prefi
                                   write_collection)
 from labkit.logits.suites import SUITES, get_suite
 from labkit.model import resolve_model
-from labkit.options import (Attention, AttentionOption, Backend, BackendOption, Device, DeviceOption, DType,
-                            DTypeOption, ModelOption, Out, TpOption)
+from labkit.options import (Attention, AttentionBackendOption, Backend, BackendOption, Device, DeviceOption, DType,
+                            DTypeOption, ModelOption, Out, TensorParallelSizeOption)
 from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, finish, resolve_device, runs_dir, write_json
 
 app = typer.Typer(help="Teacher-forced logits of the engine against Transformers (or TP=2 / another execution).\n\n"
@@ -82,11 +82,11 @@ def _collect(backend: str, suite_name: str, model_dir: Path, device: str, dtype:
         return collect_engine(suite, model_dir, device=device, dtype=dtype, execution=execution or "eager",
                               attention=attention or "auto", tp=tp, seed=seed, progress=progress)
     if tp != 1:
-        raise LabkitError(f"--tp {tp}: the hf backend runs Transformers on one device (TP=1 only)")
+        raise LabkitError(f"--tensor-parallel-size {tp}: the hf backend runs Transformers on one device (TP=1 only)")
     if execution not in (None, "eager"):
         raise LabkitError("--execution graph: the hf backend has no graph path (it always recomputes eagerly)")
     if attention not in (None, "auto"):
-        raise LabkitError(f"--attention {attention}: the hf backend always uses attn_implementation='eager'")
+        raise LabkitError(f"--attention-backend {attention}: the hf backend always uses attn_implementation='eager'")
     return collect_hf(suite, model_dir, device=device, dtype=dtype, seed=seed, model=hf_model, progress=progress)
 
 
@@ -218,8 +218,8 @@ def collect_cmd(
     backend: BackendOption = Backend.engine,
     out: Out("Output PREFIX: writes PREFIX.json and PREFIX.npz (default: runs/logits-SUITE/BACKEND).") = None,
     execution: ExecutionOption = None,
-    attention: AttentionOption = None,
-    tp: TpOption = 1,
+    attention_backend: AttentionBackendOption = None,
+    tensor_parallel_size: TensorParallelSizeOption = 1,
     device: DeviceOption = Device.auto,
     dtype: DTypeOption = DType.auto,
     model: ModelOption = None,
@@ -237,8 +237,8 @@ def collect_cmd(
     model_dir = resolve_model(model)
     prefix = prefix_of(out) if out is not None else runs_dir() / f"logits-{suite_name}" / backend.value
     console = _console()
-    col = _collect(backend.value, suite_name, model_dir, dev, dtype.value, _val(execution), _val(attention), tp, seed,
-                   console=console)
+    col = _collect(backend.value, suite_name, model_dir, dev, dtype.value, _val(execution), _val(attention_backend),
+                   tensor_parallel_size, seed, console=console)
     js, npz = write_collection(col, prefix)
     _print_collection(col, js, npz, console)
 
@@ -296,12 +296,12 @@ def run_cmd(
     suite: SuiteOption,
     out: Out("Output folder (default: runs/logits-SUITE).") = None,
     execution: ExecutionOption = None,
-    attention: AttentionOption = None,
-    tp: TpOption = None,
+    attention_backend: AttentionBackendOption = None,
+    tensor_parallel_size: TensorParallelSizeOption = None,
     ref_execution: Execution = typer.Option(Execution.eager, "--ref-execution",
                                             help="kv suite: the second engine's execution."),
     ref_attention: Optional[Attention] = typer.Option(None, "--ref-attention", help="kv suite: the second "
-                                                      "engine's attention backend (default: the same as --attention)."),
+                                                      "engine's attention backend (default: the same as --attention-backend)."),
     device: DeviceOption = Device.auto,
     dtype: DTypeOption = DType.auto,
     model: ModelOption = None,
@@ -316,7 +316,7 @@ def run_cmd(
     anchored: the engine side(s), Transformers float32 (the truth) and, for a bf16/fp16 engine,
     Transformers in its dtype (the reference).
     fixed: engine vs Transformers in the engine's dtype (tp: TP=2 vs TP=1; kv: engine vs engine).
-    --tp is the engine side's tensor_parallel_size (default 1; the tp suite's 2, against 1).
+    --tensor-parallel-size is the engine side's (default 1; the tp suite's 2, against 1).
 
     Example: labkit logits-check run --suite baseline --dtype bfloat16
     """
@@ -332,11 +332,11 @@ def run_cmd(
     model_dir = resolve_model(model)
     folder = Path(out) if out is not None else runs_dir() / f"logits-{suite_name}"
     console = _console()
-    exe, att = _val(execution), _val(attention)
+    exe, att, tp = _val(execution), _val(attention_backend), tensor_parallel_size
     if s.reference == "tp":
         tp_l = 2 if tp is None else tp
         if tp_l == 1:
-            raise LabkitError("--tp 1: the tp suite compares TP>1 against TP=1; give --tp 2 (or more)")
+            raise LabkitError("--tensor-parallel-size 1: the tp suite compares TP>1 against TP=1; give --tensor-parallel-size 2 (or more)")
         plan = [("lhs", f"tp{tp_l}", exe, att, tp_l), ("rhs", "tp1", exe, att, 1)]
     elif s.reference == "engine":
         ref_att = _val(ref_attention) or att

@@ -40,6 +40,7 @@ import traceback
 
 from engine import LLM, SamplingParams
 from engine.step_result import StepFailed
+from labkit.engine_args import EngineArgs
 
 IDLE_POLL_MS = 100
 # A file to append one JSON line per engine step to (the step message without its token rows, plus the
@@ -155,9 +156,10 @@ class EngineCore:
                           "wall_s": wall, "out": out, "queued": queued, "stats": stats, "ahead": ahead}]]
 
 
-def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, parent_pid: int,
+def core_main(model: str, engine_args: EngineArgs, in_addr: str, out_addr: str, parent_pid: int,
               trace_path: str | None = None) -> None:
-    """Body of the engine-core process (spawned by the frontend)."""
+    """Body of the engine-core process (spawned by the frontend): an engine with the settings `engine_args` (the
+    command's, as one typed value: labkit/engine_args.py)."""
     import signal
 
     import msgpack
@@ -190,10 +192,11 @@ def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, pare
     beating = threading.Event()
     try:
         try:
+            engine_kwargs = engine_args.kwargs()
             if trace_path is not None:
                 from engine.trace import JsonlTracer
 
-                engine_kwargs = {**engine_kwargs, "tracer": JsonlTracer(trace_path)}
+                engine_kwargs["tracer"] = JsonlTracer(trace_path)
             llm = LLM(model, **engine_kwargs)
             core = EngineCore(llm)
             send(["ready", core.info()])

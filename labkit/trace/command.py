@@ -2,7 +2,7 @@
 
     labkit trace --case chunk                 # run, table, validate; exit 1 on a mismatch
     labkit trace --case chunk --wide          # the table with every model input, for a wide terminal
-    labkit trace --case lifecycle --budget 100   # an experiment: invariants gate, the case is a diff
+    labkit trace --case lifecycle --max-num-batched-tokens 100   # an experiment: the case is a diff
     labkit trace check runs/trace-chunk/events.jsonl --case chunk   # re-validate a saved log
     labkit trace diff BEFORE.jsonl AFTER.jsonl   # two runs side by side, first divergence marked
 
@@ -13,8 +13,9 @@ token sampled, its status and blocks. It fits an 80-column terminal; --wide give
 model inputs (positions, cu_seqlens, context lens) in one row per step.
 
 Verdicts: every invariant always gates (FAIL, exit 1). The case's expected states gate too, unless
-the run was meant to change them: an override (--budget, --block-size, --policy, --max-num-seqs,
---num-blocks, --eager/--graph, --tp), an engine that differs from its git HEAD (a patch applied), or
+the run was meant to change them: an override (an engine option that changes the schedule:
+--max-num-batched-tokens, --kvcache-block-size, --scheduling-policy, --max-num-seqs, --num-kvcache-blocks,
+--enforce-eager/--no-enforce-eager, --tensor-parallel-size), an engine that differs from its git HEAD (a patch applied), or
 --expect-changes. Then the states the run did not reach are shown as a diff and the verdict is
 CHANGED (exit 0); for an engine edit the text says that a change meant to keep behaviour is judged
 with --no-expect-changes (a FAIL there). An engine outside a git checkout cannot be compared with HEAD: it counts as
@@ -32,9 +33,11 @@ from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
+from labkit.engine_args import EngineArgs
 from labkit.errors import LabkitError
-from labkit.options import (AsyncSchedulingOption, BlockSizeOption, BudgetOption, Device, DeviceOption, EagerOption, JsonOption, KvCacheDtypeOption,
-                            MaxNumSeqsOption, ModelOption, NumBlocksOption, Out, PolicyOption, TpOption)
+from labkit.options import (AsyncSchedulingOption, Device, DeviceOption, EnforceEagerOption, JsonOption,
+                            KvCacheDtypeOption, KvcacheBlockSizeOption, MaxNumBatchedTokensOption, MaxNumSeqsOption,
+                            ModelOption, NumKvcacheBlocksOption, Out, SchedulingPolicyOption, TensorParallelSizeOption)
 from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, \
     write_json
 from labkit.trace.cases import Case, list_cases, load_case
@@ -47,7 +50,7 @@ app = typer.Typer(help="Run a traced case, show every step, and check it against
                        "An engine option (Engine panel) overrides the case's value: the run is then an experiment, "
                        "its differences from the case are shown as a diff and the verdict is CHANGED (exit 0). "
                        "Every invariant always gates (FAIL, exit 1).\n\n"
-                       "Example: labkit trace --case chunk --budget 100",
+                       "Example: labkit trace --case chunk --max-num-batched-tokens 100",
                   invoke_without_command=True, no_args_is_help=False)
 
 
@@ -166,32 +169,25 @@ def _print_report(report: Report, console: Console, case: Case | None = None) ->
 
 # Overrides that must not change a single state: the run is judged strictly against the case (an FP8 pool
 # changes the numbers, never the schedule: the cases fix their block counts).
-_STATE_NEUTRAL = {"async_scheduling", "kv_cache_dtype"}
+_STATE_NEUTRAL = ("async_scheduling", "kv_cache_dtype")
 
 
-def changes_expected(overrides: dict, flag: bool | None) -> tuple[bool, str]:
+def changes_expected(overrides: EngineArgs, flag: bool | None) -> tuple[bool, str]:
     """Whether a run is meant to differ from its case, and why (shown beside the verdict)."""
     if flag is not None:
         return flag, "--expect-changes" if flag else "--no-expect-changes: the case's states gate"
-    given = [f"{_OVERRIDE_FLAGS[k]} {v}" for k, v in overrides.items() if v is not None and k not in _STATE_NEUTRAL]
+    given = overrides.described(skip=_STATE_NEUTRAL)
     changed, how = engine_changes()
-    why = []
-    if given:
-        why.append("override " + ", ".join(given))
+    why = []  # (an edited engine first: a summary that has to shorten the reason keeps it)
     if changed:
         why.append(how)
+    if given:
+        why.append("override " + ", ".join(given))
     if why:
         return True, "; ".join(why)
     if changed is None:
         return False, f"engine changes unknown ({how}): judged as unchanged; --expect-changes after changing it"
     return False, ""
-
-
-_OVERRIDE_FLAGS = {"max_num_batched_tokens": "--budget", "max_num_seqs": "--max-num-seqs",
-                   "kvcache_block_size": "--block-size", "num_kvcache_blocks": "--num-blocks",
-                   "scheduling_policy": "--policy", "enforce_eager": "--eager/--graph",
-                   "tensor_parallel_size": "--tp", "async_scheduling": "--async-scheduling/--no-async-scheduling",
-                   "kv_cache_dtype": "--kv-cache-dtype"}
 
 
 def _outputs(out_dir: Path, events: list[dict], report: Report, env: dict, extra: dict) -> dict:
@@ -211,13 +207,13 @@ def trace(
     out: Out("Output folder (default: runs/trace-CASE).") = None,
     shapes: bool = typer.Option(False, "--shapes", help="Also record model_shape events for layer 0."),
     perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="Write a Chrome trace-event JSON for ui.perfetto.dev."),
-    budget: BudgetOption = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOption = None,
     max_num_seqs: MaxNumSeqsOption = None,
-    block_size: BlockSizeOption = None,
-    num_blocks: NumBlocksOption = None,
-    policy: PolicyOption = None,
-    eager: EagerOption = None,
-    tp: TpOption = None,
+    kvcache_block_size: KvcacheBlockSizeOption = None,
+    num_kvcache_blocks: NumKvcacheBlocksOption = None,
+    scheduling_policy: SchedulingPolicyOption = None,
+    enforce_eager: EnforceEagerOption = None,
+    tensor_parallel_size: TensorParallelSizeOption = None,
     async_scheduling: AsyncSchedulingOption = None,
     kv_cache_dtype: KvCacheDtypeOption = None,
     expect_changes: Optional[bool] = typer.Option(
@@ -248,13 +244,11 @@ def trace(
     model_dir = resolve_model(model)
     dev = resolve_device(device)
     out_dir = out or runs_dir() / f"trace-{the_case.name}"
-    overrides = {"max_num_batched_tokens": budget, "max_num_seqs": max_num_seqs, "kvcache_block_size": block_size,
-                 "num_kvcache_blocks": num_blocks, "scheduling_policy": policy.value if policy else None,
-                 "enforce_eager": eager, "tensor_parallel_size": tp, "async_scheduling": async_scheduling,
-                 "kv_cache_dtype": kv_cache_dtype.value if kv_cache_dtype else None}
+    # The engine settings given override the case's (the device is the run's own, not the case's).
+    overrides = EngineArgs.given(ctx, device=None)
     env = envelope("trace", device=dev, model_dir=model_dir, evidence=evidence_for(dev))
     expected, why = changes_expected(overrides, expect_changes)
-    run = run_case(the_case, model_dir, out_dir / "events.jsonl", overrides=overrides, device=dev, shapes=shapes,
+    run = run_case(the_case, model_dir, out_dir / "events.jsonl", overrides=overrides.kwargs(), device=dev, shapes=shapes,
                    context={"expect_changes": expected, "why_changes": why, "case": the_case.name})
     report = validate(run.events, the_case, expect_changes=expected, why_changes=why)
     if not quiet:
