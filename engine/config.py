@@ -47,6 +47,10 @@ class Config:
     # decode graphs; False: cuBLAS).
     # The rest of the kernel choices follow from the device and enforce_eager (engine/kernel_choice.py).
     custom_kernels: bool = True
+    # With custom_kernels, decode graphs of <= 16 rows run each decoder layer as five fused kernels chained with
+    # programmatic dependent launch (engine/fused_decode.py) instead of twelve; False: the separate kernels
+    # (the "before" of the batch1-kernels lab). One rank only.
+    fused_decode: bool = True
     # Async scheduling: schedule and launch the next step before this step's sampled ids reach the host (its
     # inputs read them on the device), so the device never waits for the host's commit and scheduling. Every
     # state is a synchronous engine's, except that an EOS learnt late costs that row one wasted token.

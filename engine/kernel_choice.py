@@ -30,6 +30,8 @@ class KernelChoice:
     # The one-pass Triton Gumbel-max sampler (engine/kernels/gumbel_sampler.py) for batches without top-k/top-p
     # (measured faster than the torch sampler on the H200: docs/perf.md).
     gumbel_sampler: bool = False
+    # Decode graphs of <= 16 rows through engine/fused_decode.py (five kernels a layer, PDL-chained).
+    fused_decode: bool = False
 
     @property
     def backend(self) -> ModuleType:
@@ -67,7 +69,10 @@ def choose_kernels(config, device: torch.device) -> KernelChoice:
     if config.kv_cache_dtype != "auto" and not backend.FP8_KV:
         raise ValueError(f"kv_cache_dtype: {config.kv_cache_dtype} needs attention_backend triton or torch "
                          f"({attention}'s kernels read the pool in the model dtype)")
+    custom = cuda and bool(config.custom_kernels)
     return KernelChoice(attention=attention,
                         fused_elementwise=cuda and not config.enforce_eager,
-                        custom_kernels=cuda and bool(config.custom_kernels),
-                        gumbel_sampler=cuda)
+                        custom_kernels=custom,
+                        gumbel_sampler=cuda,
+                        fused_decode=custom and bool(config.fused_decode) and attention == "triton"
+                        and config.tensor_parallel_size == 1)

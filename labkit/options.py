@@ -92,6 +92,10 @@ GpuMemoryUtilizationOption = Annotated[Optional[float], typer.Option(
 CustomKernelsOption = Annotated[Optional[bool], typer.Option(
     flag("custom_kernels") + "/--no-" + flag("custom_kernels")[2:], rich_help_panel=ENGINE_ON_GPU,
     help="Our Triton GEMV and q/k norm+RoPE kernels (engine default: on); off: cuBLAS and compiled torch ops.")]
+FusedDecodeOption = Annotated[Optional[bool], typer.Option(
+    flag("fused_decode") + "/--no-" + flag("fused_decode")[2:], rich_help_panel=ENGINE_ON_GPU,
+    help="Decode graphs of <= 16 rows as five fused kernels a layer chained with PDL (engine default: on); off: "
+         "the separate kernels.")]
 
 # ---- what the commands read and write
 # --json: stdout then holds the result JSON alone (the command builds its rich Console with quiet=as_json).

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import fused_decode
+from ..context import get_context
 from ..kernel_choice import KernelChoice
 from ..layers import fused
 from ..layers.activation import SiluAndMul
@@ -101,11 +103,15 @@ class Qwen3DecoderLayer(nn.Module):
 class Qwen3Model(nn.Module):
     def __init__(self, config, kernels: KernelChoice):
         super().__init__()
+        # Small decode graphs through five fused kernels a layer (engine/fused_decode.py); bias-free layers only.
+        self._fused_decode = kernels.fused_decode and not getattr(config, "attention_bias", False)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList([Qwen3DecoderLayer(config, kernels) for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
 
     def forward(self, input_ids, positions):
+        if self._fused_decode and fused_decode.applies(get_context(), input_ids.shape[0]):
+            return fused_decode.forward(self, input_ids, positions)
         hidden = self.embed_tokens(input_ids)
         residual = None
         for layer in self.layers:

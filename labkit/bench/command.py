@@ -35,7 +35,7 @@ from labkit.errors import LabkitError
 from labkit.narrow import fit, log_console
 from labkit.options import (AsyncSchedulingOption, AttentionBackendOption, Backend, BackendOption,
                             CustomKernelsOption, Device, DeviceOption, DTypeOption, EnforceEagerOption,
-                            GpuMemoryUtilizationOption, JsonOption, KvCacheDtypeOption, KvcacheBlockSizeOption,
+                            FusedDecodeOption, GpuMemoryUtilizationOption, JsonOption, KvCacheDtypeOption, KvcacheBlockSizeOption,
                             MaxModelLenOption, MaxNumBatchedTokensOption, MaxNumSeqsOption, ModelOption,
                             NumKvcacheBlocksOption, NumRequestsOption, Out, SchedulingPolicyOption,
                             TensorParallelSizeOption, WorkloadOption)
@@ -94,6 +94,7 @@ def run(
     custom_kernels: CustomKernelsOption = None,
     async_scheduling: AsyncSchedulingOption = None,
     kv_cache_dtype: KvCacheDtypeOption = None,
+    fused_decode: FusedDecodeOption = None,
     warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Warm-up rounds (default: the workload's)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Timed repeats (default: the workload's)."),
     num_requests: NumRequestsOption = None,
@@ -285,6 +286,12 @@ def _gib(n: Optional[int]) -> str:
     return "-" if n is None else f"{n / 2**30:.2f} GiB"
 
 
+def _kv_dtype_note(kv_cache_dtype: str | None) -> str:
+    if kv_cache_dtype in (None, "auto"):
+        return ""
+    return f" ({kv_cache_dtype} pool: 1 byte an element, twice the blocks of a 16-bit pool)"
+
+
 def _summary_rows(r: dict) -> list[tuple[str, str]]:
     w, dev = r["workload"], r["device"]
     eng = r.get("engine") or {}
@@ -306,7 +313,7 @@ def _summary_rows(r: dict) -> list[tuple[str, str]]:
         ("init s", _f(r["init_s"])),
         ("graph capture s", _f(r["graph_capture_s"])),
         ("warm-up s", f"{_f(r['warmup_s'])} ({len(r['warmup_rounds'])} round(s))"),
-        ("kv blocks", _f(r["kv_blocks"])),
+        ("kv blocks", _f(r["kv_blocks"]) + _kv_dtype_note(eng.get("kv_cache_dtype"))),
         ("peak memory", ", ".join(f"rank {p['rank']}: {_gib(p['peak_bytes'])}" for p in peak["per_rank"])
          + (" (torch.cuda.max_memory_allocated)" if peak["source"].startswith("torch") else " (max RSS of the process)")),
     ]

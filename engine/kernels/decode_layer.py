@@ -1,0 +1,385 @@
+"""A decoder layer's decode step in five kernels (engine/fused_decode.py strings them together), for the small
+batches of decode CUDA graphs (<= 16 rows):
+
+    gemv(norm)  the previous layer's down_proj partials summed, the residual added (and kept), RMSNorm,
+                then the merged q/k/v projection
+    attention   q/k RMSNorm + RoPE from the qkv rows, this token's K/V written to the pool (quantised for an FP8
+                pool), then paged decode attention over the context (plus decode_attention's merge kernel
+                when the context is split)
+    gemv        o_proj, split over K: float32 partials, never summed by a kernel of their own
+    gemv(norm)  o_proj's partials summed, residual, RMSNorm, gate/up, SiLU(gate) * up in the epilogue
+    gemv        down_proj, split over K: partials for the next layer's first kernel
+
+against twelve kernels unfused (two norms, qk-norm-RoPE, KV write, SiLU*up and two split-K reduces of their
+own). At batch 1 every kernel costs a launch, the previous kernel's stragglers and its own first loads
+(docs/perf.md); the weights are 95% of the bytes.
+
+Programmatic dependent launch (PDL, Hopper): each kernel loads what does not depend on the previous kernel (its
+weight tile, norm weights) before `gdc_wait()`, so those loads overlap the previous kernel's tail, and lets its
+successor launch (`gdc_launch_dependents()`) as soon as it has waited. A kernel writes nothing before it has
+waited, so a successor started early never races a write. Off CUDA (Triton's interpreter) PDL is compiled out.
+
+Numerics follow the unfused path (engine/layers/fused.py and the kernels it replaces): the partials summed in
+split order in float32 and rounded to the model dtype, the residual sum rounded, RMSNorm's rounding points,
+SiLU rounded before the product. What differs is the order of float32 sums: a GEMV program reduces its K range
+in one pass (the unfused GEMV in 128-wide tiles), and the norm's sum of squares runs in its own tree; both are
+float32 accumulations of the same products, a last-bit matter that logits-check judges (docs/perf.md).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from . import dot_precision
+from .decode_attention import _decode_merge_kernel
+from .kv_write import _e4m3
+
+# How the fused kernels use PDL on CUDA: "early" (wait, then let the successor launch at once), "late" (let it
+# launch only at the end: PDL's prefetch without successors waiting on SMs), "off". The default is the one
+# measured best on the H200 (docs/perf.md); the variable exists for that measurement.
+PDL_MODE = os.environ.get("LABKIT_DECODE_PDL", "early")
+if PDL_MODE not in ("early", "late", "off"):
+    raise ValueError(f"LABKIT_DECODE_PDL: must be early, late or off, got {PDL_MODE!r}")
+
+MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core tile of rows)
+_BLOCK_N = 16        # weight rows per program: a few hundred programs keep every SM streaming
+_WARPS = 8
+
+
+def _pdl(device: torch.device) -> tuple[bool, bool, dict]:
+    """(USE_PDL, EARLY constexprs, launch kwargs) for a launch on this device."""
+    if device.type != "cuda" or PDL_MODE == "off":
+        return False, False, {}
+    return True, PDL_MODE == "early", {"launch_pdl": True}
+
+
+@triton.jit
+def _rnd(x, DT: tl.constexpr):
+    return x.to(DT).to(tl.float32)
+
+
+@triton.jit
+def _x_rows(x_ptr, part_ptr, res_ptr, offs_m, offs_k, mask, M, K, stride_xm,
+            S_IN: tl.constexpr, RESIDUAL: tl.constexpr, DT: tl.constexpr):
+    """Rows of the GEMV's input at columns offs_k, float32 holding model-dtype values: x itself, or S_IN
+    float32 partials summed in order (the unfused reduce kernel's sum), plus the residual (add_rms_norm's sum)."""
+    if S_IN == 0:
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+    else:
+        x = tl.zeros(mask.shape, tl.float32)
+        for s in tl.static_range(S_IN):
+            x += tl.load(part_ptr + (s * M + offs_m[:, None]).to(tl.int64) * K + offs_k[None, :], mask=mask,
+                         other=0.0)
+        x = _rnd(x, DT)
+    if RESIDUAL:
+        r = tl.load(res_ptr + offs_m[:, None] * K + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = _rnd(x + r, DT)
+    return x
+
+
+@triton.jit
+def _gemv_kernel(
+    w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_ptr, M, N, K, KS, stride_wn, stride_xm, up_rows, eps,
+    S_IN: tl.constexpr, RESIDUAL: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, PARTIALS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_FULL: tl.constexpr,
+    USE_PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """y = W @ f(x) for M <= 16 rows. Program (n tile, k split) owns BLOCK_N rows of W and one KS-wide range of
+    K, loaded whole before the wait. PARTIALS stores float32 partials [splits, M, N]; else model-dtype y [M, N]
+    (SILU: W holds gate rows then up rows, up_rows apart, and y = SiLU(gate) * up, N = up_rows)."""
+    DT: tl.constexpr = x_ptr.dtype.element_ty if PARTIALS else y_ptr.dtype.element_ty
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    kk = tl.arange(0, BLOCK_K)
+    offs_k = pid_k * KS + kk
+    k_mask = (kk < KS) & (offs_k < K)
+    w_mask = n_mask[:, None] & k_mask[None, :]
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    # Nothing here depends on the previous kernel: these loads overlap its tail under PDL.
+    w = tl.load(w_rows, mask=w_mask, other=0.0)
+    if SILU:
+        wu = tl.load(w_rows + up_rows * stride_wn, mask=w_mask, other=0.0)
+    if NORM:
+        nw = tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        if EARLY:
+            tl.extra.cuda.gdc_launch_dependents()
+
+    offs_m = tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M
+    x_mask = m_mask[:, None] & k_mask[None, :]
+    x = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, offs_k, x_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
+    if NORM:
+        # The statistics need whole rows: every program reads them (a few KiB, from L2) and gets the same sums.
+        kf = tl.arange(0, K_FULL)
+        full_mask = m_mask[:, None] & (kf < K)[None, :]
+        h = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, kf, full_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
+        if RESIDUAL:
+            if (pid_n == 0) & (pid_k == 0):  # the new residual stream, written once
+                tl.store(res_out_ptr + offs_m[:, None] * K + kf[None, :], h.to(DT), mask=full_mask)
+        rstd = tl.math.rsqrt(tl.sum(h * h, axis=1) / K + eps)
+        x = _rnd(_rnd(x * rstd[:, None], DT) * nw[None, :], DT)
+
+    if BLOCK_M == 1:
+        acc = tl.sum(w.to(tl.float32) * x, axis=1)[:, None]                   # [BLOCK_N, 1]
+        if SILU:
+            acc_u = tl.sum(wu.to(tl.float32) * x, axis=1)[:, None]
+    else:
+        xt = tl.trans(x.to(w.dtype))                                           # [BLOCK_K, BLOCK_M]
+        acc = tl.dot(w, xt, input_precision=DOT_PRECISION)
+        if SILU:
+            acc_u = tl.dot(wu, xt, input_precision=DOT_PRECISION)
+    if USE_PDL:
+        if not EARLY:
+            tl.extra.cuda.gdc_launch_dependents()
+
+    out_mask = n_mask[:, None] & m_mask[None, :]
+    if SILU:
+        g = _rnd(acc, DT)
+        u = _rnd(acc_u, DT)
+        s = _rnd(g / (1.0 + tl.exp(-g)), DT)  # F.silu's result is a model-dtype tensor
+        tl.store(y_ptr + offs_m[None, :] * N + offs_n[:, None], (s * u).to(DT), mask=out_mask)
+    elif not PARTIALS:
+        tl.store(y_ptr + offs_m[None, :] * N + offs_n[:, None], acc.to(DT), mask=out_mask)
+    else:
+        tl.store(y_ptr + (pid_k * M + offs_m[None, :]).to(tl.int64) * N + offs_n[:, None], acc, mask=out_mask)
+
+
+def split_for(N: int, K: int, num_sms: int, block_n: int = _BLOCK_N) -> int:
+    """Splits of K so that there is a program for every SM at least, each with a K range of at least 256."""
+    tiles = triton.cdiv(N, block_n)
+    split = 1
+    while tiles * split < num_sms and K // (split * 2) >= 256:
+        split *= 2
+    return split
+
+
+def gemv(w: torch.Tensor, *, x: torch.Tensor | None = None, partials: torch.Tensor | None = None,
+         residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+         silu: bool = False, split: int | None = None, dtype: torch.dtype | None = None):
+    """The fused decode GEMV. Input: x [M, K] in the model dtype, or partials [S, M, K] float32 (summed, rounded
+    to `dtype`); plus residual [M, K] (then returns (y, new residual)); RMSNorm with norm_weight [K] first.
+    w [N', K] (SILU: [2N, K], gate then up). Returns y [M, N] in the model dtype; with `split` given, float32
+    partials [split, M, N] for the next kernel to sum (one split included)."""
+    assert (x is None) != (partials is None)
+    src = x if x is not None else partials
+    M, K = src.shape[-2], src.shape[-1]
+    dtype = dtype or w.dtype
+    assert M <= MAX_ROWS and w.shape[1] == K and w.stride(1) == 1 and src.stride(-1) == 1
+    assert partials is None or partials.is_contiguous()
+    assert residual is None or (residual.is_contiguous() and residual.shape == (M, K))
+    assert split is None or not silu, "SiLU needs whole sums"
+    partials_out = split is not None
+    split = split or 1
+    N = w.shape[0] // 2 if silu else w.shape[0]
+    ks = triton.cdiv(K, split)
+    dev = w.device
+    y = torch.empty(M, N, dtype=dtype, device=dev) if not partials_out else \
+        torch.empty(split, M, N, dtype=torch.float32, device=dev)
+    res_out = torch.empty(M, K, dtype=dtype, device=dev) if residual is not None else y
+    use_pdl, early, launch = _pdl(dev)
+    block_m = 1 if M == 1 else 16
+    grid = (triton.cdiv(N, _BLOCK_N), split)
+    _gemv_kernel[grid](
+        w, x if x is not None else w, partials if partials is not None else w,
+        residual if residual is not None else w, res_out, norm_weight if norm_weight is not None else w, y,
+        M, N, K, ks, w.stride(0), x.stride(0) if x is not None else K, N, float(eps),
+        S_IN=0 if partials is None else partials.shape[0], RESIDUAL=residual is not None,
+        NORM=norm_weight is not None, SILU=silu, PARTIALS=partials_out, BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
+        BLOCK_K=max(16, triton.next_power_of_2(ks)), K_FULL=triton.next_power_of_2(K), USE_PDL=use_pdl,
+        EARLY=early, DOT_PRECISION=dot_precision(dtype), num_warps=_WARPS, enable_fp_fusion=False, **launch)
+    return (y, res_out) if residual is not None else y
+
+
+@triton.jit
+def _norm_rope(src, w_ptr, cos, sin, eps, rows, rmask, D: tl.constexpr, DT: tl.constexpr):
+    """RMSNorm + neox RoPE of the heads at src + rows * D (two [len(rows), D/2] halves, float32 holding
+    model-dtype values): engine/kernels/qk_norm_rope.py's arithmetic."""
+    HALF: tl.constexpr = D // 2
+    c = tl.arange(0, HALF)[None, :]
+    mask = rmask[:, None] & (c < HALF)
+    w1 = tl.load(w_ptr + c).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + c).to(tl.float32)
+    x1 = tl.load(src + rows[:, None] * D + c, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + rows[:, None] * D + HALF + c, mask=mask, other=0.0).to(tl.float32)
+    ms = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) * (1.0 / D)
+    r = tl.math.rsqrt(ms + eps)[:, None]
+    y1 = _rnd(_rnd(x1 * r, DT) * w1, DT)
+    y2 = _rnd(_rnd(x2 * r, DT) * w2, DT)
+    o1 = _rnd(y1 * cos, DT) - _rnd(y2 * sin, DT)
+    o2 = _rnd(y2 * cos, DT) + _rnd(y1 * sin, DT)
+    return _rnd(o1, DT), _rnd(o2, DT)
+
+
+@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
+def _qkv_attention_kernel(
+    qkv_ptr, stride_qkv, pos_ptr, cs_ptr, cs_stride, qw_ptr, kw_ptr, eps, slot_ptr,
+    k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, acc_ptr, ml_ptr,
+    num_splits, stride_bt, stride_block, stride_head, stride_row, scale_log2, v_scale, k_inv_scale, v_inv_scale,
+    NQ: tl.constexpr, NK: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILES: tl.constexpr,
+    PARTIALS: tl.constexpr, USE_PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """decode_attention._decode_split_kernel with its inputs made here: q (this program's query heads) and this
+    token's k normed and rotated from the qkv row, and, by the one program whose split holds the newest
+    position, that token's K/V written to the pool before the program reads its tiles (a barrier in between:
+    the same program wrote them, so the tile it loads holds exactly the stored values)."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    DT: tl.constexpr = qkv_ptr.dtype.element_ty
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    c = tl.arange(0, HALF)[None, :]
+    gmask = g < GROUP
+    heads = kvh * GROUP + g
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        if EARLY:
+            tl.extra.cuda.gdc_launch_dependents()
+    ctx = tl.load(context_lens_ptr + b)
+    tiles = tl.cdiv(ctx, BLOCK_N)
+    tiles_per_split = tl.cdiv(tiles, num_splits)
+    start = split * tiles_per_split * BLOCK_N
+    end = tl.minimum(start + tiles_per_split * BLOCK_N, ctx)
+
+    pos = tl.load(pos_ptr + b).to(tl.int64)
+    cos = _rnd(tl.load(cs_ptr + pos * cs_stride + c), DT)
+    sin = _rnd(tl.load(cs_ptr + pos * cs_stride + HALF + c), DT)
+    row = qkv_ptr + b.to(tl.int64) * stride_qkv
+    q1, q2 = _norm_rope(row, qw_ptr, cos, sin, eps, heads, gmask, HEAD_DIM, DT)
+    q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (GROUP_PAD, HEAD_DIM)).to(DT)
+
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    newest = ctx - 1
+    if (slot >= 0) & (start <= newest) & (newest < end):
+        one = tl.arange(0, 1)
+        k1, k2 = _norm_rope(row + NQ * HEAD_DIM, kw_ptr, cos, sin, eps, kvh + one, one < 1, HEAD_DIM, DT)
+        v = tl.load(row + (NQ + NK + kvh) * HEAD_DIM + d)
+        dst = (slot // BLOCK_SIZE) * stride_block + kvh * stride_head + (slot % BLOCK_SIZE) * stride_row
+        kd = k_cache_ptr + dst + one[:, None] * 0
+        if FP8:
+            tl.store(kd + c, _e4m3(tl.clamp(k1 * k_inv_scale, -448.0, 448.0)))
+            tl.store(kd + HALF + c, _e4m3(tl.clamp(k2 * k_inv_scale, -448.0, 448.0)))
+            tl.store(v_cache_ptr + dst + d, _e4m3(tl.clamp(v.to(tl.float32) * v_inv_scale, -448.0, 448.0)))
+        else:
+            tl.store(kd + c, k1.to(DT))
+            tl.store(kd + HALF + c, k2.to(DT))
+            tl.store(v_cache_ptr + dst + d, v)
+    tl.debug_barrier()
+
+    rows = tl.arange(0, BLOCK_N)
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    table = block_tables_ptr + b * stride_bt
+    head_base = kvh * stride_head
+    for n in range(start, end, BLOCK_N):
+        offs = n + rows
+        nmask = offs < end
+        if PAGE_TILES:
+            block = tl.load(table + n // BLOCK_SIZE).to(tl.int64)
+            row_off = block * stride_block + head_base + (n % BLOCK_SIZE + rows) * stride_row
+        else:
+            block = tl.load(table + offs // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+            row_off = block * stride_block + head_base + (offs % BLOCK_SIZE) * stride_row
+        kv_off = row_off[:, None] + d[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
+        if FP8:
+            k = k.to(DT)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        s = tl.where(nmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vt = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
+        if FP8:
+            vt = vt.to(DT)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DT), vt, input_precision=DOT_PRECISION)
+        m_i = m_new
+    if FP8:
+        acc = acc * v_scale
+    if PARTIALS:
+        base = (b * tl.num_programs(1) * GROUP + heads) * num_splits + split
+        tl.store(acc_ptr + base[:, None] * HEAD_DIM + d[None, :], acc, mask=gmask[:, None])
+        tl.store(ml_ptr + base * 2, m_i, mask=gmask)
+        tl.store(ml_ptr + base * 2 + 1, l_i, mask=gmask)
+    else:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + b * (NQ * HEAD_DIM) + heads[:, None] * HEAD_DIM + d[None, :], out.to(DT),
+                 mask=gmask[:, None])
+
+
+def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, q_norm: torch.Tensor,
+                  k_norm: torch.Tensor, eps: float, slots: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                  num_splits: int, num_heads: int, num_kv_heads: int, k_scale: float = 1.0, v_scale: float = 1.0,
+                  block_n: int = 128) -> torch.Tensor:
+    """qkv [B, (heads + 2 kv_heads) * head_dim] -> attention output [B, heads * head_dim]; writes each row's K/V
+    at its slot (-1: none). Context lengths include the newest token (the one written here)."""
+    batch = qkv.shape[0]
+    head_dim = k_cache.shape[-1]
+    block_size = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    page_tiles = block_size % block_n == 0
+    out = torch.empty(batch, num_heads * head_dim, dtype=qkv.dtype, device=qkv.device)
+    partials = num_splits > 1
+    if partials:
+        acc = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=qkv.device)
+        ml = torch.empty(batch, num_heads, num_splits, 2, dtype=torch.float32, device=qkv.device)
+    else:
+        acc = ml = out
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    use_pdl, early, launch = _pdl(qkv.device)
+    _qkv_attention_kernel[(batch, num_kv_heads, num_splits)](
+        qkv, qkv.stride(0), positions, cos_sin, cos_sin.stride(0), q_norm, k_norm, float(eps), slots,
+        k_cache, v_cache, block_tables, context_lens, out, acc, ml, num_splits, block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        scale * 1.4426950408889634 * (k_scale if fp8 else 1.0), v_scale, 1.0 / k_scale, 1.0 / v_scale,
+        NQ=num_heads, NK=num_kv_heads, FP8=fp8, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILES=page_tiles, PARTIALS=partials,
+        USE_PDL=use_pdl, EARLY=early, DOT_PRECISION=dot_precision(qkv.dtype), num_warps=4, num_stages=2,
+        enable_fp_fusion=False, **launch)
+    if partials:
+        o3 = out.view(batch, num_heads, head_dim)
+        _decode_merge_kernel[(batch, num_heads)](
+            acc, ml, o3, num_splits, o3.stride(0), o3.stride(1),
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits))
+    return out
+
+
+@triton.jit
+def _partials_norm_kernel(part_ptr, res_ptr, w_ptr, out_ptr, M, K, eps, S_IN: tl.constexpr,
+                          BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    """The last layer's down_proj partials summed, plus the residual, then RMSNorm: the model's final norm."""
+    m = tl.program_id(0)
+    DT: tl.constexpr = out_ptr.dtype.element_ty
+    cols = tl.arange(0, BLOCK)
+    mask = cols < K
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+    x = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(S_IN):
+        x += tl.load(part_ptr + (s * M + m).to(tl.int64) * K + cols, mask=mask, other=0.0)
+    x = _rnd(_rnd(x, DT) + tl.load(res_ptr + m * K + cols, mask=mask, other=0.0).to(tl.float32), DT)
+    rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / K + eps)
+    tl.store(out_ptr + m * K + cols, (_rnd(x * rstd, DT) * w).to(DT), mask=mask)
+
+
+def partials_norm(partials: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    S, M, K = partials.shape
+    out = torch.empty(M, K, dtype=residual.dtype, device=residual.device)
+    use_pdl, _, launch = _pdl(residual.device)
+    _partials_norm_kernel[(M,)](partials, residual, weight, out, M, K, float(eps), S_IN=S,
+                                BLOCK=triton.next_power_of_2(K), USE_PDL=use_pdl, num_warps=4,
+                                enable_fp_fusion=False, **launch)
+    return out

@@ -1,0 +1,64 @@
+"""Decode attention over an FP8 pool against the bf16 pool on the device: TB/s of the cache bytes read, per
+tile width and pipeline depth (issue 32: does the FP8 pool want other knobs than engine DEFAULTS?).
+
+    python3 scripts/fp8_decode_sweep.py [--out FILE.json]"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from engine.kernels.decode_attention import num_splits_for, paged_decode
+from engine.kv_quant import FP8
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    heads, kv_heads, d, bs = 16, 8, 128, 256
+    rows = []
+    for batch, ctx in ((256, 800), (256, 2048), (1, 384)):
+        blocks_per = -(-ctx // bs)
+        nblocks = batch * blocks_per
+        tables = torch.arange(nblocks, dtype=torch.int32, device=dev).view(batch, blocks_per)
+        lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
+        q = torch.randn(batch, heads, d, dtype=torch.bfloat16, device=dev)
+        base = torch.randn(nblocks, kv_heads, bs, d, device=dev)
+        for name, dtype in (("bf16", torch.bfloat16), ("fp8", FP8)):
+            k = base.to(dtype)
+            v = base.flip(0).to(dtype)
+            nbytes = 2 * batch * ctx * kv_heads * d * k.element_size()
+            for block_n in (64, 128, 256):
+                for stages in (2, 3):
+                    splits = num_splits_for(batch, kv_heads, ctx, 132, block_n)
+                    fn = lambda: paged_decode(q, k, v, tables, lens, 0.088, splits, block_n=block_n, num_stages=stages)  # noqa: E731
+                    fn()
+                    torch.cuda.synchronize()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        for _ in range(10):
+                            fn()
+                    g.replay()
+                    torch.cuda.synchronize()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    times = []
+                    for _ in range(5):
+                        start.record()
+                        g.replay()
+                        end.record()
+                        torch.cuda.synchronize()
+                        times.append(start.elapsed_time(end) / 10)
+                    ms = sorted(times)[2]
+                    rows.append(dict(batch=batch, ctx=ctx, kv=name, block_n=block_n, stages=stages, splits=splits,
+                                     us=round(ms * 1e3, 2), tb_s=round(nbytes / ms / 1e9, 3)))
+                    print(rows[-1], flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""The fused decode kernels (engine/kernels/decode_layer.py) and the five-kernel layer (engine/fused_decode.py)
+against the unfused path they replace: each kernel against engine/layers/fused.py's arithmetic, and a whole
+decode step of the tiny model through both paths (its hidden states and the K/V it writes). On a CPU the kernels
+run in Triton's interpreter (conftest.py), PDL compiled out."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from engine import LLM  # noqa: E402
+from engine import fused_decode  # noqa: E402
+from engine.context import Context, DecodeMeta, PrefillMeta, reset_context, set_context  # noqa: E402
+from engine.kernels.decode_layer import gemv, partials_norm, split_for  # noqa: E402
+from engine.layers import fused  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float16  # the interpreter has no bfloat16
+
+
+def _rand(*shape, scale=1.0, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
+
+
+def _close(a, b, dtype):
+    tol = 2e-5 if dtype == torch.float32 else 1e-2
+    err = (a.double() - b.double()).abs().max().item()
+    assert err <= tol * (1 + b.double().abs().max().item()), err
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, HALF])
+@pytest.mark.parametrize("M", [1, 3])
+def test_gemv_with_partials_residual_and_norm_is_add_rms_norm_then_matmul(dtype, M):
+    K, N, S = 192, 40, 3
+    parts = _rand(S, M, K, seed=1)
+    residual = _rand(M, K, dtype=dtype, seed=2)
+    nw = _rand(K, dtype=dtype, seed=3) + 1
+    w = _rand(N, K, scale=K ** -0.5, dtype=dtype, seed=4)
+    y, res = gemv(w, partials=parts, residual=residual, norm_weight=nw, eps=1e-6)
+    x = parts.sum(0).to(dtype)  # the unfused split-K reduce: float32 sum, one rounding
+    normed, want_res = fused.add_rms_norm(x, residual, nw, 1e-6)
+    assert torch.equal(res, want_res)  # the residual stream is the same sum, rounded the same way
+    _close(y, normed.float() @ w.float().T, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, HALF])
+@pytest.mark.parametrize("M", [1, 5])
+def test_gemv_silu_epilogue_is_silu_and_mul_of_gate_up(dtype, M):
+    K, I = 64, 48
+    x = _rand(M, K, dtype=dtype, seed=5)
+    nw = _rand(K, dtype=dtype, seed=6) + 1
+    w = _rand(2 * I, K, scale=K ** -0.5, dtype=dtype, seed=7)
+    y = gemv(w, x=x, norm_weight=nw, eps=1e-6, silu=True)
+    gate_up = (fused.rms_norm(x, nw, 1e-6).float() @ w.float().T).to(dtype)
+    _close(y, fused.silu_and_mul(gate_up), dtype)
+
+
+@pytest.mark.parametrize("split", [None, 1, 2, 4])
+@pytest.mark.parametrize("M", [1, 16])
+def test_gemv_split_k_partials_sum_to_the_product(split, M):
+    K, N = 256, 24
+    x = _rand(M, K, seed=8)
+    w = _rand(N, K, scale=K ** -0.5, seed=9)
+    y = gemv(w, x=x, split=split)
+    if split is not None:
+        assert y.shape == (split, M, N) and y.dtype == torch.float32
+        y = y.sum(0)
+    _close(y, x @ w.T, torch.float32)
+
+
+def test_partials_norm_is_the_final_add_rms_norm():
+    parts, residual, w = _rand(4, 2, 96, seed=10), _rand(2, 96, dtype=HALF, seed=11), _rand(96, dtype=HALF, seed=12)
+    out = partials_norm(parts, residual, w, 1e-6)
+    want, _ = fused.add_rms_norm(parts.sum(0).to(HALF), residual, w, 1e-6)
+    _close(out, want, HALF)
+
+
+def test_split_for_fills_the_gpu_but_keeps_ranges_long():
+    assert split_for(1024, 2048, 132) == 4   # o_proj: 64 tiles x 4 = 256 programs, K ranges of 512
+    assert split_for(1024, 3072, 132) == 4   # down_proj
+    assert split_for(4096, 1024, 132) == 1   # 256 tiles already
+    assert split_for(64, 300, 132) == 1      # too short to split
+
+
+def _prefilled(model_dir, dtype, kv_cache_dtype="auto"):
+    """The tiny model with three sequences prefilled into its pool (unfused path); returns the engine, the
+    decode step's inputs and the pool as the prefill left it."""
+    llm = LLM(model_dir, device="cpu", attention_backend="triton", dtype=dtype, enforce_eager=True,
+              kvcache_block_size=16, num_kvcache_blocks=12, max_model_len=256, kv_cache_dtype=kv_cache_dtype)
+    runner = llm.model_runner
+    lens, tables = [20, 33, 7], [[3, 0], [5, 1, 7], [2]]
+    width = 3
+    t = torch.tensor([r + [-1] * (width - len(r)) for r in tables], dtype=torch.int32)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, 1000, (sum(lens),), generator=g)
+    pos = torch.cat([torch.arange(n) for n in lens])
+    slots = torch.tensor([tables[i][p // 16] * 16 + p % 16 for i, n in enumerate(lens) for p in range(n)],
+                         dtype=torch.int32)
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    cu_t = torch.tensor(cu, dtype=torch.int32)
+    with torch.inference_mode():
+        set_context(Context(slots, None, PrefillMeta(cu_t, cu_t, max(lens), max(lens), t, cu, cu)))
+        runner.model(ids, pos)
+        reset_context()
+    dec = dict(ids=torch.randint(100, 1000, (3,), generator=g), pos=torch.tensor(lens),
+               slots=torch.tensor([tables[i][n // 16] * 16 + n % 16 for i, n in enumerate(lens)], dtype=torch.int32),
+               ctx=torch.tensor([n + 1 for n in lens], dtype=torch.int32), tables=t)
+    return llm, dec, runner.kv_cache.clone()
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("dtype, splits", [("float32", 1), ("float32", 2), ("float16", 1)])
+def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, splits):
+    llm, dec, pool = _prefilled(tiny_model, dtype)
+    runner = llm.model_runner
+    model = runner.model.model
+    d = {k: v[:rows] for k, v in dec.items()}
+    with torch.inference_mode():
+        set_context(Context(d["slots"], DecodeMeta(rows, d["ctx"], d["tables"], d["ctx"].tolist(),
+                                                   num_splits=splits)))
+        assert not model._fused_decode  # on a CPU the model itself takes the unfused path
+        want = model(d["ids"], d["pos"])
+        want_pool = runner.kv_cache.clone()
+        runner.kv_cache.copy_(pool)
+        assert fused_decode.applies(Context(d["slots"], DecodeMeta(rows, d["ctx"], d["tables"], num_splits=splits)),
+                                    rows)
+        got = fused_decode.forward(model, d["ids"], d["pos"])
+        reset_context()
+    torch_dtype = getattr(torch, dtype)
+    _close(got, want, torch_dtype)
+    # The newest token's K/V written where the unfused KV-write puts them, nothing else touched.
+    _close(runner.kv_cache.float(), want_pool.float(), torch_dtype)
+    changed = (runner.kv_cache != pool).flatten(3).any(-1)  # [2, layers, blocks, kv_heads]
+    assert changed.any()
+    assert torch.equal(changed, (want_pool != pool).flatten(3).any(-1))
+    llm.exit()
+
+
+def test_a_fused_decode_step_writes_an_fp8_pool_as_the_kv_write_kernel_does(tiny_model):
+    llm, dec, pool = _prefilled(tiny_model, "float32", "fp8")
+    runner = llm.model_runner
+    model = runner.model.model
+    with torch.inference_mode():
+        set_context(Context(dec["slots"], DecodeMeta(3, dec["ctx"], dec["tables"], dec["ctx"].tolist(), num_splits=1)))
+        want = model(dec["ids"], dec["pos"])
+        want_pool = runner.kv_cache.clone()
+        runner.kv_cache.copy_(pool)
+        got = fused_decode.forward(model, dec["ids"], dec["pos"])
+        reset_context()
+    assert runner.kv_cache.dtype == torch.float8_e4m3fn
+    differ = (runner.kv_cache.view(torch.uint8) != want_pool.view(torch.uint8)).float().mean().item()
+    assert differ < 0.02  # the same quantisation; a value on a rounding edge may land one e4m3 step apart
+    _close(got, want, torch.float32)
+    llm.exit()
+
+
+def test_fused_decode_applies_only_to_small_decode_graph_steps():
+    t = torch.zeros(1, 1, dtype=torch.int32)
+    graph = DecodeMeta(1, t[0], t, num_splits=1)
+    assert fused_decode.applies(Context(None, graph), 16)
+    assert not fused_decode.applies(Context(None, graph), 17)
+    assert not fused_decode.applies(Context(None, DecodeMeta(1, t[0], t)), 1)  # an eager decode step
+    assert not fused_decode.applies(Context(None, graph, PrefillMeta(t[0], t[0], 1, 1)), 1)  # a mixed step
