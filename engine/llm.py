@@ -179,10 +179,9 @@ class LLMEngine:
 
     def stats(self) -> dict:
         """Queue and pool figures between steps (a StepResult carries the same after each step)."""
-        sched = self.scheduler
-        bm = sched.block_manager
-        return {"waiting": len(sched.waiting), "running": len(sched.running), "free_blocks": bm.num_free_blocks,
-                "num_blocks": bm.num_blocks}
+        now = self.scheduler.snapshot()
+        return {"waiting": len(now.waiting_ids), "running": len(now.running_ids), "free_blocks": now.free_blocks,
+                "num_blocks": now.num_blocks}
 
     def abort(self, seq_id: int) -> bool:
         """Cancel a request between steps; its KV blocks return to the pool. False if already finished.

@@ -22,6 +22,7 @@ from .config import Config
 from .in_flight import take_back
 from .policies import policy_class
 from .profiling import phase
+from .scheduler_snapshot import SchedulerSnapshot, SeqState
 from .sequence import Sequence, SequenceStatus
 
 
@@ -39,6 +40,11 @@ class Scheduler:
         # once its cached tokens' values are all known, and never before one ahead of it, so the free list takes
         # back blocks in the order a synchronous engine gives them back.
         self._releasing: list[Sequence] = []
+        # The plans made (each one's BatchPlan.step), and this scheduler's own Sequences of each plan's rows: until
+        # it commits (or fails), and the last committed one's, whose state the step events read after the commit.
+        self._planned = 0
+        self._rows: dict[int, list[Sequence]] = {}
+        self._committed: tuple[int, list[Sequence]] = (0, [])
 
     def is_finished(self) -> bool:
         return not self.waiting and not self.running
@@ -158,12 +164,13 @@ class Scheduler:
             input_ids = [0 if seq.pending else t for seq, t in zip(decodes, input_ids)]
         for (seq, n), start in zip(prefills, starts[len(decodes):]):
             input_ids.extend(seq.token_ids[start:start + n])
-        plan = BatchPlan([s.seq_id for s in seqs], [s.request_id for s in seqs], len(decodes), starts, num_new,
-                         [s.num_tokens for s in seqs], input_ids, [list(s.block_table) for s in seqs],
-                         from_previous, [s.seq_id for s in preempted])
-        plan.sampling = [seq.sampling_params for seq, ok in zip(seqs, plan.samples) if ok]
-        plan.seqs = seqs
-        return plan
+        num_tokens = [s.num_tokens for s in seqs]
+        sampling = [seq.sampling_params for seq, s, n, t in zip(seqs, starts, num_new, num_tokens) if s + n == t]
+        self._planned += 1
+        self._rows[self._planned] = seqs
+        return BatchPlan([s.seq_id for s in seqs], [s.request_id for s in seqs], len(decodes), starts, num_new,
+                         num_tokens, input_ids, [list(s.block_table) for s in seqs], from_previous,
+                         [s.seq_id for s in preempted], sampling, self._planned)
 
     def _fold(self, seqs: list[Sequence], plan: BatchPlan) -> None:
         """What the step does whatever it samples: its tokens count as cached, each sampling row appends a
@@ -195,7 +202,9 @@ class Scheduler:
         reasons: list[str | None] = []
         sampled = iter(token_ids)
         bm = self.block_manager
-        for seq, samples in zip(plan.seqs, plan.samples):
+        seqs = self._rows.pop(plan.step)
+        self._committed = (plan.step, seqs)
+        for seq, samples in zip(seqs, plan.samples):
             flight = seq.flight
             flight.rows -= 1
             token = next(sampled) if samples else None
@@ -244,6 +253,17 @@ class Scheduler:
             bm.hash_blocks(seq)
             bm.deallocate(seq)
 
+    def fail_step(self, plan: BatchPlan, undo: bool = True) -> tuple[list[int], list[str]]:
+        """The step of `plan` could not run: its sequences are finished with "error" (but one that had finished on
+        its own before it), with `undo` after each row is taken back (the engine goes on). Returns the seq ids and
+        request ids of the sequences it took out."""
+        seqs = self._rows.pop(plan.step)
+        out = [s for s in seqs if not s.is_finished or s.finish_reason == "length"]
+        if undo:
+            for seq, samples in zip(seqs, plan.samples):
+                self.fail(seq, samples)
+        return [s.seq_id for s in out], [s.request_id for s in out]
+
     def fail(self, seq: Sequence, sampled: bool) -> None:
         """The step just scheduled with a row for `seq` could not be launched: undo that row and finish the
         sequence with "error" (unless it had already finished on its own before this step)."""
@@ -256,6 +276,22 @@ class Scheduler:
         if seq in self.waiting:
             self.waiting.remove(seq)
         self._finish(seq, "error", later_rows=0)
+
+    # --- what it holds, read-only --------------------------------------------------------------------
+    def snapshot(self, plan: BatchPlan | None = None) -> SchedulerSnapshot:
+        """The queues, the pool and the prefix-cache counts now; with `plan` (in flight, or the last committed),
+        the state of its rows' sequences too."""
+        bm = self.block_manager
+        rows = ()
+        if plan is not None:
+            seqs = self._rows.get(plan.step) or (self._committed[1] if self._committed[0] == plan.step else [])
+            rows = tuple(SeqState(seq.seq_id, seq.request_id, seq.num_tokens, seq.num_cached_tokens,
+                                  seq.num_completion_tokens, seq.status.name, seq.finish_reason,
+                                  tuple(seq.block_table), tuple(bm.ref_counts(seq)),
+                                  tuple(bm.blocks[b].ref_count for b in held))
+                         for seq, held in zip(seqs, plan.block_tables))
+        return SchedulerSnapshot(tuple(s.seq_id for s in self.waiting), tuple(s.seq_id for s in self.running),
+                                 bm.num_free_blocks, bm.num_blocks, bm.prefix_queries, bm.prefix_hits, rows)
 
     def abort(self, seq: Sequence) -> bool:
         """Take a sequence out between steps (a cancelled request): its blocks go back to the pool

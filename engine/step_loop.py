@@ -14,8 +14,10 @@ sequence's rows in flight take back). Its rules of when to plan ahead are one pr
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from .scheduler_snapshot import SchedulerSnapshot
 from .step_result import StepFailed, StepResult
 
 
@@ -29,13 +31,14 @@ class Scheduled:
 
 @dataclass(slots=True)
 class Launched:
-    """A step on the device: what was scheduled, rank 0's handle on it, and the queues it left (read before the
-    next step is scheduled, when one is scheduled before it commits; else at its commit)."""
+    """A step on the device: what was scheduled, rank 0's handle on it, and what it left of the scheduler's queues
+    and pool (read before the next step is scheduled, when one is scheduled before it commits; else at its
+    commit)."""
     n: int
     plan: object
     handle: object
     prefix: tuple[int, int]
-    queues: tuple[int, int, int] | None = None    # waiting, running, free blocks after it
+    after: SchedulerSnapshot | None = None
 
 
 class SyncLoop:
@@ -51,6 +54,9 @@ class SyncLoop:
         self.executor = engine.executor
         self.launches = 0      # steps scheduled (each one's number)
         self.step_count = 0    # steps committed (the number of the last one)
+        # The ids the last committed step sampled: what the device read for a decode row of the next step whose
+        # token it did not know when that step was planned (BatchPlan.from_previous).
+        self.last_sampled: list[int] | None = None
 
     def step(self) -> StepResult:
         return self.commit(self.launch(self.schedule()))
@@ -66,13 +72,13 @@ class SyncLoop:
         if engine.before_schedule is not None:
             engine.before_schedule()
         n = self.launches + 1
-        bm = self.scheduler.block_manager
-        before = bm.prefix_queries, bm.prefix_hits
+        before = self.scheduler.snapshot()
         if engine.events is not None:
-            engine.events.scheduling(n)
+            engine.events.scheduling(n, before)
         plan = self.scheduler.schedule()
         self.launches = n
-        return Scheduled(n, plan, (bm.prefix_queries - before[0], bm.prefix_hits - before[1]))
+        after = self.scheduler.snapshot()
+        return Scheduled(n, plan, (after.prefix_queries - before.prefix_queries, after.prefix_hits - before.prefix_hits))
 
     def launch(self, s: Scheduled) -> Launched:
         """Queue a scheduled step on every rank."""
@@ -92,32 +98,34 @@ class SyncLoop:
         try:
             sampled = step.handle.token_ids()
         except Exception as exc:
+            self.last_sampled = None
             raise self.step_failed(step.n, step.plan, exc) from exc
         plan = step.plan
         tokens, reasons = self.scheduler.commit(plan, sampled)
+        inputs = step.handle.inputs
         if plan.from_previous is not None:  # the ids its decode rows read on the device are on the host now
-            step.handle.inputs.input_ids = [seq.token_ids[p] for seq, p in zip(plan.seqs, plan.starts[:plan.num_decodes])] \
-                + plan.input_ids[plan.num_decodes:]
+            inputs = dataclasses.replace(inputs, input_ids=self.read_on_device(plan))
+        self.last_sampled = sampled
         self.step_count = step.n
         if self.engine.events is not None:
             self.engine.events.committed(step.n, plan, tokens, sampled)
-        return StepResult.of(step.n, plan, step.handle.inputs, tokens, reasons,
-                             step.queues or self.queues(), self.scheduler.block_manager.num_blocks, step.prefix)
+        return StepResult.of(step.n, plan, inputs, tokens, reasons, step.after or self.scheduler.snapshot(),
+                             step.prefix)
 
-    def queues(self) -> tuple[int, int, int]:
-        sched = self.scheduler
-        return len(sched.waiting), len(sched.running), sched.block_manager.num_free_blocks
+    def read_on_device(self, plan) -> list[int]:
+        """The plan's input ids with the ones its decode rows read on the device (the step before's samples)
+        filled in; 0 where those samples never reached the host (that step failed)."""
+        previous = self.last_sampled
+        known = [previous[r] if r >= 0 and previous is not None else t
+                 for r, t in zip(plan.from_previous, plan.input_ids)]
+        return known + plan.input_ids[plan.num_decodes:]
 
     def step_failed(self, n: int, plan, exc: Exception) -> StepFailed:
         """Take a failed step's sequences out (blocks back to the pool) and say whether the engine survives."""
         fatal = self.executor.broken
-        seqs = [s for s in plan.seqs if not s.is_finished or s.finish_reason == "length"]
-        if not fatal:
-            for seq, samples in zip(plan.seqs, plan.samples):
-                self.scheduler.fail(seq, samples)
-        what = "the engine cannot continue" if fatal else f"its {len(seqs)} sequence(s) were aborted"
-        return StepFailed(f"step {n} failed ({type(exc).__name__}: {exc}); {what}",
-                          [s.seq_id for s in seqs], [s.request_id for s in seqs], fatal)
+        seq_ids, request_ids = self.scheduler.fail_step(plan, undo=not fatal)
+        what = "the engine cannot continue" if fatal else f"its {len(seq_ids)} sequence(s) were aborted"
+        return StepFailed(f"step {n} failed ({type(exc).__name__}: {exc}); {what}", seq_ids, request_ids, fatal)
 
     def drain(self) -> None:
         """Commit what is still on the device (the engine is exiting)."""
@@ -145,7 +153,7 @@ class OverlappedLoop(SyncLoop):
         self.queued = None
         if not self.run_ahead(current):
             return self.commit(current)
-        current.queues = self.queues()  # what it leaves, before the next step changes it
+        current.after = self.scheduler.snapshot()  # what it leaves, before the next step changes it
         ahead = self.schedule_ahead()
         if ahead is None or self.executor.replays_graph(ahead.plan):
             self.queued = ahead and self.launch_ahead(ahead)   # a graph replay: launched now

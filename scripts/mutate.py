@@ -166,7 +166,7 @@ MUTATIONS = [
     M("P7", "engine/sampler.py", "+ t * _POS_SALT) & _M63", ") & _M63",
       "a row's noise does not depend on the position it samples"),
     # --- the engine loop (engine/llm.py, engine/step_events.py) -------------------------------------------
-    M("L1", "engine/step_loop.py", "        current.queues = self.queues()", "        pass",
+    M("L1", "engine/step_loop.py", "        current.after = self.scheduler.snapshot()", "        pass",
       "a step's queue counts are read after the next step was scheduled"),
     M("L4", "engine/step_loop.py", "        if ahead is None or self.executor.replays_graph(ahead.plan):", "        if True:",
       "an eager step scheduled ahead is launched before the step before it commits (holds its tokens back)"),
