@@ -40,7 +40,8 @@ FAST_TESTS = [
     "tests/test_api.py", "tests/test_async_scheduling.py", "tests/test_scheduler_model.py",
     "tests/test_mixed_graphs.py", "tests/test_step_result.py", "tests/test_invariants_fire.py",
     "tests/test_judges_at_edges.py", "tests/test_bench_compare.py", "tests/test_report.py",
-    "tests/test_elementwise_kernels.py",
+    "tests/test_elementwise_kernels.py", "tests/test_policies.py", "tests/test_step_loop.py",
+    "tests/test_batch_plan.py", "tests/test_graph_dispatch.py",
 ]
 CASES_TIMEOUT_S = 900
 TESTS_TIMEOUT_S = 1500
