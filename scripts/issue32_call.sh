@@ -2,7 +2,7 @@
 # Issue 32's device calls (one H200). Each mode writes logs and JSON under $OUT/r and packs them into $OUT/r.tgz.
 #   probe:  the kernel tests on the GPU (fused decode, FP8 KV, Triton kernels), batch-1 with the fused decode
 #           kernels under each PDL mode and without them (interleaved), their profiles, offline nano bf16 and fp8,
-#           the FP8 decode-attention knob sweep.
+#           the FP8 decode-attention knob sweep, and the budget cliff (scripts/budget_cliff.py).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -31,6 +31,7 @@ if [ "$mode" = probe ]; then
   st 150 nano-bf16 $B --workload nano --graph --repeats 3 --out $R/nano-bf16.json
   st 150 nano-fp8 $B --workload nano --graph --repeats 3 --kv-cache-dtype fp8 --out $R/nano-fp8.json
   st 60 sweep python3 scripts/fp8_decode_sweep.py --out $R/sweep.json
+  st 240 cliff python3 scripts/budget_cliff.py --model $M --out $R/cliff.json
   python3 - "$R" <<'PY' > "$R/summary.txt" 2>&1
 import json, glob, os, sys
 r = sys.argv[1]

@@ -162,7 +162,7 @@ def test_reference_prefill_without_tables_sees_the_stored_values():
 
 
 def _engine(model, **kw):
-    args = dict(enforce_eager=True, device="cpu", max_model_len=512, max_num_batched_tokens=512,
+    args = dict(enforce_eager=True, device=DEVICE, max_model_len=512, max_num_batched_tokens=512,
                 kvcache_block_size=16, dtype="float32")
     args.update(kw)
     return LLM(model, **args)

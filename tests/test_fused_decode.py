@@ -79,41 +79,45 @@ def test_partials_norm_is_the_final_add_rms_norm():
 
 def test_split_for_fills_the_gpu_but_keeps_ranges_long():
     assert split_for(1024, 2048, 132) == 4   # o_proj: 64 tiles x 4 = 256 programs, K ranges of 512
-    assert split_for(1024, 3072, 132) == 4   # down_proj
+    assert split_for(1024, 3072, 132) == 3   # down_proj: ranges of 1024 (768 would need masked loads)
     assert split_for(4096, 1024, 132) == 1   # 256 tiles already
     assert split_for(64, 300, 132) == 1      # too short to split
+    assert split_for(64, 512, 132) == 2      # as many as there are: 2 x 256
 
 
 def _prefilled(model_dir, dtype, kv_cache_dtype="auto"):
     """The tiny model with three sequences prefilled into its pool (unfused path); returns the engine, the
     decode step's inputs and the pool as the prefill left it."""
-    llm = LLM(model_dir, device="cpu", attention_backend="triton", dtype=dtype, enforce_eager=True,
-              kvcache_block_size=16, num_kvcache_blocks=12, max_model_len=256, kv_cache_dtype=kv_cache_dtype)
+    # custom_kernels off: the model's own forward is the unfused path, on a GPU too.
+    llm = LLM(model_dir, device=DEVICE, attention_backend="triton", dtype=dtype, enforce_eager=True,
+              kvcache_block_size=16, num_kvcache_blocks=12, max_model_len=256, kv_cache_dtype=kv_cache_dtype,
+              custom_kernels=False)
     runner = llm.model_runner
     lens, tables = [20, 33, 7], [[3, 0], [5, 1, 7], [2]]
     width = 3
-    t = torch.tensor([r + [-1] * (width - len(r)) for r in tables], dtype=torch.int32)
+    t = torch.tensor([r + [-1] * (width - len(r)) for r in tables], dtype=torch.int32, device=DEVICE)
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(100, 1000, (sum(lens),), generator=g)
-    pos = torch.cat([torch.arange(n) for n in lens])
+    ids = torch.randint(100, 1000, (sum(lens),), generator=g).to(DEVICE)
+    pos = torch.cat([torch.arange(n) for n in lens]).to(DEVICE)
     slots = torch.tensor([tables[i][p // 16] * 16 + p % 16 for i, n in enumerate(lens) for p in range(n)],
-                         dtype=torch.int32)
+                         dtype=torch.int32, device=DEVICE)
     cu = [0]
     for n in lens:
         cu.append(cu[-1] + n)
-    cu_t = torch.tensor(cu, dtype=torch.int32)
+    cu_t = torch.tensor(cu, dtype=torch.int32, device=DEVICE)
     with torch.inference_mode():
         set_context(Context(slots, None, PrefillMeta(cu_t, cu_t, max(lens), max(lens), t, cu, cu)))
         runner.model(ids, pos)
         reset_context()
-    dec = dict(ids=torch.randint(100, 1000, (3,), generator=g), pos=torch.tensor(lens),
-               slots=torch.tensor([tables[i][n // 16] * 16 + n % 16 for i, n in enumerate(lens)], dtype=torch.int32),
-               ctx=torch.tensor([n + 1 for n in lens], dtype=torch.int32), tables=t)
+    dec = dict(ids=torch.randint(100, 1000, (3,), generator=g).to(DEVICE), pos=torch.tensor(lens, device=DEVICE),
+               slots=torch.tensor([tables[i][n // 16] * 16 + n % 16 for i, n in enumerate(lens)], dtype=torch.int32,
+                                  device=DEVICE),
+               ctx=torch.tensor([n + 1 for n in lens], dtype=torch.int32, device=DEVICE), tables=t)
     return llm, dec, runner.kv_cache.clone()
 
 
 @pytest.mark.parametrize("rows", [1, 3])
-@pytest.mark.parametrize("dtype, splits", [("float32", 1), ("float32", 2), ("float16", 1)])
+@pytest.mark.parametrize("dtype, splits", [("float32", 1), ("float32", 2), ("float16", 1), ("float16", 3)])
 def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, splits):
     llm, dec, pool = _prefilled(tiny_model, dtype)
     runner = llm.model_runner

@@ -69,10 +69,10 @@ def _x_rows(x_ptr, part_ptr, res_ptr, offs_m, offs_k, mask, M, K, stride_xm,
     if S_IN == 0:
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
     else:
-        x = tl.zeros(mask.shape, tl.float32)
-        for s in tl.static_range(S_IN):
-            x += tl.load(part_ptr + (s * M + offs_m[:, None]).to(tl.int64) * K + offs_k[None, :], mask=mask,
-                         other=0.0)
+        rows = part_ptr + offs_m[:, None].to(tl.int64) * K + offs_k[None, :]
+        x = tl.load(rows, mask=mask, other=0.0)  # (0 + the first partial: the reduce kernel's first sum, exactly)
+        for s in tl.static_range(1, S_IN):
+            x += tl.load(rows + s * M * K, mask=mask, other=0.0)
         x = _rnd(x, DT)
     if RESIDUAL:
         r = tl.load(res_ptr + offs_m[:, None] * K + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -84,6 +84,7 @@ def _x_rows(x_ptr, part_ptr, res_ptr, offs_m, offs_k, mask, M, K, stride_xm,
 def _gemv_kernel(
     w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_ptr, M, N, K, KS, stride_wn, stride_xm, up_rows, eps,
     S_IN: tl.constexpr, RESIDUAL: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, PARTIALS: tl.constexpr,
+    EVEN: tl.constexpr, FULL_EVEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_FULL: tl.constexpr,
     USE_PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -97,15 +98,16 @@ def _gemv_kernel(
     n_mask = offs_n < N
     kk = tl.arange(0, BLOCK_K)
     offs_k = pid_k * KS + kk
+    # EVEN (the K range is the whole tile): no mask along the contiguous dimension, so loads are 16-byte wide.
     k_mask = (kk < KS) & (offs_k < K)
-    w_mask = n_mask[:, None] & k_mask[None, :]
+    w_mask = n_mask[:, None] if EVEN else n_mask[:, None] & k_mask[None, :]
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     # Nothing here depends on the previous kernel: these loads overlap its tail under PDL.
     w = tl.load(w_rows, mask=w_mask, other=0.0)
     if SILU:
         wu = tl.load(w_rows + up_rows * stride_wn, mask=w_mask, other=0.0)
     if NORM:
-        nw = tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        nw = (tl.load(nw_ptr + offs_k) if EVEN else tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0)).to(tl.float32)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         if EARLY:
@@ -113,12 +115,12 @@ def _gemv_kernel(
 
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
-    x_mask = m_mask[:, None] & k_mask[None, :]
+    x_mask = m_mask[:, None] if EVEN else m_mask[:, None] & k_mask[None, :]
     x = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, offs_k, x_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
     if NORM:
         # The statistics need whole rows: every program reads them (a few KiB, from L2) and gets the same sums.
         kf = tl.arange(0, K_FULL)
-        full_mask = m_mask[:, None] & (kf < K)[None, :]
+        full_mask = m_mask[:, None] if FULL_EVEN else m_mask[:, None] & (kf < K)[None, :]
         h = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, kf, full_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
         if RESIDUAL:
             if (pid_n == 0) & (pid_k == 0):  # the new residual stream, written once
@@ -152,12 +154,13 @@ def _gemv_kernel(
 
 
 def split_for(N: int, K: int, num_sms: int, block_n: int = _BLOCK_N) -> int:
-    """Splits of K so that there is a program for every SM at least, each with a K range of at least 256."""
+    """Splits of K: the fewest that give every SM a program, among those that cut K into equal power-of-two
+    ranges of at least 256 (whole tiles: unmasked, 16-byte loads); the most such splits if none reaches that."""
     tiles = triton.cdiv(N, block_n)
-    split = 1
-    while tiles * split < num_sms and K // (split * 2) >= 256:
-        split *= 2
-    return split
+    even = [s for s in range(1, 17) if K % s == 0 and (K // s) & (K // s - 1) == 0 and K // s >= 256]
+    if not even:
+        return 1
+    return next((s for s in even if tiles * s >= num_sms), even[-1])
 
 
 def gemv(w: torch.Tensor, *, x: torch.Tensor | None = None, partials: torch.Tensor | None = None,
@@ -191,7 +194,9 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | None = None, partials: torch.Tens
         residual if residual is not None else w, res_out, norm_weight if norm_weight is not None else w, y,
         M, N, K, ks, w.stride(0), x.stride(0) if x is not None else K, N, float(eps),
         S_IN=0 if partials is None else partials.shape[0], RESIDUAL=residual is not None,
-        NORM=norm_weight is not None, SILU=silu, PARTIALS=partials_out, BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
+        NORM=norm_weight is not None, SILU=silu, PARTIALS=partials_out,
+        EVEN=ks == triton.next_power_of_2(ks) and ks >= 16 and K % ks == 0,
+        FULL_EVEN=K == triton.next_power_of_2(K), BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
         BLOCK_K=max(16, triton.next_power_of_2(ks)), K_FULL=triton.next_power_of_2(K), USE_PDL=use_pdl,
         EARLY=early, DOT_PRECISION=dot_precision(dtype), num_warps=_WARPS, enable_fp_fusion=False, **launch)
     return (y, res_out) if residual is not None else y
@@ -217,6 +222,40 @@ def _norm_rope(src, w_ptr, cos, sin, eps, rows, rmask, D: tl.constexpr, DT: tl.c
     return _rnd(o1, DT), _rnd(o2, DT)
 
 
+@triton.jit
+def _tile(k_cache_ptr, v_cache_ptr, table, head_base, n, end, stride_block, stride_row,
+          BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_TILES: tl.constexpr):
+    """The K and V rows [n, n + BLOCK_N) of one head, masked to positions < end (decode_attention's loads)."""
+    rows = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, HEAD_DIM)
+    offs = n + rows
+    nmask = offs < end
+    if PAGE_TILES:
+        block = tl.load(table + n // BLOCK_SIZE).to(tl.int64)
+        row_off = block * stride_block + head_base + (n % BLOCK_SIZE + rows) * stride_row
+    else:
+        block = tl.load(table + offs // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
+        row_off = block * stride_block + head_base + (offs % BLOCK_SIZE) * stride_row
+    kv_off = row_off[:, None] + d[None, :]
+    k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
+    v = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
+    return k, v, nmask
+
+
+@triton.jit
+def _online(q, k, v, nmask, m_i, l_i, acc, scale_log2, DT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One tile of online softmax (decode_attention's loop body): returns the new (m, l, acc)."""
+    s = tl.dot(q, tl.trans(k.to(DT)), input_precision=DOT_PRECISION) * scale_log2
+    s = tl.where(nmask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a split with no old keys yet
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DT), v.to(DT), input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _qkv_attention_kernel(
     qkv_ptr, stride_qkv, pos_ptr, cs_ptr, cs_stride, qw_ptr, kw_ptr, eps, slot_ptr,
@@ -227,9 +266,11 @@ def _qkv_attention_kernel(
     PARTIALS: tl.constexpr, USE_PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """decode_attention._decode_split_kernel with its inputs made here: q (this program's query heads) and this
-    token's k normed and rotated from the qkv row, and, by the one program whose split holds the newest
-    position, that token's K/V written to the pool before the program reads its tiles (a barrier in between:
-    the same program wrote them, so the tile it loads holds exactly the stored values)."""
+    token's k normed and rotated from the qkv row. Keys and values of the older positions come from the pool;
+    the newest token's, from registers, as stored (an FP8 pool's e4m3 values), by the program whose split
+    holds it, which also writes them to the pool for later steps. Everything but the qkv row was written two
+    or more kernels back (the step's inputs, the pool's older rows), so the first tile is loaded before the
+    wait, under the previous kernel's tail."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -240,70 +281,62 @@ def _qkv_attention_kernel(
     c = tl.arange(0, HALF)[None, :]
     gmask = g < GROUP
     heads = kvh * GROUP + g
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        if EARLY:
-            tl.extra.cuda.gdc_launch_dependents()
     ctx = tl.load(context_lens_ptr + b)
+    newest = ctx - 1
     tiles = tl.cdiv(ctx, BLOCK_N)
     tiles_per_split = tl.cdiv(tiles, num_splits)
     start = split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, ctx)
-
+    old_end = tl.minimum(end, newest)  # the older positions of this split: read from the pool
     pos = tl.load(pos_ptr + b).to(tl.int64)
+    slot = tl.load(slot_ptr + b).to(tl.int64)
     cos = _rnd(tl.load(cs_ptr + pos * cs_stride + c), DT)
     sin = _rnd(tl.load(cs_ptr + pos * cs_stride + HALF + c), DT)
+    table = block_tables_ptr + b * stride_bt
+    head_base = kvh * stride_head
+    k0, v0, mask0 = _tile(k_cache_ptr, v_cache_ptr, table, head_base, start, old_end, stride_block, stride_row,
+                          BLOCK_SIZE, BLOCK_N, HEAD_DIM, PAGE_TILES)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        if EARLY:
+            tl.extra.cuda.gdc_launch_dependents()
+
     row = qkv_ptr + b.to(tl.int64) * stride_qkv
     q1, q2 = _norm_rope(row, qw_ptr, cos, sin, eps, heads, gmask, HEAD_DIM, DT)
     q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (GROUP_PAD, HEAD_DIM)).to(DT)
-
-    slot = tl.load(slot_ptr + b).to(tl.int64)
-    newest = ctx - 1
-    if (slot >= 0) & (start <= newest) & (newest < end):
-        one = tl.arange(0, 1)
-        k1, k2 = _norm_rope(row + NQ * HEAD_DIM, kw_ptr, cos, sin, eps, kvh + one, one < 1, HEAD_DIM, DT)
-        v = tl.load(row + (NQ + NK + kvh) * HEAD_DIM + d)
-        dst = (slot // BLOCK_SIZE) * stride_block + kvh * stride_head + (slot % BLOCK_SIZE) * stride_row
-        kd = k_cache_ptr + dst + one[:, None] * 0
-        if FP8:
-            tl.store(kd + c, _e4m3(tl.clamp(k1 * k_inv_scale, -448.0, 448.0)))
-            tl.store(kd + HALF + c, _e4m3(tl.clamp(k2 * k_inv_scale, -448.0, 448.0)))
-            tl.store(v_cache_ptr + dst + d, _e4m3(tl.clamp(v.to(tl.float32) * v_inv_scale, -448.0, 448.0)))
-        else:
-            tl.store(kd + c, k1.to(DT))
-            tl.store(kd + HALF + c, k2.to(DT))
-            tl.store(v_cache_ptr + dst + d, v)
-    tl.debug_barrier()
-
-    rows = tl.arange(0, BLOCK_N)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    table = block_tables_ptr + b * stride_bt
-    head_base = kvh * stride_head
-    for n in range(start, end, BLOCK_N):
-        offs = n + rows
-        nmask = offs < end
-        if PAGE_TILES:
-            block = tl.load(table + n // BLOCK_SIZE).to(tl.int64)
-            row_off = block * stride_block + head_base + (n % BLOCK_SIZE + rows) * stride_row
+    if start < old_end:
+        m_i, l_i, acc = _online(q, k0, v0, mask0, m_i, l_i, acc, scale_log2, DT, DOT_PRECISION)
+    for n in range(start + BLOCK_N, old_end, BLOCK_N):
+        k, v, nmask = _tile(k_cache_ptr, v_cache_ptr, table, head_base, n, old_end, stride_block, stride_row,
+                            BLOCK_SIZE, BLOCK_N, HEAD_DIM, PAGE_TILES)
+        m_i, l_i, acc = _online(q, k, v, nmask, m_i, l_i, acc, scale_log2, DT, DOT_PRECISION)
+
+    if (start <= newest) & (newest < end):
+        one = tl.arange(0, 1)
+        k1, k2 = _norm_rope(row + NQ * HEAD_DIM, kw_ptr, cos, sin, eps, kvh + one, one < 1, HEAD_DIM, DT)
+        k_new = tl.reshape(tl.permute(tl.join(k1, k2), (0, 2, 1)), (1, HEAD_DIM))
+        v_new = tl.load(row + (NQ + NK + kvh) * HEAD_DIM + d)[None, :].to(tl.float32)
+        if FP8:  # as stored: what every later step reads back
+            k_new = _e4m3(tl.clamp(k_new * k_inv_scale, -448.0, 448.0))
+            v_new = _e4m3(tl.clamp(v_new * v_inv_scale, -448.0, 448.0))
         else:
-            block = tl.load(table + offs // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
-            row_off = block * stride_block + head_base + (offs % BLOCK_SIZE) * stride_row
-        kv_off = row_off[:, None] + d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
-        if FP8:
-            k = k.to(DT)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-        s = tl.where(nmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            k_new = k_new.to(DT)
+            v_new = v_new.to(DT)
+        if slot >= 0:
+            dst = (slot // BLOCK_SIZE) * stride_block + kvh * stride_head + (slot % BLOCK_SIZE) * stride_row
+            tl.store(k_cache_ptr + dst + d[None, :], k_new)
+            tl.store(v_cache_ptr + dst + d[None, :], v_new)
+        kf = k_new.to(DT).to(tl.float32)
+        vf = v_new.to(DT).to(tl.float32)
+        s_new = tl.sum(q.to(tl.float32) * kf, axis=1) * scale_log2
+        m_new = tl.maximum(m_i, s_new)
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        vt = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
-        if FP8:
-            vt = vt.to(DT)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DT), vt, input_precision=DOT_PRECISION)
+        p = tl.exp2(s_new - m_new)
+        l_i = l_i * alpha + p
+        acc = acc * alpha[:, None] + _rnd(p, DT)[:, None] * vf  # (the tiles' dot takes p in the model dtype)
         m_i = m_new
     if FP8:
         acc = acc * v_scale
