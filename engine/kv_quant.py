@@ -3,8 +3,10 @@ vLLM's flag and Config field name).
 
 What attention computes with FP8, on every path (the Triton kernels, the torch reference, prefill and decode):
 a K or V row x is stored as q = e4m3(clamp(x * (1 / scale), -448, 448)), rounded to nearest even; attention
-reads q exactly (every e4m3 value is exact in bf16, fp16 and fp32), multiplies the scale into the scores (K)
-and into the output (V). So a prefix-cache hit, a chunk's earlier part and this step's own tokens are all seen
+reads q exactly (every e4m3 value is exact in fp16 and fp32), multiplies the scale into the scores (K) and into
+the output (V), and takes the softmax probabilities into the value product in float16 for a 16-bit model (float32
+for a float32 one): e4m3 -> float16 is one Hopper instruction for two values, where bfloat16 needs a second
+conversion a value, which bounded the decode kernel at half the FP8 bytes' speed (docs/perf.md). So a prefix-cache hit, a chunk's earlier part and this step's own tokens are all seen
 as stored: chunking and caching never change what a token attends to, as with the model dtype.
 
 The scales are per tensor (one K and one V scale per layer), 1.0 by default as in vLLM when no calibrated
@@ -17,6 +19,11 @@ import torch
 from .config import KV_CACHE_DTYPES  # noqa: F401 - the choices, declared with the other Config choices
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
+
+
+def fp8_compute_dtype(model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype attention computes in over an FP8 pool: float16 for a 16-bit model, else the model's."""
+    return torch.float16 if model_dtype in (torch.bfloat16, torch.float16) else model_dtype
 
 
 def is_fp8(kv_cache_dtype: str) -> bool:

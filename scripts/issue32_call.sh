@@ -3,6 +3,7 @@
 #   probe:  the kernel tests on the GPU (fused decode, FP8 KV, Triton kernels), batch-1 with the fused decode
 #           kernels under each PDL mode and without them (interleaved), their profiles, offline nano bf16 and fp8,
 #           the FP8 decode-attention knob sweep, and the budget cliff (scripts/budget_cliff.py).
+#   probe2: the same after the first round of fixes (fused and unfused batch-1 only, no profile traces kept).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -16,6 +17,19 @@ B="python3 -m labkit bench --model $M --device cuda"
 [ -f $M/config.json ] || st 120 fake python3 -m labkit model fake --preset qwen3-0.6b --out $M
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$R/gpu.txt" 2>&1
 mode=${1:-probe}
+if [ "$mode" = probe2 ]; then
+  st 240 pytest python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_fused_decode.py tests/test_fp8_kv.py tests/test_triton_kernels.py
+  for round in 1 2; do
+    st 90 b1-unfused-$round $B --workload batch1 --no-fused-decode --out $R/b1-unfused-$round.json
+    st 90 b1-fused-$round $B --workload batch1 --out $R/b1-fused-$round.json
+  done
+  st 120 prof-fused $B --workload batch1 --repeats 1 --profile --out $R/prof-fused.json
+  st 150 nano-bf16 $B --workload nano --graph --repeats 3 --out $R/nano-bf16.json
+  st 150 nano-fp8 $B --workload nano --graph --repeats 3 --kv-cache-dtype fp8 --out $R/nano-fp8.json
+  st 60 sweep python3 scripts/fp8_decode_sweep.py --out $R/sweep.json
+  st 200 cliff python3 scripts/budget_cliff.py --model $M --budgets 2048,8192 --out $R/cliff.json
+  rm -f $R/*.trace.json
+fi
 if [ "$mode" = probe ]; then
   st 240 pytest python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_fused_decode.py tests/test_fp8_kv.py tests/test_triton_kernels.py
   for round in 1 2; do

@@ -209,3 +209,23 @@ def test_gumbel_argmax_all_minus_inf_row_gives_index_zero_like_torch():
     logits = torch.full((1, 300), float("-inf"), device=DEVICE)
     seeds = torch.ones(1, dtype=torch.int64, device=DEVICE)
     assert gumbel_argmax(logits, torch.zeros(1, device=DEVICE), seeds, block=64, num_chunks=4).tolist() == [0]
+
+
+def test_step_input_pointers_are_not_specialised_on_alignment():
+    """A CUDA graph's step inputs are views at arbitrary offsets of one buffer, an eager step's are separate
+    16-byte-aligned uploads: specialised on alignment, the first eager step after start-up compiled a new
+    variant mid-run (a 0.7 s stall, docs/perf.md session 11). Every kernel that reads them opts out."""
+    import inspect
+
+    from engine.kernels import decode_attention, kv_write, prefill_attention, qk_norm_rope
+
+    if "do_not_specialize_on_alignment" not in inspect.signature(triton.jit).parameters:
+        pytest.skip("this Triton has no do_not_specialize_on_alignment")
+    want = {decode_attention._decode_split_kernel: {"block_tables_ptr", "context_lens_ptr"},
+            prefill_attention._prefill_kernel: {"block_tables_ptr", "cu_q_ptr", "cu_k_ptr"},
+            kv_write._store_kv_kernel: {"slot_ptr"}, qk_norm_rope._qk_norm_rope_kernel: {"pos_ptr"}}
+    for kernel, names in want.items():
+        given = getattr(kernel, "do_not_specialize_on_alignment", None)  # a JITFunction (GPU)
+        if given is None:  # Triton's interpreter keeps the jit keywords as they were given
+            given = kernel.kwargs.get("do_not_specialize_on_alignment", [])
+        assert names <= set(given), kernel

@@ -7,7 +7,7 @@ import torch
 
 from ..context import DecodeMeta, PrefillMeta
 from ..kv_layout import token_major
-from ..kv_quant import FP8, as_stored, quantize
+from ..kv_quant import FP8, as_stored, fp8_compute_dtype, quantize
 
 NEEDS_PREFILL_BLOCK_TABLES = False
 FP8_KV = True  # reads an FP8 pool (engine/kv_quant.py)
@@ -54,10 +54,12 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, v_s
     # Query i sits at position lk - lq + i and may see keys 0 .. lk - lq + i.
     allowed = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(diagonal=lk - lq)
     scores = scores.masked_fill(~allowed, float("-inf"))
-    # Probabilities in the model's dtype before the value product, as Transformers' eager attention does.
-    probs = scores.softmax(dim=-1).to(q.dtype)
+    # Probabilities in the model's dtype before the value product, as Transformers' eager attention does; in
+    # float16 over an FP8 pool (engine/kv_quant.py).
     if v_scale is not None:
-        return (torch.einsum("hqk,khd->qhd", probs.float(), v.float()) * v_scale).to(q.dtype)
+        probs = scores.softmax(dim=-1).to(fp8_compute_dtype(q.dtype)).float()
+        return (torch.einsum("hqk,khd->qhd", probs, v.float()) * v_scale).to(q.dtype)
+    probs = scores.softmax(dim=-1).to(q.dtype)
     return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
 
 
@@ -99,7 +101,7 @@ def decode(q, k_cache, v_cache, ctx: DecodeMeta, scale: float, k_scale: float = 
     scores = torch.einsum("bkgd,blkd->bkgl", qg, k) * (scale * k_scale if fp8 else scale)
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = scores.softmax(dim=-1).nan_to_num(0.0)  # a padded row (context 0) attends to nothing
-    out = torch.einsum("bkgl,blkd->bkgd", probs.to(q.dtype).float(), v)
+    out = torch.einsum("bkgl,blkd->bkgd", probs.to(fp8_compute_dtype(q.dtype) if fp8 else q.dtype).float(), v)
     if fp8:
         out = out * v_scale
     return out.reshape(batch, num_heads, head_dim).to(q.dtype)

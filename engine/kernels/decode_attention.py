@@ -27,14 +27,18 @@ import torch
 import triton
 import triton.language as tl
 
-from . import dot_precision
+from . import dot_precision, unaligned
 
 # The configuration the engine launches. From the H200 sweep of scripts/kernel_bench.py (docs/perf.md, 2026-11-30): best mean TB/s over 256x800,
 # 256x2048 and the nano mix, +0.2 TB/s over block_n 64 / 3 stages.
 DEFAULTS = {"block_n": 128, "num_warps": 4, "num_stages": 2}
 
 
-@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
+# The step's small int inputs (tables, lengths, slots, positions) are views into one graph buffer in a CUDA graph
+# and separate uploads in an eager step: their addresses align differently, and Triton compiles a variant per
+# alignment. Not specialised, every step shares the variant compiled at start-up (docs/perf.md: the first eager
+# mixed step of a `--budget 8192` server compiled one mid-run, a 0.7 s stall).
+@triton.jit(do_not_specialize=["num_splits", "stride_bt"], **unaligned("block_tables_ptr", "context_lens_ptr"))
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_desc, v_desc, block_tables_ptr, context_lens_ptr, out_ptr, acc_ptr, ml_ptr,
     num_splits, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
@@ -59,6 +63,10 @@ def _decode_split_kernel(
     heads = kvh * GROUP + g
     gmask = g < GROUP
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
+    # An FP8 pool is read in float16 (engine/kv_quant.py): e4m3 -> f16 is one Hopper instruction for two values,
+    # where bf16 takes a second conversion each and bounds the kernel; q's bf16 values are exact in float16.
+    CD: tl.constexpr = tl.float16 if FP8 and q_ptr.dtype.element_ty != tl.float32 else q_ptr.dtype.element_ty
+    q = q.to(CD)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -84,8 +92,8 @@ def _decode_split_kernel(
                 row_off = block * stride_block + head_base + (offs % BLOCK_SIZE) * stride_row
             kv_off = row_off[:, None] + d[None, :]
             k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
-        if FP8:  # e4m3 is exact in the query's dtype; the K scale is in scale_log2
-            k = k.to(q.dtype)
+        if FP8:  # e4m3 is exact in float16; the K scale is in scale_log2
+            k = k.to(CD)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
         s = tl.where(nmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -98,7 +106,7 @@ def _decode_split_kernel(
         else:
             v = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
         if FP8:
-            v = v.to(q.dtype)
+            v = v.to(CD)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 

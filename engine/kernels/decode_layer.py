@@ -303,16 +303,18 @@ def _qkv_attention_kernel(
 
     row = qkv_ptr + b.to(tl.int64) * stride_qkv
     q1, q2 = _norm_rope(row, qw_ptr, cos, sin, eps, heads, gmask, HEAD_DIM, DT)
-    q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (GROUP_PAD, HEAD_DIM)).to(DT)
+    # An FP8 pool is read in float16 (decode_attention.py says why): q's model-dtype values are exact there.
+    CD: tl.constexpr = tl.float16 if FP8 and DT != tl.float32 else DT
+    q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (GROUP_PAD, HEAD_DIM)).to(CD)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     if start < old_end:
-        m_i, l_i, acc = _online(q, k0, v0, mask0, m_i, l_i, acc, scale_log2, DT, DOT_PRECISION)
+        m_i, l_i, acc = _online(q, k0, v0, mask0, m_i, l_i, acc, scale_log2, CD, DOT_PRECISION)
     for n in range(start + BLOCK_N, old_end, BLOCK_N):
         k, v, nmask = _tile(k_cache_ptr, v_cache_ptr, table, head_base, n, old_end, stride_block, stride_row,
                             BLOCK_SIZE, BLOCK_N, HEAD_DIM, PAGE_TILES)
-        m_i, l_i, acc = _online(q, k, v, nmask, m_i, l_i, acc, scale_log2, DT, DOT_PRECISION)
+        m_i, l_i, acc = _online(q, k, v, nmask, m_i, l_i, acc, scale_log2, CD, DOT_PRECISION)
 
     if (start <= newest) & (newest < end):
         one = tl.arange(0, 1)
@@ -329,14 +331,14 @@ def _qkv_attention_kernel(
             dst = (slot // BLOCK_SIZE) * stride_block + kvh * stride_head + (slot % BLOCK_SIZE) * stride_row
             tl.store(k_cache_ptr + dst + d[None, :], k_new)
             tl.store(v_cache_ptr + dst + d[None, :], v_new)
-        kf = k_new.to(DT).to(tl.float32)
-        vf = v_new.to(DT).to(tl.float32)
+        kf = k_new.to(CD).to(tl.float32)
+        vf = v_new.to(CD).to(tl.float32)
         s_new = tl.sum(q.to(tl.float32) * kf, axis=1) * scale_log2
         m_new = tl.maximum(m_i, s_new)
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s_new - m_new)
         l_i = l_i * alpha + p
-        acc = acc * alpha[:, None] + _rnd(p, DT)[:, None] * vf  # (the tiles' dot takes p in the model dtype)
+        acc = acc * alpha[:, None] + _rnd(p, CD)[:, None] * vf  # (the tiles' dot takes p in that dtype)
         m_i = m_new
     if FP8:
         acc = acc * v_scale

@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import unaligned
+
 
 @triton.jit
 def _e4m3(x):
@@ -26,7 +28,8 @@ def _e4m3(x):
     return rounded.to(tl.float32, bitcast=True).to(tl.float8e4nv)
 
 
-@triton.jit
+# (slots not specialised on their alignment: decode_attention.py says why)
+@triton.jit(**unaligned("slot_ptr"))
 def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                      stride_kt, stride_kh, stride_vt, stride_vh, stride_block, stride_head, stride_row,
                      k_inv_scale, v_inv_scale, QUANT: tl.constexpr, KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,

@@ -12,12 +12,13 @@ import torch
 import triton
 import triton.language as tl
 
-from . import dot_precision
+from . import dot_precision, unaligned
 
 
 # The block tables' width changes with the batch; specialised (== 1 when every prompt fits one block) it built
 # a second variant on a bench's first timed repeat (scripts/first_use_compiles.py).
-@triton.jit(do_not_specialize=["stride_bt"])
+# (int inputs not specialised on their alignment: decode_attention.py says why)
+@triton.jit(do_not_specialize=["stride_bt"], **unaligned("block_tables_ptr", "cu_q_ptr", "cu_k_ptr"))
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_q_ptr, cu_k_ptr, out_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bt,
@@ -42,6 +43,9 @@ def _prefill_kernel(
     q = tl.load(q_ptr + (q_start + m_idx)[:, None] * stride_qt + h * stride_qh + d[None, :], mask=m_mask[:, None],
                 other=0.0)
     q_pos = offset + m_idx
+    # An FP8 pool is read in float16 (decode_attention.py says why; engine/kv_quant.py the arithmetic).
+    CD: tl.constexpr = tl.float16 if FP8 and q_ptr.dtype.element_ty != tl.float32 else q_ptr.dtype.element_ty
+    q = q.to(CD)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -56,8 +60,8 @@ def _prefill_kernel(
             row_off = block * stride_block + kvh * stride_head + (n_idx % BLOCK_SIZE) * stride_row
             kv_off = row_off[:, None] + d[None, :]
             k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
-            if FP8:  # e4m3 is exact in q's dtype; the scale goes on the scores
-                k = k.to(q.dtype)
+            if FP8:  # e4m3 is exact in float16; the scale goes on the scores
+                k = k.to(CD)
         else:
             k = tl.load(k_ptr + (q_start + n_idx)[:, None] * stride_kt + kvh * stride_kh + d[None, :],
                         mask=n_mask[:, None], other=0.0)
@@ -72,7 +76,7 @@ def _prefill_kernel(
         if PAGED:
             v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
             if FP8:
-                v = v.to(q.dtype)
+                v = v.to(CD)
         else:
             v = tl.load(v_ptr + (q_start + n_idx)[:, None] * stride_vt + kvh * stride_vh + d[None, :],
                         mask=n_mask[:, None], other=0.0)

@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import unaligned
+
 
 @triton.jit
 def _rnd(x, DT: tl.constexpr):
@@ -44,7 +46,8 @@ def _norm_rope_heads(src, dst, w_ptr, cos, sin, eps, H: tl.constexpr, BLOCK_H: t
     tl.store(dst + offs + HALF, o2.to(DT), mask=mask)
 
 
-@triton.jit
+# (positions not specialised on their alignment: decode_attention.py says why)
+@triton.jit(**unaligned("pos_ptr"))
 def _qk_norm_rope_kernel(qkv_ptr, qkv_stride, pos_ptr, cache_ptr, cache_stride, qw_ptr, kw_ptr,
                          q_ptr, k_ptr, eps, NQ: tl.constexpr, NK: tl.constexpr, BLOCK_Q: tl.constexpr,
                          BLOCK_K: tl.constexpr, D: tl.constexpr):
