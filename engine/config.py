@@ -86,8 +86,10 @@ class Config:
         if not 1 <= self.tensor_parallel_size <= MAX_TENSOR_PARALLEL_SIZE:
             raise ValueError(f"tensor_parallel_size: must be between 1 and {MAX_TENSOR_PARALLEL_SIZE}, "
                              f"got {self.tensor_parallel_size}")
-        if not isinstance(self.num_kvcache_blocks, int) or (self.num_kvcache_blocks < 1 and self.num_kvcache_blocks != -1):
-            raise ValueError(f"num_kvcache_blocks: must be -1 (size automatically) or >= 1, got {self.num_kvcache_blocks!r}")
+        if not isinstance(self.num_kvcache_blocks, int) or (
+                self.num_kvcache_blocks < 1 and self.num_kvcache_blocks != -1):
+            raise ValueError("num_kvcache_blocks: must be -1 (size automatically) or >= 1, "
+                             f"got {self.num_kvcache_blocks!r}")
         if isinstance(self.kvcache_memory_bytes, bool) or not isinstance(self.kvcache_memory_bytes, int) or (
                 self.kvcache_memory_bytes < 1 and self.kvcache_memory_bytes != -1):
             raise ValueError(f"kvcache_memory_bytes: must be -1 (not set) or >= 1, got {self.kvcache_memory_bytes!r}")

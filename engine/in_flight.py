@@ -6,7 +6,8 @@ the synchronous step loop a sequence has at most one row in flight and nothing i
 that could not be launched. The overlapped loop (engine/step_loop.py) schedules the next step before this one
 commits, so a sequence may have a second row in flight, scheduled before an EOS it samples now was known (or
 before an abort): that row is taken back at once (`take_back`: its cached tokens and prefix-cache hashes; its
-placeholder is dropped) and its token dropped when its step commits (`discard`). Everything here is the overlapped loop's
+placeholder is dropped) and its token dropped when its step commits (`discard`). Everything here is the overlapped
+loop's
 bookkeeping; the scheduler calls it at the moments it owns (fold, commit, finish, fail).
 """
 from __future__ import annotations

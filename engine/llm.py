@@ -17,8 +17,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .config import Config
-from .request_limits import RequestLimits
 from .executor import Executor
+from .request_limits import RequestLimits
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -253,7 +253,8 @@ class LLMEngine:
 
         return self.executor.per_rank(rank_shapes)
 
-    def generate(self, prompts: list[str] | list[list[int]], sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    def generate(self, prompts: list[str] | list[list[int]],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[dict]:
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError("prompts: expected a non-empty list of strings or of token-id lists")
@@ -324,7 +325,8 @@ class LLMEngine:
     # --- tracing (only reached when a tracer is set) --------------------------------------------
     def _run_start_fields(self) -> dict:
         cfg = self.config
-        config = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("tracer", "hf_config")}
+        config = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+                  if f.name not in ("tracer", "hf_config")}
         with open(os.path.join(cfg.model, "config.json"), "rb") as f:
             config_sha = hashlib.sha256(f.read()).hexdigest()
         return {

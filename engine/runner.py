@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import Config
 from .batch_plan import BatchPlan
+from .config import Config
 from .context import Context, DecodeMeta, PrefillMeta, reset_context, set_context
 from .device import num_sms, resolve_device, resolve_dtype
 from .distributed import all_reduce_min, broadcast_from_rank0, set_tp

@@ -78,7 +78,8 @@ class SyncLoop:
         plan = self.scheduler.schedule()
         self.launches = n
         after = self.scheduler.snapshot()
-        return Scheduled(n, plan, (after.prefix_queries - before.prefix_queries, after.prefix_hits - before.prefix_hits))
+        return Scheduled(n, plan, (after.prefix_queries - before.prefix_queries,
+                                   after.prefix_hits - before.prefix_hits))
 
     def launch(self, s: Scheduled) -> Launched:
         """Queue a scheduled step on every rank."""

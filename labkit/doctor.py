@@ -96,7 +96,8 @@ def check_optional(module: str, label: str, on_gpu: bool, needed_on_gpu: bool, w
 def check_transformers() -> dict:
     version = versions().get("transformers")
     if version is None:
-        return row("transformers", FAIL, "not installed (needed for the logits reference and the Transformers baseline; the engine runs without it)")
+        return row("transformers", FAIL, "not installed (needed for the logits reference and the Transformers "
+                                         "baseline; the engine runs without it)")
     if _version_tuple(version) < MIN_TRANSFORMERS:
         need = ".".join(map(str, MIN_TRANSFORMERS))
         return row("transformers", FAIL, f"{version}; need >= {need} for Qwen3")

@@ -163,7 +163,8 @@ def init_cmd(
         known = {x.id for x in labs}
         unknown = [x for x in lab if x not in known]
         if unknown:
-            raise LabkitError(f"notes: no lab {', '.join(map(repr, unknown))} in the plan (known: {', '.join(sorted(known))})")
+            raise LabkitError(f"notes: no lab {', '.join(map(repr, unknown))} in the plan "
+                              f"(known: {', '.join(sorted(known))})")
         labs = [x for x in labs if x.id in lab]
     wrote, kept = [], []
     for x in labs:

@@ -25,8 +25,17 @@ from rich.table import Table
 
 from labkit.errors import LabkitError
 from labkit.options import Device, DeviceOption, JsonOption, ModelOption, Out, TensorParallelSizeOption
-from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, \
-    write_json
+from labkit.output import (
+    EXIT_FAIL,
+    EXIT_PASS,
+    envelope,
+    evidence_for,
+    finish,
+    print_json,
+    resolve_device,
+    runs_dir,
+    write_json,
+)
 
 _ITEMSIZE = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 _DIVISIBLE = ("num_attention_heads", "num_key_value_heads", "vocab_size", "intermediate_size")

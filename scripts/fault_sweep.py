@@ -140,7 +140,8 @@ def trial(model: str, tp: int, device: str, at, fault: str, grace: float, client
     """One server, one fault at one moment (seconds, "ready" or "load"); see the module doc."""
     log = tempfile.NamedTemporaryFile("w+", prefix="fault-sweep-", suffix=".log", delete=False)
     port = free_port()
-    cmd = [sys.executable, "-m", "labkit", "serve", "--model", model, "--device", device, "--tensor-parallel-size", str(tp),
+    cmd = [sys.executable, "-m", "labkit", "serve", "--model", model, "--device", device,
+           "--tensor-parallel-size", str(tp),
            "--port", str(port), "--log-level", "warning"]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
@@ -220,7 +221,8 @@ def trial(model: str, tp: int, device: str, at, fault: str, grace: float, client
               "clients": answers, "clients_answered": answered, "frontend_left": frontend_left,
               "processes_left": sorted(left), "shm_left": shm, "folder_left": folders,
               "seconds": round(time.monotonic() - start, 1), "log": log.name,
-              "replay": f"python3 scripts/fault_sweep.py --model {model} --tensor-parallel-size {tp} --device {device} --at {at} "
+              "replay": f"python3 scripts/fault_sweep.py --model {model} --tensor-parallel-size {tp} "
+                        f"--device {device} --at {at} "
                         f"--faults {fault}"}
     result["ok"] = (exit_ok and answered and not frontend_left and not left and not shm
                     and (not folders or fault == "frontend-SIGKILL"))
@@ -266,7 +268,8 @@ def main(argv=None) -> int:
             print(f"fault_sweep: --at {at}: seconds, or one of {', '.join(NAMED_MOMENTS)}", file=sys.stderr)
             return 2
     if args.tp < 2 and "worker-SIGKILL" in args.faults:
-        print("fault_sweep: worker-SIGKILL needs --tensor-parallel-size 2 or more (TP=1 has no worker)", file=sys.stderr)
+        print("fault_sweep: worker-SIGKILL needs --tensor-parallel-size 2 or more (TP=1 has no worker)",
+              file=sys.stderr)
         return 2
     results = []
     for at in moments:

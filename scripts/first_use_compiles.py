@@ -52,12 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_dir
 
     from labkit.bench.offline import engine_kwargs
-    from labkit.engine_args import EngineArgs
     from labkit.bench.workloads import draw_repeat, draw_warmup, fold_to_vocab, load_workload
+    from labkit.engine_args import EngineArgs
 
     w = load_workload(args.workload)
-    from engine import LLM, SamplingParams
     import torch
+
+    from engine import LLM, SamplingParams
 
     try:
         from torch._dynamo.utils import counters
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(llm, d):
         prompts, _ = fold_to_vocab(d.prompts, int(llm.config.hf_config.vocab_size))
-        params = [SamplingParams(temperature=w.temperature, ignore_eos=w.ignore_eos, max_tokens=t) for t in d.max_tokens]
+        params = [SamplingParams(temperature=w.temperature, ignore_eos=w.ignore_eos, max_tokens=t)
+                  for t in d.max_tokens]
         if llm.device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()

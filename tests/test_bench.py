@@ -1,8 +1,8 @@
-"""`labkit bench`: workload draws, the engine and HF runs end to end on the tiny model (compare: test_bench_compare.py)."""
+"""`labkit bench`: workload draws, the engine and HF runs end to end on the tiny model (compare:
+test_bench_compare.py)."""
 import json
 import random
 import statistics
-from pathlib import Path
 
 import pytest
 

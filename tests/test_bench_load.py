@@ -11,8 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from labkit.bench import load as L
-from labkit.bench import load_metrics as M
+from labkit.bench import load as L, load_metrics as M
 from labkit.bench.workloads import load_workload
 from labkit.errors import LabkitError
 
@@ -280,7 +279,8 @@ def test_client_reads_coalesced_events_from_a_server(client):
 
 # ------------------------------------------------------------------------------------------ provenance (/health)
 
-FULL_HEALTH = {"status": "ok", "model_name": "qwen3-fake", "model": {"path": "/models/qwen3", "config_sha256": "a" * 64},
+FULL_HEALTH = {"status": "ok", "model_name": "qwen3-fake",
+               "model": {"path": "/models/qwen3", "config_sha256": "a" * 64},
                "device": "cuda:0", "device_name": "NVIDIA H200", "vocab_size": 151936, "max_model_len": 4096, "tp": 1,
                "git_head": "0123abcd", "labkit_version": "0.1.0", "running": 0}
 

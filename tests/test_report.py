@@ -65,7 +65,8 @@ def test_report_accounts_for_every_lab_of_the_plan(lab_runs, tmp_path, capsys):
     assert produced == PRODUCED
     assert len(labs) >= 30 and all("not run" in v["headline"] for k, v in labs.items() if k not in PRODUCED)
     chunk = labs["trace-chunk"]
-    assert chunk["evidence"] == "cpu-executed" and chunk["evidence_needed"] == "gpu-measured" and chunk["evidence_short"]
+    assert chunk["evidence"] == "cpu-executed" and chunk["evidence_needed"] == "gpu-measured"
+    assert chunk["evidence_short"]
     assert re.fullmatch(r"[0-9a-f]{10}( \(dirty\))?", chunk["commit"]) and chunk["device"] != "-"
     md = (out / "report.md").read_text()
     assert md.startswith("# test report")
@@ -234,7 +235,8 @@ def test_verify_rejudges_a_logits_check_from_its_arrays(archive, tmp_path, capsy
     np.savez(buf, **arrays)
     bad = _rewrite(archive, tmp_path / "bad.tar.gz", {name: buf.getvalue()}, update_manifest=True)
     code, _, err = run_cli(["report", "verify", str(bad)], capsys)
-    assert code == 1 and "runs/logits-prefix/check.json differs: re-judged from its arrays: FAIL, the file says PASS" in err
+    assert code == 1
+    assert "runs/logits-prefix/check.json differs: re-judged from its arrays: FAIL, the file says PASS" in err
 
 
 # Every rule of `report verify`, each against an archive that breaks only that rule (issue 23: a verifier that
@@ -388,7 +390,8 @@ def test_the_plan_names_every_lab_of_the_seeds_with_commands_that_exist():
     labs = load_plan()
     ids = {lab.id for lab in labs}
     assert {f"trace-{c}" for c in list_cases()} | {f"principles-{n}" for n in principles.LABS} <= ids
-    assert {"environment", "runner-shapes", "logits-baseline", "logits-graph", "logits-prefix", "logits-kv", "logits-tp",
+    assert {"environment", "runner-shapes", "logits-baseline", "logits-graph", "logits-prefix", "logits-kv",
+            "logits-tp",
             "graph-vs-eager", "bench-offline", "bench-hf", "load-policies", "tp-shapes", "replicas-vs-tp",
             "service-lifecycle"} <= ids
     commands = set(typer.main.get_command(cli.app).commands)
@@ -401,7 +404,8 @@ def test_the_plan_names_every_lab_of_the_seeds_with_commands_that_exist():
         for slot in lab.slots:
             assert slot.match.get("command") in written or lab.producer, (lab.id, slot.match)
     with pytest.raises(LabkitError, match="lab x: `title` must be a non-empty string"):
-        parse({"labs": [{"id": "x", "evidence": "cpu-executed", "command": "labkit trace", "results": [{"file": "*"}]}]},
+        parse({"labs": [{"id": "x", "evidence": "cpu-executed", "command": "labkit trace",
+                         "results": [{"file": "*"}]}]},
               "plan")
     with pytest.raises(LabkitError, match="evidence must be one of"):
         parse({"labs": [{"id": "x", "title": "t", "evidence": "vibes", "command": "c", "results": [{"file": "*"}]}]},

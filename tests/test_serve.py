@@ -30,7 +30,8 @@ from labkit.engine_args import EngineArgs  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[1]
-ENGINE_FLAGS = ["--device", "cpu", "--enforce-eager", "--max-model-len", "1024", "--max-num-batched-tokens", "1024", "--max-num-seqs", "16"]
+ENGINE_FLAGS = ["--device", "cpu", "--enforce-eager", "--max-model-len", "1024", "--max-num-batched-tokens", "1024",
+                "--max-num-seqs", "16"]
 ENGINE = dict(device="cpu", enforce_eager=True, max_model_len=1024, max_num_batched_tokens=1024, max_num_seqs=16)
 PROMPT = "The quick brown fox"
 LIMITS = RequestLimits(max_model_len=1024, vocab_size=2048, block_size=256, num_blocks=64)  # the tiny model's
@@ -125,7 +126,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-                raise AssertionError("the server did not exit after " + signal.Signals(sig).name + ":\n" + self.log())
+                raise AssertionError("the server did not exit after " + signal.Signals(sig).name + ":\n"
+                                     + self.log()) from None
         self._log.close()
         return self.proc.returncode
 
@@ -679,7 +681,8 @@ def _healthy(url: str) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_a_server_stopped_while_its_tp_engine_starts_leaves_nothing(tiny_model, tmp_path, sig):
-    """Issue 22: SIGTERM to `labkit serve --tensor-parallel-size 2` 3.5 s into start-up, or a SIGKILL then, left a TP worker (and
+    """Issue 22: SIGTERM to `labkit serve --tensor-parallel-size 2` 3.5 s into start-up, or a SIGKILL then, left a TP
+    worker (and
     its shared memory) for about 10 minutes. Here the engine never finishes starting (its worker hangs before
     its runner), and the frontend is stopped then: its core and the worker are gone within seconds."""
     log = open(tmp_path / "server.log", "w")
@@ -817,8 +820,8 @@ def test_core_streams_each_request_its_tokens_once_per_step(core):
 
 
 def test_the_frontend_counts_the_steps_launched_ahead_and_the_wasted_rows_the_core_reports():
-    from prometheus_client.parser import text_string_to_metric_families
     from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
 
     from labkit.serve.engine_client import EngineClient
     from labkit.serve.metrics import ServerMetrics

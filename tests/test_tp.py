@@ -23,10 +23,10 @@ from engine import LLM, SamplingParams
 from engine.config import Config, free_port
 from engine.distributed import tp_size
 from engine.rendezvous import START_TIMEOUT_FLOOR_S
-from engine.tp_workers import FAIL_ENV, TensorParallel
 from engine.sampler import TeacherForcing
 from engine.sequence import Sequence
 from engine.step_result import StepFailed
+from engine.tp_workers import FAIL_ENV, TensorParallel
 from labkit.trace.cases import list_cases, load_case
 from labkit.trace.run import run_case
 from labkit.trace.validate import validate
@@ -556,7 +556,8 @@ def test_shapes_command_static_and_checked(tmp_path, capsys):
 
 def test_shapes_check_on_tiny_compares_every_rank(tiny_model, tmp_path):
     out = tmp_path / "check.json"
-    res = subprocess.run([sys.executable, "-m", "labkit", "shapes", "--tensor-parallel-size", "2", "--check", "--model", tiny_model,
+    res = subprocess.run([sys.executable, "-m", "labkit", "shapes", "--tensor-parallel-size", "2", "--check",
+                          "--model", tiny_model,
                           "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads(out.read_text())

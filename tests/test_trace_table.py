@@ -95,7 +95,8 @@ def test_a_changed_run_names_its_first_cause_and_the_steps_past_the_case(tmp_pat
     other.write_text(load_case("A").path.read_text().replace("outputs: 2,", "outputs: 9,", 1))
     case = load_case(str(other))
     judged = validate(a_log(), case, expect_changes=True, why_changes="override --max-num-batched-tokens 2")
-    longer = Report(checks=judged.checks, steps=4, case="A", expect_changes=True, why_changes="override --max-num-batched-tokens 2")
+    longer = Report(checks=judged.checks, steps=4, case="A", expect_changes=True,
+                    why_changes="override --max-num-batched-tokens 2")
     assert longer.verdict == "CHANGED"
     text = report_text(longer, case)
     assert "first cause (override --max-num-batched-tokens 2): step 2: R1 outputs 2 instead of 9" in text
@@ -121,7 +122,8 @@ def test_trace_diff_warns_when_the_logs_are_not_one_case(tmp_path, capsys):
     # The case name a run records wins over the requests (two cases may add the same requests).
     named = [{"v": 1, "event": "trace_context", "run": "hand", "t_ns": 0, "step": None, "case": c,
               "expect_changes": False} for c in ("chunk", "D")]
-    assert case_mismatch([named[0]] + chunk_log(), [named[1]] + chunk_log()) == "A is a run of case chunk and B of case D"
+    assert case_mismatch([named[0]] + chunk_log(), [named[1]] + chunk_log()) == \
+        "A is a run of case chunk and B of case D"
     assert case_mismatch([named[0]] + chunk_log(), [named[0]] + chunk_log()) is None
 
 

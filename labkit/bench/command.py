@@ -33,12 +33,32 @@ from labkit.bench.workloads import Workload, draw, list_workloads, load_workload
 from labkit.engine_args import EngineArgs
 from labkit.errors import LabkitError
 from labkit.narrow import fit, log_console
-from labkit.options import (AsyncSchedulingOption, AttentionBackendOption, Backend, BackendOption,
-                            CustomKernelsOption, Device, DeviceOption, DTypeOption, EnforceEagerOption,
-                            FusedDecodeOption, GpuMemoryUtilizationOption, JsonOption, KvCacheDtypeOption, KvcacheBlockSizeOption,
-                            MaxModelLenOption, MaxNumBatchedTokensOption, MaxNumSeqsOption, ModelOption,
-                            NumKvcacheBlocksOption, NumRequestsOption, Out, SchedulingPolicyOption,
-                            TensorParallelSizeOption, WorkloadOption)
+from labkit.options import (
+    AsyncSchedulingOption,
+    AttentionBackendOption,
+    Backend,
+    BackendOption,
+    CustomKernelsOption,
+    Device,
+    DeviceOption,
+    DTypeOption,
+    EnforceEagerOption,
+    FusedDecodeOption,
+    GpuMemoryUtilizationOption,
+    JsonOption,
+    KvcacheBlockSizeOption,
+    KvCacheDtypeOption,
+    MaxModelLenOption,
+    MaxNumBatchedTokensOption,
+    MaxNumSeqsOption,
+    ModelOption,
+    NumKvcacheBlocksOption,
+    NumRequestsOption,
+    Out,
+    SchedulingPolicyOption,
+    TensorParallelSizeOption,
+    WorkloadOption,
+)
 from labkit.output import device_info, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, write_json
 
 app = typer.Typer(invoke_without_command=True, no_args_is_help=False)
@@ -315,7 +335,8 @@ def _summary_rows(r: dict) -> list[tuple[str, str]]:
         ("warm-up s", f"{_f(r['warmup_s'])} ({len(r['warmup_rounds'])} round(s))"),
         ("kv blocks", _f(r["kv_blocks"]) + _kv_dtype_note(eng.get("kv_cache_dtype"))),
         ("peak memory", ", ".join(f"rank {p['rank']}: {_gib(p['peak_bytes'])}" for p in peak["per_rank"])
-         + (" (torch.cuda.max_memory_allocated)" if peak["source"].startswith("torch") else " (max RSS of the process)")),
+         + (" (torch.cuda.max_memory_allocated)" if peak["source"].startswith("torch")
+            else " (max RSS of the process)")),
     ]
 
 
@@ -380,7 +401,8 @@ def markdown(r: dict) -> str:
                  f"{med['total_token_throughput']:.1f} |" + extra)
     if r.get("profile"):
         files = r["profile"]["files"]
-        lines += ["", f"Profile (one more run after the timed repeats): table `{files['md']}`, trace `{files['trace']}`."]
+        lines += ["", f"Profile (one more run after the timed repeats): table `{files['md']}`, "
+                      f"trace `{files['trace']}`."]
     if r["notes"]:
         lines += [""] + [f"- {n}" for n in r["notes"]]
     import json
@@ -474,7 +496,8 @@ def compare_cmd(
     for col in ("figure", "A", "B", "B/A"):
         once.add_column(col, justify="right" if col != "figure" else "left")
     for name, mt in res["single_measurements"].items():
-        once.add_row(name, cmp._short(mt["a"]), cmp._short(mt["b"]), "-" if mt["ratio"] is None else f"{mt['ratio']:.3f}")
+        once.add_row(name, cmp._short(mt["a"]), cmp._short(mt["b"]),
+                     "-" if mt["ratio"] is None else f"{mt['ratio']:.3f}")
     fit(once, console)
     console.print(once)
     style = "bold" if res["within_noise"] is False else "bold yellow"

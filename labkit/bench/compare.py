@@ -325,7 +325,8 @@ def compare(a: dict, b: dict, variable: str, a_name: str = "A", b_name: str = "B
                           f"{shown}{more}")
     sa, sb = samples(a), samples(b)
     head = HEADLINE[kind]
-    unit = {"offline": ("repeat", "rerun with --repeats 3 or more"), "load": ("completed request", "send more requests")}
+    unit = {"offline": ("repeat", "rerun with --repeats 3 or more"),
+            "load": ("completed request", "send more requests")}
     for name, n in ((a_name, len(sa[head])), (b_name, len(sb[head]))):
         if n < 2 and not allow_single:
             raise LabkitError(f"bench compare: {name} has {n} {unit[kind][0]}{'' if n == 1 else 's'}: one sample shows "
@@ -422,7 +423,7 @@ def markdown(result: dict) -> str:
         lines.append(f"| {k} (measurement, not the variable) | {_fmt(v['a'])} | {_fmt(v['b'])} |")
     if result["same_value"]:
         lines += ["", "The variable has the same value in both runs (a repeat, or a code change)."]
-    lines += ["", f"| metric | A min / median / max | B min / median / max | B/A of medians |",
+    lines += ["", "| metric | A min / median / max | B min / median / max | B/A of medians |",
               "| --- | --- | --- | --- |"]
     for m in result["metrics"].values():
         lines.append(f"| {m['label']} | {_spread_text(m['a'])} | {_spread_text(m['b'])} | {m['text']} |")

@@ -28,19 +28,31 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from labkit.bench import load as L
-from labkit.bench import load_metrics as M
+from labkit.bench import load as L, load_metrics as M
 from labkit.bench.workloads import draw_warmup, fold_to_vocab, load_workload
 from labkit.engine_args import EngineArgs, flag
 from labkit.errors import LabkitError
 from labkit.model import resolve_model
 from labkit.narrow import fit
-from labkit.options import (AsyncSchedulingOption, Device, DeviceOption, EnforceEagerOption, JsonOption,
-                            KvCacheDtypeOption, MaxModelLenOption, MaxNumBatchedTokensOption, MaxNumSeqsOption,
-                            MaxQueueOption, ModelOption, NumRequestsOption, Out, SchedulingPolicyOption,
-                            TensorParallelSizeOption, WorkloadOption)
-from labkit.output import (device_info, dist_version, envelope, finish, print_json, resolve_device, runs_dir,
-                           write_json)
+from labkit.options import (
+    AsyncSchedulingOption,
+    Device,
+    DeviceOption,
+    EnforceEagerOption,
+    JsonOption,
+    KvCacheDtypeOption,
+    MaxModelLenOption,
+    MaxNumBatchedTokensOption,
+    MaxNumSeqsOption,
+    MaxQueueOption,
+    ModelOption,
+    NumRequestsOption,
+    Out,
+    SchedulingPolicyOption,
+    TensorParallelSizeOption,
+    WorkloadOption,
+)
+from labkit.output import device_info, dist_version, envelope, finish, print_json, resolve_device, runs_dir, write_json
 
 
 def load(
@@ -130,7 +142,8 @@ def load(
             urls = [server.url]
         prov = L.server_provenance([(u, L.server_info(u)) for u in urls], allow_mixed)
         for u in prov["unverified_model"]:
-            console.print(f"warning: {u}/health names no config_sha256: its model could not be compared", style="yellow")
+            console.print(f"warning: {u}/health names no config_sha256: its model could not be compared",
+                          style="yellow")
         folded = _fold_prompts(reqs, [s["health"].get("vocab_size") for s in prov["servers"]])
         env = envelope("bench load", device="cpu", model_dir=model_dir, evidence=prov["evidence"])
         env["device"] = prov["device"]
@@ -277,8 +290,9 @@ def _rows(r: dict, latencies: bool = True) -> list[tuple[str, str]]:
         names, table = latency_table(r)
         rows += [(f"{row[0]} ({' / '.join(names)})", " / ".join(row[1:])) for row in table]
     for e in m.get("endpoints", []):
-        rows.append((f"endpoint {e['url']}", f"{e['completed']}/{e['requests']} requests, {e['output_tokens']:,} tokens, "
-                                      f"{_ms(e['output_throughput'])} tok/s, tpot median {_ms(e['tpot_ms']['median'])}"))
+        rows.append((f"endpoint {e['url']}",
+                     f"{e['completed']}/{e['requests']} requests, {e['output_tokens']:,} tokens, "
+                     f"{_ms(e['output_throughput'])} tok/s, tpot median {_ms(e['tpot_ms']['median'])}"))
     if r.get("client"):
         c = r["client"]
         rows.append(("client", f"{c['library']} {c.get('version') or ''}, {_ms(c['cpu_s'])} CPU s in "

@@ -221,7 +221,7 @@ def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: E
 
         profiled = None
         if profile is not None:
-            from labkit.bench.profile import profile_run, profile_prompts
+            from labkit.bench.profile import profile_prompts, profile_run
 
             stepper.start("profiled run", 1)
             prompts, params = requests(draw_repeat(w, 0))

@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from labkit import yamlfile
 from labkit.engine_args import FIELDS, check_settings
 from labkit.errors import LabkitError

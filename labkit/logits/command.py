@@ -28,14 +28,23 @@ from rich.table import Table
 from rich.text import Text
 
 from labkit.errors import LabkitError
-from labkit.logits import compare as cmp
-from labkit.logits import gates
-from labkit.logits.collect import (Collection, collect_engine, collect_hf, prefix_of, read_collection,
-                                  write_collection)
+from labkit.logits import compare as cmp, gates
+from labkit.logits.collect import Collection, collect_engine, collect_hf, prefix_of, read_collection, write_collection
 from labkit.logits.suites import SUITES, get_suite
 from labkit.model import resolve_model
-from labkit.options import (Attention, AttentionBackendOption, Backend, BackendOption, Device, DeviceOption, DType,
-                            DTypeOption, ModelOption, Out, TensorParallelSizeOption)
+from labkit.options import (
+    Attention,
+    AttentionBackendOption,
+    Backend,
+    BackendOption,
+    Device,
+    DeviceOption,
+    DType,
+    DTypeOption,
+    ModelOption,
+    Out,
+    TensorParallelSizeOption,
+)
 from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, finish, resolve_device, runs_dir, write_json
 
 app = typer.Typer(help="Teacher-forced logits of the engine against Transformers (or TP=2 / another execution).\n\n"
@@ -110,7 +119,9 @@ _STYLE = {"FAIL": "red", "REVIEW": "yellow", "PASS": "green"}
 def _print_rows(result: dict, console: Console) -> None:
     g = result["gate"]
     anchored = g["rule"] == "anchored"
-    title = (f"logits-check {result['suite']}: worst rows ({'judged ' + ' and '.join(g['judged']) + ' against the float32 truth' if anchored else 'lhs ' + result['lhs']['backend'] + ' vs rhs ' + result['rhs']['backend']})")
+    judged = ("judged " + " and ".join(g["judged"]) + " against the float32 truth" if anchored
+              else "lhs " + result["lhs"]["backend"] + " vs rhs " + result["rhs"]["backend"])
+    title = f"logits-check {result['suite']}: worst rows ({judged})"
     table = Table(title=title, header_style="bold")
     cols = ["row", "request", "step", "path", "ctx"]
     if anchored:
@@ -121,7 +132,8 @@ def _print_rows(result: dict, console: Console) -> None:
         table.add_column(col, no_wrap=col != "request")
     for r in cmp.worst_rows(result["rows"]):
         step = "-" if r["step"] is None else f"{r['step']} {(r['phase'] or '')[:3]}"
-        cells = [str(r["index"]), f"{r['request_id']}#{r['output_index']}", step, cmp.path_text(r), str(r["context_len"])]
+        cells = [str(r["index"]), f"{r['request_id']}#{r['output_index']}", step, cmp.path_text(r),
+                 str(r["context_len"])]
         if anchored:
             ref = r["reference_to_truth"]
             cells.append("-" if ref is None else f"{ref['rel_l2']:.2e}")
@@ -158,11 +170,13 @@ def _print_result(result: dict, console: Console) -> None:
         th = result["thresholds"]
         console.print(f"rows {s['rows']}: pass {s['passed']}, review {s['review']}, fail {s['failed']}; "
                       f"top-1 same {s['top1_agree']}/{s['rows']}; worst max|diff| {s['worst_max_abs']['value']:.3g}, "
-                      f"worst rel-L2 {s['worst_rel_l2']['value']:.3g} (thresholds {th['max_abs']:g} / {th['rel_l2']:g}, "
+                      f"worst rel-L2 {s['worst_rel_l2']['value']:.3g} "
+                      f"(thresholds {th['max_abs']:g} / {th['rel_l2']:g}, "
                       f"{th['dtype_basis']})")
         if kv.get("compared"):
             console.print(f"new K/V: {kv['tokens']} tokens, {len(kv['steps'])} steps, worst max|diff| "
-                          f"{kv['worst_max_abs']:.3g} (threshold {th['kv_max_abs']:g}), failed steps {kv['failed_steps']}")
+                          f"{kv['worst_max_abs']:.3g} (threshold {th['kv_max_abs']:g}), "
+                          f"failed steps {kv['failed_steps']}")
     if not kv.get("compared") and kv.get("reason"):
         console.print(Text(f"new K/V: not compared ({kv['reason']})"), style="dim")
     for note in result["notes"]:
@@ -243,8 +257,8 @@ def collect_cmd(
     _print_collection(col, js, npz, console)
 
 
-def _gate_option():
-    return typer.Option(Gate.anchored, "--gate", help="anchored (default): each engine side against a float32 truth, "
+# (one option object, the default of both commands that take it: typer reads it, nothing changes it)
+_GATE = typer.Option(Gate.anchored, "--gate", help="anchored (default): each engine side against a float32 truth, "
                         "measured by Transformers' own run in its dtype (labkit/logits/gates.py); fixed: lhs "
                         "against rhs under fixed thresholds (--max-abs, --rel-l2, --kv-max-abs).")
 
@@ -267,12 +281,13 @@ _MAX_ABS, _REL_L2, _KV_MAX_ABS = _fixed_options()
 def compare_cmd(
     lhs: Path = typer.Option(..., "--lhs", help="Collection PREFIX under test (e.g. the engine)."),
     rhs: Path = typer.Option(..., "--rhs", help="anchored: the float32 truth (Transformers), or with --truth a second "
-                             "judged collection (engine vs engine); fixed: the reference (rel-L2 divides by its norm)."),
+                             "judged collection (engine vs engine); fixed: the reference (rel-L2 divides by its "
+                             "norm)."),
     truth: Optional[Path] = typer.Option(None, "--truth", help="anchored: a float32 Transformers collection; lhs and "
                                          "rhs are then both judged against it."),
     reference: Optional[Path] = typer.Option(None, "--reference", help="anchored: Transformers in the judged dtype "
                                              "(needed when a judged side is bf16/fp16)."),
-    gate: Gate = _gate_option(),
+    gate: Gate = _GATE,
     max_abs: Optional[float] = _MAX_ABS,
     rel_l2: Optional[float] = _REL_L2,
     kv_max_abs: Optional[float] = _KV_MAX_ABS,
@@ -301,12 +316,13 @@ def run_cmd(
     ref_execution: Execution = typer.Option(Execution.eager, "--ref-execution",
                                             help="kv suite: the second engine's execution."),
     ref_attention: Optional[Attention] = typer.Option(None, "--ref-attention", help="kv suite: the second "
-                                                      "engine's attention backend (default: the same as --attention-backend)."),
+                                                      "engine's attention backend (default: the same as "
+                                                      "--attention-backend)."),
     device: DeviceOption = Device.auto,
     dtype: DTypeOption = DType.auto,
     model: ModelOption = None,
     seed: int = typer.Option(0, "--seed", help="Seed of the forced continuation ids."),
-    gate: Gate = _gate_option(),
+    gate: Gate = _GATE,
     max_abs: Optional[float] = _MAX_ABS,
     rel_l2: Optional[float] = _REL_L2,
     kv_max_abs: Optional[float] = _KV_MAX_ABS,
@@ -336,7 +352,8 @@ def run_cmd(
     if s.reference == "tp":
         tp_l = 2 if tp is None else tp
         if tp_l == 1:
-            raise LabkitError("--tensor-parallel-size 1: the tp suite compares TP>1 against TP=1; give --tensor-parallel-size 2 (or more)")
+            raise LabkitError("--tensor-parallel-size 1: the tp suite compares TP>1 against TP=1; give "
+                              "--tensor-parallel-size 2 (or more)")
         plan = [("lhs", f"tp{tp_l}", exe, att, tp_l), ("rhs", "tp1", exe, att, 1)]
     elif s.reference == "engine":
         ref_att = _val(ref_attention) or att

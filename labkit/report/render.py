@@ -96,7 +96,8 @@ def _counts(statuses: list[LabStatus]) -> str:
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
+    return (["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+            + ["| " + " | ".join(r) + " |" for r in rows] + [""])
 
 
 def _evidence_text(s: LabStatus) -> str:

@@ -2,7 +2,7 @@
 evidence it needs; and the caveats a reviewer must read first."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from labkit.output import EVIDENCE_KINDS
 from labkit.report.plan import Lab, evidence_satisfies

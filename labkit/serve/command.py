@@ -18,12 +18,24 @@ from typing import Optional
 
 import typer
 
-from labkit.errors import LabkitError
 from labkit.engine_args import EngineArgs
-from labkit.options import (AsyncSchedulingOption, Device, DeviceOption, EnforceEagerOption, KvCacheDtypeOption,
-                            KvcacheBlockSizeOption, MaxModelLenOption, MaxNumBatchedTokensOption, MaxNumSeqsOption,
-                            MaxQueueOption, ModelOption, NumKvcacheBlocksOption, SchedulingPolicyOption,
-                            TensorParallelSizeOption)
+from labkit.errors import LabkitError
+from labkit.options import (
+    AsyncSchedulingOption,
+    Device,
+    DeviceOption,
+    EnforceEagerOption,
+    KvcacheBlockSizeOption,
+    KvCacheDtypeOption,
+    MaxModelLenOption,
+    MaxNumBatchedTokensOption,
+    MaxNumSeqsOption,
+    MaxQueueOption,
+    ModelOption,
+    NumKvcacheBlocksOption,
+    SchedulingPolicyOption,
+    TensorParallelSizeOption,
+)
 from labkit.output import resolve_device
 from labkit.serve import client as client_mod
 
@@ -107,7 +119,8 @@ def serve(
                                              "once."),
     access_log: bool = typer.Option(False, "--access-log", help="Log one line per HTTP request (uvicorn's "
                                     "access log)."),
-    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model name in the API (default: the folder name)."),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name",
+                                                    help="Model name in the API (default: the folder name)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Write the engine's JSONL event log (schema v1) "
                                         "here: which requests ran in which step, as the server admitted them."),

@@ -285,7 +285,8 @@ def _loop(core: EngineCore, pull, send, parent_pid: int) -> int:
 
 def _open_step_log():
     path = os.environ.get(STEP_LOG_ENV)
-    return open(path, "a", buffering=1, encoding="utf-8") if path else None  # line-buffered: the core ends with os._exit
+    # line-buffered: the core ends with os._exit
+    return open(path, "a", buffering=1, encoding="utf-8") if path else None
 
 
 def _log_step(f, step: dict) -> None:

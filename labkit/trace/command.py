@@ -15,7 +15,8 @@ model inputs (positions, cu_seqlens, context lens) in one row per step.
 Verdicts: every invariant always gates (FAIL, exit 1). The case's expected states gate too, unless
 the run was meant to change them: an override (an engine option that changes the schedule:
 --max-num-batched-tokens, --kvcache-block-size, --scheduling-policy, --max-num-seqs, --num-kvcache-blocks,
---enforce-eager/--no-enforce-eager, --tensor-parallel-size), an engine that differs from its git HEAD (a patch applied), or
+--enforce-eager/--no-enforce-eager, --tensor-parallel-size), an engine that differs from its git HEAD (a patch
+applied), or
 --expect-changes. Then the states the run did not reach are shown as a diff and the verdict is
 CHANGED (exit 0); for an engine edit the text says that a change meant to keep behaviour is judged
 with --no-expect-changes (a FAIL there). An engine outside a git checkout cannot be compared with HEAD: it counts as
@@ -28,18 +29,40 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.cells import cell_len
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from labkit.engine_args import EngineArgs
 from labkit.errors import LabkitError
-from labkit.options import (AsyncSchedulingOption, Device, DeviceOption, EnforceEagerOption, JsonOption,
-                            KvCacheDtypeOption, KvcacheBlockSizeOption, MaxNumBatchedTokensOption, MaxNumSeqsOption,
-                            ModelOption, NumKvcacheBlocksOption, Out, SchedulingPolicyOption, TensorParallelSizeOption)
-from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, \
-    write_json
+from labkit.options import (
+    AsyncSchedulingOption,
+    Device,
+    DeviceOption,
+    EnforceEagerOption,
+    JsonOption,
+    KvcacheBlockSizeOption,
+    KvCacheDtypeOption,
+    MaxNumBatchedTokensOption,
+    MaxNumSeqsOption,
+    ModelOption,
+    NumKvcacheBlocksOption,
+    Out,
+    SchedulingPolicyOption,
+    TensorParallelSizeOption,
+)
+from labkit.output import (
+    EXIT_FAIL,
+    EXIT_PASS,
+    envelope,
+    evidence_for,
+    finish,
+    print_json,
+    resolve_device,
+    runs_dir,
+    write_json,
+)
 from labkit.trace.cases import Case, list_cases, load_case
 from labkit.trace.events import read_jsonl
 from labkit.trace.run import engine_changes
@@ -206,7 +229,8 @@ def trace(
     device: DeviceOption = Device.auto,
     out: Out("Output folder (default: runs/trace-CASE).") = None,
     shapes: bool = typer.Option(False, "--shapes", help="Also record model_shape events for layer 0."),
-    perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="Write a Chrome trace-event JSON for ui.perfetto.dev."),
+    perfetto: Optional[Path] = typer.Option(None, "--perfetto",
+                                            help="Write a Chrome trace-event JSON for ui.perfetto.dev."),
     max_num_batched_tokens: MaxNumBatchedTokensOption = None,
     max_num_seqs: MaxNumSeqsOption = None,
     kvcache_block_size: KvcacheBlockSizeOption = None,
@@ -248,7 +272,8 @@ def trace(
     overrides = EngineArgs.given(ctx, device=None)
     env = envelope("trace", device=dev, model_dir=model_dir, evidence=evidence_for(dev))
     expected, why = changes_expected(overrides, expect_changes)
-    run = run_case(the_case, model_dir, out_dir / "events.jsonl", overrides=overrides.kwargs(), device=dev, shapes=shapes,
+    run = run_case(the_case, model_dir, out_dir / "events.jsonl", overrides=overrides.kwargs(), device=dev,
+                   shapes=shapes,
                    context={"expect_changes": expected, "why_changes": why, "case": the_case.name})
     report = validate(run.events, the_case, expect_changes=expected, why_changes=why)
     if not quiet:

@@ -1026,7 +1026,8 @@ class _Replay:
                 if "final" in x:
                     self.expect_final(i, x["final"])
                 elif x["step"] not in self.log.steps:
-                    self.missing(i, x["step"], None, "step", f"not in the log (the run has {len(self.log.steps)} steps)")
+                    self.missing(i, x["step"], None, "step",
+                                 f"not in the log (the run has {len(self.log.steps)} steps)")
 
     @invariant("engine.raised", "the engine did not raise (no engine_error event)")
     def engine_raised(self):
