@@ -20,7 +20,7 @@ def main() -> None:
     dev = torch.device("cuda")
     heads, kv_heads, d, bs = 16, 8, 128, 256
     rows = []
-    for batch, ctx in ((256, 800), (256, 2048), (1, 384)):
+    for batch, ctx in ((256, 800), (256, 2048)):
         blocks_per = -(-ctx // bs)
         nblocks = batch * blocks_per
         tables = torch.arange(nblocks, dtype=torch.int32, device=dev).view(batch, blocks_per)
@@ -31,30 +31,39 @@ def main() -> None:
             k = base.to(dtype)
             v = base.flip(0).to(dtype)
             nbytes = 2 * batch * ctx * kv_heads * d * k.element_size()
-            for block_n in (64, 128, 256):
-                for stages in (2, 3):
-                    splits = num_splits_for(batch, kv_heads, ctx, 132, block_n)
-                    fn = lambda: paged_decode(q, k, v, tables, lens, 0.088, splits, block_n=block_n, num_stages=stages)  # noqa: E731
+            grid = [(128, 2, 4, 1)] if name == "bf16" else [
+                (bn, st, w, sp) for bn in (64, 128, 256) for st in (2, 3, 4) for w in (4, 8) for sp in (1, 2)]
+            for block_n, stages, warps, mult in grid:
+                splits = min(64, mult * num_splits_for(batch, kv_heads, ctx, 132, block_n))
+                if splits > -(-ctx // block_n):
+                    continue
+                fn = lambda: paged_decode(q, k, v, tables, lens, 0.088, splits, block_n=block_n,  # noqa: E731
+                                          num_stages=stages, num_warps=warps)
+                try:
                     fn()
                     torch.cuda.synchronize()
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g):
-                        for _ in range(10):
-                            fn()
+                except Exception as e:  # noqa: BLE001 - a knob set that does not compile is a result too
+                    print(dict(batch=batch, ctx=ctx, kv=name, block_n=block_n, stages=stages, warps=warps,
+                               error=str(e)[:80]), flush=True)
+                    continue
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    for _ in range(10):
+                        fn()
+                g.replay()
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                times = []
+                for _ in range(5):
+                    start.record()
                     g.replay()
+                    end.record()
                     torch.cuda.synchronize()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    times = []
-                    for _ in range(5):
-                        start.record()
-                        g.replay()
-                        end.record()
-                        torch.cuda.synchronize()
-                        times.append(start.elapsed_time(end) / 10)
-                    ms = sorted(times)[2]
-                    rows.append(dict(batch=batch, ctx=ctx, kv=name, block_n=block_n, stages=stages, splits=splits,
-                                     us=round(ms * 1e3, 2), tb_s=round(nbytes / ms / 1e9, 3)))
-                    print(rows[-1], flush=True)
+                    times.append(start.elapsed_time(end) / 10)
+                ms = sorted(times)[2]
+                rows.append(dict(batch=batch, ctx=ctx, kv=name, block_n=block_n, stages=stages, warps=warps,
+                                 splits=splits, us=round(ms * 1e3, 2), tb_s=round(nbytes / ms / 1e9, 3)))
+                print(rows[-1], flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

@@ -3,6 +3,7 @@
 #   probe:  the kernel tests on the GPU (fused decode, FP8 KV, Triton kernels), batch-1 with the fused decode
 #           kernels under each PDL mode and without them (interleaved), their profiles, offline nano bf16 and fp8,
 #           the FP8 decode-attention knob sweep, and the budget cliff (scripts/budget_cliff.py).
+#   probe3: the FP8 decode knobs (tile, stages, warps, splits) and batch-1 profiles with their traces.
 #   probe2: the same after the first round of fixes (fused and unfused batch-1 only, no profile traces kept).
 set -u
 cd "$(dirname "$0")/.."
@@ -17,6 +18,11 @@ B="python3 -m labkit bench --model $M --device cuda"
 [ -f $M/config.json ] || st 120 fake python3 -m labkit model fake --preset qwen3-0.6b --out $M
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$R/gpu.txt" 2>&1
 mode=${1:-probe}
+if [ "$mode" = probe3 ]; then
+  st 200 sweep python3 scripts/fp8_decode_sweep.py --out $R/sweep.json
+  st 120 prof-fused $B --workload batch1 --repeats 1 --profile --out $R/prof-fused.json
+  st 120 prof-unfused $B --workload batch1 --repeats 1 --no-fused-decode --profile --out $R/prof-unfused.json
+fi
 if [ "$mode" = probe2 ]; then
   st 240 pytest python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_fused_decode.py tests/test_fp8_kv.py tests/test_triton_kernels.py
   for round in 1 2; do
