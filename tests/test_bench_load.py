@@ -124,7 +124,7 @@ def test_bench_load_end_to_end_against_a_started_server(tiny_model, tmp_path, ca
     assert code == 0, err + stdout
     r = json.loads(out.read_text())
     # The started server got the engine flag, and the record says so (what `bench compare` keys on).
-    assert r["config"]["server"]["--async-scheduling/--no-async-scheduling"] is False
+    assert r["config"]["server"]["--async-scheduling"] is False
     assert '"async_scheduling": false' in json.dumps(r), "the server's /health (recorded) names the setting"
     assert r["command"] == "bench load" and r["evidence"] == "cpu-executed" and r["device"]["server"] == "cpu"
     m = r["metrics"]
