@@ -29,12 +29,12 @@ def resolve_dtype(name: str, hf_config) -> torch.dtype:
 
 
 def resolve_attention_backend(name: str, device: torch.device) -> str:
+    """`auto` takes only the paths measured here: our Triton kernels on CUDA (the torch reference where Triton is
+    missing), torch on the CPU. flash_attn stays a choice a user makes by name, installed or not: no GPU run of
+    this project has measured it (docs/perf.md), so installing it must not change what `auto` runs."""
     if name == "auto":
-        if device.type == "cuda":
-            if importlib.util.find_spec("flash_attn") is not None:
-                return "flash_attn"
-            if importlib.util.find_spec("triton") is not None and _has_triton_backend():
-                return "triton"
+        if device.type == "cuda" and importlib.util.find_spec("triton") is not None and _has_triton_backend():
+            return "triton"
         return "torch"
     if name == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
         return name  # Triton's interpreter runs the kernels on the CPU (slowly): used to test them without a GPU

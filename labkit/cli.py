@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import sys
+import textwrap
 import traceback
 
 import typer
 import typer.core
 
-from labkit import __version__
+from labkit import __version__, help_layout, output
 from labkit.errors import LabkitError
 from labkit.output import EXIT_CANNOT_RUN
 
@@ -114,6 +116,7 @@ def _tidy_typer_help() -> None:
 
 
 _tidy_typer_help()
+help_layout.install()
 
 app = typer.Typer(
     name="labkit",
@@ -146,8 +149,19 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split()) or "(no message)"
 
 
+def reason_lines(message: str, width: int | None) -> str:
+    """The reason as printed: one line; in a terminal (`width`) wrapped between words with its continuation
+    indented, where the terminal itself would cut a word at its edge. Pipes and logs keep the one line."""
+    line = f"labkit: {message}"
+    if width is None:
+        return line
+    return "\n".join(textwrap.wrap(line, max(width, 20), subsequent_indent="  ", break_long_words=False,
+                                   break_on_hyphens=False)) or line
+
+
 def _fail(message: str, code: int) -> None:
-    print(f"labkit: {message}", file=sys.stderr, flush=True)
+    width = shutil.get_terminal_size().columns if sys.stderr.isatty() else None
+    print(reason_lines(message, width), file=sys.stderr, flush=True)
     sys.exit(code)
 
 
@@ -158,6 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     `typer.Exit(n)` to n and Ctrl-C to 130; everything that escapes it is mapped here.
     """
     command = typer.main.get_command(app)
+    # Results record the command line they ran: this one, where it is not sys.argv (labkit run in-process).
+    output.set_command_line(None if argv is None else ["labkit", *argv])
     try:
         command.main(args=argv, prog_name="labkit", standalone_mode=True)
     except LabkitError as exc:
@@ -174,4 +190,6 @@ def main(argv: list[str] | None = None) -> None:
         else:
             hint = " (set LABKIT_DEBUG=1 for the traceback)"
         _fail(f"{type(exc).__name__}: {_one_line(exc)}{hint}", EXIT_CANNOT_RUN)
+    finally:
+        output.set_command_line(None)
     sys.exit(0)

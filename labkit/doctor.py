@@ -25,6 +25,7 @@ from labkit.options import Device, DeviceOption, JsonOption, ModelOption
 from labkit.output import (
     EXIT_FAIL,
     EXIT_PASS,
+    configuration_suffix,
     cuda_available,
     envelope,
     evidence_for,
@@ -241,6 +242,17 @@ def print_table(rows: list[dict], console: Console) -> None:
     console.print(table)
 
 
+def markdown(result: dict) -> str:
+    """doctor.json's twin: the verdict and a row per check."""
+    c = result["counts"]
+    lines = [f"# labkit doctor: {result['status']}", "",
+             f"{c['PASS']} PASS, {c['WARN']} WARN, {c['FAIL']} FAIL on {result['device'].get('type')} "
+             f"({result['device'].get('name') or '-'}); command `{' '.join(result.get('argv') or [])}`", "",
+             "| check | status | detail |", "| --- | --- | --- |"]
+    lines += [f"| {r['check']} | {r['status']} | {r['detail'].replace('|', '/')} |" for r in result["rows"]]
+    return "\n".join(lines) + "\n"
+
+
 def run(model: ModelOption = None, device: DeviceOption = Device.auto, as_json: JsonOption = False) -> None:
     """Check Python, torch, GPU, optional kernels, the model folder and disk space.
 
@@ -255,7 +267,9 @@ def run(model: ModelOption = None, device: DeviceOption = Device.auto, as_json: 
     ran_on = used if cuda_available() else "cpu"
     env = envelope("doctor", device=used, model_dir=model_dir, evidence=evidence_for(ran_on))
     result = finish(env, status=PASS if ok else FAIL, counts=counts, rows=rows)
-    path = write_json(runs_dir() / "doctor.json", result)
+    # Another --device or --model is a record of its own: a failed try never replaces a good record.
+    path = write_json(runs_dir() / f"doctor{configuration_suffix()}.json", result)
+    path.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
 
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
@@ -264,5 +278,6 @@ def run(model: ModelOption = None, device: DeviceOption = Device.auto, as_json: 
         print_table(rows, console)
         verdict = Text(PASS if ok else FAIL, style=STYLE[PASS if ok else FAIL])
         console.print(Text.assemble("doctor: ", verdict,
-                                    f" ({counts[WARN]} warning(s), {counts[FAIL]} failure(s)); wrote {path}"))
+                                    f" ({counts[WARN]} warning(s), {counts[FAIL]} failure(s)); wrote {path} and "
+                                    f"{path.with_suffix('.md').name}"))
     raise typer.Exit(EXIT_PASS if ok else EXIT_FAIL)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
@@ -364,7 +364,9 @@ def _human_bytes(n: Optional[int]) -> str:
     return str(n)  # pragma: no cover
 
 
-def info_table(info: dict[str, Any], title: str) -> Table:
+def info_table(info: dict[str, Any], title: str) -> Group:
+    """The folder's facts as a table, and its config sha256 on a line of its own: 64 characters do not fit a
+    table cell at 80 columns."""
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("value")
@@ -388,14 +390,13 @@ def info_table(info: dict[str, Any], title: str) -> Table:
          else f"{info['kv_bytes_per_token']:,} ({_human_bytes(info['kv_bytes_per_token'])})"),
         ("tokenizer", "yes" + (" + chat template" if info["has_chat_template"] else "")
          if info["has_tokenizer"] else "no"),
-        ("config sha256", info["config_sha256"]),
         ("files", ", ".join(f["name"] for f in info["files"])),
     ]
     if info.get("fake"):
         rows.append(("fake", f"preset {info['fake'].get('preset')}, seed {info['fake'].get('seed')}"))
     for what, value in rows:
         table.add_row(what, Text(str(value)))  # Text: paths must not be read as markup
-    return table
+    return Group(table, Text.assemble(("config sha256 ", "bold"), str(info["config_sha256"])))
 
 
 @app.command("fake")

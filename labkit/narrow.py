@@ -12,6 +12,7 @@ import os
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 
 def fit(table: Table, console: Console) -> bool:
@@ -21,10 +22,15 @@ def fit(table: Table, console: Console) -> bool:
     wide = console.options.update_width(10_000)
     lo, hi = [], []
     for col in table.columns:
-        cells = [col.header, *col.cells] if table.show_header else list(col.cells)
-        sizes = [Measurement.get(console, wide, cell) for cell in cells or [""]]
-        hi.append(max(m.maximum for m in sizes))
-        lo.append(hi[-1] if col.no_wrap else max(m.minimum for m in sizes))
+        cells = [Measurement.get(console, wide, cell) for cell in list(col.cells) or [""]]
+        head = Measurement.get(console, wide, col.header if table.show_header else "")
+        hi.append(max(m.maximum for m in [head, *cells]))
+        if col.no_wrap:
+            # Cells kept on one line; a header given as Text(no_wrap=False) may still wrap at its spaces.
+            head_wraps = isinstance(col.header, Text) and col.header.no_wrap is False
+            lo.append(max([m.maximum for m in cells] + [head.minimum if head_wraps else head.maximum]))
+        else:
+            lo.append(max(m.minimum for m in [head, *cells]))
     # Borders and padding: what the whole table measures beyond its cells.
     room = console.width - (Measurement.get(console, wide, table).maximum - sum(hi))
     if sum(lo) > room:
@@ -45,3 +51,13 @@ def log_console(log_width: int, **kwargs) -> Console:
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(width=log_width, **kwargs)
     return console
+
+
+def hanging(label: str, text: str | Text, indent: int | None = None, label_style: str = "") -> Table:
+    """`label` then `text`, the text's continuation lines indented under its start (or `indent` columns in)
+    rather than back at the margin, where they read as a new entry; words are wrapped whole."""
+    grid = Table.grid()
+    grid.add_column(no_wrap=True, width=len(label) if indent is None else indent)
+    grid.add_column(ratio=1, overflow="fold")  # a word wider than the column (a long path) is kept whole, folded
+    grid.add_row(Text(label, style=label_style), text if isinstance(text, Text) else Text(text))
+    return grid

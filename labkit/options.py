@@ -62,7 +62,8 @@ SchedulingPolicyOption = Annotated[Optional[Policy], typer.Option(
 DTypeOption = Annotated[Optional[DType], typer.Option(
     flag("dtype"), rich_help_panel=ENGINE, help="Weights and activations; auto: the checkpoint's dtype.")]
 AttentionBackendOption = Annotated[Optional[Attention], typer.Option(
-    flag("attention_backend"), rich_help_panel=ENGINE, help="The attention kernels (or --attention).")]
+    flag("attention_backend"), rich_help_panel=ENGINE,
+    help="The attention kernels; auto: triton on CUDA, torch on a CPU (flash_attn only when named; or --attention).")]
 MaxNumBatchedTokensOption = Annotated[Optional[int], typer.Option(
     flag("max_num_batched_tokens"), min=1, metavar="N", rich_help_panel=ENGINE,
     help="Tokens per step, the step's budget (or --budget).")]

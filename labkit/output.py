@@ -238,6 +238,15 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+# The command line being run, where it is not sys.argv: labkit.cli.main(argv) called in-process (tests, scripts).
+_command_line: list[str] | None = None
+
+
+def set_command_line(argv: list[str] | None) -> None:
+    global _command_line
+    _command_line = None if argv is None else [str(a) for a in argv]
+
+
 def envelope(command: str, *, device: Any, model_dir: str | Path | None, evidence: str,
              argv: list[str] | None = None) -> dict:
     """The provenance every JSON output starts with (SPEC section 7)."""
@@ -245,7 +254,7 @@ def envelope(command: str, *, device: Any, model_dir: str | Path | None, evidenc
         raise ValueError(f"evidence must be one of {', '.join(EVIDENCE_KINDS)}, not {evidence!r}")
     return {
         "command": command,
-        "argv": list(sys.argv if argv is None else argv),
+        "argv": list(argv if argv is not None else _command_line if _command_line is not None else sys.argv),
         "versions": versions(),
         "device": device_info(device),
         "model": {
@@ -314,6 +323,67 @@ def write_json(path: str | Path, data: Any) -> Path:
             pass
         raise
     return path
+
+
+# Parameters that change where a result goes or how it is shown, not what ran: never part of a record's name.
+_NOT_CONFIGURATION = frozenset({"out", "as_json", "json", "quiet", "wide", "perfetto", "list_", "list",
+                                "expect_changes", "title"})
+RECORD_NAME_MAX = 120
+
+
+def configuration_suffix(skip: tuple[str, ...] = ()) -> str:
+    """The options given on the command line that change what a command runs (device, engine options, sizes),
+    as a file-name suffix: `--device cuda --max-num-batched-tokens 100` -> "-device-cuda-max-num-batched-tokens-100",
+    "" when none (an option
+    given its default value, the device `auto` resolves to here, or the model folder used without --model,
+    changes nothing). A command's
+    default output path adds it, so that a run of another configuration is a record of its own beside the
+    others (`labkit doctor --device cuda` failing on a CPU box adds runs/doctor-device-cuda.json and leaves a
+    passing runs/doctor.json as it was); a second run of one configuration replaces its own record. `skip`:
+    parameters the name holds already (the case, the suite)."""
+    try:  # typer >= 0.24 carries its own copy of click
+        from typer._click.globals import get_current_context
+    except ImportError:
+        from click import get_current_context
+
+    ctx = get_current_context(silent=True)
+    if ctx is None:
+        return ""
+    parts: list[str] = []
+    for param in ctx.command.params:
+        name = param.name or ""
+        source = ctx.get_parameter_source(name)
+        if (name in _NOT_CONFIGURATION or name in skip or getattr(param, "param_type_name", "") != "option"
+                or getattr(source, "name", None) != "COMMANDLINE"):
+            continue
+        value = ctx.params.get(name)
+        plain = getattr(value, "value", value)
+        if plain == getattr(getattr(param, "default", None), "value", getattr(param, "default", None)):
+            continue  # given, but the default: the same configuration
+        if name == "device" and plain in ("auto", "cuda" if cuda_available() else "cpu"):
+            continue  # the device `auto` stands for here
+        if name == "model" and plain is not None and _default_model() == Path(str(plain)).expanduser().resolve():
+            continue  # the model folder a command takes without --model ($MODEL_DIR, else the tiny model)
+        flag = max(param.opts, key=len).lstrip("-")
+        if isinstance(value, bool) and param.is_flag:
+            chosen = param.opts if value else param.secondary_opts or [f"--no-{flag}"]
+            parts.append(max(chosen, key=len).lstrip("-"))
+            continue
+        text = str(getattr(value, "value", value))
+        if isinstance(value, Path) or "/" in text:
+            text = Path(text).stem  # a file or folder given by path: its name
+        parts.append(f"{flag}-{re.sub(r'[^A-Za-z0-9._=+-]+', '_', text)}")
+    suffix = "".join(f"-{p}" for p in parts)
+    if len(suffix) > RECORD_NAME_MAX:
+        digest = hashlib.sha256(suffix.encode()).hexdigest()[:10]
+        suffix = suffix[:RECORD_NAME_MAX - 11] + "-" + digest
+    return suffix
+
+
+def _default_model() -> Path:
+    from labkit.model import default_model_dir
+
+    return Path(os.environ.get("MODEL_DIR", "").strip() or default_model_dir()).expanduser().resolve()
 
 
 def runs_dir() -> Path:

@@ -32,6 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from labkit.errors import LabkitError
+from labkit.narrow import fit, hanging
 from labkit.options import JsonOption, Out
 from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, finish, print_json, runs_dir, write_json
 
@@ -570,15 +571,25 @@ def _print(result: dict, path: Path, console: Console) -> None:
     # dim line under the check's name.
     wide = console.width >= 160
     for col in ("check", "computed", "expected") + (("how it follows",) if wide else ()) + ("result",):
-        table.add_column(col, overflow="fold")
+        table.add_column(col)
+    states = []
     for c in result["checks"]:
         state = "skipped" if c["passed"] is None else ("PASS" if c["passed"] else "FAIL")
+        states.append(state)
         how = c.get("how", "")
         name = Text(c["name"]) if wide or not how else Text.assemble(c["name"], "\n", (how, "dim"))
-        table.add_row(name, _show(c["computed"]), _show(c["expected"]), *((how,) if wide else ()),
+        table.add_row(name, Text(_show(c["computed"])), Text(_show(c["expected"])), *((Text(how),) if wide else ()),
                       Text(state, style=_STYLE.get(state, "yellow")))
-    console.print(table)
-    console.print(Text.assemble((result["verdict"], _STYLE[result["verdict"]]), f" {result['headline']}"))
+    if fit(table, console):
+        console.print(table)
+    else:  # a value with a word too long for its column: a block per check, every word whole
+        console.print(Text(table.title or "", style="italic"))
+        for c, state in zip(result["checks"], states):
+            console.print(hanging(f"{state:8} ", f"{c['name']}: {_show(c['computed'])} (expected "
+                                  f"{_show(c['expected'])})", label_style=_STYLE.get(state, "yellow")))
+            if c.get("how"):
+                console.print(hanging(" " * 9, Text(c["how"], style="dim")))
+    console.print(hanging(f"{result['verdict']} ", result["headline"], label_style=_STYLE[result["verdict"]]))
     console.print(f"wrote {path} and {path.with_suffix('.md')}")
 
 
@@ -633,8 +644,9 @@ def all_cmd(
     for name in LABS:
         result, path = run_lab(name, model, None)
         results.append(result)
-        console.print(Text.assemble((f"{result['verdict']:8}", _STYLE[result["verdict"]]), f" {name}: "
-                                    f"{result['headline']}"))
+        # The headline's continuation lines stay right of the verdict column.
+        console.print(hanging(f"{result['verdict']:8} ", f"{name}: {result['headline']}",
+                              label_style=_STYLE[result["verdict"]]))
     if as_json:
         print_json(results)
     else:

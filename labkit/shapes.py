@@ -24,10 +24,12 @@ from rich.console import Console
 from rich.table import Table
 
 from labkit.errors import LabkitError
+from labkit.narrow import fit
 from labkit.options import Device, DeviceOption, JsonOption, ModelOption, Out, TensorParallelSizeOption
 from labkit.output import (
     EXIT_FAIL,
     EXIT_PASS,
+    configuration_suffix,
     envelope,
     evidence_for,
     finish,
@@ -244,7 +246,7 @@ def print_table(table_data: dict, title: str, console: Console) -> None:
     tp = table_data["tensor_parallel_size"]
     t = Table(title=title, header_style="bold")
     for col in ("tensor", "full", f"per rank (x{tp})", "split", "comm"):
-        t.add_column(col, overflow="fold")
+        t.add_column(col)
     for name, spec in table_data["params"].items():
         short = name.replace("model.layers.N.", "").replace("self_attn.", "").replace("mlp.", "")
         short = short.replace("model.", "").replace(".weight", "")
@@ -260,6 +262,7 @@ def print_table(table_data: dict, title: str, console: Console) -> None:
     t.add_row("logits", _shape(act["logits (rank 0, gathered)"]), _shape(act["logits_shard"]), "vocab shard",
               "sampled on rank 0" if tp > 1 else "")
     t.add_row("params / rank", "", f"{table_data['param_bytes_per_rank'] / 2**20:.1f} MiB", "", "")
+    fit(t, console)  # no column below its longest word (post_attention_layernorm): other columns wrap instead
     console.print(t)
     ranges = ", ".join(f"rank {r}: [{a}, {b})" for r, (a, b) in enumerate(table_data["vocab_ranges"]))
     console.print(f"vocab slices: {ranges}")
@@ -275,7 +278,8 @@ def run(
     check: bool = typer.Option(False, "--check", help="Build the engine (--device, default cpu with gloo) and compare "
                                                       "every rank's parameters and KV pool with the table."),
     device: DeviceOption = Device.cpu,
-    out: Out("JSON path (default: runs/shapes-tpN.json).") = None,
+    out: Out("JSON path (default: runs/shapes-tpN[-OPTION-VALUE...].json, one -OPTION-VALUE per other option "
+             "given).") = None,
     as_json: JsonOption = False,
 ) -> None:
     """Per-rank tensor-parallel shapes from config.json (static); --check compares with the engine.
@@ -310,7 +314,8 @@ def run(
     # Without --check nothing is compared: the table is recorded, not judged.
     verdict = ("PASS" if passed else "FAIL") if check else "RECORDED"
     result = finish(env, verdict=verdict, passed=passed, **results)
-    path = write_json(out or runs_dir() / f"shapes-tp{tp}.json", result)
+    path = write_json(out or runs_dir() / f"shapes-tp{tp}{configuration_suffix(skip=('tensor_parallel_size',))}.json",
+                      result)
     md = path.with_suffix(".md")
     md.write_text(markdown(result), encoding="utf-8")
     console.print(f"wrote {path} and {md}")

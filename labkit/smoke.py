@@ -22,6 +22,7 @@ from labkit.options import Device, DeviceOption, EnforceEagerOption, ModelOption
 from labkit.output import (
     EXIT_FAIL,
     EXIT_PASS,
+    configuration_suffix,
     device_info,
     envelope,
     evidence_for,
@@ -119,6 +120,23 @@ def print_summary(result: dict, console: Console) -> None:
         console.print(Text.assemble("  ", mark, f" {c['name']}: {c['detail']}"))
 
 
+def markdown(result: dict) -> str:
+    """smoke.json's twin: the verdict, what ran and each check."""
+    e = result["engine"]
+    lines = [f"# labkit smoke: {result['status']}", "",
+             f"- command: `{' '.join(result.get('argv') or [])}`",
+             f"- model: {result['model']['path']}",
+             f"- device: {e['device']} ({result['device'].get('name') or '-'}), execution {e['execution']}, "
+             f"tensor parallel {e['tensor_parallel_size']}",
+             f"- prompt tokens: {result['prompt_tokens']}; token ids: {result['token_ids']}; text: {result['text']!r}",
+             f"- init {result['init_s']} s, generate {result['generate_s']} s", "",
+             "| check | result | detail |", "| --- | --- | --- |"]
+    lines += [f"| {c.get('name')} | {'PASS' if c.get('passed') else 'FAIL'} | "
+              f"{str(c.get('detail', '')).replace('|', '/')} |"
+              for c in result["checks"]]
+    return "\n".join(lines) + "\n"
+
+
 def run(
     model: ModelOption = None,
     device: DeviceOption = Device.auto,
@@ -167,10 +185,11 @@ def run(
         generate_s=round(got["generate_s"], 4),
         checks=checks,
     )
-    path = write_json(runs_dir() / "smoke.json", result)
+    path = write_json(runs_dir() / f"smoke{configuration_suffix()}.json", result)
+    path.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
 
     console = Console()
     print_summary(result, console)
     verdict = Text("PASS" if passed else "FAIL", style="bold green" if passed else "bold red")
-    console.print(Text.assemble("smoke: ", verdict, f"; wrote {path}"))
+    console.print(Text.assemble("smoke: ", verdict, f"; wrote {path} and {path.with_suffix('.md').name}"))
     raise typer.Exit(EXIT_PASS if passed else EXIT_FAIL)

@@ -1,6 +1,7 @@
 """Named YAML inputs (workloads/cases/NAME.yaml, workloads/bench/NAME.yaml): find one by name or path, read it."""
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 
@@ -28,8 +29,12 @@ def resolve(name_or_path: str | os.PathLike, dirs: list[Path], what: str) -> Pat
     for d in dirs:
         if (d / f"{s}.yaml").is_file():
             return d / f"{s}.yaml"
-    known = ", ".join(names_in(dirs)) or "none"
-    raise LabkitError(f"unknown {what} {s!r} (not a file, not in {', '.join(map(str, dirs))}); known: {known}")
+    names = names_in(dirs)
+    where = f"not a file, nor a name in {', '.join(map(str, dirs))}"
+    close = difflib.get_close_matches(s, names, n=3, cutoff=0.6)
+    if close:
+        raise LabkitError(f"unknown {what} {s!r} ({where}); did you mean {' or '.join(map(repr, close))}?")
+    raise LabkitError(f"unknown {what} {s!r} ({where}); known: {', '.join(names) or 'none'}")
 
 
 def read(path: Path, what: str):

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
-#   bash scripts/gpu_session.sh [evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan|bar20|cells|final20|startup|startup+cells|trees|capture-profile]
+#   bash scripts/gpu_session.sh [labs|evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan|bar20|cells|final20|startup|startup+cells|trees|capture-profile]
+# labs:     the lab plan (workloads/labs.yaml) as a person runs it, every lab's own commands into one runs folder
+#           ($OUT/runs), then `labkit report` over it (scripts/run_lab_plan.py). LABS_SKIP="a,b" leaves labs out
+#           (bench-hf: the Transformers baseline, ~5 minutes alone), LABS_ONLY="a,b" runs only those. Back in
+#           $OUT/reports.tgz: the report (report.md, report.html, manifest.json), every result's JSON and Markdown
+#           and each command's log.
 # Measured on one H200 (docs/perf.md): evidence ~2 minutes, perf ~7 (3.5 of them the Transformers baseline);
 # `all` is ~9.5, close to a 10-minute device call: two calls (evidence, perf) are safer.
 # evidence: doctor/smoke, every trace case on fake Qwen3-0.6B (block 256), the logits-check suites in bf16
@@ -33,9 +38,13 @@ set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-runs/gpu-session}
+mkdir -p "$OUT"
+# What this call makes is newer than this file: at the end only that is deleted (after it is packed), never a
+# result that was in $OUT before (pointed at a folder of results, the script once deleted them all).
+started=$(mktemp "$OUT/.gpu-session-start.XXXXXX")
 mkdir -p "$OUT/logs"
 export RUNS_DIR=$OUT/runs
-M=/tmp/qwen3-fake
+M=${FAKE_MODEL:-/tmp/qwen3-fake}   # a model folder; made (fake Qwen3-0.6B) when it holds no config.json
 what=${1:-all}
 log() { echo "$*" | tr -c 'a-zA-Z0-9\n' _ | cut -c1-90; }
 # step SECONDS CMD...: run, log to $OUT/logs (the name's hash keeps commands with the same start apart), print the exit code.
@@ -45,6 +54,15 @@ BF="--device cuda --dtype bfloat16 --model $M"
 
 [ -f $M/config.json ] || python3 -m labkit model fake --preset qwen3-0.6b --out $M > /dev/null
 
+if [ "$what" = labs ]; then
+  # The lab plan into one folder, then the report (~8 minutes on one H200 without bench-hf).
+  export MODEL_DIR=$M
+  step 590 python3 scripts/run_lab_plan.py --runs $OUT/runs --report $OUT/report --logs $OUT/logs/labs --gpus 1 \
+    ${LABS_SKIP:+--skip $LABS_SKIP} ${LABS_ONLY:+--only $LABS_ONLY}
+  cp $OUT/logs/*run_lab_plan*.log $OUT/logs/run_lab_plan.txt 2>/dev/null
+  tar czf $OUT/reports.tgz -C $OUT --exclude='*.jsonl' --exclude='*.npz' --exclude='*.tsv' --exclude='*.tar.gz' \
+    --exclude='*.perfetto.json*' logs runs report 2>/dev/null
+fi
 if [ "$what" = evidence ] || [ "$what" = all ]; then
   R=$OUT/runs
   mkdir -p $R/lc-graph
@@ -442,6 +460,12 @@ if [ -f $OUT/bench-nano-hf.json ] && [ -f $OUT/bench-nano-graph.json ]; then
   step 30 python3 -m labkit bench compare $OUT/bench-nano-hf.json $OUT/bench-nano-graph.json --variable backend --out $OUT/compare-backend.json
 fi
 # The device returns a limited number of files: keep the reports (not the event logs and logits arrays) in one.
-tar czf $OUT/reports.tgz -C $OUT logs $(cd $OUT && ls -d runs/*.json runs/*.md runs/*/*.json runs/*/*.md runs/*/*.json.gz runs/*/*/*.json runs/*/*/*.md 2>/dev/null | grep -v events) 2>/dev/null
-rm -rf $OUT/logs $OUT/runs
+[ "$what" = labs ] || tar czf $OUT/reports.tgz -C $OUT logs $(cd $OUT && ls -d runs/*.json runs/*.md runs/*/*.json runs/*/*.md runs/*/*.json.gz runs/*/*/*.json runs/*/*/*.md 2>/dev/null | grep -v events) 2>/dev/null
+# Then delete what this call made (files newer than its start, and the folders it left empty): nothing else.
+for d in "$OUT/logs" "$OUT/runs" "$OUT/report"; do
+  [ -d "$d" ] || continue
+  find "$d" -type f -newer "$started" -delete
+  find "$d" -depth -type d -empty -newer "$started" -delete
+done
+rm -f "$started"
 echo "done: $OUT"

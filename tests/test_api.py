@@ -140,3 +140,23 @@ def test_forget_drops_only_finished_requests(tiny_model):
     llm.forget(sid)
     with pytest.raises(KeyError):
         llm.get_sequence(sid)
+
+
+def test_auto_attention_takes_only_the_measured_paths_with_flash_attn_installed(monkeypatch):
+    """`auto` runs what was measured on our GPU (the Triton kernels) and on a CPU (torch), even where flash-attn
+    is installed (never run on the device here); flash_attn stays a choice by name."""
+    import importlib.util
+
+    from engine import device
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: object() if name == "flash_attn" else real(name, *args))
+    assert device.resolve_attention_backend("auto", torch.device("cuda")) == "triton"
+    assert device.resolve_attention_backend("auto", torch.device("cpu")) == "torch"
+    assert device.resolve_attention_backend("flash_attn", torch.device("cuda")) == "flash_attn"
+    # Without triton the torch reference, never flash-attn.
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: object() if name == "flash_attn" else None if name == "triton"
+                        else real(name, *args))
+    assert device.resolve_attention_backend("auto", torch.device("cuda")) == "torch"

@@ -126,7 +126,7 @@ def _check_bench_json(data: dict, backend: str, requests: int, output_tokens: in
 def test_bench_fixed_end_to_end(tiny_model, runs, capsys):
     code, out, err = run_cli(["bench", "--workload", "fixed", "--model", tiny_model, "--device", "cpu"], capsys)
     assert code == 0, err
-    path = runs / "bench-fixed-engine-eager.json"
+    path = runs / "bench-fixed-engine-eager-model-tiny.json"  # --model another folder: a record of its own
     data = json.loads(path.read_text())
     _check_bench_json(data, "engine", 16, 16 * 32, 3)
     assert len(data["warmup_rounds"]) == 2 and data["kv_blocks"] > 0

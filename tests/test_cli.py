@@ -199,7 +199,8 @@ def test_every_help_and_the_engineless_commands_import_nothing_heavy(tiny_model,
     helps = [[*p, "--help"] for p in paths]
     # Commands that run no engine: they start without torch, transformers or the engine (lab_env: outputs in tmp).
     engineless = [["notes", "list"], ["patch", "list"], ["model", "info", tiny_model, "--json"],
-                  ["shapes", "--tp", "2", "--model", tiny_model], ["principles", "slots"], ["principles", "cache"]]
+                  ["shapes", "--tensor-parallel-size", "2", "--model", tiny_model], ["principles", "slots"],
+                  ["principles", "cache"]]
     modules, codes = _imported_after(*helps, *engineless)
     assert len(paths) > 30 and codes == [0] * (len(helps) + len(engineless))
     assert _heavy(modules) == []
@@ -496,18 +497,25 @@ def test_doctor_does_not_load_the_engine_or_transformers(tiny_model, lab_env):
 
 
 @pytest.mark.skipif(not NO_GPU, reason="needs a machine without a GPU")
-def test_doctor_device_cuda_without_gpu_fails(tiny_model, lab_env, capsys):
+def test_doctor_device_cuda_without_gpu_fails_beside_the_passing_record(tiny_model, lab_env, capsys):
+    """A failed try of another configuration adds a record: the passing doctor.json stays as it was."""
+    assert run_cli(["doctor"], capsys)[0] == 0
+    passing = (lab_env / "doctor.json").read_bytes()
     code, out, _ = run_cli(["doctor", "--device", "cuda"], capsys)
-    rows = _rows(json.loads((lab_env / "doctor.json").read_text()))
+    rows = _rows(json.loads((lab_env / "doctor-device-cuda.json").read_text()))
     assert code == 1
     assert rows["cuda"]["status"] == "FAIL"
-    assert "FAIL" in out
+    assert "FAIL" in out and "doctor-device-cuda.json" in out.replace("\n", "")
+    assert (lab_env / "doctor.json").read_bytes() == passing
+    # The same configuration again replaces its own record, and the default device named is the default's.
+    assert run_cli(["doctor", "--device", "cpu"], capsys)[0] == 0
+    assert sorted(p.name for p in lab_env.glob("doctor*.json")) == ["doctor-device-cuda.json", "doctor.json"]
 
 
 def test_doctor_missing_model_is_a_failed_check(lab_env, tmp_path, capsys):
     missing = tmp_path / "no-such-model"
     code, out, err = run_cli(["doctor", "--device", "cpu", "--model", str(missing)], capsys)
-    rows = _rows(json.loads((lab_env / "doctor.json").read_text()))
+    rows = _rows(json.loads((lab_env / "doctor-model-no-such-model.json").read_text()))
     assert code == 1
     assert rows["model files"]["status"] == "FAIL"
     assert "no-such-model" in rows["model files"]["detail"]
@@ -521,7 +529,7 @@ def test_doctor_rejects_a_non_qwen3_model(tiny_model, lab_env, tmp_path, capsys)
     config["model_type"] = "llama"
     (other / "config.json").write_text(json.dumps(config))
     code, _, _ = run_cli(["doctor", "--device", "cpu", "--model", str(other)], capsys)
-    rows = _rows(json.loads((lab_env / "doctor.json").read_text()))
+    rows = _rows(json.loads((lab_env / "doctor-model-llama.json").read_text()))
     assert code == 1
     assert rows["model config"]["status"] == "FAIL"
     assert "llama" in rows["model config"]["detail"]
@@ -533,7 +541,7 @@ def test_doctor_notices_missing_weights(tiny_model, lab_env, tmp_path, capsys):
     for f in other.glob("*.safetensors"):
         f.unlink()
     code, _, _ = run_cli(["doctor", "--device", "cpu", "--model", str(other)], capsys)
-    rows = _rows(json.loads((lab_env / "doctor.json").read_text()))
+    rows = _rows(json.loads((lab_env / "doctor-model-noweights.json").read_text()))
     assert code == 1
     assert rows["model files"]["status"] == "FAIL"
     assert "safetensors" in rows["model files"]["detail"]
@@ -570,3 +578,24 @@ def test_old_transformers_fails(monkeypatch):
     assert doctor.check_transformers()["status"] == "FAIL"
     monkeypatch.setattr(doctor, "versions", lambda: {"transformers": "5.2.0"})
     assert doctor.check_transformers()["status"] == "PASS"
+
+
+def test_every_first_hour_command_writes_its_json_with_a_markdown_twin(tiny_model, lab_env, capsys):
+    """README: every command of the first hour writes its JSON and a Markdown twin under runs/ (doctor, smoke and
+    trace wrote none)."""
+    tiny = ["--model", str(tiny_model), "--device", "cpu"]
+    runs = [(["doctor"], "doctor.json", "# labkit doctor: PASS"),
+            (["smoke", "--device", "cpu"], "smoke.json", "# labkit smoke: PASS"),
+            (["trace", "--case", "chunk", *tiny, "-q"], "trace-chunk/check.json", "# trace chunk: PASS"),
+            (["principles", "slots"], "principles/slots.json", "# principles slots: **PASS**"),
+            (["logits-check", "run", "--suite", "prefix", *tiny], "logits-prefix/check.json", "PASS"),
+            (["bench", "--workload", "fixed", "--num-requests", "2", "--repeats", "1", "--warmup", "0", *tiny,
+              "--enforce-eager",
+              "--out", str(lab_env / "bench.json")], "bench.json", "fixed")]
+    for args, json_name, head in runs:
+        code, out, err = run_cli(args, capsys)
+        assert code == 0, (args, err)
+        result = lab_env / json_name
+        twin = result.with_suffix(".md")
+        assert json.loads(result.read_text())["command"] and twin.is_file(), (args, sorted(lab_env.rglob("*")))
+        assert head in twin.read_text(), (args, twin.read_text()[:300])

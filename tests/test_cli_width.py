@@ -1,12 +1,15 @@
-"""The terminal output of `patch prove`, `bench`, `bench load` and `report` at 80 columns: no line longer, and
-no word cut or folded across lines (a folded cell shows "ms/to" and "ken", a cut one "ms/to…")."""
+"""Every command's terminal output at 80 columns, its --help and the tables it prints: no line longer, and no
+word cut or folded across lines (a folded cell shows "ms/to" and "ken", a cut one "ms/to…"; a cut flag
+`--async-scheduli…`). A word wrapped whole to the next line is fine."""
 from __future__ import annotations
 
 import copy
 import io
 import json
 import shutil
+from collections import Counter
 
+import pytest
 from rich.console import Console
 
 from labkit.output import project_root
@@ -135,8 +138,10 @@ def test_bench_load_latencies_at_80_columns_keep_every_figure_whole(tmp_path, ca
                                  "--percentiles", "50,75,90,95,99,99.9", "--out", str(out)], capsys)
     assert code == 0, err + stdout
     m = json.loads(out.read_text())["metrics"]
-    names = ["mean", "median", "std"] + [M.percentile_key(p) for p in m["percentiles"]]
+    names = ["mean", "median", "std"] + [M.percentile_key(p) for p in m["percentiles"] if p != 50]
     assert_fits(stdout, names + [_ms(m[key][k]) for key in M.LATENCIES for k in names])
+    # p50 is the median: not a second column of the same figures.
+    assert "p50" in m["ttft_ms"] and "p50" not in stdout.split()
 
 
 # ----------------------------------------------------------------------------------- report
@@ -157,3 +162,195 @@ def test_report_at_80_columns_shows_each_headline_whole(tmp_path, capsys, monkey
     labs = json.loads((tmp_path / "report" / "manifest.json").read_text())["labs"]
     assert any(arrivals in lab["headline"] for lab in labs)
     assert_fits(stdout, [t for lab in labs for t in (lab["lab"], lab["verdict"], lab["headline"])])
+
+
+# ----------------------------------------------------------------------------------- every help, every table
+
+# Characters of borders and rules: not words.
+_BOX = "│┃┏┓┗┛━─┌┐└┘├┤┬┴┼╭╮╰╯┡┩╇╈┳┻╋┣┫═╞╡╪┝┥┿"
+
+
+def words(out: str) -> Counter:
+    return Counter(t for t in out.split() if t.strip(_BOX))
+
+
+def width_problems(narrow: str, wide: str, width: int = 80) -> list[str]:
+    """What is wrong with `narrow` (the output at `width` columns) against `wide` (the same output with room):
+    a line too long, a cut word ('…'), or a word that is not whole (folded or cut words differ from the wide
+    output's words; a word wrapped whole to the next line does not)."""
+    out = [f"line of {len(line)} columns: {line}" for line in narrow.splitlines() if len(line) > width]
+    out += [f"cut: {line}" for line in narrow.splitlines() if "…" in line]
+    n, w = words(narrow), words(wide)
+    if n != w:
+        out.append(f"words not whole at {width} columns: {sorted((n - w).elements())[:12]}; "
+                   f"missing: {sorted((w - n).elements())[:12]}")
+    return out
+
+
+def at(columns: int, monkeypatch, capsys, args) -> tuple[int, str]:
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, out, err = run_cli(args, capsys)
+    return code, out + err
+
+
+def _command_paths():
+    import typer.main
+
+    from labkit import cli
+
+    def walk(command, path):
+        yield path, command
+        if hasattr(command, "list_commands"):
+            for name in command.list_commands(None):
+                yield from walk(command.get_command(None, name), (*path, name))
+
+    yield from walk(typer.main.get_command(cli.app), ())
+
+
+def help_problems(monkeypatch, capsys, path, command) -> list[str]:
+    code, narrow = at(80, monkeypatch, capsys, [*path, "--help"])
+    _, wide = at(200, monkeypatch, capsys, [*path, "--help"])
+    problems = [] if code == 0 else [f"exit {code}"]
+    problems += width_problems(narrow, wide)
+    shown = {t.rstrip(",") for t in narrow.split()}  # "--quiet, -q"
+    for param in getattr(command, "params", []):
+        if getattr(param, "hidden", False):
+            continue
+        for flag in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]:
+            if flag.startswith("-") and flag not in shown:
+                problems.append(f"flag {flag} is not whole")
+        choices = getattr(getattr(param, "type", None), "choices", None)
+        if choices and not any(all(str(getattr(c, "value", c)) in t for c in choices) for t in shown):
+            problems.append(f"the choices of {param.opts} are not one word")
+    return [f"labkit {' '.join(path)} --help: {p}" for p in problems]
+
+
+def test_every_help_at_80_columns_shows_every_flag_choice_and_word_whole(monkeypatch, capsys):
+    """Every command's help at 80 columns: no line longer, no flag name cut, a list of choices one word, every
+    word of the descriptions whole (the same words as with room to spare). Nothing here names a flag: a renamed
+    or added one is held to the same."""
+    problems = []
+    for path, command in _command_paths():
+        problems += help_problems(monkeypatch, capsys, path, command)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_help_check_sees_typers_own_layout_cut_flags(monkeypatch, capsys):
+    """The check above fails on what typer's six-column panel does at 80 columns (`--async-scheduli…`,
+    `<prefill_first|b` / `alanced|mixed>`): an over-wide column is caught."""
+    from typer import rich_utils
+
+    from labkit import help_layout
+
+    assert help_layout.typer_options_panel is not None
+    serve = dict(_command_paths())[("serve",)]
+    monkeypatch.setattr(rich_utils, "_print_options_panel", help_layout.typer_options_panel)
+    problems = help_problems(monkeypatch, capsys, ("serve",), serve)
+    assert any("…" in p for p in problems) and any("not whole" in p for p in problems), problems
+
+
+def test_a_help_paragraph_wrapped_in_the_source_is_one_paragraph_on_screen():
+    from labkit.help_layout import reflow
+
+    assert reflow("exit 1 when the engine\ndies, or hangs") == "exit 1 when the engine dies, or hangs"
+    assert reflow("Suites:\n- baseline (15 rows)\n- graph\n  (126 rows)") == \
+        "Suites:\n- baseline (15 rows)\n- graph (126 rows)"
+    assert reflow("\b\nkept\nas written") == "kept\nas written"
+
+
+def test_the_stderr_reason_wraps_between_words_in_a_terminal_and_stays_one_line_in_a_pipe():
+    from labkit.cli import reason_lines
+
+    message = "unknown case 'chunck' (not a file, nor a name in /work/labkit/workloads/cases); did you mean 'chunk'?"
+    assert reason_lines(message, None) == f"labkit: {message}"
+    lines = reason_lines(message, 80).splitlines()
+    assert len(lines) == 2 and all(len(line) <= 80 for line in lines) and lines[1].startswith("  ")
+    assert " ".join(" ".join(lines).split()) == f"labkit: {message}"
+
+
+def test_an_unknown_case_name_gets_a_did_you_mean(capsys):
+    code, _, err = run_cli(["trace", "--case", "chunck"], capsys)
+    assert code == 2 and "did you mean 'chunk'?" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def traced(tiny_model, tmp_path_factory):
+    """Two runs of the lifecycle case (as in the README: the case, then --max-num-batched-tokens 100) and one of
+    chunk."""
+    from labkit import cli
+
+    root = tmp_path_factory.mktemp("traced")
+    tiny = ["--model", str(tiny_model), "--device", "cpu", "-q"]
+    for name, case, extra in (("chunk", "chunk", []), ("lifecycle", "lifecycle", []),
+                              ("lifecycle-budget-100", "lifecycle", ["--max-num-batched-tokens", "100"])):
+        out = root / name
+        with pytest.raises(SystemExit) as done:
+            cli.main(["trace", "--case", case, *tiny, *extra, "--out", str(out)])
+        assert done.value.code in (0, None)
+    return root
+
+
+def test_the_commands_tables_at_80_columns_keep_every_word_whole(traced, tiny_model, monkeypatch, capsys):
+    """The first hour's screens and the other tables, each at 80 columns against the same output with room:
+    the step table, the CHANGED diff, `trace diff`, `trace --list`, `principles all` and each principles lab,
+    `shapes`, `model info`, `patch list`."""
+    from labkit.trace.cases import load_case
+    from labkit.trace.command import _print_report, _print_steps
+    from labkit.trace.events import read_jsonl
+    from labkit.trace.validate import validate
+
+    problems = []
+    monkeypatch.chdir(traced)  # the logs by their short paths, as a user names them
+    for args in (["trace", "diff", "lifecycle/events.jsonl", "lifecycle-budget-100/events.jsonl"],
+                 ["trace", "--list"], ["principles", "all"], *[["principles", n] for n in
+                 ("tokenizer", "attention", "cache", "memory", "slots", "operators", "shapes", "timeline")],
+                 ["shapes", "--tensor-parallel-size", "2", "--preset", "qwen3-0.6b"],
+                 ["model", "info", str(tiny_model)],
+                 ["patch", "list"]):
+        # 150 columns: room to spare, below the widths where patch list and principles change layout (160)
+        (_, narrow), (_, wide) = at(80, monkeypatch, capsys, args), at(150, monkeypatch, capsys, args)
+        problems += [f"labkit {' '.join(args)}: {p}" for p in width_problems(narrow, wide)]
+    for name, why in (("chunk", ""), ("lifecycle", ""),
+                      ("lifecycle-budget-100", "override --max-num-batched-tokens 100")):
+        events = read_jsonl(traced / name / "events.jsonl")
+        case = load_case(name.split("-")[0])
+        report = validate(events, case, expect_changes=bool(why), why_changes=why)
+
+        def show(console):
+            _print_steps(events, console, f"case {case.name}: {case.about}")
+            _print_report(report, console, case)
+
+        problems += [f"trace {name}: {p}" for p in width_problems(render(show), render(show, width=200))]
+        if why:
+            assert "changed from the case" in render(show)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_logits_worst_rows_at_80_columns_keep_every_figure_whole(tiny_model, tmp_path, monkeypatch, capsys):
+    """The worst-rows table squeezed its request column to nothing and cut context 257 to `2…`."""
+    from labkit.logits.command import _print_result
+
+    code, out = at(80, monkeypatch, capsys, ["logits-check", "run", "--suite", "baseline", "--model", str(tiny_model),
+                                             "--device", "cpu", "--out", str(tmp_path / "lc")])
+    assert code == 0, out
+    assert not [line for line in out.splitlines() if len(line) > 80 or "…" in line], out
+    result = json.loads((tmp_path / "lc" / "check.json").read_text())
+    narrow = render(lambda c: _print_result(result, c))
+    assert not width_problems(narrow, render(lambda c: _print_result(result, c), width=200)), narrow
+    for row in result["rows"]:  # each figure of the rows shown, whole
+        if f"{row['request_id']}#{row['output_index']}" in narrow:
+            assert str(row["context_len"]) in narrow.split()
+
+
+def test_the_width_check_sees_an_over_wide_column():
+    """A table with a column that cannot shrink (a planted over-wide column) fails the check."""
+    from rich.table import Table
+
+    def table(console):
+        t = Table()
+        t.add_column("check", no_wrap=True)
+        t.add_column("detail", no_wrap=True)
+        t.add_row("a check", "a detail " * 12)
+        console.print(t)
+
+    assert width_problems(render(table), render(table, width=200))

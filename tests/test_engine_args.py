@@ -42,7 +42,7 @@ def served(monkeypatch, tiny_model):
 
 def test_serve_hands_the_core_one_typed_value_with_the_settings_given(served, capsys):
     args = served(["--device", "cpu", "--max-num-batched-tokens", "64", "--no-enforce-eager", "--scheduling-policy",
-                   "mixed", "--tp", "2"], capsys)
+                   "mixed", "--tensor-parallel-size", "2"], capsys)
     assert isinstance(args, EngineArgs)
     assert args.kwargs() == {"max_num_batched_tokens": 64, "tensor_parallel_size": 2, "enforce_eager": False,
                              "device": "cpu", "scheduling_policy": "mixed"}

@@ -107,8 +107,10 @@ def test_notes_init_writes_one_note_per_lab_and_keeps_what_a_user_wrote(project,
     assert (project / "notes" / "trace-A.md").read_text() == edited
     code, _, err = run_cli(["notes", "init", "--lab", "no-such-lab"], capsys)
     assert code == 2 and "no-such-lab" in err
-    # The report lists the notes that still hold TODO, and gives each lab its note's state.
+    # The report lists the notes that still hold TODO, and gives each lab its note's state (over one result: a
+    # folder of none is refused).
     (tmp_path / "runs").mkdir(exist_ok=True)
+    assert run_cli(["principles", "slots", "--out", tmp_path / "runs" / "principles" / "slots.json"], capsys)[0] == 0
     code, _, err = run_cli(["report", "--runs", tmp_path / "runs", "--out", tmp_path / "report"], capsys)
     assert code == 0, err
     md = (tmp_path / "report" / "report.md").read_text()

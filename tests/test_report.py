@@ -17,9 +17,9 @@ import pytest
 
 from .helpers import run_cli
 
-# What the real commands below produce; every other lab of the plan must be MISSING.
-PRODUCED = {"trace-chunk": "PASS", "logits-prefix": "PASS", "graph-vs-eager": "RECORDED",
-            "bench-offline": "RECORDED", "principles-slots": "PASS"}
+# What the real commands below produce; every other lab of the plan must be MISSING. (bench-offline names the nano
+# workload: the fixed workload's runs below are not its result.)
+PRODUCED = {"trace-chunk": "PASS", "logits-prefix": "PASS", "graph-vs-eager": "RECORDED", "principles-slots": "PASS"}
 
 
 @pytest.fixture(scope="module")
@@ -128,15 +128,81 @@ def test_unreadable_results_are_listed_with_their_reason_and_exit_1(lab_runs, tm
     assert "could not be read" in md
 
 
-def test_report_on_an_empty_folder_is_all_missing(tmp_path, capsys):
-    (tmp_path / "empty").mkdir()
-    code, _, err = _report(tmp_path / "empty", tmp_path / "report", capsys)
-    assert code == 0, err
-    assert {v["verdict"] for v in _labs(tmp_path / "report").values()} == {"MISSING"}
+def test_report_on_a_folder_of_no_result_says_so_and_writes_nothing(tmp_path, capsys):
+    """No 41 MISSING lines and an archive of nothing: the folder holds no result, exit 2 (could not run)."""
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    (tmp_path / "empty" / "sub" / "perfetto.json").write_text(json.dumps({"traceEvents": []}))  # not a result
+    code, out, err = _report(tmp_path / "empty", tmp_path / "report", capsys)
+    assert code == 2 and "holds no labkit result" in err and str(tmp_path / "empty") in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "report").exists() and "MISSING" not in out
     code, _, err = run_cli(["report", "--runs", tmp_path / "missing"], capsys)
     assert code == 2 and "not a folder" in err
     code, _, err = run_cli(["report", "--runs", tmp_path / "empty", "--out", tmp_path], capsys)
     assert code == 2 and "would hold the results" in err
+
+
+def _copy_result(src: Path, dest: Path, **changes) -> Path:
+    data = json.loads(src.read_text())
+    data.update(changes)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(data))
+    return dest
+
+
+def test_a_lab_takes_the_result_of_the_workload_its_command_names(lab_runs, tmp_path, capsys):
+    """Two engine benches in one folder, fixed (the newer) and nano: bench-offline (`bench --workload nano`) shows
+    nano's; with only fixed's it is MISSING, never fixed's figure under the nano lab. An arrivals run under
+    prefill_first is not load-policies' result (`bench load --workload fixed --rate 4`)."""
+    runs = tmp_path / "runs"
+    fixed = json.loads((lab_runs / "bench-eager.json").read_text())
+    _copy_result(lab_runs / "bench-eager.json", runs / "bench-fixed-engine-eager.json",
+                 started_at="2026-12-02T10:00:00.000Z")
+    arrivals = {"command": "bench load", "evidence": "cpu-executed", "status": "ok",
+                "started_at": "2026-12-02T09:00:00.000Z",
+                "argv": ["labkit", "bench", "load", "--arrivals", "workloads/arrivals/short-and-long.jsonl"],
+                "config": {"source": {"arrivals": "short-and-long.jsonl"},
+                           "server": {"--scheduling-policy": "prefill_first"}},
+                "metrics": {"requests": 4, "completed": 4}}
+    (runs / "bench-load-short-and-long.json").write_text(json.dumps(arrivals))
+    code, _, err = _report(runs, tmp_path / "r1", capsys)
+    assert code == 0, err
+    labs = _labs(tmp_path / "r1")
+    assert labs["bench-offline"]["verdict"] == "MISSING" and labs["load-policies"]["results"][0]["file"] is None
+    nano = _copy_result(lab_runs / "bench-eager.json", runs / "bench-nano-engine-eager.json",
+                        started_at="2026-12-02T09:00:00.000Z", workload={**fixed["workload"], "name": "nano"},
+                        argv=["labkit", "bench", "--workload", "nano", "--device", "cuda", "--repeats", "3"])
+    code, _, err = _report(runs, tmp_path / "r2", capsys)
+    assert code == 0, err
+    lab = _labs(tmp_path / "r2")["bench-offline"]
+    assert lab["results"][0]["file"] == nano.name and lab["headline"].startswith("nano via engine")
+    assert lab["results"][0]["other_files"] == [] and lab["shown"] == ""  # its own command: nothing to explain
+
+
+def test_a_lab_prefers_its_own_command_and_says_which_result_it_shows(lab_runs, tmp_path, capsys):
+    """A try with another option (--max-num-batched-tokens 100, newer) is a record beside the lab's own run: the lab
+    shows its
+    own command's result, and names the other; with the try alone, it says the result is not its command."""
+    runs = tmp_path / "runs"
+    check = lab_runs / "trace-chunk" / "check.json"
+    own = _copy_result(check, runs / "trace-chunk" / "check.json", started_at="2026-12-02T09:00:00.000Z",
+                       argv=["labkit", "trace", "--case", "chunk"])
+    _copy_result(check, runs / "trace-chunk-budget-100" / "check.json", started_at="2026-12-02T10:00:00.000Z",
+                 argv=["/venv/bin/labkit", "trace", "--case", "chunk", "--max-num-batched-tokens", "100",
+                       "--device", "cpu"],
+                 verdict="CHANGED")
+    code, out, err = _report(runs, tmp_path / "r1", capsys)
+    assert code == 0, err
+    lab = _labs(tmp_path / "r1")["trace-chunk"]
+    assert lab["verdict"] == "PASS" and lab["results"][0]["file"] == "trace-chunk/check.json"
+    assert lab["results"][0]["other_files"] == ["trace-chunk-budget-100/check.json"]
+    assert "trace-chunk-budget-100/check.json CHANGED" in lab["shown"]
+    assert "nearest to the lab's command" in lab["shown"]
+    assert "trace-chunk-budget-100/check.json" in (tmp_path / "r1" / "report.md").read_text()
+    own.unlink()
+    code, out, err = _report(runs, tmp_path / "r2", capsys)
+    lab = _labs(tmp_path / "r2")["trace-chunk"]
+    assert lab["verdict"] == "CHANGED" and "not the lab's command (--max-num-batched-tokens 100)" in lab["shown"]
+    assert "not the lab's command (--max-num-batched-tokens 100)" in " ".join(out.split())
 
 
 def test_report_without_matplotlib_still_writes_the_markdown(lab_runs, tmp_path, capsys, monkeypatch):
@@ -434,3 +500,36 @@ def test_json_flag_prints_the_result_of_every_command_that_prints_one(lab_runs, 
     if shutil.which("git"):
         patches = as_json(["patch", "list"])
         assert patches and {"name", "kind", "state"} <= set(patches[0])
+
+
+def test_the_terminal_report_gives_each_missing_labs_commands_to_paste(tmp_path, capsys, monkeypatch):
+    """At 80 columns, under each lab MISSING a result, its commands one per line as a shell reads them (a long
+    one continued with a backslash), `labkit serve` never joined to its client; the doctor's counts as words."""
+    from labkit.report.plan import load_plan
+    from labkit.report.render import command_lines
+
+    runs = tmp_path / "runs"
+    assert run_cli(["principles", "slots", "--out", runs / "principles" / "slots.json"], capsys)[0] == 0
+    doctor = {"command": "doctor", "evidence": "cpu-executed", "status": "PASS",
+              "counts": {"PASS": 9, "WARN": 2, "FAIL": 0}}
+    (runs / "doctor.json").write_text(json.dumps(doctor))
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = _report(runs, tmp_path / "report", capsys)
+    assert code == 0, err
+    assert all(len(line) <= 80 for line in out.splitlines())
+    assert "doctor: PASS 9, WARN 2, FAIL 0" in out
+    assert "{'PASS'" not in out + (tmp_path / "report" / "report.md").read_text()
+    shown, current = [], None
+    for line in out.splitlines():
+        text = line[7:] if line.startswith(("  run: ", " " * 7)) and line.strip() else None
+        if text is None or text.startswith("#"):
+            current = None
+            continue
+        current = (current[:-1].rstrip() + " " + text.strip()) if current and current.endswith("\\") else text.strip()
+        if not current.endswith("\\"):
+            shown.append(current)
+    wanted = [" ".join(line.partition("#")[0].split()) for lab in load_plan() if lab.id != "principles-slots"
+              for line in command_lines(lab.command)]
+    assert [" ".join(s.split()) for s in shown] == wanted
+    assert "labkit serve" in wanted and not any("labkit serve;" in s or "; labkit" in s for s in shown)
+    assert "# in a terminal of its own: it serves until Ctrl-C" in out

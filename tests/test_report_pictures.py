@@ -65,6 +65,8 @@ def every_figure(tmp_path):
         "compare offline": figures.compare_figure(offline_comparison()),
         "compare load": figures.compare_figure(load_comparison(tmp_path)),
         "bench": figures.bench_figure(bench_result()),
+        "policies": figures.policies_figure([(p, _arrivals_run(p, 1, 1.0)["metrics"])
+                                             for p in ("prefill_first", "balanced", "mixed")], "lab arrivals"),
         "load": figures.load_distributions_figure([{"ttft_ms": 10.0 + i, "itl_ms": [1.0, 2.0]} for i in range(9)],
                                                   "bench load fixed at rate 4"),
     }
@@ -182,3 +184,61 @@ def test_a_load_run_with_request_classes_is_read_and_drawn_per_class():
     verdict, text = _load(d)
     assert verdict == "RECORDED" and "(policy mixed)" in text
     assert "short: itl p99 41.0 ms, ttft p99 15.0 ms" in text and "long: itl p99 5.0 ms, ttft p99 302.0 ms" in text
+
+
+def test_a_comparison_names_its_sides_by_the_variables_values_and_a_median_reads_as_a_figure(tmp_path):
+    offline = figures.compare_figure(offline_comparison())
+    assert [t.get_text() for t in offline.axes[0].get_xticklabels()] == ["A: enforce_eager\nTrue",
+                                                                          "B: enforce_eager\nFalse"]
+    load = figures.compare_figure(load_comparison(tmp_path))
+    ticks = [t.get_text().replace("\n", " ") for t in load.axes[0].get_xticklabels()]
+    assert ticks == ["A: max-num-seqs default", "B: max-num-seqs 16"]
+    nano = bench_result()
+    nano["median"]["output_throughput"] = 26580.4
+    legend = figures.bench_figure(nano).axes[0].get_legend().get_texts()[0].get_text()
+    assert legend == "median 26,580"
+
+
+def _arrivals_run(policy: str, n: int, scale: float) -> dict:
+    def stats(ttft, itl):
+        return {"ttft_ms": {"p99": ttft * scale, "median": ttft}, "itl_ms": {"p99": itl * scale, "median": itl},
+                "completed": 8, "requests": 8}
+    return {"command": "bench load", "evidence": "gpu-measured", "status": "ok",
+            "started_at": f"2026-12-02T10:0{n}:00.000Z",
+            "argv": ["labkit", "bench", "load", "--arrivals", "workloads/arrivals/short-and-long.jsonl",
+                     "--scheduling-policy", policy],
+            "config": {"source": {"arrivals": "workloads/arrivals/short-and-long.jsonl"},
+                       "server": {"started": True, "--scheduling-policy": policy}},
+            "metrics": {**stats(100.0, 10.0), "output_throughput": 500.0,
+                        "classes": {"short": stats(20.0, 8.0), "long": stats(300.0, 12.0)}}}
+
+
+def test_the_arrivals_lab_draws_its_three_policies_side_by_side(tmp_path, capsys):
+    """scheduling-under-arrivals asks which policy makes which class pay: one picture, a column per policy,
+    both runs of each as dots, per class."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    scale = {"prefill_first": 1.0, "balanced": 1.5, "mixed": 2.0}
+    for policy in scale:
+        for n in (1, 2):
+            (runs / f"arrivals-{policy}-{n}.json").write_text(json.dumps(_arrivals_run(policy, n, scale[policy])))
+    code, _, err = run_cli(["report", "--runs", runs, "--out", tmp_path / "report"], capsys)
+    assert code == 0, err
+    pics = json.loads((tmp_path / "report" / "manifest.json").read_text())["pictures"]
+    side_by_side = [p for p in pics if p["title"].startswith("lab scheduling-under-arrivals")]
+    assert len(side_by_side) == 1 and side_by_side[0]["drawn"] and "3 policies" in side_by_side[0]["title"]
+    from labkit.report.plan import load_plan
+    from labkit.report.results import gather
+    from labkit.report.status import assign
+
+    statuses = assign(load_plan(), gather(runs).results)
+    lab = next(s for s in statuses if s.lab.id == "scheduling-under-arrivals")
+    from labkit.report.render import load_policy
+
+    fig = figures.policies_figure([(load_policy(r), r.data["metrics"]) for r in lab.results], "t")
+    assert [a.get_title() for a in fig.axes] == ["short: TTFT p99 (ms)", "short: ITL p99 (ms)",
+                                                 "long: TTFT p99 (ms)", "long: ITL p99 (ms)"]
+    ax = fig.axes[2]
+    assert [t.get_text().replace("\n", "") for t in ax.get_xticklabels()] == list(scale)
+    dots = sorted(float(y) for c in ax.collections for y in c.get_offsets()[:, 1])
+    assert dots == [300.0, 300.0, 450.0, 450.0, 600.0, 600.0]   # the long prompts' TTFT p99, two runs a policy

@@ -74,7 +74,9 @@ def test_smoke_on_the_default_tiny_model(env, cache_dir):
 def test_smoke_max_tokens_and_prompt(env):
     done = labkit(["smoke", "--device", "cpu", "--max-tokens", "5", "--prompt", "Count to three."], env)
     assert done.returncode == EXIT_PASS, done.stdout + done.stderr
-    report = smoke_json(env)
+    # Another prompt and length: a record of its own beside smoke.json.
+    (path,) = Path(env["RUNS_DIR"]).glob("smoke-max-tokens-5-prompt-Count*.json")
+    report = json.loads(path.read_text())
     assert len(report["token_ids"]) == 5
     assert report["prompt"] == "Count to three."
     assert "Count to three." in report["formatted_prompt"]
@@ -161,7 +163,7 @@ def test_a_failed_check_exits_1(monkeypatch, tmp_path, capsys, fake_args, broken
     pytest.importorskip("engine")
     fake = FakeLLM(**fake_args)
     code, out, _ = run_with(fake, monkeypatch, tmp_path, capsys)
-    report = json.loads((tmp_path / "runs" / "smoke.json").read_text())
+    report = json.loads((tmp_path / "runs" / "smoke-model-model.json").read_text())  # --model: another folder
     assert code == EXIT_FAIL
     assert report["status"] == "FAIL"
     assert [c["name"] for c in report["checks"] if not c["passed"]] == [broken]
@@ -184,4 +186,4 @@ def test_engine_error_during_generate_exits_2_and_still_shuts_down(monkeypatch, 
     assert code == EXIT_CANNOT_RUN
     assert err == "labkit: prompt: longer than max_model_len 1024\n"
     assert fake.exited
-    assert not (tmp_path / "runs" / "smoke.json").exists()
+    assert not list((tmp_path / "runs").glob("smoke*.json"))

@@ -77,7 +77,8 @@ def prefill(q, k, v, k_cache, v_cache, ctx: PrefillMeta, scale: float, k_scale: 
         else:
             ki = _gather(k_cache, ctx.block_tables[i], lk)
             vi = _gather(v_cache, ctx.block_tables[i], lk)
-        out[qs:qe] = _attend(q[qs:qe], ki, vi, scale * k_scale if fp8 else scale, v_scale if fp8 else None)
+        out[qs:qe] = _attend(q[qs:qe], ki, vi, scale * k_scale, v_scale=v_scale) if fp8 else \
+            _attend(q[qs:qe], ki, vi, scale)
     return out
 
 

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from ..context import get_context
+from ..kv_quant import FP8
 
 
 class Attention(nn.Module):
@@ -23,7 +24,9 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_context()
-        kc, vc, scales = self.k_cache, self.v_cache, dict(k_scale=self.k_scale, v_scale=self.v_scale)
+        kc, vc = self.k_cache, self.v_cache
+        # An FP8 pool's scales; a model-dtype pool's calls keep the backends' plain signature.
+        scales = dict(k_scale=self.k_scale, v_scale=self.v_scale) if kc.dtype == FP8 else {}
         if kc.numel():
             self.backend.store_kvcache(k, v, kc, vc, ctx.slot_mapping, **scales)
         dec, pre = ctx.decode, ctx.prefill

@@ -59,7 +59,17 @@ from labkit.options import (
     TensorParallelSizeOption,
     WorkloadOption,
 )
-from labkit.output import device_info, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, write_json
+from labkit.output import (
+    configuration_suffix,
+    device_info,
+    envelope,
+    evidence_for,
+    finish,
+    print_json,
+    resolve_device,
+    runs_dir,
+    write_json,
+)
 
 app = typer.Typer(invoke_without_command=True, no_args_is_help=False)
 
@@ -127,7 +137,8 @@ def run(
     profile_skip: Optional[int] = typer.Option(None, "--profile-skip",
                                                help=f"Steps of the profiled run before the window (default "
                                                     f"{DEFAULT_SKIP}: the prefill of batch1)."),
-    out: Out("JSON path (default: runs/bench-WORKLOAD-BACKEND[-eager|-graph].json); a .md twin goes beside it.") = None,
+    out: Out("JSON path (default: runs/bench-WORKLOAD-BACKEND[-eager|-graph][-OPTION-VALUE...].json, one "
+             "-OPTION-VALUE per other option given); a .md twin goes beside it.") = None,
     list_: bool = typer.Option(False, "--list", help="List the shipped workloads and exit."),
     as_json: JsonOption = False,
 ) -> None:
@@ -187,7 +198,8 @@ def run(
     env["device"] = device_info(m["run_device"])
     env["evidence"] = evidence_for(m["run_device"])
     result = build_result(env, w, backend_name, m)
-    json_path = out if out is not None else runs_dir() / default_name(w, backend_name, m)
+    json_path = out if out is not None else runs_dir() / default_name(w, backend_name, m, configuration_suffix(
+        skip=("workload", "backend", "eager")))
     md_path = json_path.with_suffix(".md")
     result["files"] = {"json": str(json_path), "md": str(md_path)}
     table = None
@@ -230,11 +242,13 @@ def print_profile(t: dict, console: Console) -> None:
                                f"{c['tolerance_ms']:.4f})", style="red"))
 
 
-def default_name(w: Workload, backend: str, m: dict) -> str:
+def default_name(w: Workload, backend: str, m: dict, options: str = "") -> str:
+    """bench-WORKLOAD-BACKEND[-eager|-graph], then `options` (the suffix of the other options given): a run of
+    another configuration is a record of its own."""
     mode = ""
     if backend == "engine":
         mode = "-eager" if (m.get("engine") or {}).get("enforce_eager") else "-graph"
-    return f"bench-{w.name}-{backend}{mode}.json"
+    return f"bench-{w.name}-{backend}{mode}{options}.json"
 
 
 def build_result(env: dict, w: Workload, backend: str, m: dict) -> dict:
@@ -322,7 +336,10 @@ def _summary_rows(r: dict) -> list[tuple[str, str]]:
         mode = (f"{mode}{'' if asked == mode else f' (asked: {asked})'}, attention {eng.get('attention_backend')}, "
                 f"tp {eng.get('tensor_parallel_size')}")
         if "custom_kernels" in eng:
-            mode += f", custom kernels {'on' if eng['custom_kernels'] else 'off'}"
+            # Config asks; only a CUDA device runs them (engine/kernel_choice.py): on a CPU they are not on.
+            on_gpu = (dev.get("type") or "").startswith("cuda")
+            mode += (f", custom kernels {'on' if eng['custom_kernels'] else 'off'}" if on_gpu
+                     else ", custom kernels off (CUDA only)")
     peak = r["peak_memory"]
     return [
         ("workload", f"{w['name']}: {w['requests']} requests, prompt {w['prompt_len']}, output {w['output_len']}, "

@@ -52,7 +52,17 @@ from labkit.options import (
     TensorParallelSizeOption,
     WorkloadOption,
 )
-from labkit.output import device_info, dist_version, envelope, finish, print_json, resolve_device, runs_dir, write_json
+from labkit.output import (
+    configuration_suffix,
+    device_info,
+    dist_version,
+    envelope,
+    finish,
+    print_json,
+    resolve_device,
+    runs_dir,
+    write_json,
+)
 
 
 def load(
@@ -95,7 +105,8 @@ def load(
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds a request may take."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Before timing, send the workload's warm-up "
                                 "requests (its own random prompts, short outputs) so compile caches are warm."),
-    out: Out("JSON path (default: runs/bench-load-NAME.json).") = None,
+    out: Out("JSON path (default: runs/bench-load-NAME[-OPTION-VALUE...].json, one -OPTION-VALUE per other option "
+             "given).") = None,
     as_json: JsonOption = False,
 ) -> None:
     """Online load bench: requests on a schedule at `labkit serve`; ttft, tpot, itl, e2el, throughput, goodput.
@@ -133,7 +144,8 @@ def load(
     console = Console(quiet=as_json)
     server = None
     model_dir = None
-    json_path = out if out is not None else runs_dir() / f"bench-load-{name}.json"
+    json_path = out if out is not None else runs_dir() / (
+        f"bench-load-{name}{configuration_suffix(skip=('workload', 'rate', 'arrivals'))}.json")
     try:
         if not urls:
             model_dir = Path(resolve_model(model))
@@ -301,10 +313,12 @@ def _rows(r: dict, latencies: bool = True) -> list[tuple[str, str]]:
 
 
 def latency_table(r: dict) -> tuple[list[str], list[list[str]]]:
-    """The statistics' names (mean, median, std, then the percentiles) and one row per latency: its name and
-    its values in ms."""
+    """The statistics' names (mean, median, std, then the percentiles but the 50th) and one row per latency: its
+    name and its values in ms."""
     m = r["metrics"]
-    names = ["mean", "median", "std"] + [M.percentile_key(p) for p in m.get("percentiles", M.DEFAULT_PERCENTILES)]
+    # p50 is the median: one column for it (the JSON keeps both keys, as vLLM's benchmark writes them).
+    names = ["mean", "median", "std"] + [M.percentile_key(p) for p in m.get("percentiles", M.DEFAULT_PERCENTILES)
+                                         if float(p) != 50]
     return names, [[f"{key[:-3]} ms"] + [_ms(m[key].get(k)) for k in names] for key in M.LATENCIES]
 
 

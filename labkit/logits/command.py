@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -32,6 +33,7 @@ from labkit.logits import compare as cmp, gates
 from labkit.logits.collect import Collection, collect_engine, collect_hf, prefix_of, read_collection, write_collection
 from labkit.logits.suites import SUITES, get_suite
 from labkit.model import resolve_model
+from labkit.narrow import fit, log_console
 from labkit.options import (
     Attention,
     AttentionBackendOption,
@@ -45,7 +47,16 @@ from labkit.options import (
     Out,
     TensorParallelSizeOption,
 )
-from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, finish, resolve_device, runs_dir, write_json
+from labkit.output import (
+    EXIT_FAIL,
+    EXIT_PASS,
+    configuration_suffix,
+    envelope,
+    finish,
+    resolve_device,
+    runs_dir,
+    write_json,
+)
 
 app = typer.Typer(help="Teacher-forced logits of the engine against Transformers (or TP=2 / another execution).\n\n"
                        "Example: labkit logits-check run --suite baseline --device cpu",
@@ -73,10 +84,8 @@ ExecutionOption = Annotated[Optional[Execution], typer.Option(
 
 
 def _console() -> Console:
-    console = Console(highlight=False)
-    if not console.is_terminal:  # logs and pipes: wide enough for the worst-rows table
-        console = Console(highlight=False, width=150)
-    return console
+    # Logs and pipes: wide enough for the worst-rows table; a terminal, or COLUMNS, is the width to fit.
+    return log_console(150, highlight=False)
 
 
 def _val(x):
@@ -116,20 +125,18 @@ def _print_collection(col: Collection, js: Path, npz: Path, console: Console) ->
 _STYLE = {"FAIL": "red", "REVIEW": "yellow", "PASS": "green"}
 
 
-def _print_rows(result: dict, console: Console) -> None:
+def _row_cells(result: dict) -> tuple[list[str], list[list[str]]]:
+    """The worst rows' header and cells: the figures of the table, and of the line per row that replaces it
+    where the table does not fit."""
     g = result["gate"]
     anchored = g["rule"] == "anchored"
-    judged = ("judged " + " and ".join(g["judged"]) + " against the float32 truth" if anchored
-              else "lhs " + result["lhs"]["backend"] + " vs rhs " + result["rhs"]["backend"])
-    title = f"logits-check {result['suite']}: worst rows ({judged})"
-    table = Table(title=title, header_style="bold")
-    cols = ["row", "request", "step", "path", "ctx"]
+    head = ["row", "request", "step", "path", "ctx"]
     if anchored:
-        cols += ["ref->truth"] + [c for n in g["judged"] for c in (f"{n}->truth", f"{n} ratio")] + ["top-1/truth"]
+        head += ["ref to truth"] + [c for n in g["judged"] for c in (f"{n} to truth", f"{n} ratio")] + [
+            "top-1 / truth"]
     else:
-        cols += ["max|diff|", "rel-L2", "top-1"]
-    for col in cols + ["status"]:
-        table.add_column(col, no_wrap=col != "request")
+        head += ["max |diff|", "rel-L2", "top-1"]
+    rows = []
     for r in cmp.worst_rows(result["rows"]):
         step = "-" if r["step"] is None else f"{r['step']} {(r['phase'] or '')[:3]}"
         cells = [str(r["index"]), f"{r['request_id']}#{r['output_index']}", step, cmp.path_text(r),
@@ -144,8 +151,32 @@ def _print_rows(result: dict, console: Console) -> None:
         else:
             top = str(r["top1_lhs"]) if r["top1_agree"] else f"{r['top1_lhs']}/{r['top1_rhs']}"
             cells += [f"{r['max_abs']:.2e}", f"{r['rel_l2']:.2e}", top]
-        table.add_row(*cells, Text(r["status"], style=_STYLE[r["status"]]))
-    console.print(table)
+        rows.append(cells + [r["status"]])
+    return head + ["status"], rows
+
+
+def _print_rows(result: dict, console: Console) -> None:
+    """The worst rows: a table whose columns keep every figure whole (no vertical rules, headers wrapped at
+    their spaces), or, where even that does not fit the terminal, a line per row naming each figure."""
+    g = result["gate"]
+    judged = ("judged " + " and ".join(g["judged"]) + " against the float32 truth" if g["rule"] == "anchored"
+              else "lhs " + result["lhs"]["backend"] + " vs rhs " + result["rhs"]["backend"])
+    title = f"logits-check {result['suite']}: worst rows ({judged})"
+    head, rows = _row_cells(result)
+    table = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, show_edge=False,
+                  padding=(0, 1, 0, 0))
+    for col in head:  # figures stay whole; headers wrap at their spaces
+        table.add_column(Text(col, no_wrap=False), no_wrap=True, justify="right" if col in ("row", "ctx") else "left")
+    for cells in rows:
+        table.add_row(*cells[:-1], Text(cells[-1], style=_STYLE[cells[-1]]))
+    if fit(table, console):
+        console.print(table)
+        return
+    console.print(Text(title, style="italic"))
+    for cells in rows:
+        named = ", ".join(f"{h} {c}" for h, c in zip(head[2:-1], cells[2:-1]))
+        console.print(Text.assemble((f"row {cells[0]} {cells[1]}", "bold"), f": {named} ",
+                                    (cells[-1], _STYLE[cells[-1]])))
 
 
 def _print_result(result: dict, console: Console) -> None:
@@ -230,7 +261,8 @@ def _finish_exit(result: dict) -> None:
 def collect_cmd(
     suite: SuiteOption,
     backend: BackendOption = Backend.engine,
-    out: Out("Output PREFIX: writes PREFIX.json and PREFIX.npz (default: runs/logits-SUITE/BACKEND).") = None,
+    out: Out("Output PREFIX: writes PREFIX.json and PREFIX.npz (default: runs/logits-SUITE[-OPTION-VALUE...]/BACKEND, "
+             "one -OPTION-VALUE per option given that changes the run).") = None,
     execution: ExecutionOption = None,
     attention_backend: AttentionBackendOption = None,
     tensor_parallel_size: TensorParallelSizeOption = 1,
@@ -249,7 +281,8 @@ def collect_cmd(
     suite_name = _val(suite)
     dev = resolve_device(device)
     model_dir = resolve_model(model)
-    prefix = prefix_of(out) if out is not None else runs_dir() / f"logits-{suite_name}" / backend.value
+    prefix = (prefix_of(out) if out is not None else
+              runs_dir() / f"logits-{suite_name}{configuration_suffix(skip=('suite', 'backend'))}" / backend.value)
     console = _console()
     col = _collect(backend.value, suite_name, model_dir, dev, dtype.value, _val(execution), _val(attention_backend),
                    tensor_parallel_size, seed, console=console)
@@ -309,7 +342,8 @@ def compare_cmd(
 @app.command("run")
 def run_cmd(
     suite: SuiteOption,
-    out: Out("Output folder (default: runs/logits-SUITE).") = None,
+    out: Out("Output folder (default: runs/logits-SUITE, then -OPTION-VALUE for each option given that changes the "
+             "run, e.g. runs/logits-baseline-dtype-bfloat16).") = None,
     execution: ExecutionOption = None,
     attention_backend: AttentionBackendOption = None,
     tensor_parallel_size: TensorParallelSizeOption = None,
@@ -346,7 +380,8 @@ def run_cmd(
                               "anchored, judges against a float32 truth)")
     dev = resolve_device(device)
     model_dir = resolve_model(model)
-    folder = Path(out) if out is not None else runs_dir() / f"logits-{suite_name}"
+    folder = Path(out) if out is not None else (
+        runs_dir() / f"logits-{suite_name}{configuration_suffix(skip=('suite',))}")
     console = _console()
     exe, att, tp = _val(execution), _val(attention_backend), tensor_parallel_size
     if s.reference == "tp":
@@ -365,7 +400,7 @@ def run_cmd(
 
     def collect(role: str, backend: str, name: str, dt: str, e=None, a=None, t=1) -> None:
         console.print(f"[bold]collect[/bold] {name}: backend {backend}, dtype {dt}" + (
-            f", execution {e or 'eager'}, attention {a or 'auto'}, TP {t}" if backend == "engine" else ""))
+            f", {e or 'eager'}, attention {a or 'auto'}, TP={t}" if backend == "engine" else ""))
         col = _collect(backend, suite_name, model_dir, dev, dt, e, a, t, seed, console=console)
         js, npz = write_collection(col, folder / name)
         _print_collection(col, js, npz, console)

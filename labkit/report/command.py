@@ -13,8 +13,18 @@ from rich.text import Text
 from labkit.errors import LabkitError
 from labkit.notes import lab_note_path, note_state, todo_count, user_notes
 from labkit.options import JsonOption, Out
-from labkit.output import EVIDENCE_KINDS, EXIT_FAIL, EXIT_PASS, envelope, finish, print_json, runs_dir, write_json
-from labkit.report import archive as arch
+from labkit.output import (
+    EVIDENCE_KINDS,
+    EXIT_CANNOT_RUN,
+    EXIT_FAIL,
+    EXIT_PASS,
+    envelope,
+    finish,
+    print_json,
+    runs_dir,
+    write_json,
+)
+from labkit.report import archive as arch, render
 from labkit.report.plan import load_plan, plan_path
 from labkit.report.render import VERDICT_COLORS, markdown, page, pictures
 from labkit.report.results import attach, gather
@@ -43,8 +53,10 @@ def report(
 ) -> None:
     """Every lab of the plan with its verdict and evidence: report.md, report.html, manifest.json, evidence.tar.gz.
 
-    Exit 1 when a file under runs/ cannot be read (UNREADABLE), else 0.
-    `labkit report verify ARCHIVE` re-checks an archive.
+    Exit 1 when a file under runs/ cannot be read (UNREADABLE); exit 2, writing nothing, when the folder holds
+    no labkit result at all; else 0. Where several results answer a lab (another device, another option), the
+    report shows the strongest evidence, then the one nearest the lab's own command, then the newest, and says
+    which it took. `labkit report verify ARCHIVE` re-checks an archive.
 
     Example: labkit report --runs runs --out runs/report
     """
@@ -59,12 +71,17 @@ def report(
                           "beside the runs folder (default: RUNS/report)")
     labs = load_plan()
     gathered = gather(root, exclude=dest)
+    if not gathered.results and not gathered.unreadable:
+        # A report of nothing would be every lab MISSING and an archive of no evidence: say so instead.
+        raise LabkitError(f"report: {root} holds no labkit result (no JSON written by a labkit command); "
+                          "run a lab's command first (`labkit doctor`), or give the folder that holds them "
+                          "with --runs", code=EXIT_CANNOT_RUN)
     attach(gathered, root)
     notes = {lab.id: note_state(lab_note_path(lab.id)) for lab in labs}
     todo = [p.name for p in user_notes() if todo_count(p)]
     statuses = assign(labs, gathered.results, notes)
     warn = caveats(statuses, gathered, todo)
-    pics, figures_note = pictures(gathered)
+    pics, figures_note = pictures(gathered, statuses)
 
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "report.md").write_text(markdown(title, statuses, gathered, warn, todo, figures_note), encoding="utf-8")
@@ -117,6 +134,10 @@ def _print(statuses, gathered, warn, figures_note, dest, tarball, manifest, n_fi
             console.print(Text.assemble((s.lab.id.ljust(id_width), "bold"), "  ",
                                         (s.verdict.ljust(verdict_width), _style(s.verdict)), "  ", ev))
             console.print(Padding(Text(s.headline()), (0, 0, 0, 2), expand=False))
+            if s.which():
+                console.print(Padding(Text(s.which(), style="dim"), (0, 0, 0, 2), expand=False))
+            if any(x.result is None for x in s.slots):
+                _print_commands(console, render.command_lines(s.lab.command))
     else:
         table = Table(title="labs of the plan", title_justify="left")
         for col in ("lab", "verdict", "evidence"):
@@ -129,8 +150,17 @@ def _print(statuses, gathered, warn, figures_note, dest, tarball, manifest, n_fi
                 ev = f"{s.evidence} (needs {s.lab.evidence})"
             else:
                 ev = s.evidence
-            table.add_row(s.lab.id, Text(s.verdict, style=_style(s.verdict)), ev, s.headline())
+            headline = Text(s.headline())
+            if s.which():
+                headline.append(f" ({s.which()})", style="dim")
+            table.add_row(s.lab.id, Text(s.verdict, style=_style(s.verdict)), ev, headline)
         console.print(table)
+        howto = render.missing_howto(statuses)
+        if howto:
+            console.print(Text(render.HOWTO_TITLE, style="italic"))
+            for lab, _, cmds, why in howto:
+                console.print(Text(lab + (f" ({why})" if why else ""), style="bold"))
+                _print_commands(console, cmds)
     if narrow and any(s.evidence_short for s in statuses):
         console.print("* weaker evidence than the lab needs (the caveats below say which labs need what)")
     for f, why in gathered.unreadable:
@@ -141,6 +171,34 @@ def _print(statuses, gathered, warn, figures_note, dest, tarball, manifest, n_fi
         console.print(Text(f"no pictures: {figures_note}", style="yellow"))
     console.print(f"wrote {dest / 'report.md'}, {dest / 'report.html'}, {manifest} and {tarball} ({n_files} files); "
                   f"manifest sha256 {arch.sha256_file(manifest)}")
+
+
+def command_screen_lines(line: str, width: int) -> list[str]:
+    """One command of the plan as lines that paste into a shell: its comment first (`# in a terminal of its
+    own`), then the command, broken before an option with a trailing backslash where it is wider than `width`."""
+    text, _, comment = line.partition("#")
+    out = [f"# {comment.strip()}"] if comment.strip() else []
+    words, groups = text.split(), []
+    while words:  # an option keeps its value beside it
+        take = 2 if words[0].startswith("-") and len(words) > 1 and not words[1].startswith("-") else 1
+        groups.append(" ".join(words[:take]))
+        words = words[take:]
+    current = ""
+    for group in groups:
+        if current and len(current) + len(group) + 3 > width:
+            out.append(current + " \\")
+            current = "  " + group
+        else:
+            current = f"{current} {group}" if current else group
+    return out + [current] if current else out
+
+
+def _print_commands(console: Console, lines: list[str]) -> None:
+    """A lab's commands under it ("run: " before the first), each pasteable as shown."""
+    for i, line in enumerate(lines):
+        for j, part in enumerate(command_screen_lines(line, console.width - 7)):
+            style = "dim" if part.startswith("#") else ""
+            console.print(Text.assemble("  run: " if i == 0 and j == 0 else " " * 7, (part, style)), soft_wrap=True)
 
 
 @app.command("verify")

@@ -253,6 +253,22 @@ def _wrapped(text: str, width: int = 70) -> str:
     return "\n".join(textwrap.wrap(text, width)) or text
 
 
+def _value_text(v) -> str:
+    return "default" if v is None else str(v)
+
+
+def side_labels(cmp: dict) -> list[str]:
+    """Each side named by its value of the variable ("A\nenforce_eager True"), not by a letter alone."""
+    values = cmp.get("values") or {}
+    keys = [k for k in cmp.get("differing") or [] if k in (values.get("a") or {})] or list(values.get("a") or {})
+    out = []
+    for side in ("a", "b"):
+        shown = [f"{k.rsplit('.', 1)[-1].lstrip('-')} {_value_text((values.get(side) or {}).get(k))}"
+                 for k in keys[:2]]
+        out.append(_wrapped(f"{side.upper()}: " + ", ".join(shown), 18) if shown else side.upper())
+    return out
+
+
 def compare_figure(cmp: dict):
     """A bench comparison, offline or load: per sampled metric each side's min / median / max (a bar from min to
     max, the median marked), the offline repeats as dots, and the B/A sentence above."""
@@ -274,7 +290,7 @@ def compare_figure(cmp: dict):
             runs = (cmp.get(side) or {}).get("runs") or []
             dots = [v for v in _finite([r.get(name) for r in runs]) if not math.isnan(v)]
             ax.scatter([i] * len(dots), dots, color="#4c72b0", s=16, zorder=3)
-        ax.set_xticks([0, 1], ["A", "B"])
+        ax.set_xticks([0, 1], side_labels(cmp))
         ax.set_xlim(-0.6, 1.6)
         ax.set_title(_wrapped(f"{m.get('label', name)}: {m.get('text', '')}", 34))
     fig.suptitle(_wrapped(f"bench compare --variable {cmp.get('variable')} ({cmp.get('kind', 'offline')} runs, "
@@ -284,6 +300,13 @@ def compare_figure(cmp: dict):
 
 def compare_repeats(cmp: dict) -> bytes:
     return _png(compare_figure(cmp))
+
+
+def figure(x: float) -> str:
+    """A figure as a person reads it: 26,580 (not 2.658e+04), 43.3, 0.0123."""
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.4g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.2e}"
 
 
 def bench_figure(result: dict):
@@ -299,7 +322,7 @@ def bench_figure(result: dict):
         ax.bar(range(len(ys)), ys, color="#4c72b0")
         med = (result.get("median") or {}).get(key)
         if _num(med):
-            ax.axhline(med, color="#c44e52", linestyle="--", linewidth=1.2, label=f"median {med:,.4g}")
+            ax.axhline(med, color="#c44e52", linestyle="--", linewidth=1.2, label=f"median {figure(med)}")
             ax.legend(loc="lower right")
         ax.set_xticks(range(len(ys)), [str(r.get("repeat", i)) for i, r in enumerate(runs)])
         ax.set_xlabel("timed repeat")
@@ -343,3 +366,35 @@ def load_distributions_figure(records: list[dict], title: str):
 
 def load_distributions(records: list[dict], title: str) -> bytes:
     return _png(load_distributions_figure(records, title))
+
+
+def policies_figure(runs: list[tuple[str, dict]], title: str):
+    """Load runs under several scheduling policies side by side, a column per policy, a dot per run (repeats
+    of a policy side by side): the figures a policy trades, TTFT p99 and ITL p99, per request class where the
+    arrivals named classes (the long prompts' TTFT, the short streams' ITL), else over every request."""
+    policies = list(dict.fromkeys(policy for policy, _ in runs))
+    classes = list(dict.fromkeys(c for _, m in runs for c in (m.get("classes") or {}))) or [None]
+    panels = [(c, key) for c in classes for key in ("ttft_ms", "itl_ms")]
+    fig, axes = _subplots(1, len(panels), height=3.2, width=min(3.0 * len(panels), PAGE_PX / DPI - 0.5))
+    for ax, (cls, key) in zip(axes[0], panels):
+        for i, policy in enumerate(policies):
+            values = []
+            for p, m in runs:
+                stats = ((m.get("classes") or {}).get(cls) if cls else m) or {}
+                v = (stats.get(key) or {}).get("p99")
+                if p == policy and _num(v):
+                    values.append(float(v))
+            offsets = [i + (j - (len(values) - 1) / 2) * 0.12 for j in range(len(values))]
+            ax.scatter(offsets, values, color="#4c72b0", s=22, zorder=3)
+            if values:
+                ax.plot([i - 0.25, i + 0.25], [float(np.median(values))] * 2, color="#c44e52", linewidth=2)
+        ax.set_xticks(range(len(policies)), [p.replace("_", "_\n") for p in policies])
+        ax.set_xlim(-0.6, len(policies) - 0.4)
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"{cls + ': ' if cls else ''}{key[:-3].upper()} p99 (ms)")
+    fig.suptitle(_wrapped(f"{title}: a dot per run, the line their median", 90))
+    return fig
+
+
+def policies_side_by_side(runs: list[tuple[str, dict]], title: str) -> bytes:
+    return _png(policies_figure(runs, title))

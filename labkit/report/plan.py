@@ -42,6 +42,7 @@ class Lab:
     slots: list[Slot]
     questions: list[str] = field(default_factory=list)
     producer: str | None = None
+    gpus: int = 1            # GPUs its commands need
 
 
 def lookup(data: Any, dotted: str) -> Any:
@@ -118,7 +119,10 @@ def parse(data: Any, source: str) -> list[Lab]:
         questions = entry.get("questions") or []
         if not isinstance(questions, list) or not all(isinstance(q, str) for q in questions):
             raise LabkitError(f"{where}: `questions` must be a list of strings")
-        labs.append(Lab(id=lab_id, title=_text(entry, "title", where),
+        gpus = entry.get("gpus", 1)
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+            raise LabkitError(f"{where}: `gpus` must be a whole number of GPUs, at least 1")
+        labs.append(Lab(id=lab_id, title=_text(entry, "title", where), gpus=gpus,
                         command=_text(entry, "command", where), evidence=evidence,
                         slots=[_slot(r, where, j) for j, r in enumerate(results)], questions=questions,
                         producer=_text(entry, "producer", where, required=False)))

@@ -23,12 +23,46 @@ class Picture:
     note: str = ""         # why there is no picture
 
 
-def pictures(gathered: Gathered) -> tuple[list[Picture], str | None]:
-    """Every picture the results allow, and why there are none (matplotlib missing) or None."""
+def load_policy(r: Result) -> str | None:
+    """The scheduling policy a load run's server used: the --scheduling-policy it was started with (none: the engine's
+    default, prefill_first), or what the server said of itself; None where neither is known."""
+    config = r.data.get("config") if isinstance(r.data.get("config"), dict) else {}
+    server = config.get("server") if isinstance(config.get("server"), dict) else {}
+    given = server.get("--scheduling-policy") or server.get("--policy")  # (--policy: the flag's name before)
+    if given:
+        return str(given)
+    said = (r.data.get("server") or {}).get("policy") if isinstance(r.data.get("server"), dict) else None
+    if said:
+        return str(said)
+    return "prefill_first" if server.get("started") else None
+
+
+def lab_pictures(statuses: list[LabStatus]) -> list[Picture]:
+    """A picture per lab whose question is a comparison of its own results: load runs under two or more
+    scheduling policies (load-policies, scheduling-under-arrivals) side by side, one column a policy."""
+    out = []
+    for s in statuses:
+        runs = [(load_policy(r), r) for r in s.results if r.command == "bench load"]
+        runs = [(p, r) for p, r in runs if p is not None and isinstance(r.data.get("metrics"), dict)]
+        if len({p for p, _ in runs}) < 2:
+            continue
+        title = f"lab {s.lab.id}: {len(runs)} runs under {len({p for p, _ in runs})} policies"
+        try:
+            png = figures.policies_side_by_side([(p, r.data["metrics"]) for p, r in runs], title)
+            out.append(Picture(title, ", ".join(r.rel for _, r in runs), png))
+        except Exception as exc:  # noqa: BLE001 - odd content loses the picture, not the report
+            figures.close_all()
+            out.append(Picture(title, "", None, f"could not draw it ({type(exc).__name__}: {exc})"))
+    return out
+
+
+def pictures(gathered: Gathered, statuses: list[LabStatus] | None = None) -> tuple[list[Picture], str | None]:
+    """Every picture the results allow (the labs' comparisons first), and why there are none (matplotlib
+    missing) or None."""
     missing = figures.unavailable()
     if missing:
         return [], missing
-    out = []
+    out = lab_pictures(statuses or [])
     for r in gathered.results:
         try:
             pics = _pictures_of(r)
@@ -106,14 +140,27 @@ def _evidence_text(s: LabStatus) -> str:
     return f"{s.evidence} (needs {s.lab.evidence})" if s.evidence_short else s.evidence
 
 
+def _headline(s: LabStatus) -> str:
+    """The headline, and which result it comes from where the report chose one or took another command's."""
+    which = s.which()
+    return s.headline() + (f" ({which})" if which else "")
+
+
 HOWTO_TITLE = "How to produce what is MISSING"
 OTHER_JSON = "JSON files that are not labkit results (not judged): "
 
 
-def _missing_howto(statuses: list[LabStatus]) -> list[tuple[str, str, str, str]]:
-    """(lab, evidence it needs, the command on one line, why no command makes it yet) per MISSING lab."""
-    return [(s.lab.id, s.lab.evidence, "; ".join(line.strip() for line in s.lab.command.strip().splitlines()),
-             s.lab.producer or "") for s in statuses if s.verdict == "MISSING"]
+def command_lines(command: str) -> list[str]:
+    """A lab's commands, one per line as the plan writes them (with their comments: `labkit serve` says it runs
+    in a terminal of its own). Never joined into one line: `labkit serve; labkit serve client` would wait forever
+    for the first."""
+    return [line.strip() for line in command.strip().splitlines() if line.strip()]
+
+
+def missing_howto(statuses: list[LabStatus]) -> list[tuple[str, str, list[str], str]]:
+    """(lab, evidence it needs, its command lines, why no command makes it yet) per lab MISSING a result."""
+    return [(s.lab.id, s.lab.evidence, command_lines(s.lab.command), s.lab.producer or "") for s in statuses
+            if any(x.result is None for x in s.slots)]
 
 
 def markdown(title: str, statuses: list[LabStatus], gathered: Gathered, caveats: list[str],
@@ -124,17 +171,19 @@ def markdown(title: str, statuses: list[LabStatus], gathered: Gathered, caveats:
     if figures_note:
         lines += [f"No pictures: {figures_note}. report.html holds the tables only.", ""]
     lines += ["## Labs", ""] + _md_table(["lab", "verdict", "evidence", "headline", "commit", "device", "note"], [
-        [s.lab.id, s.verdict, _evidence_text(s), _cell(s.headline()), s.commits(), _cell(s.devices()), s.note]
+        [s.lab.id, s.verdict, _evidence_text(s), _cell(_headline(s)), s.commits(), _cell(s.devices()), s.note]
         for s in statuses])
     if gathered.unreadable:
         lines += ["## UNREADABLE", ""] + _md_table(["file", "reason"], [[f"`{f}`", _cell(why)]
                                                                          for f, why in gathered.unreadable])
     if todo_notes:
         lines += ["## Notes still holding TODO", ""] + [f"- notes/{n}" for n in todo_notes] + [""]
-    howto = _missing_howto(statuses)
+    howto = missing_howto(statuses)
     if howto:
         lines += [f"## {HOWTO_TITLE}", ""]
-        lines += [f"- {lab} ({evidence}): `{cmd}`" + (f" ({why})" if why else "") for lab, evidence, cmd, why in howto]
+        for lab, evidence, cmds, why in howto:
+            lines.append(f"- {lab} ({evidence})" + (f" ({why})" if why else "") + ":")
+            lines += [f"  - `{cmd}`" for cmd in cmds]
         lines.append("")
     lines += ["## Results", ""]
     for section in SECTIONS:
@@ -185,7 +234,7 @@ def page(title: str, statuses: list[LabStatus], gathered: Gathered, caveats: lis
         parts.append(f'<p class="caveats">No pictures: {e(figures_note)}.</p>')
     parts.append("<h2>Labs</h2>")
     parts.append(_table(["lab", "verdict", "evidence", "headline", "commit", "device", "note"], [
-        [f"{e(s.lab.id)}<br><small>{e(s.lab.title)}</small>", _v(s.verdict), e(_evidence_text(s)), e(s.headline()),
+        [f"{e(s.lab.id)}<br><small>{e(s.lab.title)}</small>", _v(s.verdict), e(_evidence_text(s)), e(_headline(s)),
          e(s.commits()), e(s.devices()), e(s.note)] for s in statuses]))
     if gathered.unreadable:
         parts.append("<h2>UNREADABLE</h2>")
@@ -193,11 +242,12 @@ def page(title: str, statuses: list[LabStatus], gathered: Gathered, caveats: lis
     if todo_notes:
         parts.append("<h2>Notes still holding TODO</h2><ul>" + "".join(f"<li>notes/{e(n)}</li>" for n in todo_notes)
                      + "</ul>")
-    howto = _missing_howto(statuses)
+    howto = missing_howto(statuses)
     if howto:
         parts.append(f"<h2>{e(HOWTO_TITLE)}</h2><ul>" + "".join(
-            f"<li>{e(lab)} ({e(evidence)}): <code>{e(cmd)}</code>" + (f" ({e(why)})" if why else "") + "</li>"
-            for lab, evidence, cmd, why in howto) + "</ul>")
+            f"<li>{e(lab)} ({e(evidence)})" + (f" ({e(why)})" if why else "") + ":<br>"
+            + "<br>".join(f"<code>{e(cmd)}</code>" for cmd in cmds) + "</li>"
+            for lab, evidence, cmds, why in howto) + "</ul>")
     if pics:
         parts.append("<h2>Pictures</h2>")
         for p in pics:

@@ -212,7 +212,7 @@ def _load(d: dict) -> tuple[str, str]:
     what = src.get("arrivals") or f"{(src.get('workload') or {}).get('name')} at rate {src.get('rate')}"
     good = f", goodput {_num(m.get('goodput'), '.2f')} req/s" if "goodput" in m else ""
     server = (d.get("config") or {}).get("server") or {}
-    # (--policy: the flag's name before it took its field's)
+    # (--scheduling-policy: the flag's name before it took its field's)
     policy = server.get("--scheduling-policy") or server.get("--policy") or (d.get("server") or {}).get("policy")
     per_class = "".join(f"; {c}: itl p99 {_num(((s.get('itl_ms') or {}).get('p99')))} ms, ttft p99 "
                         f"{_num(((s.get('ttft_ms') or {}).get('p99')))} ms"
@@ -239,6 +239,8 @@ def _status(d: dict) -> tuple[str, str]:
     if verdict is None:
         raise Unreadable(f"status {status!r} is not a verdict")
     counts = d.get("counts")
+    if isinstance(counts, dict) and counts:  # doctor's rows by status, as a person reads them: "PASS 9, WARN 2"
+        return verdict, ", ".join(f"{k} {v}" for k, v in counts.items())
     return verdict, (f"{counts}" if counts else f"token ids {d.get('token_ids')}" if "token_ids" in d else "")
 
 

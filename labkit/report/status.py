@@ -2,9 +2,10 @@
 evidence it needs; and the caveats a reviewer must read first."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from labkit.output import EVIDENCE_KINDS
+from labkit.report.command_line import closest, plan_lines
 from labkit.report.plan import Lab, evidence_satisfies
 from labkit.report.results import Gathered, Result, worst
 
@@ -13,11 +14,33 @@ from labkit.report.results import Gathered, Result, worst
 class SlotStatus:
     label: str
     result: Result | None
-    others: int = 0          # further results that match the same slot (older or weaker evidence)
+    # Further results that match the same slot (weaker evidence, further from the lab's command, or older),
+    # best first: each try of another configuration is a record of its own, none erased by the next.
+    passed_over: list[Result] = field(default_factory=list)
+    differs: list[str] = field(default_factory=list)   # how the shown result's command differs from the lab's
+    chosen_for: str = ""     # why it was preferred to the next: stronger evidence, nearer the lab's command, newer
 
     @property
     def verdict(self) -> str:
         return self.result.verdict if self.result else "MISSING"
+
+    @property
+    def others(self) -> int:
+        return len(self.passed_over)
+
+    def which(self) -> str:
+        """Which result the lab shows and why, where there was a choice or it is not the lab's own command
+        ("" otherwise)."""
+        if self.result is None or not (self.differs or self.passed_over):
+            return ""
+        text = f"shows {self.result.rel}"
+        if self.differs:
+            text += f", not the lab's command ({', '.join(self.differs)})"
+        if self.passed_over:
+            shown = ", ".join(f"{r.rel} {r.verdict}" for r in self.passed_over[:3])
+            more = f" and {len(self.passed_over) - 3} more" if len(self.passed_over) > 3 else ""
+            text += f" ({self.chosen_for}); also {shown}{more}"
+        return text
 
 
 @dataclass
@@ -56,6 +79,11 @@ class LabStatus:
                 parts.append(f"{s.label}: {text}" if len(self.slots) > 1 else text)
         return "; ".join(parts)
 
+    def which(self) -> str:
+        """For each slot where the report chose among results, or took another command's: which and why."""
+        parts = [(s.label, s.which()) for s in self.slots]
+        return "; ".join(f"{label}: {w}" if len(self.slots) > 1 else w for label, w in parts if w)
+
     def commits(self) -> str:
         heads = []
         for r in self.results:
@@ -72,25 +100,48 @@ class LabStatus:
                 "verdict": self.verdict, "evidence": self.evidence, "evidence_needed": self.lab.evidence,
                 "evidence_short": self.evidence_short, "headline": self.headline(), "commit": self.commits(),
                 "device": self.devices(), "note": self.note,
+                "shown": self.which(),
                 "results": [{"slot": s.label, "file": s.result.rel if s.result else None, "verdict": s.verdict,
-                             "other_matches": s.others} for s in self.slots]}
-
-
-def _preference(r: Result) -> tuple:
-    # The strongest evidence first, then the newest run.
-    return (-EVIDENCE_KINDS.index(r.evidence), r.started_at)
+                             "differs_from_lab_command": s.differs, "other_matches": s.others,
+                             "other_files": [r.rel for r in s.passed_over]} for s in self.slots]}
 
 
 def assign(labs: list[Lab], results: list[Result], notes: dict[str, str] | None = None) -> list[LabStatus]:
+    """Each slot of each lab gets, among the results its conditions accept, the one of the strongest evidence,
+    then the nearest to the lab's own command line (options a result's argv adds, changes or lacks), then the
+    newest; the others stay listed beside it."""
     out = []
     for lab in labs:
+        lines = plan_lines(lab.command)
         slots = []
         for slot in lab.slots:
-            found = [r for r in results if slot.accepts(r.data, r.rel)]
-            best = max(found, key=_preference) if found else None
-            slots.append(SlotStatus(slot.label, best, len(found) - 1 if found else 0))
+            ranked = []
+            for r in results:
+                if slot.accepts(r.data, r.rel):
+                    n, differs = closest(lines, r.data.get("argv"))
+                    ranked.append(((EVIDENCE_KINDS.index(r.evidence), n), r, differs))
+            ranked.sort(key=lambda x: (x[1].started_at, x[1].rel), reverse=True)   # newest first, then ...
+            ranked.sort(key=lambda x: x[0])                                       # ... stably by evidence, nearness
+            if ranked:
+                slots.append(SlotStatus(slot.label, ranked[0][1], [r for _, r, _ in ranked[1:]], ranked[0][2],
+                                        _chosen_for(ranked)))
+            else:
+                slots.append(SlotStatus(slot.label, None))
         out.append(LabStatus(lab, slots, (notes or {}).get(lab.id, "none")))
     return out
+
+
+
+def _chosen_for(ranked: list) -> str:
+    """Why the first of the ranked results was preferred to the second."""
+    if len(ranked) < 2:
+        return ""
+    (evidence, near), (evidence2, near2) = ranked[0][0], ranked[1][0]
+    if evidence != evidence2:
+        return "the strongest evidence"
+    if near != near2:
+        return "the nearest to the lab's command"
+    return "the newest"
 
 
 def caveats(statuses: list[LabStatus], gathered: Gathered, todo_notes: list[str]) -> list[str]:

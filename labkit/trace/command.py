@@ -36,6 +36,7 @@ from rich.text import Text
 
 from labkit.engine_args import EngineArgs
 from labkit.errors import LabkitError
+from labkit.narrow import fit, hanging
 from labkit.options import (
     AsyncSchedulingOption,
     Device,
@@ -55,6 +56,7 @@ from labkit.options import (
 from labkit.output import (
     EXIT_FAIL,
     EXIT_PASS,
+    configuration_suffix,
     envelope,
     evidence_for,
     finish,
@@ -180,13 +182,15 @@ def _print_report(report: Report, console: Console, case: Case | None = None) ->
             where, what = change_text(c).split(": ", 1)
             by_step.setdefault(where, []).append(what)
         first = change_text(changes[0])
-        console.print(f"first cause ({report.why_changes or 'no reason recorded'}): {first}; the differences "
-                      "below start there", markup=False, highlight=False)
+        console.print(hanging("first cause ", f"({report.why_changes or 'no reason recorded'}): {first}; the "
+                              "differences below start there"))
+        # A line per step, its differences wrapped under their start: at 80 columns a step's line takes several.
         for where, whats in by_step.items():
-            console.print(f"  {where}: " + "; ".join(whats), markup=False, highlight=False)
+            console.print(hanging(f"  {where}: ", "; ".join(whats)))
         past = _steps_past_the_case(report, case)
         if past:
-            console.print(past, markup=False, highlight=False)
+            where, what = past.split(": ", 1)
+            console.print(hanging(f"{where}: ", what))
     console.print(f"[{_STYLE[report.verdict]}]{report.summary()}[/]")
 
 
@@ -218,7 +222,26 @@ def _outputs(out_dir: Path, events: list[dict], report: Report, env: dict, extra
     result = finish(env, verdict=report.verdict, passed=report.passed, judged=report.judged, report=report.to_dict(),
                     files={"events": str(out_dir / "events.jsonl"), "tsv": str(tsv)}, **extra)
     write_json(out_dir / "check.json", result)
+    (out_dir / "check.md").write_text(check_markdown(result, report), encoding="utf-8")
     return result
+
+
+def check_markdown(result: dict, report: Report) -> str:
+    """check.json's twin for a person: the verdict, its counts, the differences from the case or the failures."""
+    lines = [f"# trace {result.get('case')}: {report.verdict}", "",
+             f"{report.summary()}", "",
+             f"- command: `{' '.join(result.get('argv') or [])}`",
+             f"- device: {(result.get('device') or {}).get('type')} ({(result.get('device') or {}).get('name')}), "
+             f"evidence {result.get('evidence')}",
+             f"- commit: {result.get('git_head')}{' (dirty)' if result.get('git_dirty') else ''}",
+             f"- steps: {report.steps}; files: events.jsonl (the log), steps.tsv, check.json", ""]
+    if report.changes:
+        lines += [f"## Differences from the case ({len(report.changes)})", ""]
+        lines += [f"- {change_text(c)}" for c in report.changes] + [""]
+    failures = report.gating_failures
+    if failures:
+        lines += [f"## Failures ({len(failures)})", ""] + [f"- {c.message}" for c in failures[:50]] + [""]
+    return "\n".join(lines)
 
 
 @app.callback()
@@ -227,7 +250,8 @@ def trace(
     case: Optional[str] = typer.Option(None, "--case", help="Case name in workloads/cases/ or a YAML path."),
     model: ModelOption = None,
     device: DeviceOption = Device.auto,
-    out: Out("Output folder (default: runs/trace-CASE).") = None,
+    out: Out("Output folder (default: runs/trace-CASE, then -OPTION-VALUE for each option given that changes the "
+             "run, e.g. runs/trace-chunk-max-num-batched-tokens-100).") = None,
     shapes: bool = typer.Option(False, "--shapes", help="Also record model_shape events for layer 0."),
     perfetto: Optional[Path] = typer.Option(None, "--perfetto",
                                             help="Write a Chrome trace-event JSON for ui.perfetto.dev."),
@@ -256,7 +280,9 @@ def trace(
     if list_:
         for name in list_cases():
             c = load_case(name)
-            console.print(f"[bold]{name}[/bold]: {c.about}{'' if c.judged else ' (recorded, not judged)'}")
+            # The description's continuation lines indented under its start, not back under the names.
+            console.print(hanging(f"{name}: ", f"{c.about}{'' if c.judged else ' (recorded, not judged)'}",
+                                  label_style="bold"))
         raise typer.Exit(EXIT_PASS)
     if case is None:
         raise LabkitError("trace: give --case NAME|PATH (see labkit trace --list)")
@@ -267,7 +293,7 @@ def trace(
     the_case = load_case(case)
     model_dir = resolve_model(model)
     dev = resolve_device(device)
-    out_dir = out or runs_dir() / f"trace-{the_case.name}"
+    out_dir = out or runs_dir() / f"trace-{the_case.name}{configuration_suffix(skip=('case',))}"
     # The engine settings given override the case's (the device is the run's own, not the case's).
     overrides = EngineArgs.given(ctx, device=None)
     env = envelope("trace", device=dev, model_dir=model_dir, evidence=evidence_for(dev))
@@ -290,7 +316,7 @@ def trace(
     _print_report(report, console, the_case)
     if why and report.verdict != "CHANGED":
         console.print(f"({why})", markup=False, highlight=False)
-    console.print(f"wrote {_shown(out_dir)}/: events.jsonl (the log), steps.tsv, check.json"
+    console.print(f"wrote {_shown(out_dir)}/: events.jsonl (the log), steps.tsv, check.json and check.md"
                   + (f"; perfetto {_shown(perfetto)}" if perfetto else ""), markup=False, highlight=False)
     raise typer.Exit(EXIT_PASS if report.passed else EXIT_FAIL)
 
@@ -379,26 +405,40 @@ def diff(
     for line in config_differences(a, b):
         console.print(f"config: {line}", markup=False, highlight=False)
     rows, first = diff_rows(a, b)
-    table = Table(title=f"A = {log_a}   B = {log_b}", header_style="bold", title_justify="left")
-    table.add_column("step", justify="right")
-    for side in ("A", "B"):
-        table.add_column(f"{side}: phase / scheduled (id:tokens) / preempted", overflow="fold")
-        table.add_column(f"{side}: outputs (id:count=token) / free", overflow="fold")
-    table.add_column("", overflow="fold")
+    console.print(hanging("A = ", str(log_a)))
+    console.print(hanging("B = ", str(log_b)))
+    marks, sides = {}, {}
     for r in rows:
-        style = "bold yellow" if r["step"] == first else ("yellow" if r["differs"] else None)
-        mark = (f"<- first divergence: {', '.join(r['differs'])}" if r["step"] == first
-                else ("differs: " + ", ".join(r["differs"]) if r["differs"] else ""))
-        cells = []
+        marks[r["step"]] = (f"<- first divergence: {', '.join(r['differs'])}" if r["step"] == first
+                            else ("differs: " + ", ".join(r["differs"]) if r["differs"] else ""))
+        sides[r["step"]] = []
         for side in (r["a"], r["b"]):
             if side is None:
-                cells += ["(no such step)", ""]
+                sides[r["step"]] += ["(no such step)", ""]
             else:
-                cells += [f"{side['phase']} {side['scheduled']}" + (f" preempted {side['preempted']}"
-                                                                      if side["preempted"] else ""),
-                          f"{side['outputs']} free {side['free']}"]
-        table.add_row(str(r["step"]), *cells, mark, style=style)
-    console.print(table)
+                sides[r["step"]] += [f"{side['phase']} {side['scheduled']}" + (
+                    f" preempted {side['preempted']}" if side["preempted"] else ""),
+                    f"{side['outputs']} free {side['free']}"]
+    # Headers wrap at their spaces, cells at theirs ("R1:64 R2:96"); where even that does not fit, a block per step.
+    table = Table(header_style="bold")
+    table.add_column("step", justify="right")
+    for side in ("A", "B"):
+        table.add_column(f"{side} phase, scheduled, preempted")
+        table.add_column(f"{side} outputs, free")
+    table.add_column("")
+    for r in rows:
+        style = "bold yellow" if r["step"] == first else ("yellow" if r["differs"] else None)
+        table.add_row(str(r["step"]), *sides[r["step"]], marks[r["step"]], style=style)
+    if fit(table, console):
+        console.print(table)
+    else:
+        for r in rows:
+            style = "bold yellow" if r["step"] == first else ("yellow" if r["differs"] else "")
+            console.print(Text(f"step {r['step']} {marks[r['step']]}".rstrip(), style=style or "bold"))
+            cells = sides[r["step"]]
+            console.print(hanging("  A: ", "; ".join(c for c in cells[:2] if c)))
+            console.print(hanging("  B: ", "; ".join(c for c in cells[2:] if c)))
+    console.print("scheduled as id:tokens, outputs as id:count=last token (done: finished)", style="dim")
     if first is None:
         console.print(f"the two runs go through the same {len(rows)} steps (phase, scheduled, preempted, "
                       "outputs, free blocks)")

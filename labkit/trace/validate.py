@@ -203,10 +203,11 @@ def change_text(c: Check) -> str:
 
 
 def _show(v) -> str:
+    # Without spaces: a list stays one word where a narrow terminal wraps the diff.
     if isinstance(v, list) and len(v) > 12 and all(is_int(x) for x in v):
-        return format_positions(v)
+        return format_positions(v).replace(" + ", "+")
     if isinstance(v, (list, dict)):
-        return json.dumps(v)
+        return json.dumps(v, separators=(",", ":"))
     return str(v)
 
 
