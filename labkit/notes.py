@@ -137,6 +137,9 @@ def lab_note(lab) -> str:
     lines += ["## Conclusion", "",
               f"- What the result shows (evidence kind, file, figure, under which conditions): {TODO}",
               f"- What it does not show: {TODO}", ""]
+    if lab.view is not None:  # an optimisation lab (labkit/report/views.py): the trade in two lines
+        lines[-1:-1] = [f"- What it bought (the figure and its interval, from the report's {lab.id} section): {TODO}",
+                        f"- What it cost (numbers: the logits verdict and distance; memory; code to keep): {TODO}"]
     return "\n".join(lines)
 
 
@@ -206,7 +209,8 @@ def list_cmd() -> None:
 
 @app.command("new")
 def new_cmd(
-    kind: str = typer.Argument(..., metavar="TEMPLATE", help="Template: trace, logits or bench (labkit notes list)."),
+    kind: str = typer.Argument(..., metavar="TEMPLATE", help="Template: trace, logits, bench or optimisation "
+                               "(labkit notes list)."),
     title: Optional[str] = typer.Option(None, "--title", help="The question or change the note is about."),
     out: Out("Note path (default: notes/DATE-TEMPLATE-TITLE.md).") = None,
 ) -> None:

@@ -314,3 +314,82 @@ def test_large_traces_are_gzipped_and_the_table_is_written(tmp_path, monkeypatch
     on_disk = json.loads(out.with_suffix(".profile.json").read_text())
     assert on_disk["workload"] == "made-up" and on_disk["gpu"] is not None and all(c["ok"] for c in on_disk["checks"])
     assert out.with_suffix(".profile.md").read_text().startswith("# labkit bench --profile: made-up")
+
+
+# ------------------------------------------------------------------------------ kernels a token, one layer in time
+
+LAYER = ["_add_rms_norm_kernel", "_small_gemm_kernel", "_qk_norm_rope_kernel", "_store_kv_kernel",
+         "_decode_split_kernel", "_decode_merge_kernel", "_small_gemm_kernel", "_add_rms_norm_kernel",
+         "_small_gemm_kernel", "_silu_and_mul_kernel", "_small_gemm_kernel"]
+
+
+def _decode_trace(steps: int = 3, layers: int = 4, gap: float = 1.0, kernel: float = 2.0, layer: list | None = None):
+    """`steps` batch-1 decode steps of 200 us each; in each, an embedding kernel, `layers` layers of LAYER (the
+    first starting with a plain RMSNorm, as layer 0 does), the final norm, the LM head and the sampler; every
+    kernel `kernel` us long, `gap` us after the previous one."""
+    layer = layer or LAYER
+    events, window = [], []
+    for n in range(steps):
+        t0 = 1000.0 * n
+        events.append(_x(f"labkit::step {n + 2}", "user_annotation", t0, 200))
+        names = (["embedding_kernel"] + ["_rms_norm_kernel"] + layer[1:] + layer * (layers - 1)
+                 + ["_rms_norm_kernel", "_small_gemm_kernel", "_gumbel_chunk_kernel"])
+        t = t0 + 5
+        for name in names:
+            events.append(_x(name, "kernel", t, kernel, tid=20))
+            t += kernel + gap
+        window.append(StepTime(n + 2, "decode", 1, 1, 1, 2e-4))
+    return {"traceEvents": events}, window
+
+
+def test_repeating_block_finds_the_period_and_where_it_starts():
+    assert prof.repeating_block(list("xabcabcabcy")) == (1, 3, 3)
+    assert prof.repeating_block(list("abcd")) is None
+    names = ["E", "N"] + LAYER[1:] + LAYER * 3 + ["N", "G", "S"]
+    start, period, repeats = prof.repeating_block(names)
+    assert period == len(LAYER) and repeats == 3 and start == 2  # layer 0's plain norm is not part of it
+    # Four copies of one kernel in a row repeat more often than a layer does, but cover less of the step.
+    assert prof.repeating_block(["copy"] * 4 + LAYER * 3) == (4, len(LAYER), 3)
+
+
+def test_kernels_per_token_idle_share_and_one_layer_in_time():
+    trace, window = _decode_trace(steps=3, layers=4, gap=1.0, kernel=2.0)
+    t = prof.analyze(trace, window, cuda=True, layers=4)
+    per_step = 1 + 4 * len(LAYER) + 3
+    assert t["kernels_by_phase"] == {"prefill": 0, "decode": 3 * per_step, "between": 0}
+    assert t["kernels_per_decode_token"] == pytest.approx(per_step)    # batch 1: a token a step
+    assert t["kernels_per_decode_step"] == pytest.approx(per_step)
+    busy = per_step * 2.0
+    assert t["decode_gpu_idle_pct"] == pytest.approx(100 * (200 - busy) / 200)
+    lt = t["layer_timeline"]
+    assert lt["found"] and lt["period"] == len(LAYER) and lt["repeats"] == 3 and lt["model_layers"] == 4
+    assert [k["name"] for k in lt["kernels"]] == LAYER[1:] + LAYER[:1]  # rotated: the repetition starts at the GEMM
+    assert [k["start_us"] for k in lt["kernels"]] == pytest.approx([3.0 * i for i in range(len(LAYER))])
+    assert lt["busy_us"] == pytest.approx(2.0 * len(LAYER)) and lt["gap_us"] == pytest.approx(len(LAYER) - 1)
+    assert lt["kernels"][3]["family"] == "attention_decode"
+    lines = prof.summary_lines(t)
+    assert any(f"{per_step:,.1f} kernels per token" in line for line in lines)
+    md = prof.markdown({**t, "workload": "x", "files": {"trace": "t.json"}, "tolerance": "1 us",
+                        "kernel_families": [{"family": f, "pattern": p} for f, p in prof.KERNEL_FAMILIES]})
+    assert "## One decoder layer in time" in md and "| 1 | 3.00 | 2.00 | 1.00 |" in md
+
+
+def test_fused_kernels_show_as_fewer_kernels_and_smaller_gaps():
+    """What the batch1-kernels lab compares: the same layer in fewer, back-to-back kernels."""
+    before = prof.analyze(*_decode_trace(gap=3.0), cuda=True)
+    fused = ["_add_rms_norm_kernel", "_fused_norm_qkv_kernel", "_fused_qk_rope_store_kernel", "_decode_split_kernel",
+             "_fused_oproj_add_norm_kernel", "_fused_gate_up_silu_kernel", "_fused_down_add_kernel"]
+    after = prof.analyze(*_decode_trace(gap=0.5, layer=fused), cuda=True)
+    assert after["kernels_per_decode_token"] < before["kernels_per_decode_token"]
+    assert after["layer_timeline"]["period"] == 7 and before["layer_timeline"]["period"] == 11
+    assert after["layer_timeline"]["gap_us"] < before["layer_timeline"]["gap_us"]
+
+
+def test_cpu_profile_has_no_layer_timeline(tiny_model, small, runs, capsys):
+    out = runs / "cpu.json"
+    code, _, err = run_cli(["bench", "--workload", small, "--model", tiny_model, "--device", "cpu", "--repeats", "1",
+                            "--warmup", "0", "--profile", "--profile-steps", "3", "--out", out], capsys)
+    assert code == 0, err
+    p = json.loads(out.read_text())["profile"]
+    assert p["layer_timeline"] is None and p["kernels_per_decode_token"] is None
+    assert "no CUDA activity" in p["gpu_note"]

@@ -68,7 +68,7 @@ def bf16_baseline(tiny_model):
 
 def test_suite_compositions():
     assert {n: s.rows for n, s in SUITES.items()} == {"baseline": 15, "graph": 126, "prefix": 6, "tp": 15, "mixed": 27,
-                                                      "kv": 49}
+                                                      "kv": 49, "fp8-kv": 277}
     graph = SUITES["graph"]
     assert [len(c.requests) for c in graph.cases] == [1, 9, 16, 17, 20]
     assert all(c.engine_kwargs()["max_num_seqs"] == 20 for c in graph.cases)
@@ -182,10 +182,10 @@ def test_kv_compare_names_the_first_bad_step(tiny_model, kv_truth, monkeypatch):
     clean = collect_engine(suite, tiny_model, device="cpu", dtype="float32")
     real_store = torch_ref.store_kvcache
 
-    def store(k, v, k_cache, v_cache, slot_mapping):
+    def store(k, v, k_cache, v_cache, slot_mapping, **scales):  # scales: an FP8 pool's (engine/kv_quant.py)
         if get_context().prefill is None:  # a decode step
             v = v + 0.01
-        real_store(k, v, k_cache, v_cache, slot_mapping)
+        real_store(k, v, k_cache, v_cache, slot_mapping, **scales)
 
     monkeypatch.setattr(torch_ref, "store_kvcache", store)
     broken = collect_engine(suite, tiny_model, device="cpu", dtype="float32")

@@ -69,6 +69,14 @@ def every_figure(tmp_path):
                                              for p in ("prefill_first", "balanced", "mixed")], "lab arrivals"),
         "load": figures.load_distributions_figure([{"ttft_ms": 10.0 + i, "itl_ms": [1.0, 2.0]} for i in range(9)],
                                                   "bench load fixed at rate 4"),
+        "speed vs distance": figures.speed_vs_distance_figure(
+            [("A: kv auto", 0.0427, 26100.0, 26000.0, 26200.0), ("B: kv fp8", 0.181, 36200.0, 36000.0, 36400.0)],
+            "fp8-kv: tok/s against the distance to the float32 truth, A and B"),
+        "layer timelines": figures.layer_timelines_figure(
+            [(side, {"span_us": 12.0 * n, "busy_us": 10.0 * n, "gap_us": 2.0 * n, "step": 17, "repeats": 27,
+                     "kernels": [{"name": f"k{i}", "family": "gemm", "start_us": 3.0 * i, "dur_us": 2.5}
+                                 for i in range(4 * n)]}) for side, n in (("before", 3), ("after", 2))],
+            "batch1-kernels: one decoder layer's kernels in time, before and after"),
     }
 
 

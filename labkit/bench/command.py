@@ -205,8 +205,11 @@ def run(
     table = None
     if m.get("profile") is not None:
         table = finish_profile(m["profile"], json_path, {"workload": w.name, "bench": str(json_path),
-                                                         "device": env["device"], "execution": m.get("execution")})
-        result["profile"] = {"window": table["window"], "checks": table["checks"], "files": table["files"]}
+                                                         "device": env["device"], "execution": m.get("execution"),
+                                                         "num_hidden_layers": _num_layers(model_dir)})
+        # What the report shows of a profile (labkit/report/labs.py): kept in the bench JSON itself.
+        result["profile"] = {"window": table["window"], "checks": table["checks"], "files": table["files"],
+                             **{k: table.get(k) for k in PROFILE_SUMMARY}}
         result["files"].update({f"profile_{k}": v for k, v in table["files"].items()})
     write_json(json_path, result)
     md_path.write_text(markdown(result), encoding="utf-8")
@@ -218,6 +221,21 @@ def run(
     if as_json:
         print_json(result)
     raise typer.Exit(0)
+
+
+# The profile's figures the bench JSON repeats (labkit/bench/profile.py): kernels a token, idle shares, a layer.
+PROFILE_SUMMARY = ("kernels", "gpu_busy_ms", "kernels_by_phase", "kernels_per_decode_token", "kernels_per_decode_step",
+                   "gpu_idle_pct", "decode_gpu_idle_pct", "layer_timeline", "gpu_note")
+
+
+def _num_layers(model_dir: Path) -> Optional[int]:
+    import json
+
+    try:
+        n = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")).get("num_hidden_layers")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return n if isinstance(n, int) else None
 
 
 def print_profile(t: dict, console: Console) -> None:

@@ -25,6 +25,16 @@ wall = from the start of the window's first step to the end of its last. Every i
   - GPU idle, again by what the host was doing meanwhile.
 Each part is also split by the step it falls in (prefill steps, decode steps, between steps).
 CHECK_TOLERANCE: the parts must sum to their whole within max(1 us, 0.01% of it).
+
+Kernels a token and one layer in time (CUDA runs)
+-------------------------------------------------
+Every GPU activity (kernel, copy, memset) counts in the step whose host range holds its start (between steps
+otherwise); kernels per decode token = the decode steps' activities / their tokens (per step too), and the GPU
+idle share of the decode steps beside the window's. The layer timeline: in the decode step of median length,
+the activities in start order; a decoder layer is one period of the sequence of kernel names that repeats most
+(the longest run of whole periods; the smallest period on a tie), taken where the repetition begins, so it may
+start a kernel or two into the layer. Each kernel is kept with its start (from the period's first), duration,
+name and family: the gaps between them are the time no kernel of the layer ran.
 """
 from __future__ import annotations
 
@@ -214,8 +224,9 @@ def _correlation(e: dict):
     return args.get("correlation") if isinstance(args, dict) else None
 
 
-def analyze(trace: dict, steps: list[StepTime], cuda: bool) -> dict:
-    """The table (module doc) from a Chrome trace of the window and the run's steps (their phases)."""
+def analyze(trace: dict, steps: list[StepTime], cuda: bool, layers: int | None = None) -> dict:
+    """The table (module doc) from a Chrome trace of the window and the run's steps (their phases); `layers`:
+    the model's decoder layers, recorded beside the repetition the layer timeline finds."""
     events = _events(trace)
     by_index = {s.index: s for s in steps}
     step_events = [e for e in events
@@ -250,6 +261,7 @@ def analyze(trace: dict, steps: list[StepTime], cuda: bool) -> dict:
         if span:
             host_iv.append(_Interval(*span, label))
     gpu_iv: list[_Interval] = []
+    activities: list[tuple[float, float, str, str]] = []   # (start, end, name, family), unclipped, in the window
     kernels: dict[str, dict] = {}
     for e in events:
         cat = e.get("cat")
@@ -261,6 +273,7 @@ def analyze(trace: dict, steps: list[StepTime], cuda: bool) -> dict:
         if not span:
             continue
         gpu_iv.append(_Interval(*span, family))
+        activities.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), name, family))
         k = kernels.setdefault(name, {"name": name, "family": family, "calls": 0, "us": 0.0})
         k["calls"] += 1
         k["us"] += span[1] - span[0]
@@ -290,8 +303,93 @@ def analyze(trace: dict, steps: list[StepTime], cuda: bool) -> dict:
         table["unclassified"] = [_kernel_row(k, busy) for k in ranked if k["family"] == "other"][:TOP_UNCLASSIFIED]
         if not kernels:
             table["gpu_note"] = "CUDA run, but the trace holds no kernel: the GPU parts are empty."
+        table.update(_per_token(window, activities, table["gpu"]))
+        table["layer_timeline"] = layer_timeline(window, activities, layers)
     table["checks"] = _checks(table)
     return table
+
+
+def _step_of(window: list[tuple[float, float, StepTime]], t: float) -> int | None:
+    """The window position of the step whose host range holds instant t, or None (between steps)."""
+    for i, (s, e, _) in enumerate(window):
+        if s <= t < e:
+            return i
+    return None
+
+
+def _per_token(window: list[tuple[float, float, StepTime]], activities: list[tuple], gpu_rows: list[dict]) -> dict:
+    """Kernels per decode token and step, activities by phase, and the GPU's idle share in the decode steps."""
+    by_phase = {"prefill": 0, "decode": 0, "between": 0}
+    for start, *_ in activities:
+        i = _step_of(window, start)
+        by_phase["between" if i is None else window[i][2].phase] += 1
+    decode = [(e - s, st) for s, e, st in window if st.phase == "decode"]
+    tokens = sum(st.new_tokens for _, st in decode)
+    decode_ms = sum(d for d, _ in decode) / 1000
+    idle = next(r for r in gpu_rows if r["part"] == IDLE[0])
+    return {
+        "kernels_by_phase": by_phase,
+        "kernels_per_decode_token": by_phase["decode"] / tokens if tokens else None,
+        "kernels_per_decode_step": by_phase["decode"] / len(decode) if decode else None,
+        "gpu_idle_pct": idle["pct"],
+        "decode_gpu_idle_pct": 100 * idle["by_phase_ms"]["decode"] / decode_ms if decode_ms else None,
+    }
+
+
+def repeating_block(names: list[str]) -> tuple[int, int, int] | None:
+    """(start, period, repeats) of the longest run of whole periods of a repeating sequence of names (at least two
+    repeats; the smallest period on a tie), or None when nothing repeats."""
+    n = len(names)
+    best: tuple[int, int, int] | None = None
+    for period in range(1, n // 2 + 1):
+        run = 0
+        for i in range(n - period + 1):
+            if i < n - period and names[i] == names[i + period]:
+                run += 1
+                continue
+            repeats = (run + period) // period   # positions i-run .. i-1 match their next period
+            if repeats >= 2 and (best is None or repeats * period > best[2] * best[1]):
+                best = (i - run, period, repeats)
+            run = 0
+    return best
+
+
+def layer_timeline(window: list[tuple[float, float, StepTime]], activities: list[tuple], layers: int | None
+                   ) -> dict | None:
+    """One decoder layer's kernels in time, from the decode step of median length (module doc); None when the
+    window has no decode step with kernels."""
+    decode = sorted((e - s, i) for i, (s, e, st) in enumerate(window) if st.phase == "decode")
+    for _, i in decode[len(decode) // 2:] + decode[:len(decode) // 2][::-1]:  # the median, then its neighbours
+        mine = sorted((a for a in activities if _step_of(window, a[0]) == i), key=lambda a: (a[0], a[1]))
+        if mine:
+            break
+    else:
+        return None
+    s0, e0, st = window[i]
+    block = repeating_block([a[2] for a in mine])
+    out = {"step": st.index, "step_ms": (e0 - s0) / 1000, "step_kernels": len(mine), "model_layers": layers}
+    if block is None:
+        return {**out, "found": False, "note": "no repeating kernel sequence in the step: no layer to show"}
+    start, period, repeats = block
+    layer = mine[start:start + period]
+    t0 = layer[0][0]
+    busy = _union([(a[0], a[1]) for a in layer])
+    span = max(a[1] for a in layer) - t0
+    return {**out, "found": True, "period": period, "repeats": repeats, "first": start,
+            "span_us": span, "busy_us": busy, "gap_us": span - busy,
+            "kernels": [{"name": a[2], "family": a[3], "start_us": a[0] - t0, "dur_us": a[1] - a[0]} for a in layer]}
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, None
+    for s, e in sorted(spans):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
 
 
 def _sweep(w0: float, w1: float, steps: list[_Interval], host: list[_Interval], gpu: list[_Interval]):
@@ -406,10 +504,11 @@ def load_trace(path: Path) -> dict:
 
 def finish_profile(run: ProfiledRun, json_path: Path, context: dict) -> dict:
     """Analyse the run's trace, move the trace beside the bench JSON (gzip when large) and write the table
-    as JSON and Markdown. Returns the table (its "files" name the three outputs)."""
+    as JSON and Markdown. Returns the table (its "files" name the three outputs). context["num_hidden_layers"]:
+    the model's layers, for the layer timeline."""
     trace = load_trace(run.trace_path)
     cuda = "cuda" in run.activities
-    table = analyze(trace, run.steps, cuda)
+    table = analyze(trace, run.steps, cuda, context.get("num_hidden_layers"))
     trace_path = json_path.with_suffix(".trace.json")
     trace_path.parent.mkdir(parents=True, exist_ok=True)
     if run.trace_path.stat().st_size > GZIP_OVER_BYTES:
@@ -464,6 +563,17 @@ def summary_lines(t: dict) -> list[str]:
         idle = next(r for r in t["gpu"] if r["part"] == IDLE[0])
         lines.append(f"GPU: busy {t['gpu_busy_ms']:,.3f} ms ({100 - idle['pct']:.1f}%), idle {idle['ms']:,.3f} ms "
                      f"({idle['pct']:.1f}%), {t['kernels']:,} kernels/copies")
+        if t.get("kernels_per_decode_token") is not None:
+            idle_d = t.get("decode_gpu_idle_pct")
+            lines.append(f"decode steps: {t['kernels_per_decode_token']:,.1f} kernels per token "
+                         f"({t['kernels_per_decode_step']:,.1f} per step), GPU idle "
+                         + ("n/a" if idle_d is None else f"{idle_d:.1f}%") + " of their time")
+        lt = t.get("layer_timeline") or {}
+        if lt.get("found"):
+            of = f" (the model has {lt['model_layers']})" if lt.get("model_layers") else ""
+            lines.append(f"one decoder layer (step {lt['step']}; {lt['period']} kernels repeating {lt['repeats']} "
+                         f"times{of}): {lt['span_us']:,.1f} us, kernels {lt['busy_us']:,.1f} us, gaps "
+                         f"{lt['gap_us']:,.1f} us")
     return lines
 
 
@@ -499,6 +609,20 @@ def markdown(t: dict) -> str:
                       "| --- | --- | --- | --- | --- | --- |"]
             lines += [f"| `{k['name'][:120]}` | {k['family']} | {k['calls']:,} | {k['ms']:,.3f} | {k['mean_us']:,.2f} "
                       f"| {k['pct_of_busy']:.1f} |" for k in rows] or ["| (none) | | | | | |"]
+    lt = t.get("layer_timeline") or {}
+    if lt.get("found"):
+        lines += ["", f"## One decoder layer in time (decode step {lt['step']}, kernels {lt['first']}-"
+                      f"{lt['first'] + lt['period'] - 1} of its {lt['step_kernels']})", "",
+                  "| # | start us | duration us | gap before us | family | kernel |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        end = None
+        for n, k in enumerate(lt["kernels"]):
+            gap = "-" if end is None else f"{k['start_us'] - end:,.2f}"
+            end = k["start_us"] + k["dur_us"] if end is None else max(end, k["start_us"] + k["dur_us"])
+            lines.append(f"| {n} | {k['start_us']:,.2f} | {k['dur_us']:,.2f} | {gap} | {k['family']} | "
+                         f"`{k['name'][:80]}` |")
+    elif lt:
+        lines += ["", f"One decoder layer: {lt.get('note')}."]
     lines += ["", "## Kernel families (first matching pattern wins, case-insensitive)", "",
               "| family | pattern |", "| --- | --- |"]
     lines += [f"| {k['family']} | `{k['pattern'].replace('|', '&#124;')}` |" for k in t["kernel_families"]]

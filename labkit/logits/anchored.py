@@ -1,7 +1,8 @@
 """Compare collections under the anchored gate (labkit/logits/gates.py has the rule and its figures).
 
 One or two judged sides (lhs; rhs too for engine-vs-engine suites), each against the float32 truth, with
-the reference (Transformers in the judged dtype) as the noise yardstick. Every row records each side's
+the reference (Transformers in the judged dtype; with its K/V round-tripped through e4m3 for a side with an FP8
+KV cache, labkit/logits/hf_fp8.py) as the noise yardstick. Every row records each side's
 distances to the truth, the reference's, the ratio and the status; two judged sides also get their distance
 to each other (for information: it is bounded by the sum of their distances to the truth).
 """
@@ -14,6 +15,7 @@ import numpy as np
 from labkit.errors import LabkitError
 from labkit.logits import gates
 from labkit.logits.collect import Collection
+from labkit.logits.suites import is_fp8
 
 _RANK = {"PASS": 0, "REVIEW": 1, "FAIL": 2}
 
@@ -24,6 +26,22 @@ def worst(*statuses: str) -> str:
 
 def dtype_of(col: Collection) -> str:
     return col.meta.get("dtype") or "float32"
+
+
+def kv_fp8(col: Collection) -> bool:
+    """The collection's KV cache (engine) or its K/V round trip (Transformers) is FP8."""
+    return is_fp8(col.meta.get("kv_cache_dtype"))
+
+
+def needs_reference(col: Collection) -> bool:
+    """A side that rounds more than float32 does somewhere (a bf16/fp16 model, or an FP8 KV cache at any model
+    dtype) is measured against a reference of the same arithmetic; a float32 one against the float32 floor."""
+    return dtype_of(col) in gates.LOW_PRECISION or kv_fp8(col)
+
+
+def arithmetic(col: Collection) -> str:
+    """The side's arithmetic in words: "bfloat16", "bfloat16 with e4m3 K/V"."""
+    return dtype_of(col) + (" with e4m3 K/V" if kv_fp8(col) else "")
 
 
 def aligned_logits(col: Collection, order_rows: list[dict]) -> np.ndarray:
@@ -38,23 +56,33 @@ def check_roles(sides: dict[str, Collection], truth: Collection, reference: Coll
     if dtype_of(truth) != "float32":
         raise LabkitError(f"--gate anchored: the truth must be a float32 collection, this one is {dtype_of(truth)} "
                           "(collect it with --backend hf --dtype float32, or use --gate fixed)", code=2)
+    if kv_fp8(truth):
+        raise LabkitError("--gate anchored: the truth's K/V went through e4m3: the truth must be Transformers "
+                          "float32 without quantisation (collect it without --kv-cache-dtype)", code=2)
     if truth.meta.get("backend") != "hf":
         notes.append(f"the truth is a {truth.meta.get('backend')} collection, not Transformers: the rule assumes "
                      "an independent implementation")
-    low = {name: dtype_of(c) for name, c in sides.items() if dtype_of(c) in gates.LOW_PRECISION}
+    low = {name: c for name, c in sides.items() if needs_reference(c)}
     if low and reference is None:
-        name, dt = next(iter(low.items()))
-        raise LabkitError(f"--gate anchored: {name} is {dt}: the rule needs Transformers' own {dt} run as the "
-                          f"reference (--reference PREFIX, from `collect --backend hf --dtype {dt}`), "
-                          "or use --gate fixed", code=2)
+        name, c = next(iter(low.items()))
+        fp8 = " --kv-cache-dtype fp8" if kv_fp8(c) else ""
+        raise LabkitError(f"--gate anchored: {name} is {arithmetic(c)}: the rule needs Transformers' own "
+                          f"{arithmetic(c)} run as the reference (--reference PREFIX, from `collect --backend hf "
+                          f"--dtype {dtype_of(c)}{fp8}`), or use --gate fixed", code=2)
     if reference is not None:
-        rd = dtype_of(reference)
-        for name, dt in low.items():
-            if dt != rd:
-                raise LabkitError(f"--gate anchored: {name} is {dt} but the reference is {rd}: the reference "
-                                  f"must be Transformers in the judged dtype", code=2)
+        for name, c in low.items():
+            if dtype_of(c) != dtype_of(reference):
+                raise LabkitError(f"--gate anchored: {name} is {dtype_of(c)} but the reference is "
+                                  f"{dtype_of(reference)}: the reference must be Transformers in the judged dtype",
+                                  code=2)
+            if kv_fp8(c) != kv_fp8(reference):
+                how = ("collect it with --kv-cache-dtype fp8" if kv_fp8(c) else "collect it without --kv-cache-dtype")
+                raise LabkitError(f"--gate anchored: {name} is {arithmetic(c)} but the reference is "
+                                  f"{arithmetic(reference)}: the reference must do the judged side's arithmetic "
+                                  f"({how})", code=2)
         if not low:
-            notes.append(f"every judged side is float32: the {rd} reference is not used (the float32 floor is)")
+            notes.append(f"every judged side is float32: the {arithmetic(reference)} reference is not used (the "
+                         "float32 floor is)")
         elif reference.meta.get("backend") != "hf":
             notes.append(f"the reference is a {reference.meta.get('backend')} collection, not Transformers")
     return notes
@@ -72,7 +100,7 @@ def compare_rows(sides: dict[str, Collection], truth: Collection, reference: Col
     for name, col in sides.items():
         x = aligned_logits(col, order)
         logits[name] = x
-        use_ref = ref_d if dtype_of(col) in gates.LOW_PRECISION else None
+        use_ref = ref_d if needs_reference(col) else None
         judged[name] = gates.judge_side(x, t, dtype_of(col), use_ref)
         overall[name] = gates.judge_overall(x, t, dtype_of(col), ref if use_ref is not None else None)
     mutual = None
@@ -128,14 +156,14 @@ def compare_kv(sides: dict[str, Collection], truth: Collection, reference: Colle
         return {"compared": False, "reason": f"{' and '.join(missing)} holds no K/V"}
     for role, col in (("the truth", truth), ("the reference", reference)):
         if col is not None and "kv_k" not in col.arrays and (role == "the truth" or any(
-                dtype_of(c) in gates.LOW_PRECISION for c in sides.values())):
+                needs_reference(c) for c in sides.values())):
             raise LabkitError(f"--gate anchored: {role} holds no K/V for the kv suite (collect it again with this "
                               f"labkit: `collect --suite kv --backend hf`)", code=2)
     t_index = _kv_index(truth)
     r_index = _kv_index(reference) if reference is not None and "kv_k" in reference.arrays else None
     out_sides = {}
     for name, col in sides.items():
-        low = dtype_of(col) in gates.LOW_PRECISION
+        low = needs_reference(col)
         reqs, cases = col.meta["kv"]["requests"], col.meta["kv"]["cases"]
         keys = [(cases[c], reqs[r], p) for c, r, p in zip(col.arrays["kv_case"].tolist(),
                                                           col.arrays["kv_request"].tolist(),

@@ -7,7 +7,9 @@ engine: the real Scheduler, BlockManager, ModelRunner and paged KV cache. The sa
     which the commit accepts. The code path of every step (eager call or graph replay, and the bucket)
     is read from the StepResult's inputs.
 hf: transformers' Qwen3ForCausalLM recomputes the whole prefix for every row (use_cache=False,
-    attn_implementation="eager"): no KV cache, no paging, no scheduler.
+    attn_implementation="eager"): no KV cache, no paging, no scheduler. A suite with hf_one_forward (fp8-kv)
+    computes each request's rows in one causal forward over its whole path instead: the same function.
+    kv_cache_dtype fp8: K and V go through the e4m3 round trip before attention (labkit/logits/hf_fp8.py).
 
 A collection is PREFIX.json (inputs, token path, config, versions, model and weight hashes, rows
 and steps with their code path) plus PREFIX.npz (`logits` [rows, vocab] float32; the kv suite adds
@@ -31,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from labkit.errors import LabkitError
-from labkit.logits.suites import Suite, path_sha256, row_keys, token_path
+from labkit.logits.suites import KV_CACHE_DTYPES, Suite, is_fp8, path_sha256, row_keys, token_path
 from labkit.output import envelope, evidence_for, file_mode, finish, write_json
 
 SCHEMA = 1
@@ -137,7 +139,7 @@ def _engine_error(exc: Exception, tp: int) -> LabkitError:
 
 def collect_engine(suite: Suite, model_dir: str | Path, *, device: str = "cpu", dtype: str = "auto",
                    execution: str = "eager", attention: str = "auto", tp: int = 1, seed: int = 0,
-                   progress: Callable[[str], None] | None = None) -> Collection:
+                   kv_cache_dtype: str = "auto", progress: Callable[[str], None] | None = None) -> Collection:
     """Run every case of `suite` through the engine with forced tokens; one row per accepted step."""
     from engine import LLM, SamplingParams
     from engine.sampler import TeacherForcing
@@ -147,7 +149,8 @@ def collect_engine(suite: Suite, model_dir: str | Path, *, device: str = "cpu", 
     model_dir = Path(model_dir)
     path = token_path(suite, _vocab_size(model_dir), seed)
     meta = _base_meta(suite, "engine", model_dir, device, seed, path)
-    meta["requested"] = {"execution": execution, "attention": attention, "tp": tp, "dtype": dtype, "device": device}
+    meta["requested"] = {"execution": execution, "attention": attention, "tp": tp, "dtype": dtype, "device": device,
+                         "kv_cache_dtype": kv_cache_dtype}
     meta["engine_source"] = engine_source()
     rows: list[dict] = []
     logits_rows: list[np.ndarray] = []
@@ -160,14 +163,15 @@ def collect_engine(suite: Suite, model_dir: str | Path, *, device: str = "cpu", 
 
     for case_no, case in enumerate(suite.cases):
         kwargs = {**case.engine_kwargs(), "device": device, "dtype": dtype, "attention_backend": attention,
-                  "enforce_eager": execution == "eager", "tensor_parallel_size": tp}
+                  "enforce_eager": execution == "eager", "tensor_parallel_size": tp, "kv_cache_dtype": kv_cache_dtype}
         try:
             llm = LLM(str(model_dir), **kwargs)
         except ValueError as exc:
             raise _engine_error(exc, tp) from exc
         try:
             facts = {"execution": llm.execution, "attention_backend": llm.attention_backend,
-                     "dtype": str(llm.dtype).replace("torch.", ""), "device": str(llm.device)}
+                     "dtype": str(llm.dtype).replace("torch.", ""), "device": str(llm.device),
+                     "kv_cache_dtype": llm.config.kv_cache_dtype}
             if runner_facts and facts != runner_facts:
                 raise RuntimeError(f"engine setting changed between cases: {runner_facts} vs {facts}")
             runner_facts = facts
@@ -220,9 +224,11 @@ def collect_engine(suite: Suite, model_dir: str | Path, *, device: str = "cpu", 
     _check_rows(suite, rows)
     meta.update(
         dtype=runner_facts.get("dtype"),
+        kv_cache_dtype=runner_facts.get("kv_cache_dtype"),
         device_used=runner_facts.get("device"),
         config={"execution": execution, "attention_backend": runner_facts.get("attention_backend"),
-                "tensor_parallel_size": tp, "dtype": runner_facts.get("dtype"), "runner": runner_facts,
+                "tensor_parallel_size": tp, "dtype": runner_facts.get("dtype"),
+                "kv_cache_dtype": runner_facts.get("kv_cache_dtype"), "runner": runner_facts,
                 "cases": case_configs},
         rows=rows,
         steps=steps,
@@ -317,7 +323,7 @@ def _code_path_summary(steps: list[dict]) -> dict:
 _TORCH_DTYPES = ("float32", "bfloat16", "float16")
 
 
-def load_hf(model_dir: str | Path, dtype: str, device: str):
+def load_hf(model_dir: str | Path, dtype: str, device: str, attn_implementation: str = "eager"):
     import torch
     import transformers
     from transformers import Qwen3ForCausalLM
@@ -330,27 +336,35 @@ def load_hf(model_dir: str | Path, dtype: str, device: str):
     major_minor = tuple(int(x) for x in transformers.__version__.split(".")[:2] if x.isdigit())
     kw = {"dtype": tdtype} if major_minor >= (4, 56) else {"torch_dtype": tdtype}
     try:
-        model = Qwen3ForCausalLM.from_pretrained(str(model_dir), attn_implementation="eager", **kw)
+        model = Qwen3ForCausalLM.from_pretrained(str(model_dir), attn_implementation=attn_implementation, **kw)
     except Exception as exc:
         raise LabkitError(f"hf: cannot load {model_dir} with transformers: {' '.join(str(exc).split())}") from exc
     return model.to(device).eval()
 
 
 def collect_hf(suite: Suite, model_dir: str | Path, *, device: str = "cpu", dtype: str = "auto", seed: int = 0,
-               model=None, progress: Callable[[str], None] | None = None) -> Collection:
-    """Recompute every row from scratch with transformers (whole prefix, no cache, eager attention)."""
+               kv_cache_dtype: str = "auto", model=None, progress: Callable[[str], None] | None = None) -> Collection:
+    """Recompute every row from scratch with transformers (whole prefix, no cache, eager attention; one forward
+    per request where the suite says hf_one_forward). kv_cache_dtype fp8: K/V round-tripped through e4m3 before
+    attention (labkit/logits/hf_fp8.py); `model`, when given, must have been loaded to match."""
     import torch
+
+    from labkit.logits import hf_fp8
 
     model_dir = Path(model_dir)
     dtype = _config_dtype(model_dir) if dtype == "auto" else dtype
     if dtype not in _TORCH_DTYPES:
         raise LabkitError(f"--dtype must be auto, {', '.join(_TORCH_DTYPES)}; not {dtype!r}")
+    fp8 = is_fp8(kv_cache_dtype)
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise LabkitError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, not {kv_cache_dtype!r}")
     path = token_path(suite, _vocab_size(model_dir), seed)
     meta = _base_meta(suite, "hf", model_dir, device, seed, path)
-    meta["requested"] = {"dtype": dtype, "device": device}
+    meta["requested"] = {"dtype": dtype, "device": device, "kv_cache_dtype": kv_cache_dtype}
     t0 = time.perf_counter()
+    attn = hf_fp8.register() if fp8 else "eager"
     if model is None:
-        model = load_hf(model_dir, dtype, device)
+        model = load_hf(model_dir, dtype, device, attn)
     import transformers
 
     rows, logits_rows = [], []
@@ -360,6 +374,13 @@ def collect_hf(suite: Suite, model_dir: str | Path, *, device: str = "cpu", dtyp
         for case_no, case in enumerate(suite.cases):
             for r in case.requests:
                 p = path[r.id]
+                if suite.hf_one_forward:  # row k = the logits at position len(prompt) - 1 + k of the whole path
+                    ids = torch.tensor([p["prompt"] + p["continuation"][:r.max_tokens - 1]], device=device)
+                    out = model(input_ids=ids, use_cache=False, logits_to_keep=r.max_tokens)
+                    for k in range(r.max_tokens):
+                        logits_rows.append(out.logits[0, k].float().cpu().numpy().copy())
+                        rows.append(_row_meta(len(rows), r.id, k, path, execution="hf-one-forward"))
+                    continue
                 for k in range(r.max_tokens):
                     ids = torch.tensor([p["prompt"] + p["continuation"][:k]], device=device)
                     out = model(input_ids=ids, use_cache=False, logits_to_keep=1)
@@ -376,13 +397,16 @@ def collect_hf(suite: Suite, model_dir: str | Path, *, device: str = "cpu", dtyp
     _check_rows(suite, rows)
     meta.update(
         dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
         device_used=str(device),
         config={"implementation": f"transformers {transformers.__version__} Qwen3ForCausalLM",
-                "attn_implementation": "eager", "use_cache": False, "dtype": dtype, "tensor_parallel_size": 1,
+                "attn_implementation": attn, "use_cache": False, "dtype": dtype, "tensor_parallel_size": 1,
+                "kv_cache_dtype": kv_cache_dtype, "kv_quantization": hf_fp8.describe() if fp8 else None,
+                "rows": "one forward per request" if suite.hf_one_forward else "one forward per row",
                 "float32_matmul": "highest (no TF32), whatever the process had set"},
         rows=rows,
         steps=[],
-        code_path={"hf full recompute": len(rows)},
+        code_path={"hf one forward per request" if suite.hf_one_forward else "hf full recompute": len(rows)},
         wall_s=round(time.perf_counter() - t0, 3),
         status="COLLECTED",
     )

@@ -7,13 +7,16 @@
     labkit logits-check compare --lhs runs/lc/engine --rhs runs/lc/truth --reference runs/lc/hf-bf16
     labkit logits-check compare --lhs A --rhs B --truth runs/lc/truth --reference runs/lc/hf-bf16   # engine vs engine
     labkit logits-check compare --lhs A --rhs B --gate fixed       # fixed thresholds (bf16: 0.5 / 0.02), A against B
+    labkit logits-check run --suite fp8-kv --dtype bfloat16        # FP8 KV cache: verdict + what it costs in numbers
 
 Gates (labkit/logits/gates.py): anchored (default) judges each engine side by its distance to a float32
 truth (Transformers float32) against the distance of Transformers' own run in the engine's dtype; fixed
 compares lhs with rhs under fixed thresholds. Exit 1 on FAIL; REVIEW exits 0 and says so.
 
 Suites (labkit/logits/suites.py has the exact composition): baseline (15 rows), graph (126),
-prefix (6), tp (15; TP=2 vs TP=1), kv (49 rows + new K/V per layer per step; engine vs engine).
+prefix (6), tp (15; TP=2 vs TP=1), kv (49 rows + new K/V per layer per step; engine vs engine),
+fp8-kv (277 rows; the engine with kv_cache_dtype fp8 against Transformers with e4m3 K/V, and the cost of FP8:
+its distance to the truth over the model-dtype pool's, labkit/logits/cost.py).
 A collection only records (status COLLECTED); only `compare` judges.
 """
 from __future__ import annotations
@@ -31,7 +34,7 @@ from rich.text import Text
 from labkit.errors import LabkitError
 from labkit.logits import compare as cmp, gates
 from labkit.logits.collect import Collection, collect_engine, collect_hf, prefix_of, read_collection, write_collection
-from labkit.logits.suites import SUITES, get_suite
+from labkit.logits.suites import SUITES, get_suite, is_fp8
 from labkit.model import resolve_model
 from labkit.narrow import fit, log_console
 from labkit.options import (
@@ -43,6 +46,7 @@ from labkit.options import (
     DeviceOption,
     DType,
     DTypeOption,
+    KvCacheDtypeOption,
     ModelOption,
     Out,
     TensorParallelSizeOption,
@@ -76,8 +80,8 @@ class Gate(str, enum.Enum):
 SuiteName = enum.Enum("SuiteName", {name: name for name in SUITES}, type=str)
 
 _SUITE_HELP = ("Suite: " + ", ".join(f"{s.name} ({s.rows} rows)" for s in SUITES.values())
-               + "; tp compares TP=2 with TP=1, kv adds the new K/V per layer (engine vs engine). "
-               "labkit/logits/suites.py lists each suite's cases.")
+               + "; tp compares TP=2 with TP=1, kv adds the new K/V per layer (engine vs engine), fp8-kv judges "
+               "kv_cache_dtype fp8 and states its cost. labkit/logits/suites.py lists each suite's cases.")
 SuiteOption = Annotated[SuiteName, typer.Option("--suite", help=_SUITE_HELP)]
 ExecutionOption = Annotated[Optional[Execution], typer.Option(
     "--execution", help="The engine side: eager or CUDA graphs (default eager).")]
@@ -93,26 +97,30 @@ def _val(x):
 
 
 def _collect(backend: str, suite_name: str, model_dir: Path, device: str, dtype: str, execution: str | None,
-             attention: str | None, tp: int, seed: int, hf_model=None, console: Console | None = None) -> Collection:
+             attention: str | None, tp: int, seed: int, hf_model=None, console: Console | None = None,
+             kv_cache_dtype: str = "auto") -> Collection:
     suite = get_suite(suite_name)
     progress = (lambda msg: console.print(f"  [dim]{backend}: {msg}[/dim]")) if console else None
     if backend == "engine":
         return collect_engine(suite, model_dir, device=device, dtype=dtype, execution=execution or "eager",
-                              attention=attention or "auto", tp=tp, seed=seed, progress=progress)
+                              attention=attention or "auto", tp=tp, seed=seed, kv_cache_dtype=kv_cache_dtype,
+                              progress=progress)
     if tp != 1:
         raise LabkitError(f"--tensor-parallel-size {tp}: the hf backend runs Transformers on one device (TP=1 only)")
     if execution not in (None, "eager"):
         raise LabkitError("--execution graph: the hf backend has no graph path (it always recomputes eagerly)")
     if attention not in (None, "auto"):
         raise LabkitError(f"--attention-backend {attention}: the hf backend always uses attn_implementation='eager'")
-    return collect_hf(suite, model_dir, device=device, dtype=dtype, seed=seed, model=hf_model, progress=progress)
+    return collect_hf(suite, model_dir, device=device, dtype=dtype, seed=seed, kv_cache_dtype=kv_cache_dtype,
+                      model=hf_model, progress=progress)
 
 
 def _print_collection(col: Collection, js: Path, npz: Path, console: Console) -> None:
     m = col.meta
     paths = cmp.code_path_text(m["code_path"])
     kv = f", K/V of {m['kv']['tokens']} tokens" if "kv" in m else ""
-    console.print(f"[bold]COLLECTED[/bold] suite {m['suite']['name']} ({m['backend']}, {m['dtype']}, "
+    fp8 = ", KV e4m3" if is_fp8(m.get("kv_cache_dtype")) else ""
+    console.print(f"[bold]COLLECTED[/bold] suite {m['suite']['name']} ({m['backend']}, {m['dtype']}{fp8}, "
                   f"{m['device'].get('type')}): {len(m['rows'])} rows{kv}; code path: {paths}")
     if m.get("requested", {}).get("execution") == "graph" and not any(
             st.get("execution") == "graph" for st in m.get("steps", [])):
@@ -197,6 +205,14 @@ def _print_result(result: dict, console: Console) -> None:
             console.print(Text(f"new K/V: {kv['tokens']} tokens, {kv['status']}: failed steps {kv['failed_steps']}, "
                                f"REVIEW steps {kv['review_steps']}, worst ratio {kv['worst_ratio']:.2f}x"),
                           style=_STYLE[kv["status"]])
+        c = result.get("kv_cost")
+        if c is not None:
+            b, q = c["baseline"], c["quantised"]
+            console.print(Text(f"what FP8 costs: {c['text']}", style="bold"))
+            console.print(Text(f"baseline (model-dtype pool) {b['verdict']}: rows pass {b['passed']}, review "
+                               f"{b['review']}, fail {b['failed']}; {b['overall']['text']}"),
+                          style=_STYLE[b["verdict"]])
+            console.print(Text(f"quantised: {q['status']}: {q['text']}"), style=_STYLE.get(q["status"], "yellow"))
     else:
         th = result["thresholds"]
         console.print(f"rows {s['rows']}: pass {s['passed']}, review {s['review']}, fail {s['failed']}; "
@@ -228,7 +244,7 @@ def _compare_and_write(cols: dict[str, Collection], prefixes: dict[str, Path], o
                        thresholds: dict, console: Console) -> dict:
     """cols/prefixes: lhs, rhs and optionally truth, reference."""
     body = cmp.compare(cols["lhs"], cols["rhs"], gate=gate, truth=cols.get("truth"), reference=cols.get("reference"),
-                       **thresholds)
+                       baseline=cols.get("baseline"), baseline_reference=cols.get("baseline_reference"), **thresholds)
     lm = cols["lhs"].meta
     evidence = ("gpu-measured" if all(c.meta.get("evidence") == "gpu-measured" for c in cols.values())
                 else "cpu-executed")
@@ -239,6 +255,8 @@ def _compare_and_write(cols: dict[str, Collection], prefixes: dict[str, Path], o
     env["model"] = lm.get("model")
     sides = {name: cmp.side_summary(cols[name], prefixes[name]) if name in cols else None
              for name in ("lhs", "rhs", "truth", "reference")}
+    sides.update({name: cmp.side_summary(cols[name], prefixes[name])
+                  for name in ("baseline", "baseline_reference") if name in cols})
     result = finish(env, **body, **sides, exit_code=EXIT_FAIL if body["verdict"] == "FAIL" else EXIT_PASS)
     out = Path(out)
     md = out.with_suffix(".md")
@@ -270,11 +288,14 @@ def collect_cmd(
     dtype: DTypeOption = DType.auto,
     model: ModelOption = None,
     seed: int = typer.Option(0, "--seed", help="Seed of the forced continuation ids (stored in the JSON)."),
+    kv_cache_dtype: KvCacheDtypeOption = None,
 ) -> None:
     """Walk a suite's fixed token path with one backend and save every accepted step's logits row.
 
     The engine walks it with its paged KV cache and scheduler.
     hf (Transformers) recomputes the whole prefix each step (TP=1, eager attention only).
+    --kv-cache-dtype fp8: the engine's pool is E4M3; Transformers' K/V go through the same e4m3 round trip
+    before its eager attention (labkit/logits/hf_fp8.py).
 
     Example: labkit logits-check collect --suite baseline --backend hf --dtype float32
     """
@@ -285,7 +306,7 @@ def collect_cmd(
               runs_dir() / f"logits-{suite_name}{configuration_suffix(skip=('suite', 'backend'))}" / backend.value)
     console = _console()
     col = _collect(backend.value, suite_name, model_dir, dev, dtype.value, _val(execution), _val(attention_backend),
-                   tensor_parallel_size, seed, console=console)
+                   tensor_parallel_size, seed, console=console, kv_cache_dtype=_val(kv_cache_dtype) or "auto")
     js, npz = write_collection(col, prefix)
     _print_collection(col, js, npz, console)
 
@@ -319,7 +340,13 @@ def compare_cmd(
     truth: Optional[Path] = typer.Option(None, "--truth", help="anchored: a float32 Transformers collection; lhs and "
                                          "rhs are then both judged against it."),
     reference: Optional[Path] = typer.Option(None, "--reference", help="anchored: Transformers in the judged dtype "
-                                             "(needed when a judged side is bf16/fp16)."),
+                                             "(needed when a judged side is bf16/fp16; with --kv-cache-dtype fp8 "
+                                             "for an FP8 side)."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="anchored, an FP8 lhs: the same engine with "
+                                            "the model-dtype pool; judged too, and the cost of FP8 stated (the "
+                                            "lhs's distance to the truth over its)."),
+    baseline_reference: Optional[Path] = typer.Option(None, "--baseline-reference", help="Transformers in the "
+                                                      "baseline's dtype, no quantisation (needed for bf16/fp16)."),
     gate: Gate = _GATE,
     max_abs: Optional[float] = _MAX_ABS,
     rel_l2: Optional[float] = _REL_L2,
@@ -330,7 +357,8 @@ def compare_cmd(
 
     Example: labkit logits-check compare --lhs runs/lc/engine --rhs runs/lc/truth
     """
-    paths = {"lhs": lhs, "rhs": rhs, "truth": truth, "reference": reference}
+    paths = {"lhs": lhs, "rhs": rhs, "truth": truth, "reference": reference, "baseline": baseline,
+             "baseline_reference": baseline_reference}
     cols = {name: read_collection(p) for name, p in paths.items() if p is not None}
     prefixes = {name: prefix_of(p) for name, p in paths.items() if p is not None}
     target = out if out is not None else runs_dir() / "logits-check.json"
@@ -360,6 +388,7 @@ def run_cmd(
     max_abs: Optional[float] = _MAX_ABS,
     rel_l2: Optional[float] = _REL_L2,
     kv_max_abs: Optional[float] = _KV_MAX_ABS,
+    kv_cache_dtype: KvCacheDtypeOption = None,
 ) -> None:
     """Collect every side of a suite and compare them: the usual way to run a logits check.
 
@@ -367,11 +396,27 @@ def run_cmd(
     Transformers in its dtype (the reference).
     fixed: engine vs Transformers in the engine's dtype (tp: TP=2 vs TP=1; kv: engine vs engine).
     --tensor-parallel-size is the engine side's (default 1; the tp suite's 2, against 1).
+    FP8 KV cache (the fp8-kv suite, or --kv-cache-dtype fp8 on a suite judged against Transformers): the
+    engine with fp8 (engine-fp8) and with the model-dtype pool (engine), the truth, Transformers in the
+    engine's dtype with e4m3 K/V (hf-DTYPE-fp8, the FP8 side's reference) and without (hf-DTYPE); the check
+    states FP8's cost: its distance to the truth over the model-dtype pool's.
 
     Example: labkit logits-check run --suite baseline --dtype bfloat16
     """
     suite_name = _val(suite)
     s = get_suite(suite_name)
+    kv_dtype = _val(kv_cache_dtype) or s.kv_cache_dtype
+    if is_fp8(s.kv_cache_dtype) and not is_fp8(kv_dtype):
+        raise LabkitError(f"--kv-cache-dtype {kv_dtype}: the {suite_name} suite judges an FP8 KV cache; run another "
+                          "suite for the model-dtype pool")
+    fp8 = is_fp8(kv_dtype)
+    if fp8 and s.reference != "hf":
+        raise LabkitError(f"--kv-cache-dtype {kv_dtype}: the {suite_name} suite compares engines with each other; "
+                          "an FP8 KV cache is judged against Transformers (the fp8-kv suite, or baseline, graph, "
+                          "prefix, mixed)")
+    if fp8 and gate == Gate.fixed:
+        raise LabkitError("--gate fixed: an FP8 KV cache is judged by its distance to the float32 truth (the "
+                          "anchored gate); fixed thresholds against Transformers cannot say what FP8 costs")
     if gate == Gate.anchored:  # refuse before minutes of collecting
         given = [n for n, v in (("--max-abs", max_abs), ("--rel-l2", rel_l2), ("--kv-max-abs", kv_max_abs))
                  if v is not None]
@@ -398,23 +443,33 @@ def run_cmd(
     cols: dict[str, Collection] = {}
     prefixes: dict[str, Path] = {}
 
-    def collect(role: str, backend: str, name: str, dt: str, e=None, a=None, t=1) -> None:
+    def collect(role: str, backend: str, name: str, dt: str, e=None, a=None, t=1, kv: str = "auto") -> None:
         console.print(f"[bold]collect[/bold] {name}: backend {backend}, dtype {dt}" + (
-            f", {e or 'eager'}, attention {a or 'auto'}, TP={t}" if backend == "engine" else ""))
-        col = _collect(backend, suite_name, model_dir, dev, dt, e, a, t, seed, console=console)
+            f", {e or 'eager'}, attention {a or 'auto'}, TP={t}" if backend == "engine" else "")
+            + (f", KV {kv}" if is_fp8(kv) else ""))
+        col = _collect(backend, suite_name, model_dir, dev, dt, e, a, t, seed, console=console, kv_cache_dtype=kv)
         js, npz = write_collection(col, folder / name)
         _print_collection(col, js, npz, console)
         cols[role], prefixes[role] = col, folder / name
 
-    for role, name, e, a, t in plan:
-        collect(role, "engine", name, dtype.value, e, a, t)
+    if fp8:  # the FP8 engine is judged; the same engine with the model-dtype pool is its cost's denominator
+        (_, _, e, a, t), = plan
+        collect("lhs", "engine", "engine-fp8", dtype.value, e, a, t, kv_dtype)
+        collect("baseline", "engine", "engine", dtype.value, e, a, t)
+    else:
+        for role, name, e, a, t in plan:
+            collect(role, "engine", name, dtype.value, e, a, t)
     engine_dtype = cols["lhs"].meta["dtype"]
     if gate == Gate.fixed:
         if "rhs" not in cols:
             collect("rhs", "hf", "hf", dtype.value)
     else:
         collect("truth" if "rhs" in cols else "rhs", "hf", "hf-float32", "float32")
-        if engine_dtype in gates.LOW_PRECISION:
+        if fp8:
+            collect("reference", "hf", f"hf-{engine_dtype}-fp8", engine_dtype, kv=kv_dtype)
+            if engine_dtype in gates.LOW_PRECISION:
+                collect("baseline_reference", "hf", f"hf-{engine_dtype}", engine_dtype)
+        elif engine_dtype in gates.LOW_PRECISION:
             collect("reference", "hf", f"hf-{engine_dtype}", engine_dtype)
     result = _compare_and_write(cols, prefixes, folder / "check.json", gate.value,
                                 {"max_abs": max_abs, "rel_l2": rel_l2, "kv_max_abs": kv_max_abs}, console)

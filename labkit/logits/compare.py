@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from labkit.errors import LabkitError
-from labkit.logits import anchored, gates
+from labkit.logits import anchored, cost, gates
 from labkit.logits.collect import Collection, prefix_of
 
 GATES = ("anchored", "fixed")
@@ -375,17 +375,23 @@ def _anchored(lhs: Collection, rhs: Collection, truth: Collection | None, refere
 
 def compare(lhs: Collection, rhs: Collection, *, gate: str = "anchored", truth: Collection | None = None,
             reference: Collection | None = None, max_abs: float | None = None, rel_l2: float | None = None,
-            kv_max_abs: float | None = None) -> dict:
+            kv_max_abs: float | None = None, baseline: Collection | None = None,
+            baseline_reference: Collection | None = None) -> dict:
     """Everything the report says, as a dict (no envelope). Raises LabkitError(2) when not comparable.
 
     anchored: rhs is the float32 truth unless `truth` is given, in which case lhs and rhs are both judged
-    against it; `reference` is Transformers in the judged dtype (needed for bf16/fp16 sides)."""
+    against it; `reference` is Transformers in the judged dtype (needed for bf16/fp16 sides; with e4m3 K/V for
+    an FP8 KV cache). `baseline` (an FP8 lhs only): the same engine with the model-dtype pool, judged against
+    `baseline_reference` (Transformers in its dtype), and the cost of FP8 stated (labkit/logits/cost.py)."""
     if gate not in GATES:
         raise LabkitError(f"--gate must be one of {', '.join(GATES)}, not {gate!r}")
     check_comparable(lhs, rhs)
     cols = {"lhs": lhs, "rhs": rhs}
+    if baseline_reference is not None and baseline is None:
+        raise LabkitError("--baseline-reference: only with --baseline (the model-dtype engine it judges)")
     if gate == "fixed":
-        given = [n for n, v in (("--truth", truth), ("--reference", reference)) if v is not None]
+        given = [n for n, v in (("--truth", truth), ("--reference", reference), ("--baseline", baseline))
+                 if v is not None]
         if given:
             raise LabkitError(f"{' and '.join(given)}: only the anchored gate uses a truth and a reference "
                               "(drop them, or drop --gate fixed)")
@@ -400,11 +406,19 @@ def compare(lhs: Collection, rhs: Collection, *, gate: str = "anchored", truth: 
             raise LabkitError(f"--gate anchored: rhs is {anchored.dtype_of(rhs)}, so it cannot be the float32 truth: "
                               "give --truth PREFIX (collect --backend hf --dtype float32) to judge both sides "
                               "against it, or use --gate fixed", code=2)
-        for name, col in (("truth", truth), ("reference", reference)):
+        for name, col in (("truth", truth), ("reference", reference), ("baseline", baseline),
+                          ("baseline_reference", baseline_reference)):
             if col is not None:
                 check_comparable(lhs, col, ("lhs", name))
                 cols[name] = col
+        if baseline is not None:
+            if truth is not None:
+                raise LabkitError("--baseline: the cost of FP8 is stated for one judged side against the truth "
+                                  "(--rhs); drop --truth", code=2)
+            cost.check_roles(lhs, baseline, reference, baseline_reference)
         body = _anchored(lhs, rhs, truth, reference)
+        if baseline is not None:
+            _add_cost(body, cost.judge(lhs, baseline, rhs, reference, baseline_reference))
     result = {
         "verdict": body["verdict"],
         "suite": lhs.meta["suite"]["name"],
@@ -414,8 +428,29 @@ def compare(lhs: Collection, rhs: Collection, *, gate: str = "anchored", truth: 
         "notes": body.pop("gate_notes", []) + _notes(cols, gate == "fixed" or truth is not None),
         "does_not_prove": DOES_NOT_PROVE,
     }
-    result["what_this_shows"] = what_this_shows(result, {n: anchored.dtype_of(c) for n, c in cols.items()})
+    result["what_this_shows"] = what_this_shows(result, {n: anchored.arithmetic(c) for n, c in cols.items()})
     return result
+
+
+def _add_cost(body: dict, kv_cost: dict) -> None:
+    """Join the cost section's judgement (the baseline's verdict, the quantised check) to the check's."""
+    body["kv_cost"] = kv_cost
+    kv_cost["judged_verdict"] = body["verdict"]  # the FP8 side's own rows, overall and K/V, before the cost's
+    body["verdict"] = anchored.worst(body["verdict"], kv_cost["status"])
+    s = body["summary"]
+    b, q = kv_cost["baseline"], kv_cost["quantised"]
+    problems = {"FAIL": [], "REVIEW": []}
+    if q["status"] == "FAIL":
+        problems["FAIL"].append(q["text"])
+    if b["verdict"] in problems:
+        problems[b["verdict"]].append(f"the model-dtype baseline (the cost's denominator) is {b['verdict']}: "
+                                      f"{b['first_problem']}")
+    s["cost_failure"] = "; ".join(problems["FAIL"]) or None
+    s["cost_review"] = "; ".join(problems["REVIEW"]) or None
+    if s["first_failure"] is None and s["cost_failure"]:
+        s["first_failure"] = s["cost_failure"]
+    if s["first_review"] is None and s["cost_review"]:
+        s["first_review"] = s["cost_review"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -423,10 +458,11 @@ def compare(lhs: Collection, rhs: Collection, *, gate: str = "anchored", truth: 
 
 
 def _yardstick(dtypes: dict[str, str], judged: list[str]) -> str:
-    """What the judged sides' distances are measured against, as a noun phrase."""
-    low = sorted({dtypes[n] for n in judged if dtypes[n] in gates.LOW_PRECISION})
+    """What the judged sides' distances are measured against, as a noun phrase. dtypes: each side's arithmetic
+    ("bfloat16", "float32 with e4m3 K/V"); only plain float32 is held to the floor."""
+    low = sorted({dtypes[n] for n in judged if dtypes[n] != "float32"})
     parts = [f"the distance of Transformers' own {d} run" for d in low]
-    if any(dtypes[n] not in gates.LOW_PRECISION for n in judged):
+    if any(dtypes[n] == "float32" for n in judged):
         fl = gates.FLOORS["float32"]
         parts.append(f"the float32 floor (rel-L2 {fl['rel_l2']:g}, max|diff| {fl['max_abs']:g})")
     return " / ".join(parts)
@@ -456,6 +492,10 @@ def what_this_shows(result: dict, dtypes: dict[str, str]) -> str:
     who = "the lhs" if judged == ["lhs"] else "the lhs and the rhs"
     yard = _yardstick(dtypes, judged)
     wr = s["worst_ratio"]
+    c = result.get("kv_cost")
+    if c is not None and verdict != "PASS" and c["judged_verdict"] != verdict:
+        return _cost_shows(c, verdict, who, yard, dtypes)
+    cost_text = "" if c is None else " " + _cost_sentence(c, dtypes)
     if verdict == "PASS":
         kv_text = (" The new K/V every layer wrote at every step pass the same rule against Transformers' float32 "
                    "K/V." if kv.get("compared") else "")
@@ -464,15 +504,45 @@ def what_this_shows(result: dict, dtypes: dict[str, str]) -> str:
         return (f"On these fixed token paths, with these weights and settings, {who} computed logits whose distance "
                 f"to the float32 truth (Transformers float32) is within {gates.ROW_PASS:g}x {yard} on every row "
                 f"(worst {wr['value']:.2g}x) and within {gates.OVERALL_PASS:g}x overall, with the truth's top-1 "
-                f"wherever the truth's top-two margin is wide.{flips}{kv_text}")
+                f"wherever the truth's top-two margin is wide.{flips}{kv_text}{cost_text}")
     if verdict == "REVIEW":
         return (f"Not a pass: {who} is further from the float32 truth than {gates.ROW_PASS:g}x {yard} per row or "
                 f"{gates.OVERALL_PASS:g}x overall, but within the FAIL bound ({s['review']} of {s['rows']} rows "
                 f"REVIEW; first: {s['first_review']}). A person must decide whether this path lost precision "
-                f"before relying on it.")
+                f"before relying on it.{cost_text}")
     return (f"This path does not compute the model's logits within the noise of its dtype (the FAIL bound is "
             f"{gates.ROW_FAIL:g}x {yard} per row, {gates.OVERALL_FAIL:g}x overall, or a top-1 change against a wide "
             f"truth margin): {s['failed']} of {s['rows']} rows fail; first failure: {s['first_failure']}.")
+
+
+def _cost_sentence(c: dict, dtypes: dict[str, str]) -> str:
+    """The cost of FP8, as a PASS or REVIEW of the FP8 side may state it."""
+    base = dtypes.get("baseline", "model-dtype")
+    q = c["quantised"]
+    seen = ("; its distance shows that it quantised" if q["status"] == "PASS" else
+            f"; whether it quantised cannot be seen ({q['text']})" if q["status"] == "n/a" else "")
+    return (f"{c['text']}. The {base} baseline on the same paths is {c['baseline']['verdict']} against "
+            f"Transformers' own {base} run{seen}.")
+
+
+def _cost_shows(c: dict, verdict: str, who: str, yard: str, dtypes: dict[str, str]) -> str:
+    """The words of a REVIEW or FAIL that comes from the cost section, not from the FP8 side's own rows."""
+    own = {"PASS": f"{who}'s own rows are within {gates.ROW_PASS:g}x {yard}",
+           "REVIEW": f"{who}'s own rows need a look too (REVIEW against {yard})",
+           "FAIL": f"{who}'s own rows fail against {yard}"}[c["judged_verdict"]]
+    b, q = c["baseline"], c["quantised"]
+    if verdict == "FAIL":
+        if q["status"] == "FAIL":
+            return (f"The FP8 path does not compute what FP8 computes: {q['text']}. {c['text']}, against "
+                    f"Transformers' {c['reference_ratio']:.2f}x; {own}, but an engine that keeps more precision "
+                    "than it stores is not the FP8 KV cache it claims to be.")
+        return (f"The cost of FP8 cannot be stated: the {dtypes.get('baseline', 'model-dtype')} baseline (its "
+                f"denominator) fails against Transformers' own run ({b['failed']} of {b['rows']} rows; first: "
+                f"{b['first_problem']}); {own}.")
+    return (f"Not a pass: the {dtypes.get('baseline', 'model-dtype')} baseline (the denominator of FP8's cost) is "
+            f"REVIEW against Transformers' own run ({b['review']} of {b['rows']} rows; first: {b['first_problem']}), "
+            f"so the cost ({c['ratio']:.2f}x) is not yet a figure to rely on; {own}. A person must look at the "
+            "baseline's rows.")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -527,6 +597,22 @@ def rule_text(g: dict) -> str:
             f"{g['overall_fail_factor']:g}x")
 
 
+def cost_markdown(c: dict) -> list[str]:
+    """The fp8-kv suite's section: what FP8 costs in numbers."""
+    d, b, q = c["rel_l2"], c["baseline"], c["quantised"]
+    return ["", "## What FP8 costs in numbers", "", f"**{c['text']}.**", "",
+            "| path | pooled rel-L2 to the float32 truth |", "| --- | --- |",
+            f"| engine, FP8 KV cache (lhs) | {_fmt(d['fp8'])} |",
+            f"| engine, model-dtype pool (baseline) | {_fmt(d['baseline'])} |",
+            f"| Transformers, e4m3 K/V (reference) | {_fmt(d['reference_fp8'])} |",
+            f"| Transformers, model dtype (baseline's reference) | {_fmt(d['reference_plain'])} |", "",
+            f"- engine FP8 / model-dtype: **{c['ratio']:.3g}x**; Transformers: {c['reference_ratio']:.3g}x",
+            f"- baseline: **{b['verdict']}** (rows pass {b['passed']}, review {b['review']}, fail {b['failed']}, "
+            f"worst ratio {_fmt(b['worst_ratio'])}; {b['overall']['text']})"
+            + (f"; first: {b['first_problem']}" if b["first_problem"] else ""),
+            f"- quantised: **{q['status']}**: {q['text']}"]
+
+
 def markdown(result: dict) -> str:
     s, g = result["summary"], result["gate"]
     lines = [f"# logits-check {result['suite']}: **{result['verdict']}** (gate {g['rule']})", ""]
@@ -539,6 +625,9 @@ def markdown(result: dict) -> str:
         if "rhs" in judged:
             lines.append(_side_line("truth", result.get("truth")))
         lines.append(_side_line("reference", result.get("reference")))
+        if result.get("kv_cost") is not None:
+            lines += [_side_line("baseline (model-dtype pool, judged)", result.get("baseline")),
+                      _side_line("baseline's reference", result.get("baseline_reference"))]
     lines += [f"- evidence: {result.get('evidence')}; token path sha256 `{_fmt(result.get('token_path_sha256'))[:16]}`",
               f"- rule: {rule_text(g)}", ""]
     if g["rule"] == "fixed":
@@ -575,6 +664,8 @@ def markdown(result: dict) -> str:
         lines.append(f"- new K/V: not compared ({kv.get('reason')})")
     for note in result["notes"]:
         lines.append(f"- note: {note}")
+    if result.get("kv_cost") is not None:
+        lines += cost_markdown(result["kv_cost"])
     lines += ["", "## Worst rows", ""]
     if g["rule"] == "fixed":
         lines += ["| row | request | out | case | step | path | context | max abs | rel-L2 | top-1 lhs/rhs | status |",

@@ -4,8 +4,9 @@ a valid path of the same dtype is from that truth.
     truth      Transformers in float32 on the same device and token path (the model's function, as
                closely as we can compute it).
     reference  Transformers' own run in the judged path's dtype (bf16/fp16): what an accepted
-               implementation's rounding costs on each row. A float32 path has no reference; the float32
-               floor below stands in for it.
+               implementation's rounding costs on each row; for a path with an FP8 KV cache, Transformers with
+               its K/V round-tripped through e4m3 (labkit/logits/hf_fp8.py), at any dtype. A float32 path has
+               no reference; the float32 floor below stands in for it.
     distance   per row: rel-L2 ||x - t|| / ||t|| and max |x - t| against the truth t.
     noise      per row: the reference's distance to the truth, never below the dtype's floor.
     ratio      max(x rel-L2 / noise rel-L2, x max-abs / noise max-abs).
@@ -99,9 +100,10 @@ def pooled_rel(x: np.ndarray, t: np.ndarray) -> float:
 
 
 def noise(dtype: str, ref_rel, ref_abs):
-    """The allowance a path of `dtype` is measured against: the reference's distance, floored."""
+    """The allowance a path of `dtype` is measured against: the reference's distance, floored; the floor alone
+    without a reference (the caller passes one only to a path that needs it: labkit/logits/anchored.py)."""
     f = FLOORS.get(dtype, FLOORS["float32"])
-    if dtype not in LOW_PRECISION or ref_rel is None:
+    if ref_rel is None:
         return f["rel_l2"], f["max_abs"]
     return np.maximum(ref_rel, f["rel_l2"]), np.maximum(ref_abs, f["max_abs"])
 
@@ -155,7 +157,7 @@ def judge_side(x: np.ndarray, t: np.ndarray, dtype: str, ref: dict | None) -> li
 
 def judge_overall(x: np.ndarray, t: np.ndarray, dtype: str, reference: np.ndarray | None) -> dict:
     dist = pooled_rel(x, t)
-    ref = None if reference is None or dtype not in LOW_PRECISION else pooled_rel(reference, t)
+    ref = None if reference is None else pooled_rel(reference, t)
     n_rel, _ = noise(dtype, ref, None if ref is None else 0.0)
     n_rel = float(n_rel)
     ratio = dist / n_rel

@@ -37,6 +37,14 @@ kv (49 rows) - baseline's cases plus `decode17` (17 requests, 2 outputs each, ma
     a decode batch with no graph bucket) = 15 + 34 rows, and for every step the K and V each
     layer just wrote (read from the KV pool at that step's slot_mapping); compared engine vs
     engine (eager vs graph, or one attention backend against another).
+fp8-kv (277 rows) - the engine with kv_cache_dtype fp8 (engine/kv_quant.py), and the same engine with the
+    model-dtype pool on the same paths (what FP8 costs: the ratio of their distances to the truth):
+    baseline's cases                                                                          15 rows
+    long   a 64-id prompt, 256 outputs: 256 decode steps over 64..319 keys, all of them stored in
+           e4m3 (the error of every stored K/V stays in every later step); crosses into block 2   256 rows
+    prefix cold / hot / share as in the prefix suite: a hit reads e4m3 blocks another request wrote 6 rows
+    Transformers computes each request's rows in one causal forward over its whole path (the same
+    function as a recompute per row, which at 256 rows of ~300 ids would cost minutes on a CPU).
 
 Random prompt ids follow the trace cases' convention (numpy default_rng(seed), ids in
 [100, min(vocab, 10000))); continuation ids are drawn the same way from (suite seed, request key),
@@ -50,6 +58,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.config import KV_CACHE_DTYPES  # noqa: F401 - the choices, shared with the engine's Config
 from labkit.errors import LabkitError
 
 RANDOM_LOW = 100
@@ -65,6 +74,11 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "num_kvcache_blocks": 64,
     "gpu_memory_utilization": 0.5,
 }
+
+
+def is_fp8(kv_cache_dtype: str | None) -> bool:
+    """An FP8 KV cache (engine/kv_quant.py: "fp8" and its explicit name "fp8_e4m3")."""
+    return kv_cache_dtype in ("fp8", "fp8_e4m3")
 
 
 @dataclass(frozen=True)
@@ -109,6 +123,12 @@ class Suite:
     cases: tuple[Case, ...]
     reference: str            # what `run` compares the engine against: "hf", "tp" or "engine"
     record_kv: bool = False
+    # The engine side's KV cache dtype ("fp8": judged against Transformers with its K/V round-tripped through
+    # e4m3, and set beside the same engine with the model-dtype pool: labkit/logits/cost.py).
+    kv_cache_dtype: str = "auto"
+    # Transformers computes a request's rows in one causal forward over its whole path (logits at every row's
+    # position) instead of one forward per row: the same function, linear instead of quadratic in the rows.
+    hf_one_forward: bool = False
 
     @property
     def rows(self) -> int:
@@ -120,6 +140,7 @@ class Suite:
 
     def describe(self) -> dict:
         return {"name": self.name, "about": self.about, "reference": self.reference, "record_kv": self.record_kv,
+                "kv_cache_dtype": self.kv_cache_dtype, "hf_one_forward": self.hf_one_forward,
                 "expected_rows": self.rows,
                 "cases": [{"name": c.name, "about": c.about, "rows": c.rows, "engine": c.engine_kwargs(),
                            "requests": [r.to_dict() for r in c.requests]} for c in self.cases]}
@@ -177,6 +198,11 @@ _MIXED = (
          {"scheduling_policy": "mixed", "max_num_batched_tokens": 128}),
 )
 
+_LONG_DECODE = Case(
+    "long", "64-id prompt, 256 outputs: 256 decode steps over 64..319 stored keys, crossing into a second block",
+    (Request("long", {"random": 64, "seed": 41}, 256),),
+)
+
 SUITES: dict[str, Suite] = {
     "baseline": Suite("baseline", "full and chunked prefill, decode, a page crossing, uneven batches",
                       _baseline_cases(), "hf"),
@@ -188,9 +214,12 @@ SUITES: dict[str, Suite] = {
     "mixed": Suite("mixed", "decode rows and prefill chunks in one step (scheduling_policy mixed)", _MIXED, "hf"),
     "kv": Suite("kv", "baseline's inputs plus a 17-request decode; new K/V per layer per step, engine vs engine",
                 _baseline_cases() + (_graph_case(17, "decode17"),), "engine", record_kv=True),
+    "fp8-kv": Suite("fp8-kv", "kv_cache_dtype fp8 against Transformers with e4m3 K/V, beside the model-dtype pool: "
+                    "baseline's cases, 256 decode steps, a prefix hit",
+                    _baseline_cases() + (_LONG_DECODE, _PREFIX), "hf", kv_cache_dtype="fp8", hf_one_forward=True),
 }
 
-EXPECTED_ROWS = {"baseline": 15, "graph": 126, "prefix": 6, "tp": 15, "mixed": 27, "kv": 49}
+EXPECTED_ROWS = {"baseline": 15, "graph": 126, "prefix": 6, "tp": 15, "mixed": 27, "kv": 49, "fp8-kv": 277}
 
 
 def get_suite(name: str) -> Suite:

@@ -398,3 +398,74 @@ def policies_figure(runs: list[tuple[str, dict]], title: str):
 
 def policies_side_by_side(runs: list[tuple[str, dict]], title: str) -> bytes:
     return _png(policies_figure(runs, title))
+
+
+def speed_vs_distance_figure(points: list[tuple[str, float, float, float | None, float | None]], title: str):
+    """An optimisation that trades numbers for speed: each side's median output tok/s (bar: min to max of its
+    repeats) against its pooled rel-L2 distance to the float32 truth, an arrow from the first to the second.
+    Up is faster, right is further from the model's function; both axes start at 0 so ratios read true."""
+    fig, axes = _subplots(1, height=3.4, width=6.5)
+    ax = axes[0][0]
+    colors = ["#4c72b0", "#c44e52", "#55a868", "#8172b2"]
+    for (label, x, y, lo, hi), color in zip(points, colors):
+        err = None
+        if _num(lo) and _num(hi):
+            err = [[max(y - lo, 0.0)], [max(hi - y, 0.0)]]
+        ax.errorbar([x], [y], yerr=err, fmt="o", color=color, markersize=8, capsize=4, label=label)
+        ax.annotate(f"{y:,.0f} tok/s\nrel-L2 {x:.3g}", (x, y), textcoords="offset points", xytext=(8, -4),
+                    va="top")
+    if len(points) == 2:
+        (_, x0, y0, *_), (_, x1, y1, *_) = points
+        ax.annotate("", (x1, y1), (x0, y0), arrowprops={"arrowstyle": "->", "color": "#555555"})
+    xs = [p[1] for p in points]
+    ys = [p[4] if _num(p[4]) else p[2] for p in points]
+    ax.set_xlim(0, max(xs) * 1.45 if xs else 1)
+    ax.set_ylim(0, max(ys) * 1.25 if ys else 1)
+    ax.set_xlabel("pooled rel-L2 to the float32 truth (logits-check)")
+    ax.set_ylabel("output tok/s (bench, median)")
+    ax.yaxis.set_major_formatter("{x:,.0f}")
+    ax.legend(loc="lower right")
+    fig.suptitle(_wrapped(title, 80))
+    return fig
+
+
+def speed_vs_distance(points: list, title: str) -> bytes:
+    return _png(speed_vs_distance_figure(points, title))
+
+
+FAMILY_COLORS = {"attention_decode": "#c44e52", "attention_prefill": "#dd8452", "gemm": "#4c72b0",
+                 "norm_rope_act": "#55a868", "kv_write": "#8172b2", "sampler": "#937860", "copy_memset": "#da8bc3",
+                 "other": "#8c8c8c"}
+
+
+def layer_timelines_figure(panels: list[tuple[str, dict]], title: str):
+    """One decoder layer's kernels in time (bench --profile's layer_timeline), a row per side on one time axis:
+    each kernel a bar from its start for its duration, coloured by family and numbered in launch order; the white
+    between bars is time no kernel of the layer ran."""
+    from matplotlib.patches import Patch
+
+    fig, axes = _subplots(len(panels), height=1.9, width=9.0, sharex=True)
+    longest = max(t["span_us"] for _, t in panels)
+    seen: dict[str, str] = {}
+    for (label, t), row in zip(panels, axes):
+        ax = row[0]
+        for n, k in enumerate(t["kernels"]):
+            color = FAMILY_COLORS.get(k["family"], FAMILY_COLORS["other"])
+            seen.setdefault(k["family"], color)
+            ax.broken_barh([(k["start_us"], max(k["dur_us"], longest / 800))], (0.1, 0.8), facecolors=color,
+                           edgecolors="white", linewidth=0.3)
+            ax.text(k["start_us"] + k["dur_us"] / 2, 0.5, str(n), ha="center", va="center", fontsize=FONT_PT - 1.5,
+                    color="white")
+        ax.set_yticks([])
+        ax.set_xlim(0, longest * 1.02)
+        ax.set_title(f"{label}: {len(t['kernels'])} kernels in {t['span_us']:,.1f} us, busy {t['busy_us']:,.1f} "
+                     f"us, gaps {t['gap_us']:,.1f} us (decode step {t.get('step')}, repeats {t.get('repeats')}x)")
+    axes[-1][0].set_xlabel("us from the layer's first kernel")
+    axes[0][0].legend(handles=[Patch(color=c, label=f) for f, c in seen.items()], loc="upper left",
+                      bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(_wrapped(title, 90))
+    return fig
+
+
+def layer_timelines(panels: list[tuple[str, dict]], title: str) -> bytes:
+    return _png(layer_timelines_figure(panels, title))

@@ -43,6 +43,7 @@ class Lab:
     questions: list[str] = field(default_factory=list)
     producer: str | None = None
     gpus: int = 1            # GPUs its commands need
+    view: str | None = None   # a section of its own in the report (labkit/report/views.py)
 
 
 def lookup(data: Any, dotted: str) -> Any:
@@ -122,9 +123,20 @@ def parse(data: Any, source: str) -> list[Lab]:
         gpus = entry.get("gpus", 1)
         if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
             raise LabkitError(f"{where}: `gpus` must be a whole number of GPUs, at least 1")
-        labs.append(Lab(id=lab_id, title=_text(entry, "title", where), gpus=gpus,
+        view = _text(entry, "view", where, required=False)
+        slots = [_slot(r, where, j) for j, r in enumerate(results)]
+        if view is not None:
+            from labkit.report.views import VIEWS
+
+            if view not in VIEWS:
+                raise LabkitError(f"{where}: view must be one of {', '.join(VIEWS)}, not {view!r}")
+            lacking = [x for x in VIEWS[view].slots if x not in {slot.label for slot in slots}]
+            if lacking:
+                raise LabkitError(f"{where}: view {view} reads results labelled {', '.join(VIEWS[view].slots)}; "
+                                  f"none is labelled {', '.join(lacking)}")
+        labs.append(Lab(id=lab_id, title=_text(entry, "title", where), gpus=gpus, view=view,
                         command=_text(entry, "command", where), evidence=evidence,
-                        slots=[_slot(r, where, j) for j, r in enumerate(results)], questions=questions,
+                        slots=slots, questions=questions,
                         producer=_text(entry, "producer", where, required=False)))
     return labs
 

@@ -7,7 +7,7 @@ import base64
 import html
 from dataclasses import dataclass
 
-from labkit.report import figures
+from labkit.report import figures, views
 from labkit.report.results import SECTIONS, Gathered, Result
 from labkit.report.status import LabStatus
 
@@ -173,6 +173,10 @@ def markdown(title: str, statuses: list[LabStatus], gathered: Gathered, caveats:
     lines += ["## Labs", ""] + _md_table(["lab", "verdict", "evidence", "headline", "commit", "device", "note"], [
         [s.lab.id, s.verdict, _evidence_text(s), _cell(_headline(s)), s.commits(), _cell(s.devices()), s.note]
         for s in statuses])
+    for v in views.build(statuses):
+        lines += [f"## {v.lab}: {v.title}", "", f"**{v.headline}**", ""]
+        lines += _md_table(v.head, [[_cell(c) for c in row] for row in v.rows])
+        lines += [f"- {_cell(x)}" for x in v.lines] + ["", f"Picture ({v.picture_title}): in report.html.", ""]
     if gathered.unreadable:
         lines += ["## UNREADABLE", ""] + _md_table(["file", "reason"], [[f"`{f}`", _cell(why)]
                                                                          for f, why in gathered.unreadable])
@@ -236,6 +240,16 @@ def page(title: str, statuses: list[LabStatus], gathered: Gathered, caveats: lis
     parts.append(_table(["lab", "verdict", "evidence", "headline", "commit", "device", "note"], [
         [f"{e(s.lab.id)}<br><small>{e(s.lab.title)}</small>", _v(s.verdict), e(_evidence_text(s)), e(_headline(s)),
          e(s.commits()), e(s.devices()), e(s.note)] for s in statuses]))
+    for v in views.build(statuses, draw=figures_note is None):
+        parts.append(f"<h2>{e(v.lab)}: {e(v.title)}</h2><p><b>{e(v.headline)}</b></p>")
+        parts.append(_table(v.head, [[e(c) for c in row] for row in v.rows]))
+        parts.append("<ul>" + "".join(f"<li>{e(x)}</li>" for x in v.lines) + "</ul>" if v.lines else "")
+        if v.png is not None:
+            data = base64.b64encode(v.png).decode("ascii")
+            parts.append(f'<figure><img alt="{e(v.picture_title)}" src="data:image/png;base64,{data}">'
+                         f"<figcaption>{e(v.lab)}: {e(v.picture_title)}</figcaption></figure>")
+        else:
+            parts.append(f"<p>{e(v.picture_title)}: no picture ({e(v.note)})</p>")
     if gathered.unreadable:
         parts.append("<h2>UNREADABLE</h2>")
         parts.append(_table(["file", "reason"], [[f"<code>{e(f)}</code>", e(why)] for f, why in gathered.unreadable]))

@@ -12,8 +12,9 @@ project's case files, which a trace is re-validated against by name).
    list.
 2. Every trace's event log is validated again against its case (`labkit trace check LOG --case NAME`): the
    verdict must be the one its check.json states.
-3. Every logits check is judged again from the two collections' arrays (`labkit logits-check compare`) with
-   the thresholds it recorded: verdict, row statuses and worst distances must be the ones it states.
+3. Every logits check is judged again from its collections' arrays (`labkit logits-check compare`) with
+   the thresholds it recorded: verdict, row statuses and worst distances (and an fp8-kv check's cost of FP8)
+   must be the ones it states.
 
 Exit 0 when all of it holds, 1 naming the first file that differs (every difference is printed), 2 when the
 archive is not there.
@@ -285,14 +286,15 @@ def _rejudge_logits(base: Path, runs_root: str | None, tmp: Path, v: Verificatio
 
     for path, d in _results(base, "logits-check compare"):
         name = path.relative_to(base).as_posix()
-        names = ["lhs", "rhs"] + [s for s in ("truth", "reference") if _dict(d.get(s)).get("prefix")]
+        names = ["lhs", "rhs"] + [s for s in ("truth", "reference", "baseline", "baseline_reference")
+                                  if _dict(d.get(s)).get("prefix")]
         sides = [_collection(base, runs_root, path, _dict(d.get(s)).get("prefix")) for s in names]
         if None in sides:
             v.differ(name, "its logits collections (PREFIX.json + .npz) are not in the archive: cannot re-judge")
             continue
         args = ["compare", "--out", str(tmp / f"logits-{v.logits}.json")]
         for side, prefix in zip(names, sides):
-            args += [f"--{side}", str(prefix)]
+            args += [f"--{side.replace('_', '-')}", str(prefix)]
         th = _dict(d.get("thresholds"))
         if _dict(d.get("gate")).get("rule") == "fixed":
             # The same gate, and the thresholds the user gave (defaults are re-derived from the dtype).
@@ -314,8 +316,12 @@ def _rejudge_logits(base: Path, runs_root: str | None, tmp: Path, v: Verificatio
         elif _row_verdicts(again) != _row_verdicts(d):
             v.differ(name, "re-judged from its arrays: row statuses differ from the file's")
         else:
-            for key in ("worst_max_abs", "worst_rel_l2"):
-                a, b = _dict(again_s.get(key)).get("value"), _dict(stated_s.get(key)).get("value")
+            pairs = [(key, _dict(again_s.get(key)).get("value"), _dict(stated_s.get(key)).get("value"))
+                     for key in ("worst_max_abs", "worst_rel_l2")]
+            if "kv_cost" in d:  # the fp8-kv suite's cost of FP8
+                pairs.append(("kv_cost.ratio", _dict(again.get("kv_cost")).get("ratio"),
+                              _dict(d["kv_cost"]).get("ratio")))
+            for key, a, b in pairs:
                 if not _close(a, b):
                     v.differ(name, f"re-judged from its arrays: {key} {a}, the file says {b}")
                     break
