@@ -8,6 +8,11 @@ Rules, as nano-vLLM bb823b3 has them:
 - the prefix lookup skips a sequence's last logical block, so at least one token is always computed;
 - a freed block keeps its hash and KV until it is handed out again: a later lookup may revive it;
 - handing a block out for new content drops its old hash mapping.
+
+With `events` set to a list (LLMEngine.enable_kv_events), every change to the set of hashes the prefix cache
+can find is appended to it as ("stored", hash, parent hash or None, token ids) or ("removed", hash): replayed
+in order they rebuild `hash_to_block_id`'s keys exactly (what a prefix-aware router mirrors). None: nothing
+is recorded (one `is None` test per registered block).
 """
 from __future__ import annotations
 
@@ -51,6 +56,7 @@ class BlockManager:
         # Prefix cache statistics, in tokens, over every first-time allocation (vLLM's queries / hits).
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.events: list | None = None
 
     @staticmethod
     def compute_hash(token_ids: list[int], prefix: int = -1) -> int:
@@ -69,6 +75,8 @@ class BlockManager:
         assert block.ref_count == 0
         if block.hash != -1 and self.hash_to_block_id.get(block.hash) == block_id:
             del self.hash_to_block_id[block.hash]
+            if self.events is not None:
+                self.events.append(("removed", block.hash))
         block.reset()
         self.free_block_ids.remove(block_id)
         self.used_block_ids.add(block_id)
@@ -153,10 +161,13 @@ class BlockManager:
         for i in range(start, end):
             block = self.blocks[seq.block_table[i]]
             token_ids = seq.block(i)
-            h = self.compute_hash(token_ids, h)
+            parent, h = h, self.compute_hash(token_ids, h)
             block.update(h, token_ids)
-            seq.flight.hash_undo.append((block.block_id, h, self.hash_to_block_id.get(h)))
+            previous = self.hash_to_block_id.get(h)
+            seq.flight.hash_undo.append((block.block_id, h, previous))
             self.hash_to_block_id[h] = block.block_id
+            if previous is None and self.events is not None:
+                self.events.append(("stored", h, None if parent == -1 else parent, token_ids))
         seq.num_hashed_blocks = end
 
     def unhash(self, seq: Sequence, start: int):
@@ -167,6 +178,8 @@ class BlockManager:
             if self.hash_to_block_id.get(h) == block_id:
                 if previous is None:
                     del self.hash_to_block_id[h]
+                    if self.events is not None:
+                        self.events.append(("removed", h))
                 else:
                     self.hash_to_block_id[h] = previous
             block = self.blocks[block_id]

@@ -194,6 +194,18 @@ class LLMEngine:
             self.events.aborted(seq)
         return done
 
+    def enable_kv_events(self) -> None:
+        """Record every change to the prefix cache's set of block hashes from now on (take_kv_events reads them):
+        what a prefix-aware router needs to mirror this engine's cache. Call it before the first request (a
+        mirror starts from an empty cache)."""
+        self.scheduler.record_kv_events()
+
+    def take_kv_events(self) -> list[tuple]:
+        """The prefix cache's changes since the last call, in order: ("stored", block hash, parent block hash or
+        None, the block's token ids) when a hash becomes findable, ("removed", block hash) when it no longer is.
+        Empty unless enable_kv_events was called."""
+        return self.scheduler.take_kv_events()
+
     def get_sequence(self, seq_id: int) -> Sequence:
         return self._seqs[seq_id]
 

@@ -277,6 +277,24 @@ class Scheduler:
             self.waiting.remove(seq)
         self._finish(seq, "error", later_rows=0)
 
+    # --- the prefix cache's changes, for a router that mirrors it (LLMEngine.enable_kv_events) ----------
+    def record_kv_events(self) -> None:
+        """From now on the block manager records every change to the set of hashes the prefix cache can find."""
+        bm = self.block_manager
+        if bm.hash_to_block_id:
+            raise ValueError("kv events: enable them before the first request (the prefix cache is not empty)")
+        if bm.events is None:
+            bm.events = []
+
+    def take_kv_events(self) -> list[tuple]:
+        """The changes recorded since the last call, in order (none unless record_kv_events was called)."""
+        bm = self.block_manager
+        events = bm.events
+        if not events:
+            return []
+        bm.events = []
+        return events
+
     # --- what it holds, read-only --------------------------------------------------------------------
     def snapshot(self, plan: BatchPlan | None = None) -> SchedulerSnapshot:
         """The queues, the pool and the prefix-cache counts now; with `plan` (in flight, or the last committed),

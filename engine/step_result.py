@@ -47,6 +47,11 @@ class StepResult:
     # Prefix cache over this step's first-time block allocations, in tokens (vLLM's queries / hits).
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # Rows [0, num_decodes) are decodes (one token each), the rest prefill rows (a chunk or a whole prompt);
+    # starts: each row's first position computed now, i.e. the KV tokens it read that earlier steps (or the
+    # prefix cache) wrote. What a per-step record (ForwardPassMetrics) reports of the batch.
+    num_decodes: int = 0
+    starts: list[int] = dataclasses.field(default_factory=list)
 
     @classmethod
     def of(cls, n: int, plan, inputs, tokens: list, reasons: list, after, prefix: tuple[int, int]) -> "StepResult":
@@ -56,7 +61,7 @@ class StepResult:
                   for s, k, t, r, ok in zip(plan.starts, plan.num_new, tokens, reasons, plan.samples)]
         return cls(n, plan.phase, plan.seq_ids, plan.request_ids, plan.num_new, cached,
                    [t + (tok is not None) for t, tok in zip(plan.num_tokens, tokens)], tokens, reasons,
-                   plan.preempted, inputs, *after.queues, after.num_blocks, *prefix)
+                   plan.preempted, inputs, *after.queues, after.num_blocks, *prefix, plan.num_decodes, plan.starts)
 
     @property
     def batch_size(self) -> int:

@@ -38,6 +38,8 @@ COMMANDS = {
                                           "and B/A comparisons."),
     "logits-check": ("labkit.logits.command:app", "Teacher-forced logits of the engine against Transformers."),
     "serve": ("labkit.serve.command:app", "Serve the engine over OpenAI-shaped HTTP; `serve client` sends a request."),
+    "watch": ("labkit.watch:run", "Watch a running server step by step (serve --step-stream): a live view in 80 "
+                                  "columns."),
     "report": ("labkit.report.command:app", "Every lab of the plan with its verdict: report.md/.html, manifest, "
                                             "archive; `verify` re-checks one."),
     "patch": ("labkit.patch:app", "List, apply and revert the experiment and fault patches in patches/."),

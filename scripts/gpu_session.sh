@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
-#   bash scripts/gpu_session.sh [labs|evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan|bar20|cells|final20|startup|startup+cells|trees|capture-profile]
+#   bash scripts/gpu_session.sh [labs|evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan|bar20|cells|final20|startup|startup+cells|trees|capture-profile|issue34]
 # labs:     the lab plan (workloads/labs.yaml) as a person runs it, every lab's own commands into one runs folder
 #           ($OUT/runs), then `labkit report` over it (scripts/run_lab_plan.py). LABS_SKIP="a,b" leaves labs out
 #           (bench-hf: the Transformers baseline, ~5 minutes alone), LABS_ONLY="a,b" runs only those. Back in
@@ -33,6 +33,13 @@
 # trees:    a bisect in one call: TREES="dir ..." (each a `git archive` of one commit, carried), TREE_BENCH (default
 #           batch1) from each in turn, ROUNDS times, the order reversed every other round (docs/perf.md, session 9).
 # capture-profile: py-spy over `bench --workload nano`'s init (raw stacks: where start-up and graph capture go).
+# issue34:  issue 34's GPU bar and serve's default policy by measurement, one call (~7.5 minutes on an H200):
+#           A. nano at rate inf on a fresh server with --step-stream (+ a ZeroMQ subscriber), --kv-events (+ a
+#              subscriber) and a `labkit watch` client attached, against the same server without them, interleaved,
+#              3 rounds (workload seed 4-6, one per round); B. `trace --url` over nano at rate 16 under mixed
+#              (serve --live-trace); C. each policy at the default budget on a fresh server: rates 16, 32, inf (same
+#              prompts for every policy: workload and arrival seed 1, 2, 3), /metrics scraped around every load.
+#              scripts/issue34_summary.py writes logs/issue34-summary.md (every check, the rule of Deliver 7).
 # Logs and JSON go to $OUT (the device tool's output folder).
 set -u
 cd "$(dirname "$0")/.."
@@ -178,6 +185,15 @@ if [ "$what" = tp-perf ]; then
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv > $OUT/logs/memory-replicas.csv
   curl -s localhost:8101/health > $OUT/logs/health-replica0.json; curl -s localhost:8102/health > $OUT/logs/health-replica1.json
   loads replicas --endpoints http://127.0.0.1:8101,http://127.0.0.1:8102
+  if command -v vllm-router > /dev/null; then   # the same replicas behind a real router (issue 34), if it is installed
+    vllm-router --host 127.0.0.1 --port 8180 --prometheus-port 29180 --worker-urls http://127.0.0.1:8101 \
+      http://127.0.0.1:8102 --policy cache_aware --worker-startup-check-interval 1 > $OUT/logs/router.log 2>&1 & rt=$!
+    for _ in $(seq 60); do curl -sf localhost:8180/health > /dev/null && break; sleep 1; done
+    loads router --url http://127.0.0.1:8180 --behind http://127.0.0.1:8101,http://127.0.0.1:8102
+    kill -TERM $rt; wait $rt
+  else
+    echo "vllm-router not installed: no load through a router" > $OUT/logs/router.log
+  fi
   kill -TERM $r0 $r1; wait $r0 $r1
   serve --port 8103 --tensor-parallel-size 2 > $OUT/logs/serve-tp2.log 2>&1 & t2=$!
   healthy 8103
@@ -455,6 +471,74 @@ if [ "$what" = slow-state ]; then
     wait $pyspy
   done
   kill -TERM $spid; wait $spid; echo "serve exit code $?" >> $OUT/logs/serve.log
+fi
+if [ "$what" = issue34 ]; then
+  pack() { python3 scripts/issue34_summary.py $OUT/logs > $OUT/logs/issue34-summary.md 2>&1
+    tar czf ${PACK_TO:-$OUT}/reports.tgz -C $OUT --exclude='*.jsonl' --exclude='*.npz' --exclude='*.tsv' \
+      --exclude='*.perfetto.json*' logs runs 2>/dev/null; }
+  mkdir -p $OUT/runs
+  for i in 1 2 3 4 5 6 9; do sed "s/^seed: 0/seed: $i/" workloads/bench/nano.yaml > /tmp/nano-seed$i.yaml; done
+  port=8900
+  start() {  # NAME FLAGS...: a fresh server on the next port; sets $url, $spid; logs its /health time
+    local name=$1; shift; port=$((port + 1)); url=http://127.0.0.1:$port
+    python3 -m labkit serve --model $M --device cuda --port $port --log-level warning --log-stats-interval 0 "$@" \
+      > $OUT/logs/serve-$name.log 2>&1 &
+    spid=$!; local t0; t0=$(date +%s.%N)
+    for _ in $(seq 600); do curl -sf $url/health > /dev/null && break; sleep 0.2; done
+    echo "$name: /health after $(awk "BEGIN{print $(date +%s.%N) - $t0}") s" >> $OUT/logs/startup.txt
+    # warm-up (compile caches, first graph replays) with its own prompts, before anything is counted
+    step 60 python3 -m labkit bench load --workload /tmp/nano-seed9.yaml --num-requests 16 --rate inf --seed 9 \
+      --url $url --no-warmup --out $OUT/logs/warm-$name.json
+  }
+  load() {  # NAME SEED RATE: a timed load, /metrics scraped before and after
+    curl -s $url/metrics > $OUT/logs/metrics-$1-before.txt
+    step 150 python3 -m labkit bench load --workload /tmp/nano-seed$2.yaml --rate $3 --seed $2 --url $url \
+      --no-warmup --out $OUT/logs/load-$1.json
+    curl -s $url/metrics > $OUT/logs/metrics-$1-after.txt
+  }
+  stop() { kill -TERM $spid; wait $spid; echo "$1 exit $?" >> $OUT/logs/startup.txt; }
+  # A. the streams' cost at rate inf: with (step stream + its ZeroMQ subscriber, KV events + a subscriber, a watch
+  # client) against without, interleaved.
+  for round in 1 2 3; do
+    seed=$((round + 3))
+    for cond in plain streams; do
+      if [ $cond = streams ]; then
+        start streams-r$round --step-stream --step-stream-zmq tcp://127.0.0.1:5560 --kv-events tcp://127.0.0.1:5557
+        python3 scripts/zmq_tap.py tcp://127.0.0.1:5560 tcp://127.0.0.1:5557 --seconds 60 \
+          --out $OUT/logs/taps-r$round.json > $OUT/logs/taps-r$round.log 2>&1 & tap=$!
+        python3 -m labkit watch $url --seconds 60 --json > $OUT/logs/watch-r$round.json 2> $OUT/logs/watch-r$round.log & w=$!
+        sleep 1
+      else
+        start plain-r$round
+      fi
+      load overhead-$cond-r$round $seed inf
+      [ $cond = streams ] && { kill -INT $w $tap; wait $w $tap; curl -s $url/health > $OUT/logs/health-streams-r$round.json; }
+      stop $cond-r$round
+    done
+    pack
+  done
+  # B. trace --url over nano at rate 16 under mixed, the window in the middle of the load
+  start live-mixed --policy mixed --live-trace
+  load live-mixed-rate16 1 16 & lp=$!
+  sleep 6
+  step 200 python3 -m labkit trace --url $url --seconds 8 -q --out $OUT/runs/trace-live-mixed
+  wait $lp
+  stop live-mixed
+  pack
+  # C. serve's policies at the default budget, a fresh server each, the same prompts (seed 1, 2, 3 at rates 16, 32,
+  # inf), with vLLM's per-iteration line for the record
+  for policy in prefill_first balanced mixed; do
+    start policy-$policy --policy $policy
+    load policy-$policy-rate16 1 16
+    load policy-$policy-rate32 2 32
+    load policy-$policy-rateinf 3 inf
+    stop policy-$policy
+    pack
+  done
+  # (not the archive below: the per-request logs would take it past what a device call returns)
+  rm -rf $OUT/logs $OUT/runs
+  echo "done: $OUT/reports.tgz (logs/issue34-summary.md first)"
+  exit 0
 fi
 if [ -f $OUT/bench-nano-hf.json ] && [ -f $OUT/bench-nano-graph.json ]; then
   step 30 python3 -m labkit bench compare $OUT/bench-nano-hf.json $OUT/bench-nano-graph.json --variable backend --out $OUT/compare-backend.json

@@ -815,7 +815,7 @@ def test_core_streams_each_request_its_tokens_once_per_step(core):
     for rid in ("a", "b"):
         mine = [r for r in rows if r[0] == rid]
         assert len(mine) == 3 and [r[2] for r in mine] == [None, None, "length"]
-    assert sorted(r for m in msgs for r, _ in m[1]["queued"]) == ["a", "b"]
+    assert sorted(q[0] for m in msgs for q in m[1]["queued"]) == ["a", "b"]
     assert not core.live and not core.llm._seqs  # finished requests are forgotten
 
 

@@ -79,6 +79,9 @@ def load(
     endpoints: Optional[str] = typer.Option(None, "--endpoints",
                                             help="Several running servers, URL,URL,...: arrivals go round-robin "
                                                  "in arrival order (replicas of one model)."),
+    behind: Optional[str] = typer.Option(None, "--behind", help="With --url naming a router (vllm-router, "
+                                         "sglang-router): the labkit servers behind it, URL,URL,...; their /health "
+                                         "gives the run's device, model and vocabulary, which a router's does not."),
     allow_mixed: bool = typer.Option(False, "--allow-mixed",
                                      help="Accept --endpoints that serve different models (config_sha256)."),
     model: ModelOption = None,
@@ -152,7 +155,13 @@ def load(
             server = _start_server(model_dir, device, max_queue, len(reqs), engine_args,
                                    json_path.with_suffix(".server.log"), startup_timeout, console)
             urls = [server.url]
-        prov = L.server_provenance([(u, L.server_info(u)) for u in urls], allow_mixed)
+        if behind is not None and url is None:
+            raise LabkitError("--behind: the servers behind a router given with --url")
+        replicas = _endpoint_list(None, behind) if behind is not None else urls
+        prov = L.server_provenance([(u, L.server_info(u)) for u in replicas], allow_mixed)
+        if behind is None and url is not None and not prov["servers"][0]["health"].get("vocab_size"):
+            console.print(f"warning: {url}/health does not say its model (a router?): give --behind with the "
+                          "servers behind it, or prompts may fall outside their vocabulary", style="yellow")
         for u in prov["unverified_model"]:
             console.print(f"warning: {u}/health names no config_sha256: its model could not be compared",
                           style="yellow")
@@ -183,7 +192,8 @@ def load(
               # what was asked: how long the warm-up took is a measurement (result["warmup"]), and a measured
               # figure here would make two runs' configs differ by chance
               "warmup": None if warmed is None else {"requests": warmed["requests"]},
-              "server": ({"url": urls[0]} if url is not None else {"endpoints": urls} if endpoints is not None
+              "server": ({"url": urls[0], **({"behind": replicas} if behind is not None else {})} if url is not None
+                         else {"endpoints": urls} if endpoints is not None
                          else {"started": True, **{k: v for k, v in server_args.items() if v is not None}})}
     # The client's share of the run: CPU seconds near the wall time mean the client, not the server, set the pace.
     client_info = {"library": client_lib, "version": dist_version(client_lib), "cpu_s": cpu_s, "wall_s": wall_s,

@@ -74,6 +74,8 @@ def pictures(gathered: Gathered, statuses: list[LabStatus] | None = None) -> tup
 
 
 def _pictures_of(r: Result) -> list[Picture]:
+    if r.command == "trace" and r.data.get("live") is True:
+        return []   # a window of a running server: hundreds of requests, no timeline a page can hold
     if r.command == "trace":
         title = f"trace {r.data.get('case')} ({r.rel})"
         if "events" not in r.attached:

@@ -162,6 +162,22 @@ def _trace(d: dict) -> tuple[str, str]:
     return verdict, text[:240]
 
 
+def _live_trace(d: dict) -> tuple[str, str]:
+    """A window of a running server's engine steps (labkit trace --url): judged by every invariant."""
+    rep = d.get("report") or {}
+    verdict = _carried(d) or _from_passed(d)
+    counts = rep.get("counts") or {}
+    ran = sum(c.get("passed", 0) + c.get("failed", 0) for k, c in counts.items() if k in ("invariant", "policy"))
+    failed = sum(c.get("failed", 0) for k, c in counts.items() if k in ("invariant", "policy"))
+    text = (f"{d.get('url')}: steps {d.get('first_step')}-{d.get('last_step')} ({d.get('steps')}) over "
+            f"{d.get('seconds')} s, policy {d.get('policy')}, tp {d.get('tp')}, {d.get('live_at_open')} requests live "
+            f"at the start; {ran - failed}/{ran} invariant checks hold")
+    first = rep.get("first_failure") or {}
+    if first:
+        text += f"; first failure at step {first.get('step')}: {first.get('message', '')}"
+    return verdict, text[:240]
+
+
 def _changed_trace(head: str, rep: dict) -> str:
     """A CHANGED trace: its missed expectations are a diff, not failures; what made it an experiment; and, for an
     engine edit, how to judge it strictly. Only the reason is shortened to fit, never that sentence."""
@@ -258,6 +274,7 @@ def _other(d: dict) -> tuple[str, str]:
 # command prefix -> (section title, summariser); the first matching prefix wins.
 KINDS: list[tuple[str, str, Callable[[dict], tuple[str, str]]]] = [
     ("principles", "Principles", _principles),
+    ("trace live", "Live traces (trace --url)", _live_trace),   # (a trace result with live: true)
     ("trace check", "Trace replays", _trace),
     ("trace", "Traced cases", _trace),
     ("logits-check compare", "Logits checks", _logits),
@@ -288,7 +305,7 @@ def summarise(path: Path, rel: str, d: dict) -> Result:
     evidence = d.get("evidence")
     if evidence not in EVIDENCE_KINDS:
         raise Unreadable(f"evidence {evidence!r} is not one of {', '.join(EVIDENCE_KINDS)}")
-    kind, fn = _kind(command)
+    kind, fn = _kind("trace live" if command == "trace" and d.get("live") is True else command)
     try:
         verdict, headline = fn(d)
     except Unreadable:

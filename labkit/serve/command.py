@@ -64,6 +64,13 @@ def _need_serve_packages() -> None:
         raise LabkitError(f"labkit serve needs {', '.join(missing)}: pip install 'labkit[serve]'", 2)
 
 
+def check_endpoint(option: str, endpoint: str) -> str:
+    """A ZeroMQ endpoint a socket may bind: tcp://HOST:PORT or ipc://PATH."""
+    if not (endpoint.startswith("tcp://") and ":" in endpoint[6:]) and not endpoint.startswith("ipc://"):
+        raise LabkitError(f"{option} {endpoint}: expected tcp://HOST:PORT or ipc://PATH", 2)
+    return endpoint
+
+
 def listen_socket(host: str, port: int) -> socket.socket:
     """The server's listening socket, bound and listening now, before the engine loads, and handed to uvicorn
     later: a port checked and released would be free for anyone to take until uvicorn binds it. Connections
@@ -119,6 +126,31 @@ def serve(
                                              "once."),
     access_log: bool = typer.Option(False, "--access-log", help="Log one line per HTTP request (uvicorn's "
                                     "access log)."),
+    log_iteration_details: bool = typer.Option(False, "--log-iteration-details", help="Log one line per engine "
+                                               "step, as vLLM's --enable-logging-iteration-details does: context "
+                                               "(prefill) and generation (decode) requests and tokens, the step's "
+                                               "time, KV cache usage."),
+    step_stream: bool = typer.Option(False, "--step-stream", help="Publish one record per engine step "
+                                     "(ForwardPassMetrics' fields and labkit's: rows, KV, preemptions) and serve it "
+                                     "as server-sent events at /v1/steps, with the live page at /live and "
+                                     "`labkit watch`. Off: costs nothing."),
+    step_stream_zmq: Optional[str] = typer.Option(None, "--step-stream-zmq", metavar="ENDPOINT",
+                                                  help="Also publish the step records on a ZeroMQ PUB socket bound "
+                                                       "here (msgpack; e.g. tcp://127.0.0.1:5560); implies "
+                                                       "--step-stream."),
+    vllm_metric_names: bool = typer.Option(False, "--vllm-metric-names", help="/metrics also exports every family "
+                                           "under vLLM's names (vllm:num_requests_running, ...) beside labkit:'s, "
+                                           "for routers and dashboards that read vLLM's."),
+    live_trace: bool = typer.Option(False, "--live-trace", help="Run the engine with a tracer whose windows "
+                                    "`labkit trace --url URL --seconds N` records and validates (GET /v1/trace). "
+                                    "Costs the tracer's work on every step; not with --trace."),
+    kv_events: Optional[str] = typer.Option(None, "--kv-events", metavar="ENDPOINT",
+                                            help="Publish the prefix cache's changes in vLLM's KV-event schema "
+                                                 "(BlockStored, BlockRemoved, AllBlocksCleared; msgpack batches on "
+                                                 "a ZeroMQ PUB socket bound here, e.g. tcp://127.0.0.1:5557) for a "
+                                                 "prefix-aware router. Off: costs nothing."),
+    kv_events_topic: str = typer.Option("", "--kv-events-topic", help="The KV events' ZeroMQ topic (vLLM's "
+                                        "default: none)."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name",
                                                     help="Model name in the API (default: the folder name)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
@@ -147,6 +179,12 @@ def serve(
     dev = resolve_device(device)
     engine_args = EngineArgs.given(ctx, device=dev)
     tp = engine_args.tensor_parallel_size or 1
+    streams = None
+    if step_stream or step_stream_zmq:
+        streams = [check_endpoint("--step-stream-zmq", step_stream_zmq)] if step_stream_zmq else []
+    kv_endpoint = check_endpoint("--kv-events", kv_events) if kv_events else None
+    if live_trace and trace is not None:
+        raise LabkitError("--live-trace and --trace: give one (each is the engine's tracer)", 2)
     sock = listen_socket(host, port)
 
     import asyncio
@@ -172,7 +210,11 @@ def serve(
         code = asyncio.run(serve_async(str(model_dir), engine_args, settings, sock=sock, max_queue=max_queue,
                                        drain_s=drain_timeout, log_level=log_level, trace_path=trace,
                                        engine_timeout_s=engine_timeout, stats_interval_s=log_stats_interval,
-                                       access_log=access_log, on_ready=ready))
+                                       access_log=access_log, log_iterations=log_iteration_details,
+                                       step_stream=streams, worker_id=f"{host}:{port}",
+                                       kv_events=kv_endpoint,
+                                       kv_events_topic=kv_events_topic, live_trace=live_trace,
+                                       vllm_metric_names=vllm_metric_names, on_ready=ready))
     finally:
         sock.close()
     if code == 2:

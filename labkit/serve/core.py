@@ -10,10 +10,13 @@ PUSH/PULL sockets on ipc:// paths in a private folder, one msgpack message at a 
     core -> frontend   ["ready", info]                 info: limits, device, model, tp (see EngineCore.info)
                        ["start_failed", message]
                        ["step", step]                  once per engine step, for every request at once:
-                           {"n": step number, "phase": "prefill"|"decode", "batch": sequences,
-                            "tokens": tokens computed, "wall_s": seconds,
+                           {"n": step number, "phase": "prefill"|"decode"|"mixed", "batch": sequences,
+                            "tokens": tokens computed, "prefill": [prefill rows, their tokens] (the rest are
+                            decode rows, one token each), "wall_s": seconds,
                             "out": [[request_id, token_id|None, finish_reason|None], ...]  (only rows with news),
-                            "queued": [[request_id, seconds waited before its first schedule], ...],
+                            "queued": [[request_id, seconds waited before its first schedule, prompt tokens],
+                                       ...]  (each request once, in the step that first schedules any of it:
+                                       a prefill step, or a mixed step's prefill rows),
                             "stats": [waiting, running, free_blocks, total_blocks, preempted,
                                       prefix_queries, prefix_hits],
                             "ahead": [steps launched while the one before ran, rows wasted on sequences
@@ -41,6 +44,7 @@ import traceback
 from engine import LLM, SamplingParams
 from engine.step_result import StepFailed
 from labkit.engine_args import EngineArgs
+from labkit.serve.step_stream import STEP_TOPIC, QueueBook, step_record
 
 IDLE_POLL_MS = 100
 # A file to append one JSON line per engine step to (the step message without its token rows, plus the
@@ -53,10 +57,25 @@ class EngineCore:
     """The loop body, free of sockets (tests drive it in-process): `handle(msg)` for each incoming
     message, then `step()` while `has_work`; both return the messages to send."""
 
-    def __init__(self, llm: LLM):
+    def __init__(self, llm: LLM, publisher=None, worker_id: str = "", kv_events=None, live_trace=None,
+                 step_records: bool = True):
         self.llm = llm
+        # --live-trace: the engine's tracer (live_trace.LiveTracer), whose windows `labkit trace --url` records
+        self.live_trace = live_trace
+        # --kv-events: the prefix cache's changes go out after each step in vLLM's schema (kv_events.py)
+        self.kv_events = kv_events
+        if kv_events is not None:
+            llm.enable_kv_events()
+            kv_events.block_size = llm.config.kvcache_block_size
+            kv_events.cleared()
+        # --step-stream: each step's record (step_stream.py) goes out on this PUB socket; None costs nothing.
+        self.publisher = publisher if step_records else None
+        self.worker_id = worker_id
+        self.queue = QueueBook() if self.publisher is not None else None
         self.live: dict[str, int] = {}          # request_id -> seq_id
-        self.unscheduled: dict[str, float] = {}  # request_id -> monotonic time it was added
+        # seq_id -> (request_id, monotonic time it was added, prompt tokens) until a step first schedules it (keyed
+        # by seq_id: a request_id may come back once its first request has finished)
+        self.unscheduled: dict[int, tuple[str, float, int]] = {}
         self.stopping = False
         self._ahead_seen = (0, 0)               # async scheduling's steps ahead / wasted rows already reported
 
@@ -90,6 +109,11 @@ class EngineCore:
         if kind == "abort":
             for rid in msg[1]:
                 self._abort(rid)
+            if self.kv_events is not None:
+                self.kv_events.publish(self.llm.take_kv_events())
+            return []
+        if kind == "trace" and self.live_trace is not None:   # ["trace", "open"|"close", token]
+            (self.live_trace.open if msg[1] == "open" else self.live_trace.close)(msg[2])
             return []
         if kind == "stop":
             self.stopping = True
@@ -107,15 +131,24 @@ class EngineCore:
             msg = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
             return [["rejected", rid, msg]]
         self.live[rid] = seq_id
-        self.unscheduled[rid] = time.monotonic()
+        self.unscheduled[seq_id] = (rid, time.monotonic(), len(prompt_ids))
+        if self.queue is not None:
+            self.queue.added(len(prompt_ids))
         return []
 
     def _abort(self, rid: str) -> None:
         seq_id = self.live.pop(rid, None)
-        self.unscheduled.pop(rid, None)
         if seq_id is not None:
+            self._forget_unscheduled(seq_id)
             self.llm.abort(seq_id)
             self.llm.forget(seq_id)
+
+    def _forget_unscheduled(self, seq_id: int) -> None:
+        first = self.unscheduled.pop(seq_id, None)
+        if self.queue is not None:
+            if first is not None:
+                self.queue.scheduled(first[2])
+            self.queue.preempted.pop(seq_id, None)
 
     def step(self) -> list:
         llm = self.llm
@@ -128,10 +161,26 @@ class EngineCore:
             for rid, seq_id in zip(exc.request_ids, exc.seq_ids):
                 if self.live.get(rid) == seq_id:
                     del self.live[rid]
-                    self.unscheduled.pop(rid, None)
+                    self._forget_unscheduled(seq_id)
                     llm.forget(seq_id)
+            if self.kv_events is not None:
+                self.kv_events.publish(llm.take_kv_events())
+            if self.live_trace is not None:
+                self.live_trace.flush()
             return [["failed", exc.request_ids, str(exc)]]
         wall = time.monotonic() - t0
+        # Queue time and prompt tokens, once per request, in the step that first schedules it whatever its phase
+        # (under mixed most requests start in a mixed step), and before the rows below may finish it (a request
+        # can finish in its first step).
+        queued = []
+        unscheduled = self.unscheduled
+        if unscheduled:
+            for seq_id in r.seq_ids:
+                first = unscheduled.pop(seq_id, None)
+                if first is not None:
+                    queued.append([first[0], t0 - first[1], first[2]])
+                    if self.queue is not None:
+                        self.queue.scheduled(first[2])
         out = []
         live = self.live
         for rid, seq_id, tok, reason in zip(r.request_ids, r.seq_ids, r.token_ids, r.finish_reasons):
@@ -141,25 +190,46 @@ class EngineCore:
             if reason is not None and live.get(rid) == seq_id:
                 del live[rid]
                 llm.forget(seq_id)
-        queued = []
-        if r.phase == "prefill" and self.unscheduled:
-            for rid in r.request_ids:
-                t_added = self.unscheduled.pop(rid, None)
-                if t_added is not None:
-                    queued.append([rid, t0 - t_added])
+                if self.queue is not None:
+                    self.queue.preempted.pop(seq_id, None)
         stats = [r.num_waiting, r.num_running, r.num_free_blocks, r.num_blocks, len(r.preempted),
                  r.prefix_cache_queries, r.prefix_cache_hits]
         counts = llm.async_stats
         ahead = [counts["launched_ahead"] - self._ahead_seen[0], counts["wasted_rows"] - self._ahead_seen[1]]
         self._ahead_seen = (counts["launched_ahead"], counts["wasted_rows"])
+        if self.publisher is not None:
+            self._publish(r, wall, ahead)
+        if self.kv_events is not None:
+            self.kv_events.publish(llm.take_kv_events())
+        if self.live_trace is not None:
+            self.live_trace.flush()
+        decodes = r.num_decodes
         return [["step", {"n": r.step, "phase": r.phase, "batch": r.batch_size, "tokens": r.num_computed_tokens,
+                          "prefill": [r.batch_size - decodes, r.num_computed_tokens - decodes],
                           "wall_s": wall, "out": out, "queued": queued, "stats": stats, "ahead": ahead}]]
 
 
+    def _publish(self, r, wall: float, ahead: list[int]) -> None:
+        """The step's record on the step stream (--step-stream)."""
+        book, llm = self.queue, self.llm
+        if book.preempted:      # preempted requests scheduled again leave the queue
+            for seq_id in r.seq_ids:
+                book.preempted.pop(seq_id, None)
+        preempted = []
+        for seq_id in r.preempted:
+            seq = llm.get_sequence(seq_id)
+            preempted.append(seq.request_id)
+            book.preempted[seq_id] = seq.num_tokens
+        self.publisher.publish(STEP_TOPIC, step_record(r, wall, self.publisher.next_counter(STEP_TOPIC), book, ahead,
+                                                       preempted, self.worker_id))
+
+
 def core_main(model: str, engine_args: EngineArgs, in_addr: str, out_addr: str, parent_pid: int,
-              trace_path: str | None = None) -> None:
+              trace_path: str | None = None, streams: dict | None = None) -> None:
     """Body of the engine-core process (spawned by the frontend): an engine with the settings `engine_args` (the
-    command's, as one typed value: labkit/engine_args.py)."""
+    command's, as one typed value: labkit/engine_args.py). `streams` (None: all off): {"steps": the
+    endpoints the step stream's PUB socket binds, "worker_id": the records' worker_id, "kv_events": the endpoint
+    the KV events' PUB socket binds, "kv_events_topic": their topic}."""
     import signal
 
     import msgpack
@@ -189,16 +259,39 @@ def core_main(model: str, engine_args: EngineArgs, in_addr: str, out_addr: str, 
 
     code = 0
     llm = None
+    publisher = kv_publisher = None
     beating = threading.Event()
+    streams = streams or {}
     try:
         try:
             engine_kwargs = engine_args.kwargs()
+            if streams.get("steps"):
+                from labkit.serve.step_stream import Publisher
+
+                try:
+                    publisher = Publisher(ctx, streams["steps"], hwm=streams.get("hwm", 2000))
+                except zmq.ZMQError as exc:
+                    raise ValueError(f"--step-stream: cannot bind {', '.join(streams['steps'])}: {exc}") from None
+            if streams.get("kv_events"):
+                from labkit.serve.kv_events import KVEventPublisher
+
+                try:  # bound before the engine loads: a taken port fails the start at once
+                    kv_publisher = KVEventPublisher(ctx, streams["kv_events"], 0, streams.get("kv_events_topic", ""))
+                except zmq.ZMQError as exc:
+                    raise ValueError(f"--kv-events: cannot bind {streams['kv_events']}: {exc}") from None
+            live_trace = None
             if trace_path is not None:
                 from engine.trace import JsonlTracer
 
-                engine_kwargs["tracer"] = JsonlTracer(trace_path)
+                engine_kwargs = {**engine_kwargs, "tracer": JsonlTracer(trace_path)}
+            elif streams.get("live_trace"):
+                from labkit.serve.live_trace import LiveTracer
+
+                live_trace = LiveTracer(publisher)
+                engine_kwargs = {**engine_kwargs, "tracer": live_trace}
             llm = LLM(model, **engine_kwargs)
-            core = EngineCore(llm)
+            core = EngineCore(llm, publisher, streams.get("worker_id", ""), kv_publisher, live_trace,
+                              step_records=streams.get("step_records", True))
             send(["ready", core.info()])
             threading.Thread(target=_heartbeat, args=(ctx, out_addr, beating), name="labkit-core-heartbeat",
                              daemon=True).start()
@@ -217,6 +310,9 @@ def core_main(model: str, engine_args: EngineArgs, in_addr: str, out_addr: str, 
             except Exception:  # noqa: BLE001 - best effort on the way out
                 traceback.print_exc()
         beating.set()
+        for pub in (publisher, kv_publisher):
+            if pub is not None:
+                pub.close()
         pull.close(linger=0)
         push.close()
         ctx.term()

@@ -35,6 +35,8 @@ log = logging.getLogger("labkit.serve")
 SOCKET_DIR_PREFIX = "labkit-serve-"
 # A core silent this long while it is being stopped is not stopping: it is killed rather than waited for.
 STOP_SILENCE_S = 3.0
+# Seconds between the frontend's summaries on the step stream (totals, latency percentiles).
+SUMMARY_INTERVAL_S = 1.0
 
 
 def socket_dir_owner(path: Path) -> int | None:
@@ -113,7 +115,9 @@ class EngineClient:
 
     def __init__(self, model: str, engine_args: EngineArgs, *, metrics: ServerMetrics, max_queue: int = 256,
                  trace_path: str | None = None, on_dead: Callable[[str], None] | None = None,
-                 engine_timeout_s: float = 10.0):
+                 engine_timeout_s: float = 10.0, log_iterations: bool = False,
+                 step_stream: list[str] | None = None, worker_id: str = "", kv_events: str | None = None,
+                 kv_events_topic: str = "", live_trace: bool = False):
         self.model = model
         self.engine_args = engine_args
         self.metrics = metrics
@@ -121,6 +125,14 @@ class EngineClient:
         self.trace_path = trace_path
         self.on_dead = on_dead
         self.engine_timeout_s = engine_timeout_s
+        self.log_iterations = log_iterations  # vLLM's per-iteration line (iteration_line) for every step
+        # --step-stream: None = off; else the endpoints (besides this frontend's own) the core's PUB socket binds
+        self.step_stream = step_stream
+        self.worker_id = worker_id
+        self.kv_events, self.kv_events_topic = kv_events, kv_events_topic   # --kv-events ENDPOINT (None: off)
+        self.live_trace = live_trace          # --live-trace: windows of the engine's event log at /v1/trace
+        self.hub = None                       # the frontend's end of the core's stream (stream_hub.StreamHub)
+        self._summary: asyncio.Task | None = None
         self.info: dict = {}
         self.limits: RequestLimits | None = None
         self.tokenizer = None
@@ -145,6 +157,7 @@ class EngineClient:
     async def start(self, timeout_s: float | None = None) -> None:
         """Spawn the core and wait until its engine is built. ValueError on a refused engine argument,
         RuntimeError when it dies or fails to start."""
+        live_trace = self.live_trace
         import msgpack
         import zmq
         import zmq.asyncio
@@ -156,6 +169,17 @@ class EngineClient:
         sweep_socket_dirs()
         self._dir = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
         in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
+        stream_addr = f"ipc://{self._dir}/stream"
+        streams = {"worker_id": self.worker_id}
+        if self.step_stream is not None or live_trace:
+            # One PUB socket for both; step records only with --step-stream. A live trace must lose nothing.
+            streams["steps"] = [stream_addr, *(self.step_stream or [])]
+            streams["step_records"] = self.step_stream is not None
+            streams["live_trace"] = live_trace
+            if live_trace:
+                streams["hwm"] = 0
+        if self.kv_events is not None:
+            streams["kv_events"], streams["kv_events_topic"] = self.kv_events, self.kv_events_topic
         self._ctx = zmq.asyncio.Context()
         self._push = self._ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.SNDHWM, 0)
@@ -169,7 +193,7 @@ class EngineClient:
         # Not a daemon: the core spawns tensor-parallel workers of its own.
         self._proc = ctx.Process(target=core_main, name="labkit-engine-core",
                                  args=(self.model, self.engine_args, in_addr, out_addr, os.getpid(),
-                                       self.trace_path))
+                                       self.trace_path, streams))
         self._proc.start()
         loop = asyncio.get_running_loop()
         tokenizer = loop.run_in_executor(None, self._load_tokenizer)
@@ -192,6 +216,11 @@ class EngineClient:
         self._reader = asyncio.create_task(self._read_loop(), name="labkit-engine-outputs")
         self._watchdog = asyncio.create_task(self._watch(), name="labkit-engine-watchdog")
         loop.add_reader(self._proc.sentinel, self._on_core_exit)
+        if "steps" in streams:
+            from labkit.serve.stream_hub import StreamHub
+
+            self.hub = StreamHub(self._ctx, stream_addr, self.metrics)
+            self._summary = asyncio.create_task(self._summaries(), name="labkit-stream-summary")
         self.metrics.healthy.set(1)
 
     def _load_tokenizer(self):
@@ -224,6 +253,7 @@ class EngineClient:
         were cancelled."""
         self.draining = True
         self.metrics.healthy.set(0)
+        await self._close_streams()  # watchers' streams never end by themselves
         deadline = time.monotonic() + timeout_s
         while self._live and time.monotonic() < deadline and self.dead is None:
             await asyncio.sleep(0.05)
@@ -246,6 +276,7 @@ class EngineClient:
                 asyncio.get_running_loop().remove_reader(self._proc.sentinel)
             except (ValueError, OSError):
                 pass
+        await self._close_streams()
         await self._stop_core(timeout_s)
         for task in (self._watchdog, self._reader):
             if task is None:
@@ -277,6 +308,33 @@ class EngineClient:
             log.warning("labkit serve: the engine core did not stop; killing it")
             proc.kill()
         await asyncio.to_thread(proc.join, 5.0)
+
+    async def trace_window(self, token: str, open_: bool) -> None:
+        """Open or close a window of the engine's event log (--live-trace): the core marks it in its stream."""
+        await self._send_if_read(["trace", "open" if open_ else "close", token])
+
+    async def _close_streams(self) -> None:
+        if self._summary is not None:
+            self._summary.cancel()
+            self._summary = None
+        if self.hub is not None:
+            hub, self.hub = self.hub, None
+            await hub.close()
+
+    async def _summaries(self) -> None:
+        """Once a second: the frontend's totals and latencies (live_summary.py) into the step stream, for whoever
+        reads it (taken every second all the same, so a latency window is always the last 10 s)."""
+        from labkit.serve.live_summary import LiveSummary
+        from labkit.serve.step_stream import STEP_TOPIC
+
+        summary = LiveSummary(self.metrics.registry)
+        while True:
+            await asyncio.sleep(SUMMARY_INTERVAL_S)
+            record = summary.snapshot()
+            hub = self.hub
+            if hub is not None and hub.subs.get(STEP_TOPIC):
+                record["live"], record["queued"] = self.num_live, self.num_waiting
+                hub.broadcast(STEP_TOPIC, record)
 
     def _close_sockets(self) -> None:
         for sock in (self._push, self._pull):
@@ -393,12 +451,13 @@ class EngineClient:
             if reason is not None:
                 m.e2el.observe(now - stream.t_arrival)
                 self._end(rid, reason=reason)
-        for rid, waited in step["queued"]:
+        prompt_tokens = 0
+        for _rid, waited, num_prompt in step["queued"]:  # the core's count: the stream may be gone already
             m.queue_time.observe(waited)
-            stream = live.get(rid)
-            if stream is not None:
-                m.prompt_tokens.inc(stream.prompt_len)
-                self.totals["prompt_tokens"] += stream.prompt_len
+            prompt_tokens += num_prompt
+        if prompt_tokens:
+            m.prompt_tokens.inc(prompt_tokens)
+            self.totals["prompt_tokens"] += prompt_tokens
         m.generation_tokens.inc(delivered)
         self.totals["generation_tokens"] += delivered
         m.steps.inc()
@@ -412,6 +471,8 @@ class EngineClient:
         m.async_step(ahead, wasted)
         if step["batch"] > s["max_batch"]:
             s["max_batch"] = step["batch"]
+        if self.log_iterations:
+            log.info("%s", iteration_line(step))
 
     def _on_stats(self, stats: list) -> None:
         waiting, running, free, total, preempted, queries, hits = stats
@@ -493,6 +554,20 @@ class EngineClient:
             self._fail(rid, APIError(500, f"the engine failed: {self.dead}", "engine_error"))
         if self.on_dead is not None:
             self.on_dead(self.dead)
+
+
+def iteration_line(step: dict) -> str:
+    """vLLM's per-iteration log line (`--enable-logging-iteration-details`, vLLM pull request 31193), with its
+    context (prefill rows: a chunk or a whole prompt, re-prefills after preemption included) and generation
+    (decode rows, one token each) requests and tokens, the step's time in the engine core, and the KV cache use
+    it left."""
+    rows, tokens = step.get("prefill", (0, 0))
+    decodes = step["batch"] - rows
+    _, _, free, total = step["stats"][:4]
+    usage = 1.0 - free / total if total else 0.0
+    return (f"labkit serve: Iteration({step['n']}): {rows} context requests, {tokens} context tokens, {decodes} "
+            f"generation requests, {decodes} generation tokens, iteration elapsed time: {1e3 * step['wall_s']:.2f} "
+            f"ms, KV cache usage: {100 * usage:.1f}%")
 
 
 def _ignore(*_args) -> None:

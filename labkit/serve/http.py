@@ -293,6 +293,36 @@ async def chat_completions(request: Request):
     return await _generate(request, "/v1/chat/completions", body, ids, chat=True, default_max=None)
 
 
+@router.post("/tokenize")
+async def tokenize(request: Request):
+    """vLLM's /tokenize: {"prompt": text} or {"messages": [...]} -> {"count", "max_model_len", "tokens"}. Routers
+    (vllm-router's cache- and KV-aware policies) ask it for a request's token ids before they pick a replica."""
+    engine: EngineClient = request.app.state.engine
+    settings: ServeSettings = request.app.state.settings
+    if engine.limits is None:
+        raise APIError(503, "the engine is not ready", "service_unavailable")
+    body = protocol.parse_body(protocol.TokenizeRequest, await _read_body(request, settings))
+    if body.model is not None and body.model != settings.model_name:
+        raise APIError(404, f"model: {body.model!r} is not served here", "not_found_error")
+    if (body.prompt is None) == (body.messages is None):
+        raise invalid("prompt: give prompt or messages")
+    if body.prompt is not None:
+        ids = await _tokenize(engine, engine.tokenizer.encode, protocol.check_text("prompt", body.prompt))
+    else:
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+
+        def render() -> list[int]:
+            text = engine.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                        add_generation_prompt=body.add_generation_prompt)
+            return engine.tokenizer.encode(text, add_special_tokens=False)
+
+        try:
+            ids = await asyncio.to_thread(render)
+        except Exception as exc:  # noqa: BLE001 - the request's problem
+            raise invalid(f"messages: the chat template failed: {type(exc).__name__}: {exc}") from None
+    return {"count": len(ids), "max_model_len": engine.limits.max_model_len, "tokens": ids}
+
+
 @router.get("/v1/models")
 async def models(request: Request):
     engine: EngineClient = request.app.state.engine
@@ -321,8 +351,133 @@ async def health(request: Request):
                         headers={"Retry-After": str(EngineClient.RETRY_AFTER_S)} if engine.dead is None else None)
 
 
+def _hub(engine: EngineClient):
+    if engine.hub is None or engine.step_stream is None:
+        raise APIError(404, "the step stream is off: start labkit serve with --step-stream", "not_found_error")
+    return engine.hub
+
+
+@router.get("/v1/steps")
+async def steps(request: Request, rows: bool = True):
+    """Server-sent events: `event: step` per engine step (step_stream.py's record), `event: summary` once a second
+    (live_summary.py), `event: dropped` before the end when this client fell a whole queue behind. rows=false
+    leaves out each step's per-request rows."""
+    from labkit.serve.step_stream import STEP_TOPIC
+
+    engine: EngineClient = request.app.state.engine
+    hub = _hub(engine)
+    sub = hub.subscribe(STEP_TOPIC)
+    return StreamingResponse(_steps_sse(hub, sub, rows), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+async def _steps_sse(hub, sub, rows: bool):
+    import json
+
+    try:
+        yield ": labkit step stream\n\n"   # headers and a first byte now, before the first step
+        while True:
+            record = await sub.get()
+            if record is None:
+                if sub.dropped:
+                    yield ("event: dropped\ndata: " + json.dumps({"reason": "this client fell behind by a whole "
+                                                                 "queue of records"}) + "\n\n")
+                return
+            if record.get("kind") == "summary":
+                yield "event: summary\ndata: " + json.dumps(record) + "\n\n"
+                continue
+            if not rows:
+                record = {k: v for k, v in record.items() if k != "rows"}
+            yield "event: step\ndata: " + json.dumps(record) + "\n\n"
+    finally:
+        hub.unsubscribe(sub)
+
+
+@router.get("/v1/trace")
+async def trace(request: Request, seconds: float = 10.0):
+    """A window of the engine's event log (labkit serve --live-trace), one JSON event a line (schema v1): the state
+    the window starts from (run_start, the live requests, a live_state), every event of the next `seconds`, and a
+    closing live_state. `labkit trace --url` records and validates it."""
+    import math
+
+    from labkit.serve.live_trace import TRACE_TOPIC
+
+    engine: EngineClient = request.app.state.engine
+    if not engine.live_trace or engine.hub is None:
+        raise APIError(404, "the live trace is off: start labkit serve with --live-trace", "not_found_error")
+    if not (math.isfinite(seconds) and 0 < seconds <= TRACE_MAX_S):
+        raise invalid(f"seconds: must be in (0, {TRACE_MAX_S}], got {seconds}")
+    sub = engine.hub.subscribe(TRACE_TOPIC, queue_size=TRACE_QUEUE, lossless=True)
+    token = uuid.uuid4().hex
+    await engine.trace_window(token, True)
+    return StreamingResponse(_trace_lines(engine, sub, token, seconds), media_type="application/x-ndjson",
+                             headers={"Cache-Control": "no-cache"})
+
+
+TRACE_MAX_S = 3600.0
+TRACE_QUEUE = 1_000_000   # step batches a window may have waiting for a slow client before it is cut off
+TRACE_OPEN_TIMEOUT_S = 30.0
+
+
+async def _trace_lines(engine: EngineClient, sub, token: str, seconds: float):
+    import json
+    import time
+
+    loop_start = time.monotonic()
+    deadline, closing, done = None, False, False
+    try:
+        while True:
+            now = time.monotonic()
+            if deadline is None and now - loop_start > TRACE_OPEN_TIMEOUT_S:
+                yield json.dumps({"error": "the engine core did not open the window"}) + "\n"
+                return
+            if deadline is not None and not closing and now >= deadline:
+                await engine.trace_window(token, False)
+                closing = True
+            try:
+                record = await asyncio.wait_for(sub.get(), 0.2)
+            except TimeoutError:
+                continue
+            if record is None:
+                why = ("this client fell behind and events were lost" if sub.dropped else "the server is stopping")
+                yield json.dumps({"error": f"the window ended early: {why}"}) + "\n"
+                return
+            mark = record.get("mark")
+            if mark is not None and mark != token:
+                continue                      # another client's window
+            if mark is None and deadline is None:
+                continue                      # events of another window, before this one opened
+            yield "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in record["events"])
+            if mark is not None:
+                if record["kind"] == "close":
+                    done = True
+                    return
+                deadline = time.monotonic() + seconds
+    finally:
+        if not done:
+            await engine.trace_window(token, False)
+        if engine.hub is not None:
+            engine.hub.unsubscribe(sub)
+
+
+@router.get("/live")
+async def live_page(request: Request):
+    """The live page (labkit/data/live.html): plain HTML, JavaScript and SVG reading /v1/steps; nothing from
+    the network."""
+    from importlib.resources import files
+
+    engine: EngineClient = request.app.state.engine
+    _hub(engine)
+    html = files("labkit").joinpath("data/live.html").read_text(encoding="utf-8")
+    return Response(html, media_type="text/html; charset=utf-8")
+
+
 @router.get("/metrics")
 async def metrics(request: Request):
     engine: EngineClient = request.app.state.engine
-    return Response(generate_latest(engine.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    m = engine.metrics
+    body = generate_latest(m.registry)
+    if m.vllm_names is not None:   # --metric-names both: the same families under vLLM's names too
+        body += generate_latest(m.vllm_names)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 

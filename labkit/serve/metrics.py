@@ -5,6 +5,7 @@ docs/serving.md maps each family to vLLM's. Every family carries a `model_name` 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.metrics_core import Metric
 
 # No `*_created` series: vLLM's server turns them off too, and they double the exposition for nothing.
 disable_created_metrics()
@@ -17,8 +18,26 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15
                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 
 
+class VllmNames:
+    """A collector that re-exports a registry's `labkit:` families under vLLM's `vllm:` names (a router or a
+    dashboard that reads vLLM's names reads these); computed only when /metrics is scraped."""
+
+    def __init__(self, registry):
+        self.source = registry
+
+    def collect(self):
+        for family in self.source.collect():
+            if not family.name.startswith("labkit:"):
+                continue
+            name = "vllm:" + family.name[len("labkit:"):]
+            fam = Metric(name, family.documentation, family.type, family.unit)
+            for s in family.samples:
+                fam.add_sample("vllm:" + s.name[len("labkit:"):], s.labels, s.value, s.timestamp, s.exemplar)
+            yield fam
+
+
 class ServerMetrics:
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, vllm_names: bool = False):
         self.registry = r = CollectorRegistry()
         lbl = ["model_name"]
 
@@ -55,6 +74,16 @@ class ServerMetrics:
                                "on EOS or been aborted (async scheduling: their tokens are dropped)",
                                ["model_name"], registry=r)
         self.healthy = gauge("healthy", "1 while the engine core is alive and admitting")
+        self.vllm_names = None
+        if vllm_names:
+            self.vllm_names = CollectorRegistry()
+            self.vllm_names.register(VllmNames(r))
+        # --step-stream (and the live trace): who reads the engine core's stream through this frontend.
+        self.stream_subscribers = gauge("stream_subscribers", "Clients reading /v1/steps or /v1/trace now")
+        self.stream_dropped = counter("stream_dropped_subscribers", "Stream clients dropped because they fell a "
+                                      "whole queue behind")
+        self.stream_missed = counter("stream_missed_records", "Stream records the engine core dropped before this "
+                                     "frontend read them (its PUB socket's high-water mark)")
         self.model_name = model_name
 
     def finished(self, reason: str) -> None:

@@ -73,6 +73,11 @@ class _Sampling(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: Optional[dict] = None
+    # What routers add to every request they forward (vllm-router and sglang-router spell out SGLang's defaults):
+    # accepted at the value that asks for nothing of this server (check_common refuses the others).
+    skip_special_tokens: bool = True      # the server's detokenizer skips them
+    no_stop_trim: bool = False            # there are no stop strings to trim
+    return_hidden_states: bool = False
 
     @field_validator("request_id")
     @classmethod
@@ -112,6 +117,22 @@ class ChatMessage(BaseModel):
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     top_logprobs: Optional[int] = None
+    # Routers' defaults again: no reasoning parser here, so there is no reasoning to separate, stream or include
+    # apart from the content (they ask nothing at these values).
+    continue_final_message: bool = False
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
+    include_reasoning: bool = True
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize body (a prompt, or chat messages)."""
+    model_config = _STRICT
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
 
 
 def parse_json(raw: bytes) -> Any:
@@ -165,7 +186,13 @@ def check_common(body: _Sampling, model_name: str) -> None:
                ("logit_bias", bool(body.logit_bias), "not supported"),
                ("echo", bool(getattr(body, "echo", False)), "echoing the prompt is not supported"),
                ("best_of", getattr(body, "best_of", None) not in (None, 1), "only best_of=1 is supported"),
-               ("suffix", bool(getattr(body, "suffix", None)), "not supported")]
+               ("suffix", bool(getattr(body, "suffix", None)), "not supported"),
+               ("skip_special_tokens", body.skip_special_tokens is not True, "special tokens are always skipped"),
+               ("no_stop_trim", body.no_stop_trim, "there are no stop strings to trim"),
+               ("return_hidden_states", body.return_hidden_states, "not supported"),
+               ("continue_final_message", bool(getattr(body, "continue_final_message", False)), "not supported"),
+               *((f, getattr(body, f, True) is not True, "no reasoning parser: only true is accepted")
+                 for f in ("separate_reasoning", "stream_reasoning", "include_reasoning"))]
     for field, bad, why in refused:
         if bad:
             raise invalid(f"{field}: {why}")

@@ -175,12 +175,16 @@ class DeadlineH11Protocol(H11Protocol):
 async def serve_async(model: str, engine_args: EngineArgs, settings: ServeSettings, *, sock: socket.socket,
                       max_queue: int, drain_s: float, log_level: str, trace_path: str | None,
                       engine_timeout_s: float = 10.0, stats_interval_s: float = 10.0, access_log: bool = False,
-                      on_ready=None) -> int:
+                      log_iterations: bool = False, step_stream: list[str] | None = None, worker_id: str = "",
+                      kv_events: str | None = None, kv_events_topic: str = "", live_trace: bool = False,
+                      vllm_metric_names: bool = False, on_ready=None) -> int:
     """Start the core, serve on `sock` (bound, listening) until a signal or the core's death; the exit
     status."""
-    metrics = ServerMetrics(settings.model_name)
+    metrics = ServerMetrics(settings.model_name, vllm_names=vllm_metric_names)
     engine = EngineClient(model, engine_args, metrics=metrics, max_queue=max_queue, trace_path=trace_path,
-                          engine_timeout_s=engine_timeout_s)
+                          engine_timeout_s=engine_timeout_s, log_iterations=log_iterations,
+                          step_stream=step_stream, worker_id=worker_id, kv_events=kv_events,
+                          kv_events_topic=kv_events_topic, live_trace=live_trace)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     # A signal while the engine loads: stop loading, clean up, exit.

@@ -5,6 +5,8 @@
     labkit trace --case lifecycle --max-num-batched-tokens 100   # an experiment: the case is a diff
     labkit trace check runs/trace-chunk/events.jsonl --case chunk   # re-validate a saved log
     labkit trace diff BEFORE.jsonl AFTER.jsonl   # two runs side by side, first divergence marked
+    labkit trace --url http://127.0.0.1:8000 --seconds 10   # a running server's steps (serve --live-trace), every
+                                                           # invariant checked on them
 
 The table: a line per step (its phase, the tokens it computed out of the budget, free KV blocks before and
 after), under it a line per request: what the row computes (prefill, prefill chunk, decode; a step may mix
@@ -75,6 +77,8 @@ app = typer.Typer(help="Run a traced case, show every step, and check it against
                        "An engine option (Engine panel) overrides the case's value: the run is then an experiment, "
                        "its differences from the case are shown as a diff and the verdict is CHANGED (exit 0). "
                        "Every invariant always gates (FAIL, exit 1).\n\n"
+                       "--url URL --seconds N records a running server's steps instead (labkit serve --live-trace) "
+                       "and checks every invariant on them.\n\n"
                        "Example: labkit trace --case chunk --max-num-batched-tokens 100",
                   invoke_without_command=True, no_args_is_help=False)
 
@@ -248,6 +252,10 @@ def check_markdown(result: dict, report: Report) -> str:
 def trace(
     ctx: typer.Context,
     case: Optional[str] = typer.Option(None, "--case", help="Case name in workloads/cases/ or a YAML path."),
+    url: Optional[str] = typer.Option(None, "--url", help="Instead of a case: record a running server's engine "
+                                      "steps (labkit serve --live-trace) for --seconds into events.jsonl and "
+                                      "check every invariant on them."),
+    seconds: float = typer.Option(10.0, "--seconds", min=0.1, max=3600.0, help="With --url: how long to record."),
     model: ModelOption = None,
     device: DeviceOption = Device.auto,
     out: Out("Output folder (default: runs/trace-CASE, then -OPTION-VALUE for each option given that changes the "
@@ -284,8 +292,17 @@ def trace(
             console.print(hanging(f"{name}: ", f"{c.about}{'' if c.judged else ' (recorded, not judged)'}",
                                   label_style="bold"))
         raise typer.Exit(EXIT_PASS)
+    if url is not None:
+        if case is not None:
+            raise LabkitError("trace: give --case or --url, not both")
+        given = EngineArgs.given(ctx, device=None).given_flags() + [
+            flag for flag, v in (("--shapes", shapes or None), ("--model", model)) if v is not None]
+        if given:
+            raise LabkitError(f"{', '.join(given)}: settings of a run this command makes; with --url the server "
+                              "runs already (set them on labkit serve)")
+        _trace_url(url, seconds, out, console, as_json, quiet, wide, perfetto)
     if case is None:
-        raise LabkitError("trace: give --case NAME|PATH (see labkit trace --list)")
+        raise LabkitError("trace: give --case NAME|PATH (see labkit trace --list) or --url URL")
     from labkit.model import resolve_model
     from labkit.trace.perfetto import write_perfetto
     from labkit.trace.run import run_case
@@ -318,6 +335,40 @@ def trace(
         console.print(f"({why})", markup=False, highlight=False)
     console.print(f"wrote {_shown(out_dir)}/: events.jsonl (the log), steps.tsv, check.json and check.md"
                   + (f"; perfetto {_shown(perfetto)}" if perfetto else ""), markup=False, highlight=False)
+    raise typer.Exit(EXIT_PASS if report.passed else EXIT_FAIL)
+
+
+def _trace_url(url: str, seconds: float, out: Path | None, console: Console, as_json: bool, quiet: bool,
+               wide: bool, perfetto: Path | None) -> None:
+    """--url: record a live window, validate it, write the run's files; exits."""
+    from labkit.trace.live import record
+    from labkit.trace.perfetto import write_perfetto
+
+    out_dir = out or runs_dir() / "trace-live"
+    console.print(f"recording {url}'s engine steps for {seconds:g} s ...", highlight=False)
+    events = record(url, seconds, out_dir / "events.jsonl")
+    report = validate(events)
+    start = next((e for e in events if e.get("event") == "run_start"), {})
+    device = start.get("device", "cpu")
+    env = envelope("trace", device=device, model_dir=(start.get("model") or {}).get("path"),
+                   evidence="gpu-measured" if str(device).startswith("cuda") else "cpu-executed")
+    opened = next((e for e in events if e.get("event") == "live_state" and e.get("kind") == "open"), {})
+    steps = sorted({e["step"] for e in events if e.get("event") == "after_postprocess"})
+    extra = {"live": True, "url": url, "seconds": seconds, "steps": len(steps),
+             "first_step": steps[0] if steps else None, "last_step": steps[-1] if steps else None,
+             "live_at_open": len(opened.get("seqs") or []),
+             "policy": (start.get("config") or {}).get("scheduling_policy"),
+             "tp": start.get("tp_size"), "case": None}
+    if perfetto is not None:
+        extra["files_perfetto"] = str(write_perfetto(events, perfetto))
+    if not quiet and steps:
+        _print_steps(events, console, f"{url}: steps {steps[0]}-{steps[-1]} of the running server", wide)
+    result = _outputs(out_dir, events, report, env, extra)
+    if as_json:
+        print_json(result)
+    _print_report(report, console)
+    console.print(f"{len(steps)} steps, {extra['live_at_open']} requests live when the window opened; wrote "
+                  f"{_shown(out_dir)}/: events.jsonl, steps.tsv, check.json", markup=False, highlight=False)
     raise typer.Exit(EXIT_PASS if report.passed else EXIT_FAIL)
 
 

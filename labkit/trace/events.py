@@ -28,6 +28,10 @@ REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
     "engine_error": ("error", "message"),
     # written by `labkit trace` after run_start: whether the run was meant to change the case's states, and why
     "trace_context": ("expect_changes",),
+    # written by a live server (labkit serve --live-trace) at the edges of a window `labkit trace --url` recorded:
+    # kind "open" (what the log before it would have left: every live sequence's state, token ids and blocks,
+    # the free blocks, the last step committed) or "close" (the same at the window's end)
+    "live_state": ("kind", "seqs", "free_blocks", "last_step"),
 }
 SEQ_KEYS: dict[str, tuple[str, ...]] = {
     "scheduled": ("seq_id", "request_id", "num_tokens", "num_cached_tokens",
@@ -158,6 +162,10 @@ class EventLog:
                 self.steps.setdefault(st, {}).setdefault(ev, []).append(e)
                 self.first_index.setdefault(st, i)
         self.run_start = self.run_starts[0] if self.run_starts else {}
+        # A live window (labkit trace --url): it starts from a live_state "open" and ends at one "close".
+        states = [e for e in self.events if e.get("event") == "live_state"]
+        self.window_open = next((e for e in states if e.get("kind") == "open"), None)
+        self.window_close = next((e for e in states if e.get("kind") == "close"), None)
         self.config = self.run_start.get("config") if isinstance(self.run_start.get("config"), dict) else {}
 
     def one(self, step: int, ev: str) -> dict | None:

@@ -72,6 +72,8 @@ class Report:
     # requests gate. `why_changes` says what changed (shown beside the verdict).
     expect_changes: bool = False
     why_changes: str = ""
+    # A live window of a running server (labkit trace --url): its invariants are what it is judged by.
+    live: bool = False
 
     @property
     def ok(self) -> bool:
@@ -121,8 +123,9 @@ class Report:
 
     @property
     def judged(self) -> bool:
-        """Whether case expectations were compared (a case without `expect` is only recorded)."""
-        return any(c.kind == "expect" for c in self.checks)
+        """Whether case expectations were compared (a case without `expect` is only recorded), or the log is a live
+        window, which its invariants judge (PASS or FAIL)."""
+        return self.live or any(c.kind == "expect" for c in self.checks)
 
     def counts(self) -> dict:
         out: dict[str, dict[str, int]] = {}
@@ -431,6 +434,7 @@ class _Replay:
         agenda = [(i, self.request_added, e) for i, e in log.added]
         agenda += [(log.first_index[n], self.step, n) for n in log.steps]
         agenda += [(i, self.aborted, e) for i, e in enumerate(log.events) if e.get("event") == "aborted"]
+        agenda += [(i, self.live_state, e) for i, e in enumerate(log.events) if e.get("event") == "live_state"]
         for _, handler, item in sorted(agenda, key=lambda x: x[0]):
             handler(item)
         self.run_end()
@@ -455,12 +459,64 @@ class _Replay:
                                                       f"{e.get('step')}): {last} -> {t}", step=e.get("step"))
                 last = t
 
-    @invariant("steps.contiguous", "steps are numbered 1..N")
+    @invariant("steps.contiguous", "steps are numbered 1..N (in a live window, on from the step it opened after)")
     def contiguous(self):
         steps = sorted(self.log.steps)
+        first = 1
+        if self.log.window_open is not None and is_int(self.log.window_open.get("last_step")):
+            first = self.log.window_open["last_step"] + 1
         if steps:
-            yield need(steps == list(range(1, len(steps) + 1)),
-                       f"run: steps are not numbered 1..{len(steps)} (found {steps[:5]}...)")
+            yield need(steps == list(range(first, first + len(steps))),
+                       f"run: steps are not numbered {first}..{first + len(steps) - 1} (found {steps[:5]}...)")
+
+    # --- a live window (labkit trace --url): its edges
+    def live_state(self, e: dict):
+        if e.get("kind") == "open":
+            self.open_window(e)
+        elif e.get("kind") == "close":
+            self.run(self.window_end, e)
+
+    def open_window(self, e: dict):
+        """The state the log before the window would have left: every live sequence, its KV (the tokens of its
+        cached positions, for later prefix hits) and the free blocks. Blocks written before the window and
+        freed are unknown: a prefix hit on one is not checked (prefix.content)."""
+        bs = self.bs
+        for x in e.get("seqs") or []:
+            q = self.seqs.get(x.get("seq_id"))
+            if q is None:
+                continue
+            q.status, q.num_tokens, q.num_cached = x.get("status"), x.get("num_tokens"), x.get("num_cached_tokens") or 0
+            q.completion, q.table = x.get("num_completion_tokens") or 0, list(x.get("block_table") or [])
+            toks = x.get("token_ids")
+            q.tokens = list(toks) if isinstance(toks, list) else None
+            if bs is not None and q.tokens is not None:
+                for p in range(min(q.num_cached, len(q.tokens))):
+                    if p // bs < len(q.table):
+                        self.written.setdefault(q.table[p // bs], {})[p % bs] = q.tokens[p]
+        if is_int(e.get("free_blocks")):
+            self.free = self.last_free = e["free_blocks"]
+
+    @invariant("window.end", "at a live window's end the live sequences, their states and blocks, and the free "
+                             "blocks are what the window's steps left (no request lost or duplicated)")
+    def window_end(self, e: dict):
+        want = {x.get("seq_id"): x for x in e.get("seqs") or [] if isinstance(x, dict)}
+        live = {sid: q for sid, q in self.seqs.items() if q.status != "FINISHED"}
+        names = {sid: q.request_id for sid, q in self.seqs.items()}
+        lost, extra = sorted(set(want) - set(live), key=str), sorted(set(live) - set(want), key=str)
+        yield need(not lost and not extra, f"window end: the server has {[names.get(s, s) for s in lost]} live that "
+                                           f"the window never showed, and the window has "
+                                           f"{[names.get(s, s) for s in extra]} live that the server does not")
+        for sid in set(want) & set(live):
+            x, q = want[sid], live[sid]
+            got = (q.status, q.num_tokens, q.num_cached, q.completion, q.table)
+            exp = (x.get("status"), x.get("num_tokens"), x.get("num_cached_tokens"), x.get("num_completion_tokens"),
+                   list(x.get("block_table") or []))
+            yield need(got == exp, f"window end, request {q.request_id}: the window leaves it at {got}, the server "
+                                   f"says {exp} (status, tokens, cached, outputs, blocks)", request=q.request_id,
+                       expected=list(exp), actual=list(got))
+        fb = e.get("free_blocks")
+        yield need(fb == self.last_free, f"window end: free_blocks {fb}, the window's last step left {self.last_free}",
+                   field="free_blocks", expected=self.last_free, actual=fb)
 
     def request_added(self, e: dict):
         rid, pl, toks, ie = self.log.rid(e), e.get("prompt_len"), e.get("prompt_token_ids"), e.get("ignore_eos")
@@ -989,8 +1045,12 @@ class _Replay:
         if q.tokens is None:
             self.skip("prefix.content", "request_added carries no prompt_token_ids")
             return
+        window = self.log.window_open is not None
         for i in range(min(nc // bs, len(table))):       # block_table.size reports a short table
             want, have = q.tokens[i * bs:(i + 1) * bs], self.written.get(table[i], {})
+            if window and not have:   # written before the window opened: this log cannot say what it holds
+                self.skip("prefix.content", "a live window's hit on a block written before it opened")
+                continue
             got = [have.get(k) for k in range(len(want))]
             if got != want:
                 k = next(j for j in range(len(want)) if got[j] != want[j])
@@ -1014,13 +1074,26 @@ class _Replay:
     # --- the end of the run
     def run_end(self):
         self.run(self.engine_raised)
-        self.run(self.run_ended)
-        for q in self.seqs.values():
+        window = self.log.window_open is not None
+        if window:   # a live window ends at its closing live_state (window.end), not at run_end
+            for name in ("run.end", "blocks.returned"):
+                self.skip(name, "a live window of a running server (window.end checks its end)")
+            if self.log.window_close is None:
+                self.record("window.end", need(False, "run: the live window has no closing live_state (the "
+                                                      "recording was cut short)"))
+        else:
+            self.run(self.run_ended)
+            self.skip("window.end", "not a live window")
+        still = {x.get("seq_id") for x in (self.log.window_close or {}).get("seqs") or [] if isinstance(x, dict)}
+        for sid, q in self.seqs.items():
+            if window and sid in still:
+                continue      # live at the window's end: window.end accounts for it
             self.run(self.finished, q)
             self.run(self.outputs, q)
         if not any(q.ignore_eos for q in self.seqs.values()):
             self.skip("requests.outputs", "no request is known to ignore EOS")
-        self.run(self.returned)
+        if not window:
+            self.run(self.returned)
         if self.case is not None:
             self.case_requests()
             for i, x in enumerate(self.case.expect or []):
@@ -1235,4 +1308,4 @@ def validate(events: list[dict], case: Case | None = None, *, block_size: int | 
     run = next((e.get("run") for e in log.events if e.get("run") is not None), None)
     return Report(checks=schema + replay.finish(), run=run, steps=len(log.steps),
                   case=case.name if case is not None else None, expect_changes=expect_changes,
-                  why_changes=why_changes)
+                  why_changes=why_changes, live=log.window_open is not None)
