@@ -3,6 +3,7 @@
 The scheduler returns a BatchPlan for every step and every later stage reads the plan and nothing else:
 the runner builds the model inputs from it (on every tensor-parallel rank: the plan is what travels to
 the workers), the sampler draws for the rows that sample, the tracer records it and StepResult reports it.
+It is a value: ids and counts, frozen once built; the scheduler keeps its own Sequence objects for it.
 Prefill, decode and mixed are properties of a plan, not modes of the engine.
 
 A row is one scheduled sequence. Decode rows come first (one token each: the sequence's last token, at
@@ -12,10 +13,10 @@ end computes KV only. The columns are plain lists (the hot loop builds one plan 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, frozen=True)
 class BatchPlan:
     seq_ids: list[int]
     request_ids: list[str]
@@ -30,10 +31,9 @@ class BatchPlan:
     # None when every input is known.
     from_previous: list[int] | None = None
     preempted: list[int] = field(default_factory=list)    # seq ids preempted while this plan was made
-    # Rank 0 only (never sent to tensor-parallel workers): the sampling settings of each sampling row, and
-    # the scheduler's own Sequence objects (its commit reads them; nothing else does).
+    # Rank 0 only (never sent to tensor-parallel workers): the sampling settings of each sampling row.
     sampling: list | None = None
-    seqs: list | None = None
+    step: int = 0                 # the scheduler's number for it (its own sequences for the plan go by it)
 
     def __len__(self) -> int:
         return len(self.seq_ids)
@@ -60,13 +60,15 @@ class BatchPlan:
     def for_workers(self) -> "BatchPlan":
         """What a tensor-parallel worker needs (everything but the sampling settings and names)."""
         return BatchPlan(self.seq_ids, [], self.num_decodes, self.starts, self.num_new, self.num_tokens,
-                         self.input_ids, self.block_tables, self.from_previous)
+                         self.input_ids, self.block_tables, self.from_previous, step=self.step)
 
     # A plan crosses to the workers every step: as a bare tuple, not a dict of field names.
     def __getstate__(self):
-        return (self.seq_ids, self.request_ids, self.num_decodes, self.starts, self.num_new, self.num_tokens,
-                self.input_ids, self.block_tables, self.from_previous, self.preempted, self.sampling, self.seqs)
+        return tuple(getattr(self, f) for f in _FIELDS)
 
     def __setstate__(self, state):
-        (self.seq_ids, self.request_ids, self.num_decodes, self.starts, self.num_new, self.num_tokens,
-         self.input_ids, self.block_tables, self.from_previous, self.preempted, self.sampling, self.seqs) = state
+        for f, value in zip(_FIELDS, state):
+            object.__setattr__(self, f, value)  # (frozen: a plan is a value once built)
+
+
+_FIELDS = tuple(f.name for f in fields(BatchPlan))

@@ -164,17 +164,17 @@ class BlockManager:
             parent, h = h, self.compute_hash(token_ids, h)
             block.update(h, token_ids)
             previous = self.hash_to_block_id.get(h)
-            seq.hash_undo.append((block.block_id, h, previous))
+            seq.flight.hash_undo.append((block.block_id, h, previous))
             self.hash_to_block_id[h] = block.block_id
             if previous is None and self.events is not None:
                 self.events.append(("stored", h, None if parent == -1 else parent, token_ids))
         seq.num_hashed_blocks = end
 
     def unhash(self, seq: Sequence, start: int):
-        """Take back what `seq` registered since its latest step was scheduled (seq.hash_undo), down to block
+        """Take back what `seq` registered since its latest step was scheduled (seq.flight.hash_undo), down to block
         `start`: that KV will never be written. A hash another block held before goes back to that block, as if
         the registration had never happened (equal prompts after equal prefixes hash alike)."""
-        for block_id, h, previous in reversed(seq.hash_undo):
+        for block_id, h, previous in reversed(seq.flight.hash_undo):
             if self.hash_to_block_id.get(h) == block_id:
                 if previous is None:
                     del self.hash_to_block_id[h]
@@ -185,7 +185,7 @@ class BlockManager:
             block = self.blocks[block_id]
             block.hash = -1
             block.token_ids = []
-        seq.hash_undo = []
+        seq.flight.hash_undo = []
         seq.num_hashed_blocks = min(seq.num_hashed_blocks, start)
 
     def ref_counts(self, seq: Sequence) -> list[int]:

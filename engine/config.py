@@ -7,13 +7,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEDULING_POLICIES = ("prefill_first", "balanced", "mixed")
-# scheduling_policy="mixed"'s token budget when max_num_batched_tokens is not given. A mixed step carries every
-# running decode plus up to this many prompt tokens, so a stream's gap between tokens is one such step: on one
-# H200 a 2,048-token chunk of Qwen3-0.6B adds a few milliseconds to a decode step (docs/serving.md), where
-# nano's 16,384 would stall every stream for a whole long prefill, which mixing exists to avoid.
-MIXED_TOKEN_BUDGET = 2048
-NANO_TOKEN_BUDGET = 16384
+from .policies import POLICIES, SchedulingPolicy, policy_class
+
+# The shipped scheduling policies (engine/policies.py's registry; Config checks the registry itself, so a policy
+# registered later is accepted too).
+SCHEDULING_POLICIES = tuple(POLICIES)
 ATTENTION_BACKENDS = ("auto", "flash_attn", "triton", "torch")
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -27,7 +25,7 @@ TP_REPLY_SLOT_BYTES = 4096
 @dataclass
 class Config:
     model: str
-    # None: nano-vLLM's 16384, or MIXED_TOKEN_BUDGET under scheduling_policy="mixed".
+    # None: the policy's default_token_budget (nano-vLLM's 16384; mixed: MIXED_TOKEN_BUDGET, engine/policies.py).
     max_num_batched_tokens: int | None = None
     max_num_seqs: int = 512
     max_model_len: int = 4096
@@ -77,9 +75,9 @@ class Config:
         if not isinstance(self.model, (str, os.PathLike)) or not os.path.isdir(self.model):
             raise ValueError(f"model: {self.model!r} is not a model folder")
         self.model = os.fspath(self.model)
-        _choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        _choice("scheduling_policy", self.scheduling_policy, tuple(POLICIES))
         if self.max_num_batched_tokens is None:
-            self.max_num_batched_tokens = MIXED_TOKEN_BUDGET if self.scheduling_policy == "mixed" else NANO_TOKEN_BUDGET
+            self.max_num_batched_tokens = self.policy.default_token_budget
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive_int("max_num_seqs", self.max_num_seqs)
         _positive_int("max_model_len", self.max_model_len)
@@ -88,13 +86,17 @@ class Config:
         if not 1 <= self.tensor_parallel_size <= MAX_TENSOR_PARALLEL_SIZE:
             raise ValueError(f"tensor_parallel_size: must be between 1 and {MAX_TENSOR_PARALLEL_SIZE}, "
                              f"got {self.tensor_parallel_size}")
-        if not isinstance(self.num_kvcache_blocks, int) or (self.num_kvcache_blocks < 1 and self.num_kvcache_blocks != -1):
-            raise ValueError(f"num_kvcache_blocks: must be -1 (size automatically) or >= 1, got {self.num_kvcache_blocks!r}")
+        if not isinstance(self.num_kvcache_blocks, int) or (
+                self.num_kvcache_blocks < 1 and self.num_kvcache_blocks != -1):
+            raise ValueError("num_kvcache_blocks: must be -1 (size automatically) or >= 1, "
+                             f"got {self.num_kvcache_blocks!r}")
+        if isinstance(self.kvcache_memory_bytes, bool) or not isinstance(self.kvcache_memory_bytes, int) or (
+                self.kvcache_memory_bytes < 1 and self.kvcache_memory_bytes != -1):
+            raise ValueError(f"kvcache_memory_bytes: must be -1 (not set) or >= 1, got {self.kvcache_memory_bytes!r}")
         if not 0.0 < float(self.gpu_memory_utilization) <= 1.0:
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
         _choice("device", self.device, DEVICES)
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        _choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         _choice("dtype", self.dtype, DTYPES)
         _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         if self.hf_config is None:
@@ -109,6 +111,11 @@ class Config:
             raise ValueError(f"model: model_type {model_type!r} is not supported (only qwen3)")
         self._check_tensor_parallel()
         self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
+
+    @property
+    def policy(self) -> type[SchedulingPolicy]:
+        """The scheduling policy's class: what the runner must prepare for it (mixes_phases), its default budget."""
+        return policy_class(self.scheduling_policy)
 
     def _check_tensor_parallel(self) -> None:
         tp = self.tensor_parallel_size

@@ -41,7 +41,8 @@ def resolve_attention_backend(name: str, device: torch.device) -> str:
     if name in ("flash_attn", "triton") and device.type != "cuda":
         raise ValueError(f"attention_backend: {name!r} needs a CUDA device; use 'torch' on {device.type}")
     if name == "flash_attn" and importlib.util.find_spec("flash_attn") is None:
-        raise ValueError("attention_backend: 'flash_attn' is not installed (pip install flash-attn, or use 'triton'/'torch')")
+        raise ValueError("attention_backend: 'flash_attn' is not installed (pip install flash-attn, or use "
+                         "'triton'/'torch')")
     if name == "triton" and not _has_triton_backend():
         raise ValueError("attention_backend: the 'triton' backend is not available in this build")
     return name

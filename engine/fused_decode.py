@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from .context import get_context
-from .kernels.decode_layer import MAX_ROWS, gemv, partials_norm, qkv_attention, split_for
 from .device import num_sms
+from .kernels.decode_layer import MAX_ROWS, gemv, partials_norm, qkv_attention, split_for
 
 
 def applies(ctx, rows: int) -> bool:

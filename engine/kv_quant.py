@@ -6,7 +6,8 @@ a K or V row x is stored as q = e4m3(clamp(x * (1 / scale), -448, 448)), rounded
 reads q exactly (every e4m3 value is exact in fp16 and fp32), multiplies the scale into the scores (K) and into
 the output (V), and takes the softmax probabilities into the value product in float16 for a 16-bit model (float32
 for a float32 one): e4m3 -> float16 is one Hopper instruction for two values, where bfloat16 needs a second
-conversion a value, which bounded the decode kernel at half the FP8 bytes' speed (docs/perf.md). So a prefix-cache hit, a chunk's earlier part and this step's own tokens are all seen
+conversion a value, which bounded the decode kernel at half the FP8 bytes' speed (docs/perf.md). So a prefix-cache
+hit, a chunk's earlier part and this step's own tokens are all seen
 as stored: chunking and caching never change what a token attends to, as with the model dtype.
 
 The scales are per tensor (one K and one V scale per layer), 1.0 by default as in vLLM when no calibrated
@@ -17,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from .config import KV_CACHE_DTYPES  # noqa: F401 - the choices, declared with the other Config choices
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
-from dataclasses import dataclass
 import hashlib
 import os
 import platform
@@ -18,13 +17,14 @@ import torch
 from tqdm.auto import tqdm
 
 from .config import Config
-from .request_limits import RequestLimits
 from .executor import Executor
+from .request_limits import RequestLimits
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .step_events import StepEvents
-from .step_result import StepFailed, StepResult
+from .step_loop import OverlappedLoop, SyncLoop
+from .step_result import StepResult
 from .tokenizer import Tokenizer
 from .tp_workers import rank_memory, reset_rank_memory
 
@@ -43,17 +43,6 @@ def _version(package: str) -> str | None:
         return _package_version(package)
     except PackageNotFoundError:
         return None
-
-
-@dataclass(slots=True)
-class _Launched:
-    """A step on the device: its plan, rank 0's handle, and what the queues looked like once it was
-    scheduled (read when the next step starts scheduling, or at commit)."""
-    n: int
-    plan: object
-    handle: object
-    prefix: tuple[int, int]                       # prefix-cache queries and hits its scheduling added
-    queues: tuple[int, int, int] | None = None    # waiting, running, free blocks after it
 
 
 class LLMEngine:
@@ -81,13 +70,6 @@ class LLMEngine:
         self.startup_seconds["other"] = max(0.0, self.init_seconds - sum(self.startup_seconds.values()))
         self._seq_ids = count()
         self._seqs: dict[int, Sequence] = {}
-        self.step_count = 0       # steps committed (StepResult.step of the last one)
-        self._launches = 0        # steps launched
-        self._queued: _Launched | None = None   # async scheduling: the next step, already on the device
-        self._failed: StepFailed | None = None  # a failure of the queued step, raised by the next step()
-        # Async scheduling: not while model_shape hooks trace the forward pass (they would fire inside the
-        # step before), nor with a host-side sampling strategy (teacher forcing).
-        self._async = config.async_scheduling and not getattr(self.tracer, "shapes", False)
         # Async scheduling: steps launched while the step before them ran, and rows computed for sequences that
         # had meanwhile stopped on EOS or been aborted (their tokens dropped).
         self.async_stats = {"launched_ahead": 0, "wasted_rows": 0}
@@ -95,6 +77,8 @@ class LLMEngine:
         # scheduling the next step is scheduled inside step(), while this one runs, and requests that arrived
         # meanwhile join it only if they are added here.
         self.before_schedule: Callable[[], None] | None = None
+        self.events = None
+        self._loop = self._step_loop()
         self._t_start = time.perf_counter()
         self._closed = False
         # exit() at interpreter exit, as nano does, through a weak reference (an engine that is dropped
@@ -103,7 +87,6 @@ class LLMEngine:
         atexit.register(self._atexit)
         if self.executor.tp is not None:
             weakref.finalize(self, self.executor.tp.shutdown)
-        self.events = None
         if self.tracer is not None:
             self.events = StepEvents(self.tracer, self.scheduler, self._seqs)
             self.events.emit_now("run_start", **self._run_start_fields())
@@ -193,14 +176,13 @@ class LLMEngine:
 
     def is_finished(self) -> bool:
         """Nothing waits, runs, or is still on the device."""
-        return self.scheduler.is_finished() and self._queued is None and self._failed is None
+        return self.scheduler.is_finished() and self._loop.idle
 
     def stats(self) -> dict:
         """Queue and pool figures between steps (a StepResult carries the same after each step)."""
-        sched = self.scheduler
-        bm = sched.block_manager
-        return {"waiting": len(sched.waiting), "running": len(sched.running), "free_blocks": bm.num_free_blocks,
-                "num_blocks": bm.num_blocks}
+        now = self.scheduler.snapshot()
+        return {"waiting": len(now.waiting_ids), "running": len(now.running_ids), "free_blocks": now.free_blocks,
+                "num_blocks": now.num_blocks}
 
     def abort(self, seq_id: int) -> bool:
         """Cancel a request between steps; its KV blocks return to the pool. False if already finished.
@@ -217,22 +199,13 @@ class LLMEngine:
         """Record every change to the prefix cache's set of block hashes from now on (take_kv_events reads them):
         what a prefix-aware router needs to mirror this engine's cache. Call it before the first request (a
         mirror starts from an empty cache)."""
-        bm = self.scheduler.block_manager
-        if bm.hash_to_block_id:
-            raise ValueError("kv events: enable them before the first request (the prefix cache is not empty)")
-        if bm.events is None:
-            bm.events = []
+        self.scheduler.record_kv_events()
 
     def take_kv_events(self) -> list[tuple]:
         """The prefix cache's changes since the last call, in order: ("stored", block hash, parent block hash or
         None, the block's token ids) when a hash becomes findable, ("removed", block hash) when it no longer is.
         Empty unless enable_kv_events was called."""
-        bm = self.scheduler.block_manager
-        events = bm.events
-        if not events:
-            return []
-        bm.events = []
-        return events
+        return self.scheduler.take_kv_events()
 
     def get_sequence(self, seq_id: int) -> Sequence:
         return self._seqs[seq_id]
@@ -245,107 +218,24 @@ class LLMEngine:
         self._seqs.pop(seq_id, None)
 
     # --- the step -------------------------------------------------------------------------------
+    def _step_loop(self) -> SyncLoop:
+        """The step loop, chosen once: overlapped (async scheduling) unless the config turns it off, model_shape
+        hooks trace the forward pass (they would fire inside the step before) or a host-side sampling strategy
+        picks the tokens (teacher forcing: it needs each step's logits on the host before the next step)."""
+        overlap = (self.config.async_scheduling and not getattr(self.tracer, "shapes", False)
+                   and self.model_runner.sampling.on_device)
+        return (OverlappedLoop if overlap else SyncLoop)(self)
+
     def step(self) -> StepResult:
-        """One engine step: schedule, run the model, sample, commit; returns what it did (StepResult).
+        """One engine step: schedule, run the model, sample, commit; returns what it did (StepResult). The loop
+        (engine/step_loop.py) may have launched this step during the call before, and may launch the next one
+        now. An exception after scheduling takes the step's sequences out of the engine and raises StepFailed."""
+        return self._loop.step()
 
-        With async scheduling, while a step that replays a CUDA graph runs (a few ms of device time, launched
-        in microseconds), the next step is scheduled (its inputs read this step's samples on the device) and,
-        if it replays a graph too, launched, so the device never waits for the host. An eager step's launch is
-        host-bound (tens of ms): it goes after this step's commit, so this step's tokens are not held back by it.
-        After an eager step nothing is scheduled ahead: its run leaves the host no idle time to fill, and
-        requests that arrived during it can join the very next step. Nor when the next step would be an eager
-        prefill (Scheduler.next_is_eager_prefill): planned now, it would leave out the requests that arrive
-        while this step runs. An exception after scheduling takes the step's sequences out of the engine and
-        raises StepFailed."""
-        if self._failed is not None:
-            failed, self._failed = self._failed, None
-            raise failed
-        current = self._queued or self._launch(self._schedule())
-        self._queued = None
-        if not (self._async and self.sampling.on_device and not self.scheduler.is_finished()
-                and self.executor.replays_graph(current.plan) and not self.scheduler.next_is_eager_prefill()):
-            return self._commit(current)
-        current.queues = self._queues()  # what it leaves, before the next step changes it
-        ahead = self._schedule(fail_later=True)
-        if ahead is None or self.executor.replays_graph(ahead[1]):
-            self._queued = ahead and self._launch(ahead, fail_later=True)
-            result = self._commit(current)
-        else:
-            try:
-                result = self._commit(current)
-            finally:
-                self._queued = self._launch(ahead, fail_later=True)
-        self.async_stats["launched_ahead"] += self._queued is not None
-        return result
-
-    def _schedule(self, fail_later: bool = False) -> tuple | None:
-        """The next step's plan: (step number, plan, the prefix-cache queries and hits it added). `fail_later`: a
-        failure is raised by the next step() (this one still commits the step before it)."""
-        if self.before_schedule is not None:
-            self.before_schedule()
-        n = self._launches + 1
-        bm = self.scheduler.block_manager
-        before = bm.prefix_queries, bm.prefix_hits
-        if self.events is not None:
-            self.events.scheduling(n)
-        try:
-            plan = self.scheduler.schedule()
-        except Exception as exc:  # (nothing can run)
-            if not fail_later:
-                raise
-            self._failed = exc
-            return None
-        self._launches = n
-        return n, plan, (bm.prefix_queries - before[0], bm.prefix_hits - before[1])
-
-    def _launch(self, scheduled: tuple, fail_later: bool = False) -> _Launched | None:
-        """Queue a scheduled step on every rank."""
-        n, plan, prefix = scheduled
-        try:
-            handle = self.executor.execute(plan)
-        except Exception as exc:
-            if self.events is not None:
-                self.events.failed(n, plan)
-            failed = self._step_failed(n, plan, exc)
-            if not fail_later or failed.fatal:  # (dead workers: no step can run, this one's result is moot)
-                raise failed from exc
-            self._failed = failed
-            return None
-        if self.events is not None:
-            self.events.launched(n, plan, handle.inputs)
-        return _Launched(n, plan, handle, prefix)
-
-    def _commit(self, step: _Launched) -> StepResult:
-        try:
-            sampled = step.handle.token_ids()
-        except Exception as exc:
-            raise self._step_failed(step.n, step.plan, exc) from exc
-        plan = step.plan
-        tokens, reasons = self.scheduler.commit(plan, sampled)
-        if plan.from_previous is not None:  # the ids its decode rows read on the device are on the host now
-            step.handle.inputs.input_ids = [seq.token_ids[p] for seq, p in zip(plan.seqs, plan.starts[:plan.num_decodes])] \
-                + plan.input_ids[plan.num_decodes:]
-        self.step_count = step.n
-        if self.events is not None:
-            self.events.committed(step.n, plan, tokens, sampled)
-        self.async_stats["wasted_rows"] += sum(t is None and ok for t, ok in zip(tokens, plan.samples))
-        return StepResult.of(step.n, plan, step.handle.inputs, tokens, reasons,
-                             step.queues or self._queues(), self.scheduler.block_manager.num_blocks, step.prefix)
-
-    def _queues(self) -> tuple[int, int, int]:
-        sched = self.scheduler
-        return len(sched.waiting), len(sched.running), sched.block_manager.num_free_blocks
-
-    def _step_failed(self, n: int, plan, exc: Exception) -> StepFailed:
-        """Take a failed step's sequences out (blocks back to the pool) and say whether the engine survives."""
-        fatal = self.executor.broken
-        seqs = [s for s, rows in zip(plan.seqs, plan.samples) if not s.is_finished or s.finish_reason == "length"]
-        if not fatal:
-            for seq, samples in zip(plan.seqs, plan.samples):
-                self.scheduler.fail(seq, samples)
-        what = "the engine cannot continue" if fatal else f"its {len(seqs)} sequence(s) were aborted"
-        return StepFailed(f"step {n} failed ({type(exc).__name__}: {exc}); {what}",
-                          [s.seq_id for s in seqs], [s.request_id for s in seqs], fatal)
+    @property
+    def step_count(self) -> int:
+        """Steps committed (StepResult.step of the last one)."""
+        return self._loop.step_count
 
     @property
     def sampling(self):
@@ -355,7 +245,11 @@ class LLMEngine:
 
     @sampling.setter
     def sampling(self, strategy) -> None:
+        if not self._loop.idle:
+            raise ValueError("sampling: set it between steps, with no step on the device")
         self.model_runner.sampling = strategy
+        loop, self._loop = self._loop, self._step_loop()  # (the loop depends on where tokens are picked)
+        self._loop.launches, self._loop.step_count = loop.launches, loop.step_count
 
     # --- per-rank facts (tensor parallel workers answer over the control channel) --------------------
     def peak_memory_per_rank(self) -> list[dict]:
@@ -372,7 +266,8 @@ class LLMEngine:
 
         return self.executor.per_rank(rank_shapes)
 
-    def generate(self, prompts: list[str] | list[list[int]], sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    def generate(self, prompts: list[str] | list[list[int]],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[dict]:
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError("prompts: expected a non-empty list of strings or of token-id lists")
@@ -428,12 +323,7 @@ class LLMEngine:
             return
         self._closed = True
         atexit.unregister(self._atexit)
-        if self._queued is not None:  # a step still on the device: let it finish before the pool goes
-            try:
-                self._commit(self._queued)
-            except Exception:  # noqa: BLE001 - exiting anyway
-                pass
-            self._queued = None
+        self._loop.drain()  # a step still on the device: let it finish before the pool goes
         if self.events is not None:
             self.events.emit_now("run_end", steps=self.step_count, wall_s=time.perf_counter() - self._t_start)
             self.tracer.close()
@@ -448,7 +338,8 @@ class LLMEngine:
     # --- tracing (only reached when a tracer is set) --------------------------------------------
     def _run_start_fields(self) -> dict:
         cfg = self.config
-        config = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in ("tracer", "hf_config")}
+        config = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+                  if f.name not in ("tracer", "hf_config")}
         with open(os.path.join(cfg.model, "config.json"), "rb") as f:
             config_sha = hashlib.sha256(f.read()).hexdigest()
         return {
@@ -458,7 +349,7 @@ class LLMEngine:
             "versions": {"python": platform.python_version(), "torch": torch.__version__,
                          "transformers": _version("transformers")},
             "tp_rank": self.model_runner.rank,
-            "async_scheduling": self._async,
+            "async_scheduling": self._loop.overlapped,
             "tp_size": cfg.tensor_parallel_size,
             "kv_bytes_per_token": self.model_runner.kv_block_bytes // cfg.kvcache_block_size,  # this rank's
             "block_size": cfg.kvcache_block_size,

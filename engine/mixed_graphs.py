@@ -16,10 +16,11 @@ from __future__ import annotations
 import torch
 
 from .context import Context, DecodeMeta, PrefillMeta, reset_context, set_context
+from .graph_dispatch import MIXED_PREFILL_ROWS
 
 DECODE_ROWS = (0, 8, 32, 64, 128, 256, 512)
 PREFILL_TOKENS = (512, 2048)
-ROWS = 16  # prefill rows a graph holds; a step with more runs eagerly
+ROWS = MIXED_PREFILL_ROWS  # prefill rows a graph holds; a step with more runs eagerly (engine/graph_dispatch.py)
 
 
 def buckets(max_decode: int, budget: int) -> tuple[list[int], list[int]]:
@@ -71,12 +72,6 @@ class MixedGraphs:
                 torch.cuda.synchronize()
                 reset_context()
         return pool
-
-    def key(self, num_decodes: int, prefill_tokens: int, prefill_rows: int) -> tuple[int, int] | None:
-        """The smallest graph that holds such a step, or None (it runs eagerly)."""
-        if prefill_rows > ROWS or num_decodes > self.rows[-1] or prefill_tokens > self.tokens[-1]:
-            return None
-        return (next(d for d in self.rows if d >= num_decodes), next(p for p in self.tokens if p >= prefill_tokens))
 
     def fill(self, a, inputs, key: tuple[int, int]) -> int:
         """Write a step into `a` (a numpy view of the host mirror of `buf`); returns the elements to copy."""

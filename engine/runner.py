@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import Config
 from .batch_plan import BatchPlan
+from .config import Config
 from .context import Context, DecodeMeta, PrefillMeta, reset_context, set_context
 from .device import num_sms, resolve_device, resolve_dtype
 from .distributed import all_reduce_min, broadcast_from_rank0, set_tp
+from .graph_dispatch import GraphDispatch, decode_buckets
 from .kernel_choice import choose_kernels
 from .kv_layout import pool_shape
 from .kv_quant import cache_dtype
@@ -23,8 +24,6 @@ from .profiling import phase
 from .sampler import DeviceSampling
 from .staging import Staging
 
-# Decode contexts up to this many tokens run in the one-split graph of a small batch (capture_cudagraph).
-SHORT_CONTEXT = 512
 # A CPU KV pool takes at most this much memory unless num_kvcache_blocks / kvcache_memory_bytes say otherwise.
 DEFAULT_CPU_KV_BYTES = 512 << 20
 
@@ -180,6 +179,7 @@ class ModelRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_bs: list[int] = []
         self.mixed_graphs = None
+        self.dispatch = GraphDispatch()  # which graph a step replays (engine/graph_dispatch.py); none captured yet
         self.graph_capture_seconds = None
         if self.device.type == "cuda":
             self.warmup_model()
@@ -189,9 +189,12 @@ class ModelRunner:
         if self.device.type == "cuda" and not config.enforce_eager and self.kernels.graph_safe:
             pool = self.capture_cudagraph()
             lap("capture decode graphs")
-            if config.scheduling_policy == "mixed":  # (no other policy makes a step with both kinds of row)
+            if config.policy.mixes_phases:  # (only such a policy makes a step with both kinds of row)
                 self.capture_mixed_graphs(pool)
                 lap("capture mixed graphs")
+            mixed = self.mixed_graphs
+            self.dispatch = GraphDispatch(tuple(self.graph_bs), frozenset(self.short_graphs),
+                                          *((tuple(mixed.rows), tuple(mixed.tokens)) if mixed else ()))
             self.graph_capture_seconds = sum(v for k, v in self.startup_seconds.items() if k.startswith("capture"))
 
     @property
@@ -302,14 +305,7 @@ class ModelRunner:
     def graph_key(self, plan: BatchPlan) -> tuple[int, int | None] | None:
         """The captured graph a plan replays: (decode rows, prefill tokens; None for a decode graph), or None
         when it runs eagerly."""
-        nd = plan.num_decodes
-        if not len(plan):
-            return None  # nothing to run: no graph (the decode bucket of 1 would replay for nothing)
-        if nd < len(plan):
-            return self.mixed_graphs.key(nd, sum(plan.num_new[nd:]), len(plan) - nd) if self.mixed_graphs else None
-        if self.graphs and nd <= self.graph_bs[-1]:
-            return next(b for b in self.graph_bs if b >= nd), None
-        return None
+        return self.dispatch.key(plan)
 
     @staticmethod
     def _pad(tables: list[list[int]]) -> list[list[int]]:
@@ -419,7 +415,7 @@ class ModelRunner:
         gv["outputs"] = torch.zeros(max_bs, hidden, dtype=self.dtype, device=dev)
         gv["slot_mapping"].fill_(-1)
         self.graph_max_bs, self.graph_max_blocks = max_bs, max_blocks
-        self.graph_bs = [b for b in [1, 2, 4, 8] if b <= max_bs] + list(range(16, max_bs + 1, 16))
+        self.graph_bs = decode_buckets(max_bs)
         sms = num_sms(dev, 0)
         self.graph_splits = {bs: num_splits_for(bs, self.num_kv_heads, cfg.max_model_len, sms) for bs in self.graph_bs}
         pool = None
@@ -455,8 +451,7 @@ class ModelRunner:
             _copy_ids(self.graph_vars["input_ids"], previous, inputs.num_decodes, index.get("ids_dst"),
                       index.get("ids_src"))
         bucket = inputs.graph_batch
-        short = bucket in self.short_graphs and max(inputs.context_lens) <= SHORT_CONTEXT
-        (self.short_graphs if short else self.graphs)[bucket].replay()
+        (self.short_graphs if self.dispatch.one_split(bucket, inputs.context_lens) else self.graphs)[bucket].replay()
         set_context(Context())
         return self.graph_vars["outputs"][:inputs.num_decodes]
 

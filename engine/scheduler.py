@@ -1,20 +1,16 @@
-"""Which sequences compute which tokens in the next step (a BatchPlan), and what a step's tokens do to them.
+"""The scheduler's mechanics: queues, KV blocks, the BatchPlan of a step, and what a step's tokens do.
 
-Policies:
-- `prefill_first` is nano-vLLM bb823b3: any prefill work wins, and a step never mixes phases; only the
-  first sequence of a prefill batch may be chunked; decode preempts from the tail of `running`.
-- `balanced` alternates the phases when both can run, rotates served decode sequences to the tail of
-  `running` so every sequence gets its turn, and takes the other phase when the chosen one cannot run.
-- `mixed` (vLLM v1's chunked prefill): every running decode first, then prefill chunks of the waiting
-  sequences, any of which may be chunked, in one step under one token budget; no prefill in a step that
-  had to preempt.
+Which sequences a step serves is its policy's choice (engine/policies.py: prefill_first, nano-vLLM's default;
+balanced; mixed); the policy picks with the mechanics here (take_decodes, take_prefills, order_waiting), which
+keep the queues and the pool consistent whatever it asks.
 
 A step has two moments. `schedule()` picks the rows and at once folds in what the step will do whatever it
 samples: the computed tokens count as cached, a sampling row gets a placeholder token, a sequence that
 reaches max_tokens or max_model_len finishes. `commit(plan, token_ids)` fills the placeholders with the
-sampled tokens and stops sequences on EOS. Without async scheduling the two follow each other. With it the
-next step is scheduled between them, while the device still runs this one (engine/llm.py): it sees every
-state a synchronous engine would, except an EOS not yet known, which costs that row one wasted token.
+sampled tokens and stops sequences on EOS. In the synchronous step loop the two follow each other. In the
+overlapped one the next step is scheduled between them, while the device still runs this one
+(engine/step_loop.py): it sees every state a synchronous engine would, except an EOS not yet known, which
+costs that row one wasted token.
 """
 from __future__ import annotations
 
@@ -23,7 +19,10 @@ from collections import deque
 from .batch_plan import BatchPlan
 from .block_manager import BlockManager
 from .config import Config
+from .in_flight import take_back
+from .policies import policy_class
 from .profiling import phase
+from .scheduler_snapshot import SchedulerSnapshot, SeqState
 from .sequence import Sequence, SequenceStatus
 
 
@@ -32,16 +31,20 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_model_len = config.max_model_len
-        self.policy = config.scheduling_policy
+        self.policy = policy_class(config.scheduling_policy)()
         self.eos = config.eos
         self.block_manager = BlockManager(config.num_kvcache_blocks, config.kvcache_block_size)
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
-        self.last_phase_prefill: bool | None = None
         # Sequences that finished as a step was scheduled, in row order: each frees its blocks (after hashing them)
         # once its cached tokens' values are all known, and never before one ahead of it, so the free list takes
         # back blocks in the order a synchronous engine gives them back.
         self._releasing: list[Sequence] = []
+        # The plans made (each one's BatchPlan.step), and this scheduler's own Sequences of each plan's rows: until
+        # it commits (or fails), and the last committed one's, whose state the step events read after the commit.
+        self._planned = 0
+        self._rows: dict[int, list[Sequence]] = {}
+        self._committed: tuple[int, list[Sequence]] = (0, [])
 
     def is_finished(self) -> bool:
         return not self.waiting and not self.running
@@ -50,53 +53,30 @@ class Scheduler:
         self.waiting.append(seq)
 
     def next_is_eager_prefill(self) -> bool:
-        """Would schedule() now make a prefill-only step (prefill_first, balanced; under mixed a prefill joins
-        the decodes in a step that replays a graph)? Read without changing anything. The engine asks it before
-        planning a step ahead: an eager prefill planned early leaves out the requests that arrive before this
-        step commits. A hint only: either answer gives the same states, the wrong one only a later admission
-        or a step less overlapped."""
-        if self.policy == "mixed" or not self.waiting:
+        """Would schedule() now make a prefill-only step? (The policy's hint, read without changing anything.)"""
+        return self.policy.prefill_alone_next(self)
+
+    def head_can_prefill(self) -> bool:
+        """Could the head of `waiting` prefill now (it holds blocks mid-chunk, or the pool can take it)?"""
+        if not self.waiting:
             return False
-        if self._decode_turn():
-            return False  # a decode turn
         seq = self.waiting[0]
         return not seq.pending and (bool(seq.block_table) or self.block_manager.can_allocate(seq) != -1)
 
     # --- choosing a step ------------------------------------------------------------------------
     @phase("engine::schedule")
     def schedule(self) -> BatchPlan:
-        """The next step's plan (raises when nothing can run although sequences wait)."""
-        preempted: list[Sequence] = []
-        if self.policy == "mixed":
-            decodes = self._schedule_decode(preempted, self.max_num_batched_tokens)
-            # After a preemption nothing new is admitted (it would take the blocks the preemption just freed);
-            # a prompt mid-chunk still goes on, or it could hold its blocks while nothing runs.
-            prefills = self._schedule_prefill(self.max_num_seqs - len(decodes),
-                                              self.max_num_batched_tokens - len(decodes), any_chunk=True,
-                                              admit=not preempted)
-        else:
-            decodes, prefills = [], []
-            order = (False, True) if self._decode_turn() else (True, False)
-            for is_prefill in order:
-                if is_prefill:
-                    prefills = self._schedule_prefill(self.max_num_seqs, self.max_num_batched_tokens)
-                else:
-                    decodes = self._schedule_decode(preempted)
-                if prefills or decodes:
-                    self.last_phase_prefill = is_prefill
-                    break
+        """The next step's plan, as the policy picks it (raises when nothing can run although sequences wait)."""
+        decodes, prefills, preempted = self.policy.pick(self)
         if not decodes and not prefills:
             raise RuntimeError("scheduler: nothing can run (the KV pool cannot hold the first waiting request)")
         plan = self._plan(decodes, prefills, preempted)
         self._fold(decodes + [seq for seq, _ in prefills], plan)
         return plan
 
-    def _decode_turn(self) -> bool:
-        """balanced alternates phases: after a prefill step the running decodes go first."""
-        return self.policy == "balanced" and self.last_phase_prefill and bool(self.running)
-
-    def _schedule_prefill(self, max_seqs: int, budget: int, any_chunk: bool = False,
-                          admit: bool = True) -> list[tuple[Sequence, int]]:
+    # --- the mechanics a policy picks with -------------------------------------------------------
+    def take_prefills(self, max_seqs: int, budget: int, any_chunk: bool = False,
+                      admit: bool = True) -> list[tuple[Sequence, int]]:
         """(sequence, tokens) of waiting sequences, from the head of `waiting`, under `budget` tokens.
         nano's rule: only the first of them may be chunked; with `any_chunk` the last one may be too.
         Without `admit`, only a sequence that already holds blocks (mid-chunk) is taken."""
@@ -131,9 +111,13 @@ class Scheduler:
             self.running.append(seq)
         return scheduled
 
-    def _schedule_decode(self, preempted: list[Sequence], budget: int | None = None) -> list[Sequence]:
+    def take_decodes(self, preempted: list[Sequence], limit: int | None = None, rotate: bool = False) -> list[Sequence]:
+        """Running sequences that decode now (at most `limit`, and max_num_seqs), from the head of `running`; when
+        the pool cannot take a sequence's next token, sequences are preempted from the tail (into `preempted`).
+        The served ones go back to the head of `running` (nano), or with `rotate` to its tail (everyone gets a
+        turn when fewer fit than run)."""
         scheduled: list[Sequence] = []
-        limit = self.max_num_seqs if budget is None else min(self.max_num_seqs, budget)
+        limit = self.max_num_seqs if limit is None else min(self.max_num_seqs, limit)
         while self.running and len(scheduled) < limit:
             seq = self.running.popleft()
             while not self.block_manager.can_append(seq):
@@ -145,11 +129,16 @@ class Scheduler:
             else:
                 self.block_manager.may_append(seq)
                 scheduled.append(seq)
-        if self.policy == "balanced":
+        if rotate:
             self.running.extend(scheduled)
         else:
             self.running.extendleft(reversed(scheduled))
         return scheduled
+
+    def order_waiting(self, key) -> None:
+        """Sort `waiting` by `key` (stable), but for a prompt mid-chunk: it holds blocks, and stays first."""
+        held = [self.waiting.popleft()] if self.waiting and self.waiting[0].block_table else []
+        self.waiting = deque(held + sorted(self.waiting, key=key))
 
     def preempt(self, seq: Sequence, preempted: list[Sequence]):
         seq.status = SequenceStatus.WAITING
@@ -171,16 +160,17 @@ class Scheduler:
         from_previous = None
         if any(seq.pending for seq in decodes):
             # The last token of these is sampled by the step in flight: the runner reads it on the device.
-            from_previous = [seq.sample_row if seq.pending else -1 for seq in decodes]
+            from_previous = [seq.flight.sample_row if seq.pending else -1 for seq in decodes]
             input_ids = [0 if seq.pending else t for seq, t in zip(decodes, input_ids)]
         for (seq, n), start in zip(prefills, starts[len(decodes):]):
             input_ids.extend(seq.token_ids[start:start + n])
-        plan = BatchPlan([s.seq_id for s in seqs], [s.request_id for s in seqs], len(decodes), starts, num_new,
-                         [s.num_tokens for s in seqs], input_ids, [list(s.block_table) for s in seqs],
-                         from_previous, [s.seq_id for s in preempted])
-        plan.sampling = [seq.sampling_params for seq, ok in zip(seqs, plan.samples) if ok]
-        plan.seqs = seqs
-        return plan
+        num_tokens = [s.num_tokens for s in seqs]
+        sampling = [seq.sampling_params for seq, s, n, t in zip(seqs, starts, num_new, num_tokens) if s + n == t]
+        self._planned += 1
+        self._rows[self._planned] = seqs
+        return BatchPlan([s.seq_id for s in seqs], [s.request_id for s in seqs], len(decodes), starts, num_new,
+                         num_tokens, input_ids, [list(s.block_table) for s in seqs], from_previous,
+                         [s.seq_id for s in preempted], sampling, self._planned)
 
     def _fold(self, seqs: list[Sequence], plan: BatchPlan) -> None:
         """What the step does whatever it samples: its tokens count as cached, each sampling row appends a
@@ -188,16 +178,13 @@ class Scheduler:
         bm = self.block_manager
         row = 0
         for seq, n, samples in zip(seqs, plan.num_new, plan.samples):
-            # (What a discarded row takes back: see _finish.)
-            seq.cached_before_step, seq.hashed_before_step = seq.num_cached_tokens, seq.num_hashed_blocks
-            seq.hash_undo = []
+            seq.flight.open_row(seq)  # (what taking this row back restores: engine/in_flight.py)
             seq.num_cached_tokens += n
-            seq.in_flight += 1
             bm.hash_blocks(seq)
             if not samples:
                 continue  # a chunk: its prompt goes on next step
             seq.append_placeholder()
-            seq.sample_row = row
+            seq.flight.sample_row = row
             row += 1
             if seq.num_completion_tokens == seq.max_tokens or seq.num_tokens >= self.max_model_len:
                 # (The max_model_len stop is not nano's, whose sequences would run past its RoPE table;
@@ -215,20 +202,23 @@ class Scheduler:
         reasons: list[str | None] = []
         sampled = iter(token_ids)
         bm = self.block_manager
-        for seq, samples in zip(plan.seqs, plan.samples):
-            seq.in_flight -= 1
+        seqs = self._rows.pop(plan.step)
+        self._committed = (plan.step, seqs)
+        for seq, samples in zip(seqs, plan.samples):
+            flight = seq.flight
+            flight.rows -= 1
             token = next(sampled) if samples else None
-            if seq.discard_rows:  # scheduled before the sequence stopped or was aborted
-                seq.discard_rows -= 1
+            if flight.discard:  # scheduled before the sequence stopped or was aborted
+                flight.discard -= 1
                 token = None
             elif token is not None:
                 seq.fill_placeholder(token)
                 if token == self.eos and not seq.ignore_eos:
-                    self._finish(seq, "stop", later_rows=seq.in_flight)
+                    self._finish(seq, "stop", later_rows=flight.rows)
                 else:
                     bm.hash_blocks(seq)
             tokens.append(token)
-            done = token is not None and seq.is_finished and seq.in_flight == seq.discard_rows
+            done = token is not None and seq.is_finished and flight.rows == flight.discard
             reasons.append(seq.finish_reason if done else None)
         self._release_ready()
         return tokens, reasons
@@ -250,11 +240,10 @@ class Scheduler:
         seq.finish_reason = reason
         bm = self.block_manager
         if later_rows:
-            seq.discard_rows = later_rows
+            seq.flight.discard = later_rows
             while seq.pending:
                 seq.drop_placeholder()
-            bm.unhash(seq, seq.hashed_before_step)
-            seq.num_cached_tokens = seq.cached_before_step
+            take_back(seq, bm)
         if in_order or seq.num_known_tokens < seq.num_cached_tokens:
             if seq not in self._releasing:
                 self._releasing.append(seq)  # (a cached token's value may still be in flight: hash, then free)
@@ -264,19 +253,63 @@ class Scheduler:
             bm.hash_blocks(seq)
             bm.deallocate(seq)
 
+    def fail_step(self, plan: BatchPlan, undo: bool = True) -> tuple[list[int], list[str]]:
+        """The step of `plan` could not run: its sequences are finished with "error" (but one that had finished on
+        its own before it), with `undo` after each row is taken back (the engine goes on). Returns the seq ids and
+        request ids of the sequences it took out."""
+        seqs = self._rows.pop(plan.step)
+        out = [s for s in seqs if not s.is_finished or s.finish_reason == "length"]
+        if undo:
+            for seq, samples in zip(seqs, plan.samples):
+                self.fail(seq, samples)
+        return [s.seq_id for s in out], [s.request_id for s in out]
+
     def fail(self, seq: Sequence, sampled: bool) -> None:
         """The step just scheduled with a row for `seq` could not be launched: undo that row and finish the
         sequence with "error" (unless it had already finished on its own before this step)."""
         if seq.is_finished and seq.finish_reason != "length":
             return
-        seq.in_flight -= 1
+        seq.flight.rows -= 1
         if sampled:
             seq.drop_placeholder()
-        self.block_manager.unhash(seq, seq.hashed_before_step)
-        seq.num_cached_tokens = seq.cached_before_step
+        take_back(seq, self.block_manager)
         if seq in self.waiting:
             self.waiting.remove(seq)
         self._finish(seq, "error", later_rows=0)
+
+    # --- the prefix cache's changes, for a router that mirrors it (LLMEngine.enable_kv_events) ----------
+    def record_kv_events(self) -> None:
+        """From now on the block manager records every change to the set of hashes the prefix cache can find."""
+        bm = self.block_manager
+        if bm.hash_to_block_id:
+            raise ValueError("kv events: enable them before the first request (the prefix cache is not empty)")
+        if bm.events is None:
+            bm.events = []
+
+    def take_kv_events(self) -> list[tuple]:
+        """The changes recorded since the last call, in order (none unless record_kv_events was called)."""
+        bm = self.block_manager
+        events = bm.events
+        if not events:
+            return []
+        bm.events = []
+        return events
+
+    # --- what it holds, read-only --------------------------------------------------------------------
+    def snapshot(self, plan: BatchPlan | None = None) -> SchedulerSnapshot:
+        """The queues, the pool and the prefix-cache counts now; with `plan` (in flight, or the last committed),
+        the state of its rows' sequences too."""
+        bm = self.block_manager
+        rows = ()
+        if plan is not None:
+            seqs = self._rows.get(plan.step) or (self._committed[1] if self._committed[0] == plan.step else [])
+            rows = tuple(SeqState(seq.seq_id, seq.request_id, seq.num_tokens, seq.num_cached_tokens,
+                                  seq.num_completion_tokens, seq.status.name, seq.finish_reason,
+                                  tuple(seq.block_table), tuple(bm.ref_counts(seq)),
+                                  tuple(bm.blocks[b].ref_count for b in held))
+                         for seq, held in zip(seqs, plan.block_tables))
+        return SchedulerSnapshot(tuple(s.seq_id for s in self.waiting), tuple(s.seq_id for s in self.running),
+                                 bm.num_free_blocks, bm.num_blocks, bm.prefix_queries, bm.prefix_hits, rows)
 
     def abort(self, seq: Sequence) -> bool:
         """Take a sequence out between steps (a cancelled request): its blocks go back to the pool
@@ -285,5 +318,5 @@ class Scheduler:
             return False
         if seq in self.waiting:
             self.waiting.remove(seq)
-        self._finish(seq, "abort", later_rows=seq.in_flight)
+        self._finish(seq, "abort", later_rows=seq.flight.rows)
         return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 from copy import copy
 from enum import Enum, auto
 
+from .in_flight import InFlight
 from .sampling_params import SamplingParams
 
 
@@ -31,15 +32,8 @@ class Sequence:
         # Async scheduling: how many of the last tokens are placeholders for tokens that launched steps sample
         # (their values reach the host as those steps commit; until then token_ids holds -1 there).
         self.pending = 0
-        # Rows of steps already launched that this sequence no longer wants (it stopped on EOS, or was
-        # aborted, after they were scheduled): their tokens are dropped when those steps commit.
-        self.discard_rows = 0
-        # Steps launched and not yet committed that have a row for this sequence; its sampling row in the latest
-        # of them; its cached tokens and hashed blocks before that step.
-        self.in_flight = 0
-        self.sample_row = -1
-        self.cached_before_step = self.hashed_before_step = 0
-        self.hash_undo: list = []   # (block, hash, the block that hash led to before) registered since then
+        # The rows of launched, uncommitted steps for this sequence, and how to take the latest back.
+        self.flight = InFlight()
         self.block_size = block_size
         self.block_table: list[int] = []
         self.sampling_params = sampling_params

@@ -1,7 +1,8 @@
 """What the engine tells a tracer about each step (schema v1: labkit/trace/events.py). Built only when a
 tracer is set, so tracing off costs one `is None` test per hook.
 
-The events observe the plan and the result. A step's events go out together, in order, once the step has
+The events observe the plan, the result and the scheduler's snapshots (engine/scheduler_snapshot.py), never
+its queues or pool themselves. A step's events go out together, in order, once the step has
 committed: before_schedule, preempted, scheduled, gpu_inputs (model_shape during the forward pass), sampled,
 after_postprocess. With async scheduling the next step is scheduled before this one commits, so its events
 wait, and the state after a step is read when the next one starts scheduling (nothing has changed it yet
@@ -29,15 +30,14 @@ class StepEvents:
         self.tracer.step = None
         self.tracer.emit(event, **fields)
 
-    def scheduling(self, n: int) -> None:
-        """Step n is about to be scheduled: what the steps launched before it left is final but for tokens."""
+    def scheduling(self, n: int, now) -> None:
+        """Step n is about to be scheduled (`now`: the scheduler's snapshot): what the steps launched before it
+        left is final but for tokens."""
         for m, (plan, events, after) in list(self.open.items()):
             if after is None:
                 self.open[m] = (plan, events, self._state(plan))
-        sched = self.scheduler
         self.open[n] = (None, [("before_schedule", {
-            "waiting": [s.seq_id for s in sched.waiting], "running": [s.seq_id for s in sched.running],
-            "free_blocks": sched.block_manager.num_free_blocks})], None)
+            "waiting": list(now.waiting_ids), "running": list(now.running_ids), "free_blocks": now.free_blocks})], None)
 
     def launched(self, n: int, plan, inputs) -> None:
         events = self._scheduled(n, plan)
@@ -81,7 +81,7 @@ class StepEvents:
     def aborted(self, seq) -> None:
         fields = {"seq_id": seq.seq_id, "request_id": seq.request_id,
                   "num_completion_tokens": seq.num_completion_tokens,
-                  "free_blocks": self.scheduler.block_manager.num_free_blocks}
+                  "free_blocks": self.scheduler.snapshot().free_blocks}
         holding = [m for m, (plan, _, _) in self.open.items() if plan is not None and seq.seq_id in plan.seq_ids]
         if holding:  # a launched step has a row for it: the abort happened while that step ran
             self.open[max(holding)][1].append(("aborted", fields))
@@ -112,16 +112,17 @@ class StepEvents:
             tracer.emit(event, **fields)
 
     def _state(self, plan) -> tuple[list[dict], int]:
-        bm = self.scheduler.block_manager
+        """The plan's sequences as they are now, and the free blocks (the scheduler's snapshot)."""
+        now = self.scheduler.snapshot(plan)
         entries = []
-        for seq, held in zip(plan.seqs, plan.block_tables):
-            entry = {"seq_id": seq.seq_id, "request_id": seq.request_id, "num_tokens": seq.num_tokens,
-                     "num_cached_tokens": seq.num_cached_tokens, "num_completion_tokens": seq.num_completion_tokens,
-                     "status": seq.status.name, "block_table": list(seq.block_table),
-                     "ref_counts": bm.ref_counts(seq), "finish_reason": seq.finish_reason}
-            if seq.is_finished:
+        for row, held in zip(now.rows, plan.block_tables):
+            entry = {"seq_id": row.seq_id, "request_id": row.request_id, "num_tokens": row.num_tokens,
+                     "num_cached_tokens": row.num_cached_tokens, "num_completion_tokens": row.num_completion_tokens,
+                     "status": row.status, "block_table": list(row.block_table), "ref_counts": list(row.ref_counts),
+                     "finish_reason": row.finish_reason}
+            if row.status == "FINISHED":
                 # The blocks it just let go of, and who still holds them (0: free, KV and hash kept).
                 entry["released_blocks"] = list(held)
-                entry["released_ref_counts"] = [bm.blocks[b].ref_count for b in held]
+                entry["released_ref_counts"] = list(row.held_ref_counts)
             entries.append(entry)
-        return entries, bm.num_free_blocks
+        return entries, now.free_blocks

@@ -1,7 +1,7 @@
 """What one engine step did, as `LLMEngine.step()` returns it: the one thing callers read of a step.
 
 Tracers, servers, benches and the logits lab read this rather than the scheduler's or runner's insides.
-It is built from the step's BatchPlan and what its commit returned, nothing else.
+It is built from the step's BatchPlan, what its commit returned and the scheduler's snapshot, nothing else.
 It is columnar (one list per field, in batch order) because it is built on every step of the hot loop:
 a few list comprehensions cost far less than an object per sequence. `seqs` gives the per-sequence view.
 Token ids are plain ints and nothing but `inputs` (the runner's host-side StepInputs) is an engine object,
@@ -54,13 +54,14 @@ class StepResult:
     starts: list[int] = dataclasses.field(default_factory=list)
 
     @classmethod
-    def of(cls, n: int, plan, inputs, tokens: list, reasons: list, queues: tuple[int, int, int],
-           num_blocks: int, prefix: tuple[int, int]) -> "StepResult":
+    def of(cls, n: int, plan, inputs, tokens: list, reasons: list, after, prefix: tuple[int, int]) -> "StepResult":
+        """From the plan, its inputs, what its commit returned, the scheduler's snapshot once the step was done
+        (`after`) and the prefix-cache queries and hits its scheduling added."""
         cached = [0 if r is not None else (s + k if t is not None or not ok else s)
                   for s, k, t, r, ok in zip(plan.starts, plan.num_new, tokens, reasons, plan.samples)]
         return cls(n, plan.phase, plan.seq_ids, plan.request_ids, plan.num_new, cached,
                    [t + (tok is not None) for t, tok in zip(plan.num_tokens, tokens)], tokens, reasons,
-                   plan.preempted, inputs, *queues, num_blocks, *prefix, plan.num_decodes, plan.starts)
+                   plan.preempted, inputs, *after.queues, after.num_blocks, *prefix, plan.num_decodes, plan.starts)
 
     @property
     def batch_size(self) -> int:

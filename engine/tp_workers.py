@@ -69,8 +69,16 @@ import torch.distributed as dist
 from .config import TP_REPLY_SLOT_BYTES as REPLY_SLOT_BYTES
 from .device import collective_backend
 from .distributed import set_tp
-from .rendezvous import (WatchedStore, connect_store, destroy_group, init_group, serve_store, set_group_timeout,
-                         socket_env, start_timeout_s)
+from .rendezvous import (
+    WatchedStore,
+    connect_store,
+    destroy_group,
+    init_group,
+    serve_store,
+    set_group_timeout,
+    socket_env,
+    start_timeout_s,
+)
 from .runner import ModelRunner
 
 HEADER_BYTES = 16

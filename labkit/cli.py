@@ -67,6 +67,9 @@ class _Unloaded(typer.core.TyperCommand):
             command = typer.main.get_command(single)
         command.name, command.short_help = self.name, self.short_help
         command.help = command.help or self.help
+        from labkit.engine_args import accept_old_names
+
+        accept_old_names(command)  # --budget, --tp, ... (the engine flags' names before they took their fields')
         return command
 
 

@@ -97,7 +97,8 @@ def check_optional(module: str, label: str, on_gpu: bool, needed_on_gpu: bool, w
 def check_transformers() -> dict:
     version = versions().get("transformers")
     if version is None:
-        return row("transformers", FAIL, "not installed (needed for the logits reference and the Transformers baseline; the engine runs without it)")
+        return row("transformers", FAIL, "not installed (needed for the logits reference and the Transformers "
+                                         "baseline; the engine runs without it)")
     if _version_tuple(version) < MIN_TRANSFORMERS:
         need = ".".join(map(str, MIN_TRANSFORMERS))
         return row("transformers", FAIL, f"{version}; need >= {need} for Qwen3")
@@ -277,5 +278,6 @@ def run(model: ModelOption = None, device: DeviceOption = Device.auto, as_json: 
         print_table(rows, console)
         verdict = Text(PASS if ok else FAIL, style=STYLE[PASS if ok else FAIL])
         console.print(Text.assemble("doctor: ", verdict,
-                                    f" ({counts[WARN]} warning(s), {counts[FAIL]} failure(s)); wrote {path} and {path.with_suffix('.md').name}"))
+                                    f" ({counts[WARN]} warning(s), {counts[FAIL]} failure(s)); wrote {path} and "
+                                    f"{path.with_suffix('.md').name}"))
     raise typer.Exit(EXIT_PASS if ok else EXIT_FAIL)

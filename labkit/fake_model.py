@@ -291,8 +291,10 @@ def tokenizer_files() -> dict[str, str]:
     }
     special = {
         "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
-        "eos_token": {"content": "<|im_end|>", "lstrip": False, "normalized": False, "rstrip": False, "single_word": False},
-        "pad_token": {"content": "<|endoftext|>", "lstrip": False, "normalized": False, "rstrip": False, "single_word": False},
+        "eos_token": {"content": "<|im_end|>", "lstrip": False, "normalized": False, "rstrip": False,
+                      "single_word": False},
+        "pad_token": {"content": "<|endoftext|>", "lstrip": False, "normalized": False, "rstrip": False,
+                      "single_word": False},
     }
     return {
         "tokenizer.json": tokenizer_json(),

@@ -319,8 +319,7 @@ def fetch_model(out: Path, weights: bool = False, revision: str = QWEN3_REVISION
     fails within `timeout` seconds with LabkitError (code 2) rather than after minutes of retries.
     """
     try:
-        from huggingface_hub import HfApi, snapshot_download
-        from huggingface_hub import constants as hf_constants
+        from huggingface_hub import HfApi, constants as hf_constants, snapshot_download
     except ImportError as exc:
         raise LabkitError(f"model fetch needs huggingface-hub ({exc}); pip install huggingface-hub", code=2) from exc
     where = f"{QWEN3_REPO}@{revision}"

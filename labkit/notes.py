@@ -169,7 +169,8 @@ def init_cmd(
         known = {x.id for x in labs}
         unknown = [x for x in lab if x not in known]
         if unknown:
-            raise LabkitError(f"notes: no lab {', '.join(map(repr, unknown))} in the plan (known: {', '.join(sorted(known))})")
+            raise LabkitError(f"notes: no lab {', '.join(map(repr, unknown))} in the plan "
+                              f"(known: {', '.join(sorted(known))})")
         labs = [x for x in labs if x.id in lab]
     wrote, kept = [], []
     for x in labs:
@@ -218,7 +219,7 @@ def new_cmd(
 ) -> None:
     """Copy a template to a new note with today's date, this machine and the commit filled in.
 
-    Example: labkit notes new bench --title "does --budget 4096 help decode?"
+    Example: labkit notes new bench --title "does --max-num-batched-tokens 4096 help decode?"
     """
     found = templates()
     if kind not in found:

@@ -333,7 +333,8 @@ RECORD_NAME_MAX = 120
 
 def configuration_suffix(skip: tuple[str, ...] = ()) -> str:
     """The options given on the command line that change what a command runs (device, engine options, sizes),
-    as a file-name suffix: `--device cuda --budget 100` -> "-device-cuda-budget-100", "" when none (an option
+    as a file-name suffix: `--device cuda --max-num-batched-tokens 100` -> "-device-cuda-max-num-batched-tokens-100",
+    "" when none (an option
     given its default value, the device `auto` resolves to here, or the model folder used without --model,
     changes nothing). A command's
     default output path adds it, so that a run of another configuration is a record of its own beside the

@@ -112,7 +112,8 @@ def list_cmd(as_json: JsonOption = False) -> None:
     Example: labkit patch list
     """
     if as_json:
-        print_json([{"name": e.name[:-6], "kind": e.kind, "state": state(e), "what": e.what, "how": e.how} for e in index()])
+        print_json([{"name": e.name[:-6], "kind": e.kind, "state": state(e), "what": e.what, "how": e.how}
+                    for e in index()])
         return
     console = Console()
     entries = [(e, state(e)) for e in index()]
@@ -204,9 +205,9 @@ def prove_cmd(
 
     Example: labkit patch prove fault-slot-off-by-one
     """
+    from labkit import patch_prove
     from labkit.model import default_model_dir, resolve_model
     from labkit.output import EXIT_FAIL, EXIT_PASS, envelope, finish, runs_dir, write_json
-    from labkit import patch_prove
 
     if (name is None) == (not all_):
         raise LabkitError("patch prove: give one patch NAME or --all")
@@ -259,7 +260,8 @@ def print_proofs(proofs, facts: dict, console: Console) -> None:
     console.print(Text(title, style="italic"))
     for p in proofs:
         _print_block(console, Text.assemble((p.patch, "bold"), "  ", (p.result, _result_style(p.result))),
-                     [("check", Text(p.check or "-")), ("runs", f"clean {_run_cell(p.clean)}, patched {_run_cell(p.patched)}"),
+                     [("check", Text(p.check or "-")),
+                      ("runs", f"clean {_run_cell(p.clean)}, patched {_run_cell(p.patched)}"),
                       ("why", Text(p.why or "-"))])
 
 

@@ -447,7 +447,8 @@ def lab_shapes(ctx: Ctx, c: Checks) -> tuple[dict, str]:
          [[160, 16, 128], [160, 8, 128], [160, 8, 128]], applies=qwen3_06b,
               how="[T, heads, head_dim 128]: 16 Q heads, 8 K heads, 8 V heads")
     c.eq("lifecycle prefill o_proj, gate_up, down_proj", [prefill["o_proj"], prefill["gate_up_proj"],
-                                                          prefill["down_proj"]], [[160, 1024], [160, 6144], [160, 1024]],
+                                                          prefill["down_proj"]],
+         [[160, 1024], [160, 6144], [160, 1024]],
          applies=qwen3_06b, how="o_proj back to hidden 1024; gate_up 2 x 3072 = 6144; down_proj back to 1024")
     c.eq("lifecycle prefill logits (one row per sequence)", prefill["logits"], [2, 151936], applies=qwen3_06b,
          how="only each sequence's last position reaches the LM head: 2 rows x vocab 151936")
@@ -487,7 +488,8 @@ def lab_shapes(ctx: Ctx, c: Checks) -> tuple[dict, str]:
     else:
         got = None
     values = {"config": source, "geometry": g, "lifecycle_prefill": prefill, "first_decode": decode,
-              "chunk_step2": chunk, "chunk_step2_scores_of_A": a_scores, "cu_seqlens_q_lifecycle": cu_life, "last_rows_lifecycle": rows_life,
+              "chunk_step2": chunk, "chunk_step2_scores_of_A": a_scores, "cu_seqlens_q_lifecycle": cu_life,
+              "last_rows_lifecycle": rows_life,
               "cu_seqlens_q_chunk": cu_chunk, "last_rows_chunk": rows_chunk, "qkv_weight_rows": qkv_rows,
               "tp2_per_rank": got}
     return values, (f"lifecycle prefill T={prefill['T']}: qkv {prefill['qkv_proj']}, logits {prefill['logits']} "

@@ -1,9 +1,9 @@
 """`labkit shapes`: what each tensor-parallel rank holds, computed from config.json alone.
 
-    labkit shapes --tp 2 --preset qwen3-0.6b       # static table, no model files needed
-    labkit shapes --tp 2 --model DIR               # any Qwen3 folder with a config.json
-    labkit shapes --tp 2 --check                   # also build the engine (tiny model, CPU, gloo) and
-                                                   # compare the table with what every rank allocated
+    labkit shapes --tensor-parallel-size 2 --preset qwen3-0.6b   # static table, no model files needed
+    labkit shapes --tensor-parallel-size 2 --model DIR   # any Qwen3 folder with a config.json
+    labkit shapes --tensor-parallel-size 2 --check     # also build the engine (tiny model, CPU, gloo) and
+                                                       # compare the table with what every rank allocated
 
 Per rank: the vocabulary shard of the embedding / LM head, the q/kv heads, the qkv / o / gate_up / down
 weight shapes (column-parallel layers split their output rows, row-parallel ones their input columns and
@@ -11,7 +11,7 @@ all-reduce), the KV bytes per token, the logits shard before the gather to rank 
 same shapes (the shards are even); only the slices differ (`vocab_ranges`).
 
 Writes runs/shapes-tpN.json (or --out). Exit 0 = pass, 1 = --check found a mismatch, 2 = cannot run
-(e.g. a dimension not divisible by --tp).
+(e.g. a dimension not divisible by --tensor-parallel-size).
 """
 from __future__ import annotations
 
@@ -25,9 +25,19 @@ from rich.table import Table
 
 from labkit.errors import LabkitError
 from labkit.narrow import fit
-from labkit.options import Device, DeviceOption, JsonOption, ModelOption, Out, TpOption
-from labkit.output import EXIT_FAIL, EXIT_PASS, configuration_suffix, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, \
-    write_json
+from labkit.options import Device, DeviceOption, JsonOption, ModelOption, Out, TensorParallelSizeOption
+from labkit.output import (
+    EXIT_FAIL,
+    EXIT_PASS,
+    configuration_suffix,
+    envelope,
+    evidence_for,
+    finish,
+    print_json,
+    resolve_device,
+    runs_dir,
+    write_json,
+)
 
 _ITEMSIZE = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 _DIVISIBLE = ("num_attention_heads", "num_key_value_heads", "vocab_size", "intermediate_size")
@@ -42,7 +52,7 @@ def per_rank_shapes(cfg: dict[str, Any], tp: int) -> dict[str, Any]:
     """Every rank's shapes for a Qwen3 config.json (a dict) split `tp` ways; raises LabkitError when a
     dimension the engine shards is not divisible by tp."""
     if not 1 <= tp <= 8:
-        raise LabkitError(f"--tp must be between 1 and 8, got {tp}")
+        raise LabkitError(f"--tensor-parallel-size must be between 1 and 8, got {tp}")
     for name in _DIVISIBLE:
         if name not in cfg:
             raise LabkitError(f"config.json has no {name}")
@@ -262,21 +272,23 @@ def print_table(table_data: dict, title: str, console: Console) -> None:
 
 
 def run(
-    tp: TpOption = 2,
+    tensor_parallel_size: TensorParallelSizeOption = 2,
     model: ModelOption = None,
     preset: Optional[str] = typer.Option(None, "--preset", help="tiny or qwen3-0.6b: a fake preset's config."),
     check: bool = typer.Option(False, "--check", help="Build the engine (--device, default cpu with gloo) and compare "
                                                       "every rank's parameters and KV pool with the table."),
     device: DeviceOption = Device.cpu,
-    out: Out("JSON path (default: runs/shapes-tpN[-OPTION-VALUE...].json, one -OPTION-VALUE per other option given).") = None,
+    out: Out("JSON path (default: runs/shapes-tpN[-OPTION-VALUE...].json, one -OPTION-VALUE per other option "
+             "given).") = None,
     as_json: JsonOption = False,
 ) -> None:
     """Per-rank tensor-parallel shapes from config.json (static); --check compares with the engine.
 
     Without --check only the model's config.json is read (or a --preset's), no weights.
 
-    Example: labkit shapes --tp 2 --preset qwen3-0.6b
+    Example: labkit shapes --tensor-parallel-size 2 --preset qwen3-0.6b
     """
+    tp = tensor_parallel_size
     cfg, model_dir, source = _load_config(model, preset)
     expected = per_rank_shapes(cfg, tp)
     console = Console(quiet=as_json)
@@ -302,7 +314,8 @@ def run(
     # Without --check nothing is compared: the table is recorded, not judged.
     verdict = ("PASS" if passed else "FAIL") if check else "RECORDED"
     result = finish(env, verdict=verdict, passed=passed, **results)
-    path = write_json(out or runs_dir() / f"shapes-tp{tp}{configuration_suffix(skip=('tp',))}.json", result)
+    path = write_json(out or runs_dir() / f"shapes-tp{tp}{configuration_suffix(skip=('tensor_parallel_size',))}.json",
+                      result)
     md = path.with_suffix(".md")
     md.write_text(markdown(result), encoding="utf-8")
     console.print(f"wrote {path} and {md}")

@@ -18,11 +18,11 @@ from rich.text import Text
 
 from labkit.errors import LabkitError
 from labkit.model import resolve_model
-from labkit.options import Device, DeviceOption, EagerOption, ModelOption, TpOption
+from labkit.options import Device, DeviceOption, EnforceEagerOption, ModelOption, TensorParallelSizeOption
 from labkit.output import (
-    configuration_suffix,
     EXIT_FAIL,
     EXIT_PASS,
+    configuration_suffix,
     device_info,
     envelope,
     evidence_for,
@@ -131,7 +131,8 @@ def markdown(result: dict) -> str:
              f"- prompt tokens: {result['prompt_tokens']}; token ids: {result['token_ids']}; text: {result['text']!r}",
              f"- init {result['init_s']} s, generate {result['generate_s']} s", "",
              "| check | result | detail |", "| --- | --- | --- |"]
-    lines += [f"| {c.get('name')} | {'PASS' if c.get('passed') else 'FAIL'} | {str(c.get('detail', '')).replace('|', '/')} |"
+    lines += [f"| {c.get('name')} | {'PASS' if c.get('passed') else 'FAIL'} | "
+              f"{str(c.get('detail', '')).replace('|', '/')} |"
               for c in result["checks"]]
     return "\n".join(lines) + "\n"
 
@@ -139,10 +140,10 @@ def markdown(result: dict) -> str:
 def run(
     model: ModelOption = None,
     device: DeviceOption = Device.auto,
-    eager: EagerOption = True,
+    enforce_eager: EnforceEagerOption = True,
     max_tokens: int = typer.Option(2, "--max-tokens", min=1, help="Tokens to generate (EOS ignored)."),
     prompt: str = typer.Option(DEFAULT_PROMPT, "--prompt", help="User message, wrapped in the chat template."),
-    tp: TpOption = 1,
+    tensor_parallel_size: TensorParallelSizeOption = 1,
 ) -> None:
     """Load the engine on the model and generate a couple of tokens; exit 0 when the counts check out.
 
@@ -153,14 +154,15 @@ def run(
     env = envelope("smoke", device=dev, model_dir=model_dir, evidence=evidence_for(dev))
 
     start = time.perf_counter()
-    llm = load_engine(model_dir, dev, eager, **({"tp": tp} if tp != 1 else {}))
+    tp = tensor_parallel_size
+    llm = load_engine(model_dir, dev, enforce_eager, **({"tp": tp} if tp != 1 else {}))
     try:
         init_s = time.perf_counter() - start
         got = generate_once(llm, prompt, max_tokens)
         kv_blocks = int(getattr(llm.config, "num_kvcache_blocks", None) or 0)
         checks = judge(got["outs"], got["token_ids"], max_tokens, vocab_size(llm), kv_blocks)
         ran_on = str(getattr(llm.config, "device", dev))
-        # --graph is a request; the engine may fall back to eager (on the CPU it must).
+        # --no-enforce-eager is a request; the engine may fall back to eager (on the CPU it must).
         execution = llm.execution
     finally:
         if callable(getattr(llm, "exit", None)):
@@ -175,7 +177,7 @@ def run(
         formatted_prompt=got["formatted_prompt"],
         prompt_tokens=got["prompt_tokens"],
         sampling={"temperature": TEMPERATURE, "max_tokens": max_tokens, "ignore_eos": True},
-        engine={"enforce_eager": eager, "execution": execution, "device": ran_on, "tensor_parallel_size": tp,
+        engine={"enforce_eager": enforce_eager, "execution": execution, "device": ran_on, "tensor_parallel_size": tp,
                 "num_kvcache_blocks": kv_blocks, **ENGINE_KWARGS},
         token_ids=got["token_ids"],
         text=got["text"],

@@ -60,7 +60,8 @@ def _time(fns, rows, hidden, inter, layers=28, reps=200):
     plain = (fused.add_rms_norm, fused.silu_and_mul, fused.rms_norm)
     h1, _ = add_norm(x, res, w, 1e-6)
     h0, _ = plain[0](x, res, w, 1e-6)
-    diff = max((h1.float() - h0.float()).abs().max().item(), (silu(gate).float() - plain[1](gate).float()).abs().max().item())
+    diff = max((h1.float() - h0.float()).abs().max().item(),
+               (silu(gate).float() - plain[1](gate).float()).abs().max().item())
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

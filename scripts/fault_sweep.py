@@ -1,6 +1,6 @@
 """Stop a server at every moment, starting or serving: nothing may outlive it, and it ends as documented.
 
-    python3 scripts/fault_sweep.py --model DIR [--tp 2] [--device cpu] [--at 0.5 1 2 ... ready load]
+    python3 scripts/fault_sweep.py --model DIR [--tensor-parallel-size 2] [--device cpu] [--at 0.5 1 2 ... ready load]
                                    [--faults frontend-SIGTERM ...] [--json OUT]
 
 For each moment and each fault, a fresh server is started and the fault delivered. A moment is seconds after
@@ -140,7 +140,8 @@ def trial(model: str, tp: int, device: str, at, fault: str, grace: float, client
     """One server, one fault at one moment (seconds, "ready" or "load"); see the module doc."""
     log = tempfile.NamedTemporaryFile("w+", prefix="fault-sweep-", suffix=".log", delete=False)
     port = free_port()
-    cmd = [sys.executable, "-m", "labkit", "serve", "--model", model, "--device", device, "--tp", str(tp),
+    cmd = [sys.executable, "-m", "labkit", "serve", "--model", model, "--device", device,
+           "--tensor-parallel-size", str(tp),
            "--port", str(port), "--log-level", "warning"]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
@@ -220,7 +221,8 @@ def trial(model: str, tp: int, device: str, at, fault: str, grace: float, client
               "clients": answers, "clients_answered": answered, "frontend_left": frontend_left,
               "processes_left": sorted(left), "shm_left": shm, "folder_left": folders,
               "seconds": round(time.monotonic() - start, 1), "log": log.name,
-              "replay": f"python3 scripts/fault_sweep.py --model {model} --tp {tp} --device {device} --at {at} "
+              "replay": f"python3 scripts/fault_sweep.py --model {model} --tensor-parallel-size {tp} "
+                        f"--device {device} --at {at} "
                         f"--faults {fault}"}
     result["ok"] = (exit_ok and answered and not frontend_left and not left and not shm
                     and (not folders or fault == "frontend-SIGKILL"))
@@ -245,7 +247,7 @@ def line(r: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--tensor-parallel-size", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--at", nargs="+", default=["0.5", "1.5", "2.5", "3.0", "3.5", "4.0", "5.0", "6.0", "8.0",
                                                 "ready", "load"],
@@ -266,7 +268,8 @@ def main(argv=None) -> int:
             print(f"fault_sweep: --at {at}: seconds, or one of {', '.join(NAMED_MOMENTS)}", file=sys.stderr)
             return 2
     if args.tp < 2 and "worker-SIGKILL" in args.faults:
-        print("fault_sweep: worker-SIGKILL needs --tp 2 or more (TP=1 has no worker)", file=sys.stderr)
+        print("fault_sweep: worker-SIGKILL needs --tensor-parallel-size 2 or more (TP=1 has no worker)",
+              file=sys.stderr)
         return 2
     results = []
     for at in moments:

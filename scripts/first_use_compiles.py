@@ -53,10 +53,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from labkit.bench.offline import engine_kwargs
     from labkit.bench.workloads import draw_repeat, draw_warmup, fold_to_vocab, load_workload
+    from labkit.engine_args import EngineArgs
 
     w = load_workload(args.workload)
-    from engine import LLM, SamplingParams
     import torch
+
+    from engine import LLM, SamplingParams
 
     try:
         from torch._dynamo.utils import counters
@@ -69,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(llm, d):
         prompts, _ = fold_to_vocab(d.prompts, int(llm.config.hf_config.vocab_size))
-        params = [SamplingParams(temperature=w.temperature, ignore_eos=w.ignore_eos, max_tokens=t) for t in d.max_tokens]
+        params = [SamplingParams(temperature=w.temperature, ignore_eos=w.ignore_eos, max_tokens=t)
+                  for t in d.max_tokens]
         if llm.device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -80,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     phases = []
     t0 = time.perf_counter()
-    llm = LLM(args.model, **engine_kwargs(w, {}, args.device))
+    llm = LLM(args.model, **engine_kwargs(w, EngineArgs(), args.device))
     marks = [("start-up", time.perf_counter() - t0, snapshot())]
     for r in range(w.warmup.rounds):
         marks.append((f"warm-up {r}", run(llm, draw_warmup(w, r)), snapshot()))

@@ -20,7 +20,7 @@
 # floor:    issue 14's bar minus perf-hf and kernels: nano (3 repeats) and batch1, async scheduling on and off
 #           (and .old/'s engine, if present), profiles of both.
 # tp:       issue 15 on a two-GPU kind (nvidia-h200-x2), call 1: shapes --check, the tp logits suite eager and
-#           graph, every trace case with --tp 2 in eager and graph mode, worker failures (scripts/tp_failure_check.py).
+#           graph, every trace case with --tensor-parallel-size 2 in eager and graph mode, worker failures (scripts/tp_failure_check.py).
 # tp-perf:  call 2: offline nano TP=1 vs TP=2 (3 repeats each), and replicas (`bench load --endpoints`) versus
 #           one TP=2 server under the nano load at rate inf, 32 and 16.
 # kernels:  scripts/kernel_bench.py (decode TB/s at 256x800 / 256x2048 / nano mix, knob sweep, prefill vs SDPA)
@@ -82,30 +82,30 @@ if [ "$what" = evidence ] || [ "$what" = all ]; then
   wait
   # Judged by the float32-anchored gate (docs/logits-check.md): each run also collects Transformers in
   # float32 (the truth) and in bf16 (the noise yardstick).
-  step 300 $LC run --suite baseline --attention torch $BF --out $R/lc-baseline-torch &
-  step 300 $LC run --suite baseline --attention triton --execution eager $BF --out $R/lc-baseline-triton-eager &
-  step 300 $LC run --suite baseline --attention triton --execution graph $BF --out $R/lc-baseline-triton-graph &
-  step 300 $LC run --suite graph --attention triton --execution graph $BF --out $R/lc-graph &
-  step 300 $LC run --suite kv --attention triton --execution graph --ref-execution eager $BF --out $R/lc-kv &
-  step 300 $LC run --suite mixed --attention triton --execution graph $BF --out $R/lc-mixed-triton-graph &
+  step 300 $LC run --suite baseline --attention-backend torch $BF --out $R/lc-baseline-torch &
+  step 300 $LC run --suite baseline --attention-backend triton --execution eager $BF --out $R/lc-baseline-triton-eager &
+  step 300 $LC run --suite baseline --attention-backend triton --execution graph $BF --out $R/lc-baseline-triton-graph &
+  step 300 $LC run --suite graph --attention-backend triton --execution graph $BF --out $R/lc-graph &
+  step 300 $LC run --suite kv --attention-backend triton --execution graph --ref-execution eager $BF --out $R/lc-kv &
+  step 300 $LC run --suite mixed --attention-backend triton --execution graph $BF --out $R/lc-mixed-triton-graph &
   wait
   for c in chunk refs balanced decode-order mixed mixed-preempt; do  # mixed steps through their graphs
-    step 240 python3 -m labkit trace --case $c --model $M --device cuda -q --graph --policy mixed --out $R/trace-mixed-graph-$c &
+    step 240 python3 -m labkit trace --case $c --model $M --device cuda -q --no-enforce-eager --scheduling-policy mixed --out $R/trace-mixed-graph-$c &
   done
   wait
 fi
 if [ "$what" = perf ] || [ "$what" = all ]; then
-  step 150 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 2 --out $OUT/bench-nano-graph.json
-  step 90 python3 -m labkit bench --workload fixed --model $M --device cuda --graph --out $OUT/bench-fixed-graph.json
-  step 90 python3 -m labkit bench --workload fixed --model $M --device cuda --eager --out $OUT/bench-fixed-eager.json
+  step 150 python3 -m labkit bench --workload nano --model $M --device cuda --no-enforce-eager --repeats 2 --out $OUT/bench-nano-graph.json
+  step 90 python3 -m labkit bench --workload fixed --model $M --device cuda --no-enforce-eager --out $OUT/bench-fixed-graph.json
+  step 90 python3 -m labkit bench --workload fixed --model $M --device cuda --enforce-eager --out $OUT/bench-fixed-eager.json
   step 30 python3 -m labkit bench compare $OUT/bench-fixed-eager.json $OUT/bench-fixed-graph.json --variable eager --out $OUT/compare-eager.json
   P=$OUT/runs/perf; mkdir -p $P
-  step 150 python3 -m labkit bench --workload nano --model $M --device cuda --graph --no-custom-kernels --repeats 2 --out $P/bench-nano-graph-no-custom.json
+  step 150 python3 -m labkit bench --workload nano --model $M --device cuda --no-enforce-eager --no-custom-kernels --repeats 2 --out $P/bench-nano-graph-no-custom.json
   step 30 python3 -m labkit bench compare $P/bench-nano-graph-no-custom.json $OUT/bench-nano-graph.json --variable custom_kernels --out $P/compare-nano-custom-kernels.json
   step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --out $P/bench-batch1.json
   step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --no-custom-kernels --out $P/bench-batch1-no-custom.json
   step 30 python3 -m labkit bench compare $P/bench-batch1-no-custom.json $P/bench-batch1.json --variable custom_kernels --out $P/compare-batch1-custom-kernels.json
-  step 150 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 1 --profile --profile-steps 64 --out $P/profile-nano.json
+  step 150 python3 -m labkit bench --workload nano --model $M --device cuda --no-enforce-eager --repeats 1 --profile --profile-steps 64 --out $P/profile-nano.json
   step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --repeats 3 --profile --profile-steps 64 --out $P/profile-batch1.json
 fi
 if [ "$what" = floor ]; then
@@ -115,23 +115,23 @@ if [ "$what" = floor ]; then
   # window decode-only at batch 256).
   P=$OUT/runs/perf; mkdir -p $P
   B="python3 -m labkit bench --model $M --device cuda"
-  step 200 $B --workload nano --graph --repeats 3 --out $OUT/logs/bench-nano-graph.json
-  step 200 $B --workload nano --graph --repeats 3 --no-async-scheduling --out $OUT/logs/bench-nano-graph-sync.json
+  step 200 $B --workload nano --no-enforce-eager --repeats 3 --out $OUT/logs/bench-nano-graph.json
+  step 200 $B --workload nano --no-enforce-eager --repeats 3 --no-async-scheduling --out $OUT/logs/bench-nano-graph-sync.json
   step 30 python3 -m labkit bench compare $OUT/logs/bench-nano-graph-sync.json $OUT/logs/bench-nano-graph.json --variable async_scheduling --out $OUT/logs/compare-nano-async.json
   step 90 $B --workload batch1 --out $OUT/logs/bench-batch1.json
   step 90 $B --workload batch1 --no-async-scheduling --out $OUT/logs/bench-batch1-sync.json
   step 30 python3 -m labkit bench compare $OUT/logs/bench-batch1-sync.json $OUT/logs/bench-batch1.json --variable async_scheduling --out $OUT/logs/compare-batch1-async.json
   if [ -d .old ]; then
     (cd .old && export PYTHONPATH=$PWD && step 90 python3 -m labkit bench --model $M --device cuda --workload batch1 --out $OUT/logs/bench-batch1-old.json)
-    (cd .old && export PYTHONPATH=$PWD && step 200 python3 -m labkit bench --model $M --device cuda --workload nano --graph --repeats 3 --out $OUT/logs/bench-nano-old.json)
+    (cd .old && export PYTHONPATH=$PWD && step 200 python3 -m labkit bench --model $M --device cuda --workload nano --no-enforce-eager --repeats 3 --out $OUT/logs/bench-nano-old.json)
   fi
-  step 150 $B --workload nano --graph --repeats 1 --profile --profile-skip 16 --profile-steps 32 --out $P/profile-nano-decode.json
+  step 150 $B --workload nano --no-enforce-eager --repeats 1 --profile --profile-skip 16 --profile-steps 32 --out $P/profile-nano-decode.json
   step 90 $B --workload batch1 --repeats 3 --profile --profile-steps 64 --out $P/profile-batch1.json
 fi
 if [ "$what" = bar ]; then
   # Issue 14's bar in one call (~6 minutes; run `evidence` after it in the same call for the correctness half):
   # nano median of 3, batch-1 ms per token, decode attention TB/s (kernel_bench), Transformers on nano and the ratio.
-  step 200 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 3 --out $OUT/logs/bench-nano-graph.json
+  step 200 python3 -m labkit bench --workload nano --model $M --device cuda --no-enforce-eager --repeats 3 --out $OUT/logs/bench-nano-graph.json
   step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --out $OUT/logs/bench-batch1.json
   step 200 python3 scripts/kernel_bench.py --out $OUT/logs/kernel_bench.json
   step 400 python3 -m labkit bench --workload nano --backend hf --hf-batch 256 --model $M --device cuda --repeats 1 --out $OUT/logs/bench-nano-hf.json
@@ -142,18 +142,18 @@ if [ "$what" = perf ] || [ "$what" = all ] || [ "$what" = perf-hf ]; then
 fi
 if [ "$what" = tp ]; then
   # Issue 15's evidence, call 1 of 2 (~6 minutes): shapes, the tp logits suite eager and graph, every trace case
-  # with --tp 2 eager (the cases' own setting) and graph, six at a time, then worker failures on NCCL.
+  # with --tensor-parallel-size 2 eager (the cases' own setting) and graph, six at a time, then worker failures on NCCL.
   R=$OUT/runs
-  step 300 python3 -m labkit shapes --tp 2 --check --device cuda --model $M --out $R/shapes-tp2.json &
+  step 300 python3 -m labkit shapes --tensor-parallel-size 2 --check --device cuda --model $M --out $R/shapes-tp2.json &
   step 300 $LC run --suite tp --execution eager $BF --out $R/lc-tp-eager &
   step 300 $LC run --suite tp --execution graph $BF --out $R/lc-tp-graph &
   wait
   n=0
   for mode in eager graph; do
     for c in $(ls workloads/cases/*.yaml | xargs -n1 basename | sed 's/[.]yaml$//'); do  # every shipped case
-      flag=""; [ $mode = graph ] && flag="--graph"
-      # --tp 2 must not change a single state: judge strictly (no CHANGED).
-      step 240 python3 -m labkit trace --case $c --tp 2 $flag --no-expect-changes --model $M --device cuda -q --out $R/trace-tp2-$mode-$c &
+      flag=""; [ $mode = graph ] && flag="--no-enforce-eager"
+      # --tensor-parallel-size 2 must not change a single state: judge strictly (no CHANGED).
+      step 240 python3 -m labkit trace --case $c --tensor-parallel-size 2 $flag --no-expect-changes --model $M --device cuda -q --out $R/trace-tp2-$mode-$c &
       n=$((n + 1)); [ $((n % 6)) -eq 0 ] && wait
     done
   done
@@ -166,7 +166,7 @@ if [ "$what" = tp-perf ]; then
   # at rate inf, 32 and 16 requests/s. Each load uses its own prompts (workload seed 1, 2, 3) so that no run
   # finds the previous run's prompts in a server's prefix cache.
   for tp in 1 2; do
-    step 240 python3 -m labkit bench --workload nano --tp $tp --model $M --device cuda --graph --repeats 3 --out $OUT/logs/bench-nano-tp$tp.json
+    step 240 python3 -m labkit bench --workload nano --tensor-parallel-size $tp --model $M --device cuda --no-enforce-eager --repeats 3 --out $OUT/logs/bench-nano-tp$tp.json
   done
   step 30 python3 -m labkit bench compare $OUT/logs/bench-nano-tp1.json $OUT/logs/bench-nano-tp2.json --variable tp --out $OUT/logs/compare-nano-tp.json
   for i in 1 2 3; do sed "s/^seed: 0/seed: $i/" workloads/bench/nano.yaml > /tmp/nano-seed$i.yaml; done
@@ -195,7 +195,7 @@ if [ "$what" = tp-perf ]; then
     echo "vllm-router not installed: no load through a router" > $OUT/logs/router.log
   fi
   kill -TERM $r0 $r1; wait $r0 $r1
-  serve --port 8103 --tp 2 > $OUT/logs/serve-tp2.log 2>&1 & t2=$!
+  serve --port 8103 --tensor-parallel-size 2 > $OUT/logs/serve-tp2.log 2>&1 & t2=$!
   healthy 8103
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv > $OUT/logs/memory-tp2.csv
   curl -s localhost:8103/health > $OUT/logs/health-tp2.json
@@ -206,9 +206,9 @@ if [ "$what" = kernels ]; then
   step 300 python3 scripts/kernel_bench.py --out $OUT/logs/kernel_bench.json
   step 200 python3 -m pytest -q -p no:xdist -o addopts= tests/test_triton_kernels.py tests/test_small_gemm.py tests/test_qk_norm_rope_kernel.py
 fi
-LOAD="python3 -m labkit bench load --workload nano --model $M --device cuda --graph"
+LOAD="python3 -m labkit bench load --workload nano --model $M --device cuda --no-enforce-eager"
 if [ "$what" = serve ]; then
-  step 300 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 3 --out $OUT/bench-nano.json
+  step 300 python3 -m labkit bench --workload nano --model $M --device cuda --no-enforce-eager --repeats 3 --out $OUT/bench-nano.json
   step 300 $LOAD --rate inf --out $OUT/load-nano-inf.json
   step 300 $LOAD --rate inf --out $OUT/load-nano-inf-2.json
   step 300 $LOAD --rate 16 --out $OUT/load-nano-r16.json
@@ -246,33 +246,33 @@ if [ "$what" = serve-profile ]; then
 fi
 if [ "$what" = plan ]; then
   # Issue 20, the batch plan on the GPU (~9 minutes): the kernel tests; every trace case as nano (default) and
-  # under --policy mixed, eager and a few with --graph; the logits suites baseline (triton graph) and mixed
+  # under --scheduling-policy mixed, eager and a few with --no-enforce-eager; the logits suites baseline (triton graph) and mixed
   # (triton eager and graph) under the anchored gate; then the eager-step bench (compiled small ops everywhere
   # against inside graphs only) and offline nano/batch1, with .old/'s engine for before/after if present.
   R=$OUT/runs
   step 240 python3 -m pytest -q -p no:xdist -o addopts= tests/test_triton_kernels.py tests/test_small_gemm.py tests/test_qk_norm_rope_kernel.py &
   for c in $(ls workloads/cases/*.yaml | xargs -n1 basename | sed 's/[.]yaml$//'); do  # every shipped case
     step 240 python3 -m labkit trace --case $c --model $M --device cuda -q --out $R/trace-$c &
-    step 240 python3 -m labkit trace --case $c --model $M --device cuda -q --policy mixed --out $R/trace-mixed-$c &
+    step 240 python3 -m labkit trace --case $c --model $M --device cuda -q --scheduling-policy mixed --out $R/trace-mixed-$c &
   done
   wait
   for c in chunk refs balanced decode-order; do
-    step 240 python3 -m labkit trace --case $c --model $M --device cuda -q --graph --policy mixed --out $R/trace-mixed-graph-$c &
+    step 240 python3 -m labkit trace --case $c --model $M --device cuda -q --no-enforce-eager --scheduling-policy mixed --out $R/trace-mixed-graph-$c &
   done
-  step 300 $LC run --suite baseline --attention triton --execution graph $BF --out $R/lc-baseline-triton-graph &
-  step 300 $LC run --suite mixed --attention triton --execution eager $BF --out $R/lc-mixed-triton-eager &
-  step 300 $LC run --suite mixed --attention triton --execution graph $BF --out $R/lc-mixed-triton-graph &
-  step 300 $LC run --suite mixed --attention torch $BF --out $R/lc-mixed-torch &
+  step 300 $LC run --suite baseline --attention-backend triton --execution graph $BF --out $R/lc-baseline-triton-graph &
+  step 300 $LC run --suite mixed --attention-backend triton --execution eager $BF --out $R/lc-mixed-triton-eager &
+  step 300 $LC run --suite mixed --attention-backend triton --execution graph $BF --out $R/lc-mixed-triton-graph &
+  step 300 $LC run --suite mixed --attention-backend torch $BF --out $R/lc-mixed-torch &
   wait
   for v in everywhere graphs-only; do
     step 200 python3 scripts/eager_step_bench.py --model $M --variant $v --out $OUT/logs/eager-steps-$v.json
   done
   B="python3 -m labkit bench --model $M --device cuda"
-  step 200 $B --workload nano --graph --repeats 2 --out $OUT/logs/bench-nano-graph.json
+  step 200 $B --workload nano --no-enforce-eager --repeats 2 --out $OUT/logs/bench-nano-graph.json
   step 90 $B --workload batch1 --out $OUT/logs/bench-batch1.json
-  step 200 $B --workload nano --graph --repeats 2 --policy mixed --out $OUT/logs/bench-nano-graph-mixed.json
+  step 200 $B --workload nano --no-enforce-eager --repeats 2 --scheduling-policy mixed --out $OUT/logs/bench-nano-graph-mixed.json
   if [ -d .old ]; then
-    (cd .old && export PYTHONPATH=$PWD:/tmp/site && step 200 python3 -m labkit bench --model $M --device cuda --workload nano --graph --repeats 2 --out $OUT/logs/bench-nano-old.json)
+    (cd .old && export PYTHONPATH=$PWD:/tmp/site && step 200 python3 -m labkit bench --model $M --device cuda --workload nano --no-enforce-eager --repeats 2 --out $OUT/logs/bench-nano-old.json)
     step 30 python3 -m labkit bench compare $OUT/logs/bench-nano-old.json $OUT/logs/bench-nano-graph.json --variable code --allow-single --out $OUT/logs/compare-nano-old-new.json
   fi
 fi
@@ -287,10 +287,10 @@ if [ "$what" = bar20 ]; then
   pack() { tar czf ${PACK_TO:-$OUT}/reports.tgz -C $OUT --exclude='*.jsonl' --exclude='*.npz' --exclude='*.tsv' \
     --exclude='*.perfetto.json*' logs runs 2>/dev/null; }
   R=$OUT/runs; mkdir -p $R
-  step 300 $LC run --suite mixed --attention triton --execution graph $BF --out $R/lc-mixed-triton-graph &
-  step 300 $LC run --suite baseline --attention triton --execution graph $BF --out $R/lc-baseline-triton-graph &
+  step 300 $LC run --suite mixed --attention-backend triton --execution graph $BF --out $R/lc-mixed-triton-graph &
+  step 300 $LC run --suite baseline --attention-backend triton --execution graph $BF --out $R/lc-baseline-triton-graph &
   for c in chunk refs balanced decode-order; do
-    step 240 python3 -m labkit trace --case $c --model $M --device cuda -q --graph --policy mixed --out $R/trace-mixed-graph-$c &
+    step 240 python3 -m labkit trace --case $c --model $M --device cuda -q --no-enforce-eager --scheduling-policy mixed --out $R/trace-mixed-graph-$c &
   done
   wait; pack
   for g in on off; do
@@ -302,7 +302,7 @@ if [ "$what" = bar20 ]; then
   for round in 1 2; do
     for policy in mixed prefill_first; do
       port=$((port + 1))
-      python3 -m labkit serve --model $M --device cuda --port $port --policy $policy --log-level warning \
+      python3 -m labkit serve --model $M --device cuda --port $port --scheduling-policy $policy --log-level warning \
         > $OUT/logs/serve-$policy-r$round.log 2>&1 &
       spid=$!; t0=$(date +%s.%N)
       for _ in $(seq 480); do curl -sf localhost:$port/health > /dev/null && break; sleep 0.5; done
@@ -335,7 +335,7 @@ if [ "$what" = startup ] || [ "$what" = startup+cells ]; then
     timed $tag doctor python3 -m labkit doctor --device cuda --model $M
     timed $tag smoke python3 -m labkit smoke --device cuda
     timed $tag trace-chunk python3 -m labkit trace --case chunk --model $M --device cuda -q --out $OUT/runs/st-$tag-chunk
-    timed $tag trace-chunk-graph python3 -m labkit trace --case chunk --model $M --device cuda -q --graph --out $OUT/runs/st-$tag-chunk-graph
+    timed $tag trace-chunk-graph python3 -m labkit trace --case chunk --model $M --device cuda -q --no-enforce-eager --out $OUT/runs/st-$tag-chunk-graph
     timed $tag bench-batch1 python3 -m labkit bench --workload batch1 --model $M --device cuda --out $OUT/logs/st-$tag-batch1.json
     port=$([ $tag = cold ] && echo 8801 || echo 8802)
     python3 -m labkit serve --model $M --device cuda --port $port --log-level warning > $OUT/logs/startup-$tag-serve.log 2>&1 &
@@ -357,7 +357,7 @@ if [ "$what" = cells ]; then
   mkdir -p $OUT/runs
   for i in 1 2 3; do sed "s/^seed: 0/seed: $i/" workloads/bench/nano.yaml > /tmp/nano-seed$i.yaml; done
   if [ "${OFFLINE:-0}" = 1 ]; then
-    step 200 python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 3 --out $OUT/logs/bench-nano-graph.json
+    step 200 python3 -m labkit bench --workload nano --model $M --device cuda --no-enforce-eager --repeats 3 --out $OUT/logs/bench-nano-graph.json
     step 90 python3 -m labkit bench --workload batch1 --model $M --device cuda --out $OUT/logs/bench-batch1.json
     pack
   fi
@@ -366,7 +366,7 @@ if [ "$what" = cells ]; then
     IFS=/ read -r policy async round <<< "$cell"
     name=$policy-$async-r$round; port=$((port + 1))
     flag=$([ $async = off ] && echo --no-async-scheduling || echo --async-scheduling)
-    python3 -m labkit serve --model $M --device cuda --port $port --policy $policy $flag --log-level warning \
+    python3 -m labkit serve --model $M --device cuda --port $port --scheduling-policy $policy $flag --log-level warning \
       > $OUT/logs/serve-$name.log 2>&1 &
     spid=$!; t0=$(date +%s.%N)
     for _ in $(seq 480); do curl -sf localhost:$port/health > /dev/null && break; sleep 0.5; done
@@ -396,14 +396,14 @@ if [ "$what" = final20 ]; then
   R=$OUT/runs; mkdir -p $R
   for i in 1 2; do sed "s/^seed: 0/seed: $i/" workloads/bench/nano.yaml > /tmp/nano-seed$i.yaml; done
   port=8600
-  python3 -m labkit serve --model $M --device cuda --port $port --policy mixed --log-level warning \
+  python3 -m labkit serve --model $M --device cuda --port $port --scheduling-policy mixed --log-level warning \
     > $OUT/logs/serve-mixed.log 2>&1 &
   spid=$!
-  step 150 $LC run --suite mixed --attention triton --execution graph $BF --out $R/lc-mixed-triton-graph &
+  step 150 $LC run --suite mixed --attention-backend triton --execution graph $BF --out $R/lc-mixed-triton-graph &
   c1=$!
-  step 150 $LC run --suite baseline --attention triton --execution graph $BF --out $R/lc-baseline-triton-graph &
+  step 150 $LC run --suite baseline --attention-backend triton --execution graph $BF --out $R/lc-baseline-triton-graph &
   c2=$!
-  step 150 python3 -m labkit trace --case refs --model $M --device cuda -q --graph --policy mixed --out $R/trace-mixed-graph-refs &
+  step 150 python3 -m labkit trace --case refs --model $M --device cuda -q --no-enforce-eager --scheduling-policy mixed --out $R/trace-mixed-graph-refs &
   c3=$!
   wait $c1 $c2 $c3; pack
   for policy in mixed prefill_first; do
@@ -444,7 +444,7 @@ if [ "$what" = capture-profile ]; then
   # Where nano's start-up goes, stack by stack: py-spy (raw collapsed stacks, 200 Hz, native frames off) over
   # `bench --workload nano --repeats 1`, whose init captures every decode graph.
   PATH=$PATH:/tmp/site/bin timeout 200 py-spy record --rate 200 --format raw -o $OUT/logs/pyspy-nano-init.txt -- \
-    python3 -m labkit bench --workload nano --model $M --device cuda --graph --repeats 1 \
+    python3 -m labkit bench --workload nano --model $M --device cuda --no-enforce-eager --repeats 1 \
     --out $OUT/logs/capture-profile-nano.json > $OUT/logs/capture-profile.log 2>&1
   echo "capture-profile rc=$?"
   tar czf ${PACK_TO:-$OUT}/reports.tgz -C $OUT logs 2>/dev/null

@@ -126,7 +126,7 @@ class Timer:
 
 def decode_inputs(torch, geo: dict, lengths: list[int], dtype, device, seed: int = 0):
     """One layer's pool holding len(lengths) sequences, their blocks at random places, and one query each."""
-    from engine.context import DecodeMeta, PrefillMeta
+    from engine.context import DecodeMeta
 
     bs, kvh, hd = geo["block_size"], geo["kv_heads"], geo["head_dim"]
     per_seq = [-(-n // bs) for n in lengths]
@@ -178,7 +178,7 @@ def ceilings(torch, timer: Timer, nbytes: int, dtype, device) -> dict:
     sink = torch.empty((), dtype=torch.float32, device=device)
     copy_ms = timer.graph(lambda: dst.copy_(src))
     read_ms = timer.graph(lambda: torch.sum(src, dim=0, dtype=torch.float32, out=sink))
-    del src, dst
+    src = dst = None  # (free the buffers; the closures above hold them through these names)
     return {"copy_ms": copy_ms, "copy_TBps": 2 * nbytes / copy_ms / 1e9,
             "read_ms": read_ms, "read_TBps": nbytes / read_ms / 1e9}
 
@@ -252,7 +252,7 @@ def sdpa_decode(torch, timer: Timer, inp: dict, scale: float, ref, dry: bool) ->
                                          "timed": how}
         except Exception as exc:  # not every backend takes GQA or these shapes
             res[backend.name.lower()] = {"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:200]}
-    del k, v
+    k = v = None  # (free them; the closures above hold them through these names)
     return res
 
 
@@ -363,7 +363,7 @@ def bench_prefill(torch, timer: Timer, geo: dict, dtype, device, dry: bool) -> d
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from engine.backends import torch_ref
-    from engine.context import DecodeMeta, PrefillMeta
+    from engine.context import PrefillMeta
     from engine.kernels.prefill_attention import varlen_prefill
 
     scale = geo["head_dim"] ** -0.5

@@ -47,7 +47,7 @@ def measure(model: str, mixed_graphs: bool, repeats: int) -> dict:
     out, execution = {}, {}
     for n in (128, 512, 2048):
         times = []
-        for r in range(repeats + 1):
+        for _ in range(repeats + 1):
             llm.add_request(prompt(n), one)
             t, res = timed()
             while not llm.is_finished():
@@ -61,7 +61,7 @@ def measure(model: str, mixed_graphs: bool, repeats: int) -> dict:
     runs = [timed() for _ in range(repeats + 1)][1:]
     out["decode 64"], execution["decode 64"] = statistics.median(t for t, _ in runs) * 1e3, runs[-1][1].inputs.execution
     times = []
-    for r in range(repeats + 1):
+    for _ in range(repeats + 1):
         llm.add_request(prompt(2048), one)
         t, res = timed()
         times.append(t)

@@ -1,7 +1,7 @@
 """Our small decode-time kernels alone, on one GPU, against what they replace: checks and device times.
 
     PYTHONPATH=. python3 scripts/small_kernel_bench.py --out $OUT/small_kernels.json [--sweep]   # device, ~1 min
-    python scripts/small_kernel_bench.py --dry-run --out /tmp/small_kernels.json                 # CPU: Triton's interpreter
+    python scripts/small_kernel_bench.py --dry-run --out /tmp/small_kernels.json   # CPU: Triton's interpreter
 
 What it measures (Qwen3-0.6B shapes, bf16; each call timed as 20 calls in one CUDA graph, as the engine's
 decode graphs run them, engine/kernels/timing.py):
@@ -65,8 +65,8 @@ def gemm_ok(torch, out, ref) -> tuple[bool, float]:
 def bench_gemm(torch, timed, geo: dict, dtype, device: str, sweep: bool) -> dict:
     import torch.nn.functional as F
 
-    from engine.kernels.small_gemm import small_gemm_config, small_matmul
     from engine.device import num_sms
+    from engine.kernels.small_gemm import small_gemm_config, small_matmul
 
     g = torch.Generator().manual_seed(0)
     sms = num_sms(torch.device(device), 132)

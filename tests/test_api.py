@@ -14,12 +14,14 @@ def llm(tiny_model):
 
 
 def test_generate_text_and_ids_in_prompt_order(llm):
-    outs = llm.generate(["hello there", [100, 200, 300]], SamplingParams(temperature=0.6, max_tokens=2, ignore_eos=True),
+    outs = llm.generate(["hello there", [100, 200, 300]],
+                        SamplingParams(temperature=0.6, max_tokens=2, ignore_eos=True),
                         use_tqdm=False)
     assert len(outs) == 2
     for out in outs:
         assert len(out["token_ids"]) == 2 and isinstance(out["text"], str)
-    again = llm.generate([[100, 200, 300]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+    again = llm.generate([[100, 200, 300]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+                         use_tqdm=False)
     assert len(again[0]["token_ids"]) == 3
 
 

@@ -35,14 +35,16 @@ def _rows(result):
 def _kept(result):
     """A step's rows without the ones a late EOS or an abort wasted (their token is dropped)."""
     return (result.phase, [(s, t, f) for s, t, f, ok in zip(result.seq_ids, result.token_ids, result.finish_reasons,
-                                                            _samples(result)) if t is not None or f is not None or not ok])
+                                                            _samples(result))
+                           if t is not None or f is not None or not ok])
 
 
 def _after_replays(results, launch_order, policy) -> int:
     """How many steps were scheduled ahead: each one after a step that replays a graph, but the last, and but
     an eager prefill (under prefill_first and balanced a prefill-only step: it is planned after the commit, so
     that requests arriving meanwhile can join it)."""
-    return sum((launch_order == "graph-ahead" or r.phase == "decode") and not (policy != "mixed" and nxt.phase == "prefill")
+    return sum((launch_order == "graph-ahead" or r.phase == "decode")
+               and not (policy != "mixed" and nxt.phase == "prefill")
                for r, nxt in zip(results, results[1:]))
 
 
@@ -53,7 +55,8 @@ def _samples(result):
 def _requests(seed: int, n: int, sampling: dict, ignore_eos=None):
     rng = random.Random(seed)
     return [([rng.randrange(1, 250) for _ in range(rng.randrange(2, 30))],
-             SamplingParams(max_tokens=rng.randrange(1, 24), ignore_eos=i % 4 == 0 if ignore_eos is None else ignore_eos,
+             SamplingParams(max_tokens=rng.randrange(1, 24),
+                            ignore_eos=i % 4 == 0 if ignore_eos is None else ignore_eos,
                             temperature=0.0 if i % 3 == 0 else 1.0, **sampling)) for i in range(n)]
 
 
@@ -124,7 +127,8 @@ def test_without_eos_every_step_is_the_synchronous_step(tiny_model, policy, laun
         overlapped = _run(tiny_model, True, requests, kvcache_block_size=4, scheduling_policy=policy, **config)
         assert [_rows(r) for r in overlapped[0]] == [_rows(r) for r in sync[0]], config
         assert overlapped[1] == sync[1]
-        assert overlapped[2] == {"launched_ahead": _after_replays(overlapped[0], launch_order, policy), "wasted_rows": 0}, \
+        assert overlapped[2] == {"launched_ahead": _after_replays(overlapped[0], launch_order, policy),
+                                 "wasted_rows": 0}, \
             (config, overlapped[2])
         if "num_kvcache_blocks" in config and config["num_kvcache_blocks"] < 20:
             assert any(r.preempted for r in sync[0])  # the small pool did preempt
@@ -340,7 +344,7 @@ def test_an_abort_while_a_step_runs_gives_an_equal_hash_back_to_the_block_that_h
         first = llm.step()
         assert first.num_scheduled_tokens == [9, 3]  # A whole, B's first chunk
         llm.abort(b)  # async: B's second chunk is in the step already launched
-        c = llm.add_request(prompt, sp)
+        llm.add_request(prompt, sp)
         results = []
         while not llm.is_finished():
             results.append(llm.step())

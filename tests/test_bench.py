@@ -1,8 +1,8 @@
-"""`labkit bench`: workload draws, the engine and HF runs end to end on the tiny model (compare: test_bench_compare.py)."""
+"""`labkit bench`: workload draws, the engine and HF runs end to end on the tiny model (compare:
+test_bench_compare.py)."""
 import json
 import random
 import statistics
-from pathlib import Path
 
 import pytest
 
@@ -94,8 +94,8 @@ def test_bad_workload_file_exits_2_with_one_line(tmp_path, runs, capsys, text, n
 def test_unknown_workload_and_hf_with_engine_flags_exit_2(runs, capsys):
     code, _, err = run_cli(["bench", "--workload", "nope"], capsys)
     assert code == 2 and "nano" in err and len(err.strip().splitlines()) == 1
-    code, _, err = run_cli(["bench", "--backend", "hf", "--tp", "2"], capsys)
-    assert code == 2 and "--tp" in err
+    code, _, err = run_cli(["bench", "--backend", "hf", "--tensor-parallel-size", "2"], capsys)
+    assert code == 2 and "--tensor-parallel-size" in err
 
 
 # ------------------------------------------------------------------------------ end to end
@@ -149,7 +149,7 @@ def test_bench_fixed_end_to_end(tiny_model, runs, capsys):
 def test_bench_run_subcommand_nano_scaled(tiny_model, runs, capsys):
     out = runs / "nano.json"
     code, _, err = run_cli(["bench", "run", "--workload", "nano", "--num-requests", "3", "--model", tiny_model,
-                            "--device", "cpu", "--out", out, "--budget", "4096"], capsys)
+                            "--device", "cpu", "--out", out, "--max-num-batched-tokens", "4096"], capsys)
     assert code == 0, err
     data = json.loads(out.read_text())
     want = draw(load_workload("nano").scaled(3))

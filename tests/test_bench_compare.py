@@ -62,7 +62,8 @@ def test_separated_repeats_give_a_ratio_with_its_interval(tmp_path, runs, capsys
     assert 150 / 102 <= lo < res["ratio"] < hi <= 152 / 100
     m = res["metrics"]["output_throughput"]
     assert (m["a"]["min"], m["a"]["median"], m["a"]["max"], m["a"]["n"]) == (100.0, 101.0, 102.0, 3)
-    assert res["metrics"]["wall_s"]["ratio"] == pytest.approx(101 / 151) and not res["metrics"]["wall_s"]["within_noise"]
+    assert res["metrics"]["wall_s"]["ratio"] == pytest.approx(101 / 151)
+    assert not res["metrics"]["wall_s"]["within_noise"]
     assert res["single_measurements"]["graph_capture_s"]["ratio"] is None
     assert res["differing"] == ["engine.enforce_eager"]
     assert res["a"]["config"]["engine"]["enforce_eager"] is True
@@ -176,6 +177,23 @@ def _load_result(tmp_path, name: str, e2el: list[float], failed: int = 1, **serv
     return str(path)
 
 
+def test_load_results_written_with_the_old_flag_names_compare_with_new_ones(tmp_path):
+    """`bench load` records the flags of the server it started; before the flags took their Config fields' names
+    they were --budget, --tp, --eager/--graph, ...: such a result compares with a new one under the new names."""
+    base = [100.0 + i for i in range(20)]
+    old = _load_result(tmp_path, "old", base, **{"--budget": 512, "--tp": 2, "--eager/--graph": True,
+                                                 "--policy": "mixed"})
+    new = _load_result(tmp_path, "new", [2 * v for v in base], **{
+        "--max-num-batched-tokens": 1024, "--tensor-parallel-size": 2, "--enforce-eager": True,
+        "--scheduling-policy": "mixed"})
+    for variable in ("budget", "max_num_batched_tokens"):
+        res = cmp.compare(cmp.load_bench(old), cmp.load_bench(new), variable)
+        assert res["values"]["a"] == {"server.--max-num-batched-tokens": 512}
+        assert res["values"]["b"] == {"server.--max-num-batched-tokens": 1024}
+    with pytest.raises(LabkitError, match=r"server\.--max-num-batched-tokens"):
+        cmp.compare(cmp.load_bench(old), cmp.load_bench(new), "tp")
+
+
 def test_load_results_compare_per_request_e2el(tmp_path, runs, capsys):
     import random
 
@@ -200,8 +218,8 @@ def test_load_results_compare_per_request_e2el(tmp_path, runs, capsys):
     one = _load_result(tmp_path, "d", [100.0], failed=40, **{"--max-num-seqs": 16})
     code, _, err = run_cli(["bench", "compare", a, one, "--variable", "max_num_seqs"], capsys)
     assert code == 2 and "has 1 completed request" in err and len(err.strip().splitlines()) == 1
-    other = _load_result(tmp_path, "e", base, **{"--max-num-seqs": 16, "--tp": 2})
-    with pytest.raises(LabkitError, match=r"server\.--tp"):
+    other = _load_result(tmp_path, "e", base, **{"--max-num-seqs": 16, "--tensor-parallel-size": 2})
+    with pytest.raises(LabkitError, match=r"server\.--tensor-parallel-size"):
         cmp.compare(cmp.load_bench(a), cmp.load_bench(other), "max_num_seqs")
     # An offline result against a load result: refused.
     offline = _write(tmp_path, "offline.json", _synthetic(100.0))
@@ -231,7 +249,8 @@ def test_two_real_load_runs_compare_on_rate(tmp_path, runs, capsys):
     code, out, err = run_cli(["bench", "compare", *map(str, paths), "--variable", "rate"], capsys)
     assert code == 0, err
     res = json.loads((runs / "bench-compare-rate.json").read_text())
-    assert res["differing"] == ["source.rate"] and res["values"] == {"a": {"source.rate": 4.0}, "b": {"source.rate": 8.0}}
+    assert res["differing"] == ["source.rate"]
+    assert res["values"] == {"a": {"source.rate": 4.0}, "b": {"source.rate": 8.0}}
 
 
 def test_load_results_with_the_warm_up_time_in_their_config_still_compare(tmp_path):

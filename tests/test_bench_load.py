@@ -11,8 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from labkit.bench import load as L
-from labkit.bench import load_metrics as M
+from labkit.bench import load as L, load_metrics as M
 from labkit.bench.workloads import load_workload
 from labkit.errors import LabkitError
 
@@ -125,7 +124,7 @@ def test_bench_load_end_to_end_against_a_started_server(tiny_model, tmp_path, ca
     assert code == 0, err + stdout
     r = json.loads(out.read_text())
     # The started server got the engine flag, and the record says so (what `bench compare` keys on).
-    assert r["config"]["server"]["--async-scheduling/--no-async-scheduling"] is False
+    assert r["config"]["server"]["--async-scheduling"] is False
     assert '"async_scheduling": false' in json.dumps(r), "the server's /health (recorded) names the setting"
     assert r["command"] == "bench load" and r["evidence"] == "cpu-executed" and r["device"]["server"] == "cpu"
     m = r["metrics"]
@@ -280,7 +279,8 @@ def test_client_reads_coalesced_events_from_a_server(client):
 
 # ------------------------------------------------------------------------------------------ provenance (/health)
 
-FULL_HEALTH = {"status": "ok", "model_name": "qwen3-fake", "model": {"path": "/models/qwen3", "config_sha256": "a" * 64},
+FULL_HEALTH = {"status": "ok", "model_name": "qwen3-fake",
+               "model": {"path": "/models/qwen3", "config_sha256": "a" * 64},
                "device": "cuda:0", "device_name": "NVIDIA H200", "vocab_size": 151936, "max_model_len": 4096, "tp": 1,
                "git_head": "0123abcd", "labkit_version": "0.1.0", "running": 0}
 
@@ -347,7 +347,7 @@ def test_endpoint_option_errors(capsys):
     for args, msg in ((["--url", "http://127.0.0.1:9", "--endpoints", "http://127.0.0.1:9"], "give one of them"),
                       (["--endpoints", "http://127.0.0.1:9,,http://127.0.0.1:8"], "empty entries"),
                       (["--endpoints", "127.0.0.1:9"], "not an http"),
-                      (["--endpoints", "http://127.0.0.1:9", "--tp", "2"], "--tp"),
+                      (["--endpoints", "http://127.0.0.1:9", "--tensor-parallel-size", "2"], "--tensor-parallel-size"),
                       (["--percentiles", "50,200"], "--percentiles"),
                       (["--client", "curl"], "--client")):
         code, _, err = run_cli(["bench", "load", *args], capsys)

@@ -100,7 +100,7 @@ def test_profile_window_past_the_run_exits_2(tiny_model, small, runs, capsys):
     (["--profile", "--profile-skip", "-1"], "--profile-skip"),
     (["--backend", "hf", "--profile"], "--profile"),
     (["--backend", "hf", "--workload", "batch1"], "timing steps"),
-    (["--backend", "hf", "--no-custom-kernels"], "--custom-kernels"),
+    (["--backend", "hf", "--no-custom-kernels"], "--no-custom-kernels"),
 ])
 def test_bad_profile_flags_exit_2_with_one_line(runs, capsys, args, needle):
     code, _, err = run_cli(["bench", *args], capsys)

@@ -69,7 +69,8 @@ def test_random_mixes_keep_the_books(tiny_model, seed, policy):
             continue
         before = {s.seq_id: s.num_completion_tokens for s in seqs}
         plan = sched.schedule()
-        batch = plan.seqs
+        by_id = {s.seq_id: s for s in seqs}
+        batch = [by_id[i] for i in plan.seq_ids]
         assert batch
         if plan.phase == "prefill":
             assert sum(plan.num_new) <= cfg.max_num_batched_tokens

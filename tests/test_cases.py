@@ -7,8 +7,15 @@ import pytest
 import yaml
 
 from labkit.errors import LabkitError
-from labkit.trace.cases import (ENGINE_KEYS, Case, build_prompt_ids, expand_positions,
-                                format_positions, list_cases, load_case)
+from labkit.trace.cases import (
+    ENGINE_KEYS,
+    Case,
+    build_prompt_ids,
+    expand_positions,
+    format_positions,
+    list_cases,
+    load_case,
+)
 
 SHIPPED = ["A", "B", "B-seqs1", "C", "chunk", "D", "lifecycle", "prefix", "preempt", "refs",
            "balanced"]

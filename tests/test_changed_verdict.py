@@ -31,7 +31,7 @@ def test_an_engine_edit_that_changes_states_says_how_to_judge_a_refactor(tiny_mo
     _engine_differs(monkeypatch, "scheduler.py, block_manager.py")
     runs = tmp_path / "runs"
     # lifecycle under budget 100 moves R2 to step 2: a schedule that differs from the case, every invariant kept.
-    code, out, err = run_cli(["trace", "--case", "lifecycle", "--budget", "100", "--model", tiny_model,
+    code, out, err = run_cli(["trace", "--case", "lifecycle", "--max-num-batched-tokens", "100", "--model", tiny_model,
                               "--device", "cpu", "-q", "--out", str(runs / "trace-lifecycle")], capsys)
     text = _flat(out)
     assert code == 0, out + err
@@ -62,10 +62,10 @@ def test_an_override_alone_is_an_experiment_and_gets_no_refactor_advice(tiny_mod
     import labkit.trace.command as command
 
     monkeypatch.setattr(command, "engine_changes", lambda: (False, "engine/ is HEAD's"))
-    code, out, err = run_cli(["trace", "--case", "lifecycle", "--budget", "100", "--model", tiny_model,
+    code, out, err = run_cli(["trace", "--case", "lifecycle", "--max-num-batched-tokens", "100", "--model", tiny_model,
                               "--device", "cpu", "-q", "--out", str(tmp_path / "o")], capsys)
     assert code == 0, out + err
-    assert "CHANGED" in out and "override --budget 100" in _flat(out) and SENTENCE not in _flat(out)
+    assert "CHANGED" in out and "override --max-num-batched-tokens 100" in _flat(out) and SENTENCE not in _flat(out)
 
 
 @pytest.mark.parametrize("files", ["scheduler.py", ", ".join(f"file_with_a_long_name_{i}.py" for i in range(5))
@@ -73,7 +73,7 @@ def test_an_override_alone_is_an_experiment_and_gets_no_refactor_advice(tiny_mod
 def test_the_report_never_cuts_the_sentence_off(tiny_model, tmp_path, capsys, monkeypatch, files):
     _engine_differs(monkeypatch, files)
     runs = tmp_path / "runs"
-    code, out, err = run_cli(["trace", "--case", "lifecycle", "--budget", "100", "--model", tiny_model,
+    code, out, err = run_cli(["trace", "--case", "lifecycle", "--max-num-batched-tokens", "100", "--model", tiny_model,
                               "--device", "cpu", "-q", "--out", str(runs / "trace-lifecycle")], capsys)
     assert code == 0, out + err
     code, _, err = run_cli(["report", "--runs", str(runs), "--out", str(tmp_path / "report")], capsys)

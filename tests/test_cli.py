@@ -199,7 +199,8 @@ def test_every_help_and_the_engineless_commands_import_nothing_heavy(tiny_model,
     helps = [[*p, "--help"] for p in paths]
     # Commands that run no engine: they start without torch, transformers or the engine (lab_env: outputs in tmp).
     engineless = [["notes", "list"], ["patch", "list"], ["model", "info", tiny_model, "--json"],
-                  ["shapes", "--tp", "2", "--model", tiny_model], ["principles", "slots"], ["principles", "cache"]]
+                  ["shapes", "--tensor-parallel-size", "2", "--model", tiny_model], ["principles", "slots"],
+                  ["principles", "cache"]]
     modules, codes = _imported_after(*helps, *engineless)
     assert len(paths) > 30 and codes == [0] * (len(helps) + len(engineless))
     assert _heavy(modules) == []
@@ -229,23 +230,71 @@ def _shared_options() -> dict[str, list[tuple[tuple[str, ...], object]]]:
 
 def test_engine_options_are_declared_once_with_the_engines_choices_and_limits():
     from engine import config
+    from engine.policies import POLICIES
 
     found = _shared_options()
-    tp = found["--tp"]
+    tp = found["--tensor-parallel-size"]
     assert len(tp) >= 8
     assert {(p.min, p.max) for _, p in tp} == {(1, config.MAX_TENSOR_PARALLEL_SIZE)}, \
         [(" ".join(path), p.min, p.max) for path, p in tp]
-    choices = {"--device": config.DEVICES, "--policy": config.SCHEDULING_POLICIES,
-               "--attention": config.ATTENTION_BACKENDS, "--dtype": config.DTYPES}
+    choices = {"--device": config.DEVICES, "--scheduling-policy": tuple(POLICIES),
+               "--attention-backend": config.ATTENTION_BACKENDS, "--dtype": config.DTYPES}
     for flag, values in choices.items():
         for path, p in found[flag]:
             assert tuple(c.value for c in p.type_descriptor.choices) == values, (path, flag)
     # One declaration: every command shows the same help, limits and panel for an engine option.
-    for flag in ("--model", "--device", "--tp", "--eager", "--policy", "--dtype", "--attention", "--budget",
-                 "--block-size", "--num-blocks", "--max-num-seqs", "--max-model-len", "--json"):
+    for flag in ("--model", "--device", "--tensor-parallel-size", "--enforce-eager", "--scheduling-policy", "--dtype",
+                 "--attention-backend", "--max-num-batched-tokens", "--kvcache-block-size", "--num-kvcache-blocks",
+                 "--max-num-seqs", "--max-model-len", "--async-scheduling", "--kv-cache-dtype", "--json"):
         seen = {(p.help, p.min, p.max, p.rich_help_panel, tuple(p.secondary_opts))
                 for path, p in found[flag] if path[0] != "principles"}  # its --model: a tokenizer, no engine
         assert len(seen) == 1, (flag, seen)
+
+
+def engine_flag_problems(commands) -> list[str]:
+    """Every option in an Engine panel of `commands` ((path, click command) pairs) against the rule: a Config
+    field's name with dashes (`--enforce-eager/--no-enforce-eager` for a switch), its parameter named as the
+    field. The model folder is an option of its own (resolved by labkit, not a settable field)."""
+    from labkit.engine_args import FIELDS
+    from labkit.options import ENGINE, ENGINE_ON_GPU
+
+    problems, seen = [], 0
+    for path, command in commands:
+        for p in getattr(command, "params", []):
+            if getattr(p, "rich_help_panel", None) not in (ENGINE, ENGINE_ON_GPU) or p.name == "model":
+                continue
+            seen += 1
+            want = "--" + p.name.replace("_", "-")
+            where = f"labkit {' '.join(path)} {'/'.join(p.opts + p.secondary_opts)}"
+            if p.name not in FIELDS:
+                problems.append(f"{where}: its parameter {p.name!r} is not an engine Config field")
+            elif p.opts != [want] or p.secondary_opts not in ([], ["--no-" + want[2:]]):
+                problems.append(f"{where}: should be {want}")
+    assert seen > 50, seen  # the scan sees the engine options of every command
+    return problems
+
+
+def test_every_engine_flag_of_every_command_is_its_config_fields_name_with_dashes():
+    assert engine_flag_problems(_command_paths()) == []
+
+
+def test_a_renamed_engine_flag_is_found(monkeypatch):
+    commands = list(_command_paths())
+    trace = next(c for path, c in commands if path == ("trace",))
+    budget = next(p for p in trace.params if p.name == "max_num_batched_tokens")
+    monkeypatch.setattr(budget, "opts", ["--budget"])
+    assert engine_flag_problems(commands) == ["labkit trace --budget: should be --max-num-batched-tokens"]
+
+
+def test_the_old_short_names_still_work_and_messages_use_the_new_ones(capsys):
+    code, _, err = run_cli(["bench", "--backend", "hf", "--tp", "2", "--budget", "9", "--graph", "--policy", "mixed",
+                            "--attention", "torch", "--block-size", "16", "--num-blocks", "4"], capsys)
+    assert code == 2
+    assert ("--max-num-batched-tokens, --tensor-parallel-size, --no-enforce-eager, --kvcache-block-size, "
+            "--num-kvcache-blocks, --attention-backend, --scheduling-policy: engine settings") in err
+    # Only commands with engine options read the old names: `principles attention` is still a command.
+    code, out, _ = run_cli(["principles", "attention", "--help"], capsys)
+    assert code == 0 and "labkit principles attention" in out
 
 
 def test_the_first_source_env_sh_says_what_it_installs_and_for_how_long(tmp_path):
@@ -540,7 +589,8 @@ def test_every_first_hour_command_writes_its_json_with_a_markdown_twin(tiny_mode
             (["trace", "--case", "chunk", *tiny, "-q"], "trace-chunk/check.json", "# trace chunk: PASS"),
             (["principles", "slots"], "principles/slots.json", "# principles slots: **PASS**"),
             (["logits-check", "run", "--suite", "prefix", *tiny], "logits-prefix/check.json", "PASS"),
-            (["bench", "--workload", "fixed", "--num-requests", "2", "--repeats", "1", "--warmup", "0", *tiny, "--eager",
+            (["bench", "--workload", "fixed", "--num-requests", "2", "--repeats", "1", "--warmup", "0", *tiny,
+              "--enforce-eager",
               "--out", str(lab_env / "bench.json")], "bench.json", "fixed")]
     for args, json_name, head in runs:
         code, out, err = run_cli(args, capsys)

@@ -253,7 +253,8 @@ def test_a_help_paragraph_wrapped_in_the_source_is_one_paragraph_on_screen():
     from labkit.help_layout import reflow
 
     assert reflow("exit 1 when the engine\ndies, or hangs") == "exit 1 when the engine dies, or hangs"
-    assert reflow("Suites:\n- baseline (15 rows)\n- graph\n  (126 rows)") == "Suites:\n- baseline (15 rows)\n- graph (126 rows)"
+    assert reflow("Suites:\n- baseline (15 rows)\n- graph\n  (126 rows)") == \
+        "Suites:\n- baseline (15 rows)\n- graph (126 rows)"
     assert reflow("\b\nkept\nas written") == "kept\nas written"
 
 
@@ -274,13 +275,14 @@ def test_an_unknown_case_name_gets_a_did_you_mean(capsys):
 
 @pytest.fixture(scope="module")
 def traced(tiny_model, tmp_path_factory):
-    """Two runs of the lifecycle case (as in the README: the case, then --budget 100) and one of chunk."""
+    """Two runs of the lifecycle case (as in the README: the case, then --max-num-batched-tokens 100) and one of
+    chunk."""
     from labkit import cli
 
     root = tmp_path_factory.mktemp("traced")
     tiny = ["--model", str(tiny_model), "--device", "cpu", "-q"]
     for name, case, extra in (("chunk", "chunk", []), ("lifecycle", "lifecycle", []),
-                              ("lifecycle-budget-100", "lifecycle", ["--budget", "100"])):
+                              ("lifecycle-budget-100", "lifecycle", ["--max-num-batched-tokens", "100"])):
         out = root / name
         with pytest.raises(SystemExit) as done:
             cli.main(["trace", "--case", case, *tiny, *extra, "--out", str(out)])
@@ -292,8 +294,8 @@ def test_the_commands_tables_at_80_columns_keep_every_word_whole(traced, tiny_mo
     """The first hour's screens and the other tables, each at 80 columns against the same output with room:
     the step table, the CHANGED diff, `trace diff`, `trace --list`, `principles all` and each principles lab,
     `shapes`, `model info`, `patch list`."""
-    from labkit.trace.command import _print_report, _print_steps
     from labkit.trace.cases import load_case
+    from labkit.trace.command import _print_report, _print_steps
     from labkit.trace.events import read_jsonl
     from labkit.trace.validate import validate
 
@@ -302,12 +304,14 @@ def test_the_commands_tables_at_80_columns_keep_every_word_whole(traced, tiny_mo
     for args in (["trace", "diff", "lifecycle/events.jsonl", "lifecycle-budget-100/events.jsonl"],
                  ["trace", "--list"], ["principles", "all"], *[["principles", n] for n in
                  ("tokenizer", "attention", "cache", "memory", "slots", "operators", "shapes", "timeline")],
-                 ["shapes", "--tp", "2", "--preset", "qwen3-0.6b"], ["model", "info", str(tiny_model)],
+                 ["shapes", "--tensor-parallel-size", "2", "--preset", "qwen3-0.6b"],
+                 ["model", "info", str(tiny_model)],
                  ["patch", "list"]):
         # 150 columns: room to spare, below the widths where patch list and principles change layout (160)
         (_, narrow), (_, wide) = at(80, monkeypatch, capsys, args), at(150, monkeypatch, capsys, args)
         problems += [f"labkit {' '.join(args)}: {p}" for p in width_problems(narrow, wide)]
-    for name, why in (("chunk", ""), ("lifecycle", ""), ("lifecycle-budget-100", "override --budget 100")):
+    for name, why in (("chunk", ""), ("lifecycle", ""),
+                      ("lifecycle-budget-100", "override --max-num-batched-tokens 100")):
         events = read_jsonl(traced / name / "events.jsonl")
         case = load_case(name.split("-")[0])
         report = validate(events, case, expect_changes=bool(why), why_changes=why)

@@ -99,11 +99,10 @@ def test_no_rows_is_no_launch():
                                             "check the wired kernels against Transformers")
 def test_the_engine_with_the_fused_kernels_gives_the_plain_engines_tokens(tiny_model, monkeypatch):
     """The kernels wired into the model (the norms, SiLU*up, q/k norm + RoPE from the qkv rows), as on a GPU
-    without --eager: greedy tokens equal the plain torch engine's, and the logits agree to float32 rounding."""
+    without --enforce-eager: greedy tokens equal the plain torch engine's, and the logits agree to float32 rounding."""
     import dataclasses
 
-    from engine import LLM, SamplingParams
-    from engine import runner as runner_module
+    from engine import LLM, SamplingParams, runner as runner_module
 
     prompts = [[5, 9, 300, 17, 2, 44, 1000], [7] * 13, list(range(40, 61))]
     sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)

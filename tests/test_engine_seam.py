@@ -53,7 +53,7 @@ def test_labkit_and_scripts_use_the_public_engine_api_only():
     files = sorted(p for d in ("labkit", "scripts") for p in (REPO / d).rglob("*.py"))
     assert len(files) > 50
     internals = INTERNALS | engine_private_names()
-    assert {"_queued", "_launch", "_closed", "_ring"} <= internals  # LLMEngine's and staging's private names are seen
+    assert {"_loop", "_step_loop", "_closed", "_ring"} <= internals  # LLMEngine's and staging's private names are seen
     found = [hit for p in files for hit in internal_reads(p.read_text(encoding="utf-8"), str(p.relative_to(REPO)),
                                                           internals)]
     assert not found, "engine internals read outside the engine:\n" + "\n".join(found)

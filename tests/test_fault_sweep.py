@@ -1,4 +1,5 @@
-"""Issue 22's fault sweep in the slow tier: `labkit serve --tp 2 --device cpu` stopped at a sweep of moments
+"""Issue 22's fault sweep in the slow tier: `labkit serve --tensor-parallel-size 2 --device cpu` stopped at a sweep of
+moments
 (0.2 s after its start to ready, and again under load) by each fault (SIGTERM, SIGINT, SIGHUP or SIGKILL to the
 frontend, SIGKILL to the engine core, SIGKILL to a tensor-parallel worker). After each: the exit status
 docs/serving.md documents, no process, no /dev/shm segment and no socket folder left, every client answered

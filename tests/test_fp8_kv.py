@@ -155,7 +155,8 @@ def test_reference_prefill_without_tables_sees_the_stored_values():
     cu = torch.tensor([0, n], dtype=torch.int32)
     fresh = torch_ref.prefill(q, k, v, cache, cache, PrefillMeta(cu, cu, n, n, None, [0, n], [0, n]), 0.3,
                               k_scale=0.5, v_scale=0.5)
-    torch_ref.store_kvcache(k, v, kc := cache.clone(), vc := cache.clone(), torch.arange(n, dtype=torch.int32), 0.5, 0.5)
+    torch_ref.store_kvcache(k, v, kc := cache.clone(), vc := cache.clone(), torch.arange(n, dtype=torch.int32),
+                            0.5, 0.5)
     paged = torch_ref.prefill(q, k, v, kc, vc, PrefillMeta(cu, cu, n, n, torch.tensor([[0]]), [0, n], [0, n]), 0.3,
                               k_scale=0.5, v_scale=0.5)
     assert torch.equal(fresh, paged)

@@ -9,8 +9,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from engine import LLM  # noqa: E402
-from engine import fused_decode  # noqa: E402
+from engine import LLM, fused_decode  # noqa: E402
 from engine.context import Context, DecodeMeta, PrefillMeta, reset_context, set_context  # noqa: E402
 from engine.kernels.decode_layer import gemv, partials_norm, split_for  # noqa: E402
 from engine.layers import fused  # noqa: E402

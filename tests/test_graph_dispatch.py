@@ -1,31 +1,63 @@
-"""Which step replays which CUDA graph, at every edge (issue 35, "checks that missed": a mixed step that exactly
-filled a graph bucket could fall back to eager execution, which only costs speed, so no output test saw it).
-
-The dispatch is plain Python: a plan's rows decide a graph key (ModelRunner.graph_key, through
-ModelRunner.step_inputs, which says "graph" with its bucket or "eager"). There are no CUDA graphs on the
-CPU, so the captured graphs are simulated as in tests/test_graph_fallback.py: the runner gets the buckets the
-engine captures for its limits (SPEC 4: [1, 2, 4, 8] + range(16, max + 1, 16) for decode; engine/
-mixed_graphs.buckets for mixed steps) with placeholder graphs, never replayed. For every bucket the test
-asks for a step one below it, exactly at it and one over it, and for the empty edges (no decode rows in a
-mixed step, and a plan with no rows at all): the step must take the smallest graph that holds it, and run
-eagerly only when none does."""
+"""Which captured CUDA graph a step replays (engine/graph_dispatch.py), on the CPU: the rules are plain Python over
+the sizes the runner captured, so they are checked here without a GPU (tests/test_graph_fallback.py runs the same
+dispatch through the runner's input preparation)."""
 from __future__ import annotations
 
 import pytest
 
 from engine import LLM
 from engine.batch_plan import BatchPlan
-from engine.mixed_graphs import ROWS, MixedGraphs, buckets
+from engine.graph_dispatch import MIXED_PREFILL_ROWS, SHORT_CONTEXT, GraphDispatch, decode_buckets
+from engine.mixed_graphs import buckets
 
+
+def _plan(num_decodes: int, prefills: list[int]) -> BatchPlan:
+    n = num_decodes + len(prefills)
+    new = [1] * num_decodes + prefills
+    return BatchPlan(list(range(n)), [str(i) for i in range(n)], num_decodes, [5] * n, new, [5 + k for k in new],
+                     [0] * sum(new), [[i] for i in range(n)])
+
+
+def test_decode_buckets_are_nanos():
+    assert decode_buckets(20) == [1, 2, 4, 8, 16]
+    assert decode_buckets(3) == [1, 2]
+    assert decode_buckets(512)[:6] == [1, 2, 4, 8, 16, 32] and decode_buckets(512)[-1] == 512
+
+
+def test_a_decode_step_takes_the_smallest_bucket_that_holds_it_or_runs_eagerly():
+    d = GraphDispatch(decode=(1, 2, 4, 8, 16))
+    assert [d.key(_plan(n, [])) for n in (1, 3, 8, 9, 16)] == [(1, None), (4, None), (8, None), (16, None),
+                                                               (16, None)]
+    assert d.key(_plan(17, [])) is None                      # larger than every bucket: eager
+    assert GraphDispatch().key(_plan(1, [])) is None         # nothing captured (CPU, enforce_eager)
+
+
+def test_a_step_with_prefill_rows_replays_a_mixed_graph_only_when_they_were_captured():
+    decode_only = GraphDispatch(decode=(1, 2, 4, 8))
+    assert decode_only.key(_plan(2, [30])) is None and decode_only.key(_plan(0, [30])) is None
+    mixed = GraphDispatch(decode=(1, 2, 4, 8), mixed_rows=(0, 8, 32), mixed_tokens=(512, 2048))
+    assert mixed.key(_plan(2, [30, 100])) == (8, 512)
+    assert mixed.key(_plan(0, [600])) == (0, 2048)
+    assert mixed.key(_plan(2, [1] * (MIXED_PREFILL_ROWS + 1))) is None
+
+
+def test_the_one_split_graph_serves_short_contexts_of_the_buckets_that_have_it():
+    d = GraphDispatch(decode=(1, 2, 4), short=frozenset({1, 2}))
+    assert d.one_split(2, [SHORT_CONTEXT, 3])
+    assert not d.one_split(2, [SHORT_CONTEXT + 1, 3])      # one long context: the split graph
+    assert not d.one_split(4, [3, 3])                      # no one-split graph for this bucket
+
+
+# --- every edge, through the runner's input preparation (issue 35, "checks that missed": a mixed step that
+# exactly filled a graph bucket could fall back to eager execution, which costs only speed, so no output test saw
+# it). The runner holds the dispatch of what the engine would capture for its limits (decode_buckets for decode,
+# mixed_graphs.buckets for mixed steps; no graph is replayed on the CPU); for every bucket a step one below it,
+# exactly at it and one over it, and the empty edges (no decode rows in a mixed step, a plan with no rows): the
+# step takes the smallest graph that holds it, and runs eagerly only when none does.
 MAX_SEQS = 40          # decode buckets [1, 2, 4, 8, 16, 32]; mixed decode rows [0, 8, 32, 40]
 BUDGET = 600           # mixed prefill tokens [512, 600]
 BLOCK = 16
-
-
-def decode_buckets(max_seqs: int) -> list[int]:
-    """SPEC 4: nano-vLLM's decode graph sizes."""
-    top = min(max_seqs, 512)
-    return [b for b in (1, 2, 4, 8) if b <= top] + list(range(16, top + 1, 16))
+MIXED_ROWS, MIXED_TOKENS = buckets(MAX_SEQS, BUDGET)
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +65,11 @@ def runner(tiny_model):
     llm = LLM(tiny_model, enforce_eager=True, device="cpu", scheduling_policy="mixed", max_num_seqs=MAX_SEQS,
               max_num_batched_tokens=BUDGET, max_model_len=1024, kvcache_block_size=BLOCK, num_kvcache_blocks=64)
     runner = llm.model_runner
-    runner.graph_bs = decode_buckets(MAX_SEQS)
-    runner.graphs = {b: object() for b in runner.graph_bs}   # placeholders: never replayed
-    mixed = MixedGraphs.__new__(MixedGraphs)                  # the dispatch needs only its sizes
-    mixed.rows, mixed.tokens = buckets(min(MAX_SEQS, 512), BUDGET)
-    runner.mixed_graphs = mixed
+    eager = runner.dispatch
+    runner.dispatch = GraphDispatch(decode=tuple(decode_buckets(MAX_SEQS)), mixed_rows=tuple(MIXED_ROWS),
+                                    mixed_tokens=tuple(MIXED_TOKENS))   # as if captured: nothing is replayed
     yield runner
-    runner.graphs, runner.mixed_graphs = {}, None
+    runner.dispatch = eager
     llm.exit()
 
 
@@ -83,7 +113,7 @@ def test_the_simulated_buckets_are_the_engines():
 
 @pytest.mark.parametrize("n", edges(decode_buckets(MAX_SEQS), 1))
 def test_a_decode_step_takes_the_smallest_bucket_that_holds_it(runner, n):
-    want = smallest(runner.graph_bs, n)
+    want = smallest(decode_buckets(MAX_SEQS), n)
     assert dispatch(runner, plan(n, [])) == (("graph", want, None) if want is not None else ("eager",)), n
 
 
@@ -91,9 +121,7 @@ def test_a_step_with_no_rows_replays_nothing(runner):
     """(Before: the decode graph of one row, for nothing. No scheduler makes such a plan; the dispatch must not
     depend on that.)"""
     assert runner.graph_key(plan(0, [])) is None
-
-
-MIXED_ROWS, MIXED_TOKENS = buckets(MAX_SEQS, BUDGET)
+    assert GraphDispatch(decode=(1, 2, 4)).key(plan(0, [])) is None
 
 
 @pytest.mark.parametrize("d", edges(MIXED_ROWS, 0))
@@ -106,9 +134,9 @@ def test_a_mixed_step_takes_the_smallest_graph_that_holds_it(runner, d, tokens):
     assert dispatch(runner, plan(d, [tokens])) == want, (d, tokens)
 
 
-@pytest.mark.parametrize("rows", [1, ROWS - 1, ROWS, ROWS + 1])
-def test_a_mixed_step_with_up_to_ROWS_prefill_rows_replays_a_graph(runner, rows):
-    want = ("graph", 8, 512) if rows <= ROWS else ("eager",)
+@pytest.mark.parametrize("rows", [1, MIXED_PREFILL_ROWS - 1, MIXED_PREFILL_ROWS, MIXED_PREFILL_ROWS + 1])
+def test_a_mixed_step_with_up_to_MIXED_PREFILL_ROWS_prefill_rows_replays_a_graph(runner, rows):
+    want = ("graph", 8, 512) if rows <= MIXED_PREFILL_ROWS else ("eager",)
     assert dispatch(runner, plan(3, [10] * rows)) == want, rows
 
 

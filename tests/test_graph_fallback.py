@@ -2,9 +2,9 @@
 eager when none does (seed 001, B.5: with max_num_seqs 20 nano captures [1, 2, 4, 8, 16] and a batch
 of 17 found no bucket: StopIteration).
 
-There are no CUDA graphs on the CPU, so the captured buckets are simulated: the runner gets the bucket
-list nano captures for max_num_seqs 20 with placeholder graphs, and the test asks its host-side input
-preparation which path each batch size takes (nothing is replayed). This is the check that catches
+There are no CUDA graphs on the CPU, so the captured buckets are simulated: the runner gets the dispatch of
+the bucket list nano captures for max_num_seqs 20 (engine/graph_dispatch.py), and the test asks its host-side
+input preparation which path each batch size takes (nothing is replayed). This is the check that catches
 patches/fault-graph-bucket-no-fallback.patch.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 
 from engine import LLM
 from engine.batch_plan import BatchPlan
+from engine.graph_dispatch import GraphDispatch
 
 NANO_BUCKETS_FOR_20 = [1, 2, 4, 8, 16]   # [1, 2, 4, 8] + range(16, 20 + 1, 16)
 
@@ -23,10 +24,10 @@ def runner(tiny_model):
     llm = LLM(tiny_model, enforce_eager=True, max_num_seqs=20, max_model_len=256, kvcache_block_size=16,
               num_kvcache_blocks=64, device="cpu")
     runner = llm.model_runner
-    runner.graphs = {bs: object() for bs in NANO_BUCKETS_FOR_20}   # placeholders: never replayed
-    runner.graph_bs = list(NANO_BUCKETS_FOR_20)
+    eager = runner.dispatch
+    runner.dispatch = GraphDispatch(decode=tuple(NANO_BUCKETS_FOR_20))   # as if captured: nothing is replayed
     yield runner
-    runner.graphs = {}
+    runner.dispatch = eager
     llm.exit()
 
 

@@ -12,7 +12,6 @@ import pytest
 from labkit.logits import compare as cmp
 from labkit.logits.collect import Collection
 
-
 # The documented figures (gates.py, compare.py), written out: a test that read them from the module would move
 # with a wrong edit of them.
 ROW_PASS = 2.5

@@ -67,13 +67,16 @@ def test_the_plan_runner_runs_each_labs_own_lines_into_one_folder(tmp_path, caps
     assert any(line.startswith("left out replicas-vs-tp: needs 2 GPUs") for line in lines)
     assert any(line.startswith("left out service-lifecycle: no command writes") for line in lines)
     assert "bench-offline: labkit bench --workload nano --device cuda --repeats 3" in lines
-    assert f"graph-vs-eager: labkit bench --workload fixed --device cuda --eager --out {runs}/bench-fixed-eager.json" in lines
+    assert (f"graph-vs-eager: labkit bench --workload fixed --device cuda --enforce-eager "
+            f"--out {runs}/bench-fixed-eager.json") in lines
     assert not any(" runs/" in line for line in lines if not line.startswith("left out"))
     # Timed labs run after the untimed ones, never beside them.
     order = [line.split(":")[0] for line in lines if not line.startswith("left out")]
-    assert order.index("trace-A") < order.index("bench-offline") and order.index("logits-kv") < order.index("graph-vs-eager")
+    assert order.index("trace-A") < order.index("bench-offline")
+    assert order.index("logits-kv") < order.index("graph-vs-eager")
     assert run_lab_plan.main(["--runs", str(runs), "--only", "no-such-lab", "--dry-run"]) == 2
-    plan_lab = run_lab_plan.Lab(id="x", title="t", command="labkit serve --port 9   # its own terminal\nlabkit serve client",
+    plan_lab = run_lab_plan.Lab(id="x", title="t",
+                                command="labkit serve --port 9   # its own terminal\nlabkit serve client",
                                 evidence="cpu-executed", slots=[])
     assert run_lab_plan.planned(plan_lab, 1)[0] == []
 

@@ -18,8 +18,7 @@ import pytest
 import torch
 
 from labkit.errors import LabkitError
-from labkit.logits import compare as cmp
-from labkit.logits import gates
+from labkit.logits import compare as cmp, gates
 from labkit.logits.collect import Collection, collect_engine, collect_hf, load_hf, read_collection, write_collection
 from labkit.logits.suites import SUITES, continuation, token_path
 
@@ -460,7 +459,7 @@ def test_tp_suite_passes_or_refuses_cleanly(tiny_model, tmp_path, capsys):
                                  "--dtype", "float32", "--out", str(out)], capsys)
     if code == 2:
         lines = [line for line in err.splitlines() if line.strip()]
-        assert len(lines) == 1 and "--tp 2" in lines[0] and "tensor" in lines[0], err
+        assert len(lines) == 1 and "--tensor-parallel-size 2" in lines[0] and "tensor" in lines[0], err
         assert not (out / "check.json").exists()
     else:
         assert code == 0, err
@@ -471,9 +470,10 @@ def test_tp_suite_passes_or_refuses_cleanly(tiny_model, tmp_path, capsys):
         assert report["gate"]["judged"] == ["lhs", "rhs"] and report["truth"]["backend"] == "hf"
         assert set(report["rows"][0]["to_truth"]) == {"lhs", "rhs"} and "lhs_to_rhs" in report["rows"][0]
         assert (out / "tp2.npz").is_file() and (out / "tp1.npz").is_file()
-    code, _, err = run_cli(["logits-check", "run", "--suite", "tp", "--tp", "1", "--model", tiny_model,
+    code, _, err = run_cli(["logits-check", "run", "--suite", "tp", "--tensor-parallel-size", "1",
+                            "--model", tiny_model,
                             "--out", str(tmp_path / "x")], capsys)
-    assert code == 2 and "--tp 1" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "--tensor-parallel-size 1" in err and len(err.strip().splitlines()) == 1
 
 
 def test_engine_refusing_tp_is_reported_in_one_line(tiny_model, monkeypatch, tmp_path, capsys):
@@ -490,7 +490,8 @@ def test_engine_refusing_tp_is_reported_in_one_line(tiny_model, monkeypatch, tmp
     code, _, err = run_cli(["logits-check", "run", "--suite", "tp", "--model", tiny_model, "--device", "cpu",
                             "--out", str(tmp_path / "tp")], capsys)
     assert code == 2
-    assert err.strip() == ("labkit: --tp 2: tensor_parallel_size: num_key_value_heads (2) is not divisible by 4")
+    assert err.strip() == ("labkit: --tensor-parallel-size 2: tensor_parallel_size: num_key_value_heads (2) is "
+                           "not divisible by 4")
 
 
 def test_cli_run_baseline_end_to_end(tiny_model, tmp_path, capsys):
@@ -515,7 +516,8 @@ def test_cli_run_baseline_end_to_end(tiny_model, tmp_path, capsys):
     assert report["rhs"]["dtype"] == "float32" and report["reference"] is None
     assert "# logits-check baseline: **PASS** (gate anchored)" in (out / "check.md").read_text()
     # The fixed thresholds stay available, explicitly.
-    code, stdout, err = run_cli(["logits-check", "compare", "--lhs", str(out / "engine"), "--rhs", str(out / "hf-float32"),
+    code, stdout, err = run_cli(["logits-check", "compare", "--lhs", str(out / "engine"),
+                                 "--rhs", str(out / "hf-float32"),
                                  "--gate", "fixed", "--out", str(out / "fixed.json")], capsys)
     assert code == 0, err
     fixed = json.loads((out / "fixed.json").read_text())

@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from labkit.errors import LabkitError
-from labkit.logits import compare as cmp
-from labkit.logits import cost, gates, hf_fp8
+from labkit.logits import compare as cmp, cost, gates, hf_fp8
 from labkit.logits.collect import collect_engine, collect_hf, load_hf, read_collection
 from labkit.logits.suites import SUITES, Case, Request, Suite, _baseline_cases
 

@@ -10,6 +10,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.context import Context, DecodeMeta, PrefillMeta, reset_context, set_context
+from engine.graph_dispatch import GraphDispatch
 from engine.mixed_graphs import ROWS, MixedGraphs, buckets
 
 
@@ -60,7 +61,8 @@ def test_a_padded_mixed_step_gives_the_eager_steps_logits(tiny_model, key):
         launched = execute(plan)  # the eager step (it also writes this step's KV)
         if plan.phase == "mixed":
             inputs = runner.step_inputs(plan)
-            k = key or graphs.key(plan.num_decodes, len(inputs.input_ids) - plan.num_decodes, len(plan) - plan.num_decodes)
+            k = key or GraphDispatch(mixed_rows=tuple(graphs.rows), mixed_tokens=tuple(graphs.tokens)).mixed_key(
+                plan.num_decodes, len(inputs.input_ids) - plan.num_decodes, len(plan) - plan.num_decodes)
             eager = runner._logits(plan, inputs, None)  # again, eagerly: the KV it rewrites is the same
             padded = _replay_eagerly(graphs, runner, plan, inputs, k)
             seen.append((k, plan.num_decodes, (padded - eager).abs().max().item()))
@@ -77,10 +79,10 @@ def test_a_padded_mixed_step_gives_the_eager_steps_logits(tiny_model, key):
 
 
 def test_a_step_no_graph_holds_runs_eagerly():
-    graphs = MixedGraphs.__new__(MixedGraphs)
-    graphs.rows, graphs.tokens = [0, 8, 32], [512, 2048]
-    assert graphs.key(3, 600, 2) == (8, 2048)
-    assert graphs.key(0, 100, 1) == (0, 512)
-    assert graphs.key(33, 100, 1) is None                 # more decode rows than the largest graph
-    assert graphs.key(3, 2049, 1) is None                 # more prefill tokens
-    assert graphs.key(3, 100, ROWS + 1) is None           # more prefill rows
+    graphs = GraphDispatch(mixed_rows=(0, 8, 32), mixed_tokens=(512, 2048))
+    assert graphs.mixed_key(3, 600, 2) == (8, 2048)
+    assert graphs.mixed_key(0, 100, 1) == (0, 512)
+    assert graphs.mixed_key(33, 100, 1) is None                 # more decode rows than the largest graph
+    assert graphs.mixed_key(3, 2049, 1) is None                 # more prefill tokens
+    assert graphs.mixed_key(3, 100, ROWS + 1) is None           # more prefill rows
+    assert GraphDispatch(decode=(1, 2, 4)).mixed_key(1, 10, 1) is None   # no mixed graphs captured

@@ -413,7 +413,8 @@ def test_fetch_fails_fast_without_network(tmp_path, monkeypatch):
 
 
 def test_fetch_cli_exit_code_and_one_line(tmp_path):
-    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0", "HF_HUB_CACHE": str(tmp_path / "hf"),
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0",
+           "HF_HUB_CACHE": str(tmp_path / "hf"),
            "LABKIT_CACHE": str(tmp_path / "cache")}
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", "import sys; from labkit.cli import main; main(sys.argv[1:])",

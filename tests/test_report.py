@@ -38,8 +38,8 @@ def lab_runs(tmp_path_factory, tiny_model):
     cli(["trace", "--case", "chunk", *tiny, "-q", "--out", runs / "trace-chunk"])
     cli(["logits-check", "run", "--suite", "prefix", *tiny, "--out", runs / "logits-prefix"])
     bench = ["bench", "--workload", "fixed", "--num-requests", "2", "--warmup", "0", "--repeats", "2", *tiny]
-    cli([*bench, "--eager", "--out", runs / "bench-eager.json"])
-    cli([*bench, "--graph", "--out", runs / "bench-graph.json"])
+    cli([*bench, "--enforce-eager", "--out", runs / "bench-eager.json"])
+    cli([*bench, "--no-enforce-eager", "--out", runs / "bench-graph.json"])
     cli(["bench", "compare", runs / "bench-eager.json", runs / "bench-graph.json", "--variable", "eager",
          "--out", runs / "compare-eager.json"])
     cli(["principles", "slots", "--out", runs / "principles" / "slots.json"])
@@ -65,7 +65,8 @@ def test_report_accounts_for_every_lab_of_the_plan(lab_runs, tmp_path, capsys):
     assert produced == PRODUCED
     assert len(labs) >= 30 and all("not run" in v["headline"] for k, v in labs.items() if k not in PRODUCED)
     chunk = labs["trace-chunk"]
-    assert chunk["evidence"] == "cpu-executed" and chunk["evidence_needed"] == "gpu-measured" and chunk["evidence_short"]
+    assert chunk["evidence"] == "cpu-executed" and chunk["evidence_needed"] == "gpu-measured"
+    assert chunk["evidence_short"]
     assert re.fullmatch(r"[0-9a-f]{10}( \(dirty\))?", chunk["commit"]) and chunk["device"] != "-"
     md = (out / "report.md").read_text()
     assert md.startswith("# test report")
@@ -154,10 +155,13 @@ def test_a_lab_takes_the_result_of_the_workload_its_command_names(lab_runs, tmp_
     prefill_first is not load-policies' result (`bench load --workload fixed --rate 4`)."""
     runs = tmp_path / "runs"
     fixed = json.loads((lab_runs / "bench-eager.json").read_text())
-    _copy_result(lab_runs / "bench-eager.json", runs / "bench-fixed-engine-eager.json", started_at="2026-12-02T10:00:00.000Z")
-    arrivals = {"command": "bench load", "evidence": "cpu-executed", "status": "ok", "started_at": "2026-12-02T09:00:00.000Z",
+    _copy_result(lab_runs / "bench-eager.json", runs / "bench-fixed-engine-eager.json",
+                 started_at="2026-12-02T10:00:00.000Z")
+    arrivals = {"command": "bench load", "evidence": "cpu-executed", "status": "ok",
+                "started_at": "2026-12-02T09:00:00.000Z",
                 "argv": ["labkit", "bench", "load", "--arrivals", "workloads/arrivals/short-and-long.jsonl"],
-                "config": {"source": {"arrivals": "short-and-long.jsonl"}, "server": {"--policy": "prefill_first"}},
+                "config": {"source": {"arrivals": "short-and-long.jsonl"},
+                           "server": {"--scheduling-policy": "prefill_first"}},
                 "metrics": {"requests": 4, "completed": 4}}
     (runs / "bench-load-short-and-long.json").write_text(json.dumps(arrivals))
     code, _, err = _report(runs, tmp_path / "r1", capsys)
@@ -175,27 +179,30 @@ def test_a_lab_takes_the_result_of_the_workload_its_command_names(lab_runs, tmp_
 
 
 def test_a_lab_prefers_its_own_command_and_says_which_result_it_shows(lab_runs, tmp_path, capsys):
-    """A try with another option (--budget 100, newer) is a record beside the lab's own run: the lab shows its
+    """A try with another option (--max-num-batched-tokens 100, newer) is a record beside the lab's own run: the lab
+    shows its
     own command's result, and names the other; with the try alone, it says the result is not its command."""
     runs = tmp_path / "runs"
     check = lab_runs / "trace-chunk" / "check.json"
     own = _copy_result(check, runs / "trace-chunk" / "check.json", started_at="2026-12-02T09:00:00.000Z",
                        argv=["labkit", "trace", "--case", "chunk"])
     _copy_result(check, runs / "trace-chunk-budget-100" / "check.json", started_at="2026-12-02T10:00:00.000Z",
-                 argv=["/venv/bin/labkit", "trace", "--case", "chunk", "--budget", "100", "--device", "cpu"],
+                 argv=["/venv/bin/labkit", "trace", "--case", "chunk", "--max-num-batched-tokens", "100",
+                       "--device", "cpu"],
                  verdict="CHANGED")
     code, out, err = _report(runs, tmp_path / "r1", capsys)
     assert code == 0, err
     lab = _labs(tmp_path / "r1")["trace-chunk"]
     assert lab["verdict"] == "PASS" and lab["results"][0]["file"] == "trace-chunk/check.json"
     assert lab["results"][0]["other_files"] == ["trace-chunk-budget-100/check.json"]
-    assert "trace-chunk-budget-100/check.json CHANGED" in lab["shown"] and "nearest to the lab's command" in lab["shown"]
+    assert "trace-chunk-budget-100/check.json CHANGED" in lab["shown"]
+    assert "nearest to the lab's command" in lab["shown"]
     assert "trace-chunk-budget-100/check.json" in (tmp_path / "r1" / "report.md").read_text()
     own.unlink()
     code, out, err = _report(runs, tmp_path / "r2", capsys)
     lab = _labs(tmp_path / "r2")["trace-chunk"]
-    assert lab["verdict"] == "CHANGED" and "not the lab's command (--budget 100)" in lab["shown"]
-    assert "not the lab's command (--budget 100)" in " ".join(out.split())
+    assert lab["verdict"] == "CHANGED" and "not the lab's command (--max-num-batched-tokens 100)" in lab["shown"]
+    assert "not the lab's command (--max-num-batched-tokens 100)" in " ".join(out.split())
 
 
 def test_report_without_matplotlib_still_writes_the_markdown(lab_runs, tmp_path, capsys, monkeypatch):
@@ -294,7 +301,8 @@ def test_verify_rejudges_a_logits_check_from_its_arrays(archive, tmp_path, capsy
     np.savez(buf, **arrays)
     bad = _rewrite(archive, tmp_path / "bad.tar.gz", {name: buf.getvalue()}, update_manifest=True)
     code, _, err = run_cli(["report", "verify", str(bad)], capsys)
-    assert code == 1 and "runs/logits-prefix/check.json differs: re-judged from its arrays: FAIL, the file says PASS" in err
+    assert code == 1
+    assert "runs/logits-prefix/check.json differs: re-judged from its arrays: FAIL, the file says PASS" in err
 
 
 # Every rule of `report verify`, each against an archive that breaks only that rule (issue 23: a verifier that
@@ -448,7 +456,8 @@ def test_the_plan_names_every_lab_of_the_seeds_with_commands_that_exist():
     labs = load_plan()
     ids = {lab.id for lab in labs}
     assert {f"trace-{c}" for c in list_cases()} | {f"principles-{n}" for n in principles.LABS} <= ids
-    assert {"environment", "runner-shapes", "logits-baseline", "logits-graph", "logits-prefix", "logits-kv", "logits-tp",
+    assert {"environment", "runner-shapes", "logits-baseline", "logits-graph", "logits-prefix", "logits-kv",
+            "logits-tp",
             "graph-vs-eager", "bench-offline", "bench-hf", "load-policies", "tp-shapes", "replicas-vs-tp",
             "service-lifecycle"} <= ids
     commands = set(typer.main.get_command(cli.app).commands)
@@ -461,7 +470,8 @@ def test_the_plan_names_every_lab_of_the_seeds_with_commands_that_exist():
         for slot in lab.slots:
             assert slot.match.get("command") in written or lab.producer, (lab.id, slot.match)
     with pytest.raises(LabkitError, match="lab x: `title` must be a non-empty string"):
-        parse({"labs": [{"id": "x", "evidence": "cpu-executed", "command": "labkit trace", "results": [{"file": "*"}]}]},
+        parse({"labs": [{"id": "x", "evidence": "cpu-executed", "command": "labkit trace",
+                         "results": [{"file": "*"}]}]},
               "plan")
     with pytest.raises(LabkitError, match="evidence must be one of"):
         parse({"labs": [{"id": "x", "title": "t", "evidence": "vibes", "command": "c", "results": [{"file": "*"}]}]},
@@ -485,7 +495,7 @@ def test_json_flag_prints_the_result_of_every_command_that_prints_one(lab_runs, 
     cmp = as_json(["bench", "compare", str(lab_runs / "bench-eager.json"), str(lab_runs / "bench-graph.json"),
                    "--variable", "eager", "--out", tmp_path / "c.json"])
     assert cmp["command"] == "bench compare" and cmp["variable"] == "eager"
-    shapes = as_json(["shapes", "--tp", "2", "--preset", "qwen3-0.6b", "--out", tmp_path / "s.json"])
+    shapes = as_json(["shapes", "--tensor-parallel-size", "2", "--preset", "qwen3-0.6b", "--out", tmp_path / "s.json"])
     assert shapes["verdict"] == "RECORDED" and shapes["table"]["heads"]["q"]["rank"] == 8
     if shutil.which("git"):
         patches = as_json(["patch", "list"])
@@ -500,13 +510,15 @@ def test_the_terminal_report_gives_each_missing_labs_commands_to_paste(tmp_path,
 
     runs = tmp_path / "runs"
     assert run_cli(["principles", "slots", "--out", runs / "principles" / "slots.json"], capsys)[0] == 0
-    doctor = {"command": "doctor", "evidence": "cpu-executed", "status": "PASS", "counts": {"PASS": 9, "WARN": 2, "FAIL": 0}}
+    doctor = {"command": "doctor", "evidence": "cpu-executed", "status": "PASS",
+              "counts": {"PASS": 9, "WARN": 2, "FAIL": 0}}
     (runs / "doctor.json").write_text(json.dumps(doctor))
     monkeypatch.setenv("COLUMNS", "80")
     code, out, err = _report(runs, tmp_path / "report", capsys)
     assert code == 0, err
     assert all(len(line) <= 80 for line in out.splitlines())
-    assert "doctor: PASS 9, WARN 2, FAIL 0" in out and "{'PASS'" not in out + (tmp_path / "report" / "report.md").read_text()
+    assert "doctor: PASS 9, WARN 2, FAIL 0" in out
+    assert "{'PASS'" not in out + (tmp_path / "report" / "report.md").read_text()
     shown, current = [], None
     for line in out.splitlines():
         text = line[7:] if line.startswith(("  run: ", " " * 7)) and line.strip() else None

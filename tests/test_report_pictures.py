@@ -149,7 +149,7 @@ def test_report_html_has_every_section_of_its_markdown_and_a_changed_picture(tin
                                                                               monkeypatch):
     runs = tmp_path / "runs"
     tiny = ["--model", tiny_model, "--device", "cpu", "-q"]
-    code, _, err = run_cli(["trace", "--case", "lifecycle", "--budget", "100", *tiny, "--out",
+    code, _, err = run_cli(["trace", "--case", "lifecycle", "--max-num-batched-tokens", "100", *tiny, "--out",
                             str(runs / "trace-lifecycle")], capsys)
     assert code == 0, err
     (runs / "perfetto.json").write_text(json.dumps({"traceEvents": []}))     # not a labkit result
@@ -185,7 +185,7 @@ def test_a_load_run_with_request_classes_is_read_and_drawn_per_class():
     assert titles == ["short: TTFT (ms), per request: n=6", "short: ITL (ms), every gap: n=18",
                       "long: TTFT (ms), per request: n=3", "long: ITL (ms), every gap: n=3"]
     stat = {"p99": 41.0}
-    d = {"status": "ok", "config": {"server": {"--policy": "mixed"}, "source": {"arrivals": "a.jsonl"}},
+    d = {"status": "ok", "config": {"server": {"--scheduling-policy": "mixed"}, "source": {"arrivals": "a.jsonl"}},
          "metrics": {"completed": 9, "requests": 9, "output_throughput": 100.0, "ttft_ms": {"median": 11},
                      "tpot_ms": {"median": 3}, "classes": {"short": {"itl_ms": stat, "ttft_ms": {"p99": 15}},
                                                          "long": {"itl_ms": {"p99": 5}, "ttft_ms": {"p99": 302}}}}}
@@ -213,9 +213,10 @@ def _arrivals_run(policy: str, n: int, scale: float) -> dict:
                 "completed": 8, "requests": 8}
     return {"command": "bench load", "evidence": "gpu-measured", "status": "ok",
             "started_at": f"2026-12-02T10:0{n}:00.000Z",
-            "argv": ["labkit", "bench", "load", "--arrivals", "workloads/arrivals/short-and-long.jsonl", "--policy", policy],
+            "argv": ["labkit", "bench", "load", "--arrivals", "workloads/arrivals/short-and-long.jsonl",
+                     "--scheduling-policy", policy],
             "config": {"source": {"arrivals": "workloads/arrivals/short-and-long.jsonl"},
-                       "server": {"started": True, "--policy": policy}},
+                       "server": {"started": True, "--scheduling-policy": policy}},
             "metrics": {**stats(100.0, 10.0), "output_throughput": 500.0,
                         "classes": {"short": stats(20.0, 8.0), "long": stats(300.0, 12.0)}}}
 

@@ -102,7 +102,8 @@ def test_a_temperature_too_small_to_divide_by_samples_greedily(tiny_model, tempe
 
     llm = LLM(tiny_model, device="cpu", enforce_eager=True, max_model_len=128, num_kvcache_blocks=16)
     prompts = [[100 + i for i in range(9)], [300, 301, 302]]
-    greedy = [o["token_ids"] for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)]
+    greedy = [o["token_ids"]
+              for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tiny = [o["token_ids"] for o in llm.generate(prompts, SamplingParams(temperature=temperature, max_tokens=8),

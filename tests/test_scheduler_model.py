@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from .scheduler_model import NothingCanRun, SchedulerModel
 
@@ -45,7 +44,8 @@ def one_thread():
 
 def _model_rows(policy, engine, requests, token=7):
     """Drive the model alone; one line per step in EXPECTED.md's notation:
-    `phase | id total/cached/scheduled/blocks; ... | preempted | id total/cached/outputs STATUS blocks acc|disc; ... | free`.
+    `phase | id total/cached/scheduled/blocks; ... | preempted | id total/cached/outputs STATUS blocks acc|disc; ...
+    | free`.
     requests: (label, prompt, max_tokens, after); after is None (from the start), a step number (submitted after
     that step) or a label (submitted once that request has finished)."""
     m = SchedulerModel(policy, engine["max_num_batched_tokens"], engine["max_num_seqs"],
@@ -70,7 +70,8 @@ def _model_rows(policy, engine, requests, token=7):
     while not m.is_finished():
         plan = m.schedule()
         step += 1
-        sched = "; ".join(f"{label[s.seq_id]} {s.num_tokens}/{s.cached}/{s.scheduled}/{len(s.table)}" for s in plan.rows)
+        sched = "; ".join(f"{label[s.seq_id]} {s.num_tokens}/{s.cached}/{s.scheduled}/{len(s.table)}"
+                          for s in plan.rows)
         acc = m.postprocess(plan, {s.seq_id: token for s in plan.rows})
         after = "; ".join(f"{label[s.seq_id]} {s.num_tokens}/{s.cached}/{s.completion} {s.status} {len(s.table)} "
                           f"{'acc' if a else 'disc'}" for s, a in zip(plan.rows, acc))
@@ -216,7 +217,8 @@ def test_a_prompt_mid_chunk_goes_on_when_the_decode_part_preempted_everyone():
     m.postprocess(plan, {0: 7, 1: 7})
     assert m.free_blocks == 0 and [s.seq_id for s in m.waiting] == [1]
     plan = m.schedule()  # A needs a block, W holds the other: A preempts itself, W goes on
-    assert plan.preempted == [0] and plan.phase == "prefill" and [(s.seq_id, s.scheduled) for s in plan.rows] == [(1, 1)]
+    assert plan.preempted == [0] and plan.phase == "prefill"
+    assert [(s.seq_id, s.scheduled) for s in plan.rows] == [(1, 1)]
 
 
 # --- the engine against the model ----------------------------------------------------------------------------

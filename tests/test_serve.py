@@ -26,10 +26,12 @@ httpx = pytest.importorskip("httpx")
 from engine import LLM, SamplingParams  # noqa: E402
 from engine.request_limits import RequestLimits  # noqa: E402
 from engine.tp_workers import FAIL_ENV  # noqa: E402
+from labkit.engine_args import EngineArgs  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[1]
-ENGINE_FLAGS = ["--device", "cpu", "--eager", "--max-model-len", "1024", "--budget", "1024", "--max-num-seqs", "16"]
+ENGINE_FLAGS = ["--device", "cpu", "--enforce-eager", "--max-model-len", "1024", "--max-num-batched-tokens", "1024",
+                "--max-num-seqs", "16"]
 ENGINE = dict(device="cpu", enforce_eager=True, max_model_len=1024, max_num_batched_tokens=1024, max_num_seqs=16)
 PROMPT = "The quick brown fox"
 LIMITS = RequestLimits(max_model_len=1024, vocab_size=2048, block_size=256, num_blocks=64)  # the tiny model's
@@ -124,7 +126,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-                raise AssertionError("the server did not exit after " + signal.Signals(sig).name + ":\n" + self.log())
+                raise AssertionError("the server did not exit after " + signal.Signals(sig).name + ":\n"
+                                     + self.log()) from None
         self._log.close()
         return self.proc.returncode
 
@@ -529,7 +532,7 @@ def test_the_log_has_access_lines_and_periodic_stats(server):
 def test_overload_is_503_with_retry_after(tiny_model, tmp_path):
     # A budget of 4 tokens a step: a 1000-token prompt waits 250 steps for its first token, so it stays
     # queued while the next request arrives and is refused.
-    s = Server(tiny_model, tmp_path, "--max-queue", "1", "--budget", "4")
+    s = Server(tiny_model, tmp_path, "--max-queue", "1", "--max-num-batched-tokens", "4")
     try:
         slow = {"prompt": [100 + i % 1900 for i in range(1000)], "max_tokens": 2, "ignore_eos": True,
                 "stream": True}
@@ -678,12 +681,13 @@ def _healthy(url: str) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_a_server_stopped_while_its_tp_engine_starts_leaves_nothing(tiny_model, tmp_path, sig):
-    """Issue 22: SIGTERM to `labkit serve --tp 2` 3.5 s into start-up, or a SIGKILL then, left a TP worker (and
+    """Issue 22: SIGTERM to `labkit serve --tensor-parallel-size 2` 3.5 s into start-up, or a SIGKILL then, left a TP
+    worker (and
     its shared memory) for about 10 minutes. Here the engine never finishes starting (its worker hangs before
     its runner), and the frontend is stopped then: its core and the worker are gone within seconds."""
     log = open(tmp_path / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "labkit", "serve", "--model", tiny_model, "--port",
-                             str(_free_port()), "--tp", "2", *ENGINE_FLAGS], cwd=REPO, stdout=log,
+                             str(_free_port()), "--tensor-parallel-size", "2", *ENGINE_FLAGS], cwd=REPO, stdout=log,
                             stderr=subprocess.STDOUT, env={**os.environ, FAIL_ENV: "runner:hang"})
     try:
         _wait(lambda: _spawned(proc.pid) and _spawned(_spawned(proc.pid)[0]), 120, "the core and its worker")
@@ -709,7 +713,7 @@ def test_a_server_stopped_while_its_tp_engine_starts_leaves_nothing(tiny_model, 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_tp2_serve_matches_tp1_and_cleans_up_on_sigterm(tiny_model, tmp_path, reference):
-    s = Server(tiny_model, tmp_path, "--tp", "2")
+    s = Server(tiny_model, tmp_path, "--tensor-parallel-size", "2")
     core = s.core_pid
     workers = _spawned(core)
     shm = [p.name for p in Path("/dev/shm").glob("labkit-*")]
@@ -727,7 +731,7 @@ def test_tp2_serve_matches_tp1_and_cleans_up_on_sigterm(tiny_model, tmp_path, re
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_dead_tp_worker_makes_the_server_log_why_and_exit_1(tiny_model, tmp_path):
-    s = Server(tiny_model, tmp_path, "--tp", "2")
+    s = Server(tiny_model, tmp_path, "--tensor-parallel-size", "2")
     worker = _spawned(s.core_pid)[0]
     client, streams = _open_streams(s, 1)
     os.kill(worker, signal.SIGKILL)
@@ -779,7 +783,7 @@ def test_serve_refuses_remote_host_and_bad_engine_arguments(tiny_model):
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "--allow-remote" in res.stderr
     res = subprocess.run([sys.executable, "-m", "labkit", "serve", "--model", tiny_model, "--device", "cpu",
-                          "--port", str(_free_port()), "--tp", "3"],
+                          "--port", str(_free_port()), "--tensor-parallel-size", "3"],
                          cwd=REPO, capture_output=True, text=True, timeout=240)
     assert res.returncode == 2 and "tensor_parallel_size" in res.stderr and "Traceback" not in res.stderr
 
@@ -816,13 +820,13 @@ def test_core_streams_each_request_its_tokens_once_per_step(core):
 
 
 def test_the_frontend_counts_the_steps_launched_ahead_and_the_wasted_rows_the_core_reports():
-    from prometheus_client.parser import text_string_to_metric_families
     from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
 
     from labkit.serve.engine_client import EngineClient
     from labkit.serve.metrics import ServerMetrics
 
-    client = EngineClient("m", {}, metrics=ServerMetrics("m"))
+    client = EngineClient("m", EngineArgs(), metrics=ServerMetrics("m"))
     for ahead in ([1, 0], [2, 1], [0, 0]):
         client._on_step({"n": 1, "phase": "decode", "batch": 1, "tokens": 1, "wall_s": 0.001, "out": [],
                          "queued": [], "stats": [0, 1, 10, 10, 0, 0, 0], "ahead": ahead})
@@ -936,7 +940,7 @@ def _client_nobody_reads(tmp_path):
     from labkit.serve.engine_client import EngineClient
     from labkit.serve.metrics import ServerMetrics
 
-    client = EngineClient("unused", {}, metrics=ServerMetrics("m"))
+    client = EngineClient("unused", EngineArgs(), metrics=ServerMetrics("m"))
     client._ctx = zmq.asyncio.Context()
     client._push = client._ctx.socket(zmq.PUSH)
     client._push.setsockopt(zmq.LINGER, 0)
@@ -994,7 +998,7 @@ def _offline_app(tiny_model, sent: list):
     from labkit.serve.http import ServeSettings, build_app
     from labkit.serve.metrics import ServerMetrics
 
-    client = EngineClient(tiny_model, {}, metrics=ServerMetrics("m"))
+    client = EngineClient(tiny_model, EngineArgs(), metrics=ServerMetrics("m"))
     client.limits = LIMITS
     client.tokenizer = AutoTokenizer.from_pretrained(tiny_model)
 
@@ -1060,7 +1064,7 @@ def test_a_core_that_stops_answering_is_killed_and_its_requests_fail():
     from labkit.serve.metrics import ServerMetrics
 
     async def go():
-        client = EngineClient("unused", {}, metrics=ServerMetrics("m"), engine_timeout_s=5.0)
+        client = EngineClient("unused", EngineArgs(), metrics=ServerMetrics("m"), engine_timeout_s=5.0)
         client._proc, client._heard = _FakeCore(), 100.0
         gone = []
         client.on_dead = gone.append
@@ -1123,7 +1127,7 @@ def test_a_heartbeat_that_overtakes_ready_is_not_taken_for_it(tmp_path):
     from labkit.serve.metrics import ServerMetrics
 
     async def go():
-        client = EngineClient("unused", {}, metrics=ServerMetrics("m"))
+        client = EngineClient("unused", EngineArgs(), metrics=ServerMetrics("m"))
         client._ctx = zmq.asyncio.Context()
         client._pull = client._ctx.socket(zmq.PULL)
         client._pull.bind(f"ipc://{tmp_path}/out")

@@ -59,7 +59,8 @@ def test_prefix_cache_queries_and_hits_count_tokens(llm):
     # A prefill that reads no cached keys attends over its own (no block tables: the contiguous path); one
     # that reads a cached prefix goes through the pool (its block table).
     assert r1[0].phase == "prefill" and r1[0].inputs.block_tables is None
-    assert r2[0].phase == "prefill" and len(r2[0].inputs.block_tables or []) == 1 and -1 not in r2[0].inputs.block_tables[0]
+    assert r2[0].phase == "prefill" and len(r2[0].inputs.block_tables or []) == 1
+    assert -1 not in r2[0].inputs.block_tables[0]
     for i in ids:
         llm.forget(i)
 

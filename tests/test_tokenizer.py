@@ -54,7 +54,8 @@ def test_chat_template_renders_as_transformers_does(both):
         for gen in (False, True):
             text = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
             assert ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen) == text
-            assert ours.apply_chat_template(messages, add_generation_prompt=gen) == hf.encode(text, add_special_tokens=False)
+            assert ours.apply_chat_template(messages, add_generation_prompt=gen) == hf.encode(
+                text, add_special_tokens=False)
 
 
 def test_template_features_transformers_gives(tmp_path, tiny_model):
@@ -74,9 +75,11 @@ def test_template_features_transformers_gives(tmp_path, tiny_model):
         "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}")
     (model / "tokenizer_config.json").write_text(json.dumps(cfg))
     ours, hf = Tokenizer(model), AutoTokenizer.from_pretrained(str(model))
-    msgs = [{"role": "user", "content": "é\"q\""}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    msgs = [{"role": "user", "content": "é\"q\""}, {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"}]
     for extra in ({}, {"enable_thinking": False}):
-        assert ours.apply_chat_template(msgs, tokenize=False, **extra) == hf.apply_chat_template(msgs, tokenize=False, **extra)
+        assert ours.apply_chat_template(msgs, tokenize=False, **extra) == hf.apply_chat_template(
+            msgs, tokenize=False, **extra)
     with pytest.raises(Exception, match="no tools here"):
         ours.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
 
@@ -140,13 +143,15 @@ def test_the_engine_starts_and_generates_with_transformers_unimportable(tiny_mod
         "import engine\n"
         "from engine import LLM, SamplingParams\n"
         f"llm = LLM({tiny_model!r}, device='cpu')\n"
-        "text = llm.tokenizer.apply_chat_template([{'role': 'user', 'content': 'hi'}], tokenize=False, add_generation_prompt=True)\n"
+        "text = llm.tokenizer.apply_chat_template([{'role': 'user', 'content': 'hi'}], tokenize=False,\n"
+        "                                         add_generation_prompt=True)\n"
         "out = llm.generate([text], SamplingParams(max_tokens=4, ignore_eos=True, temperature=0), use_tqdm=False)\n"
         "assert len(out[0]['token_ids']) == 4, out\n"
         "llm.exit()\n"
         "from labkit.cli import app\n"
         "try:\n"
-        f"    app(['trace', '--case', 'chunk', '--model', {tiny_model!r}, '--device', 'cpu', '-q', '--out', {str(out)!r}])\n"
+        f"    app(['trace', '--case', 'chunk', '--model', {tiny_model!r}, '--device', 'cpu', '-q',\n"
+        f"         '--out', {str(out)!r}])\n"
         "except SystemExit as e:\n"
         "    assert e.code in (0, None), e.code\n"
         "print('ok')\n")

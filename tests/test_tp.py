@@ -23,10 +23,10 @@ from engine import LLM, SamplingParams
 from engine.config import Config, free_port
 from engine.distributed import tp_size
 from engine.rendezvous import START_TIMEOUT_FLOOR_S
-from engine.tp_workers import FAIL_ENV, TensorParallel
 from engine.sampler import TeacherForcing
 from engine.sequence import Sequence
 from engine.step_result import StepFailed
+from engine.tp_workers import FAIL_ENV, TensorParallel
 from labkit.trace.cases import list_cases, load_case
 from labkit.trace.run import run_case
 from labkit.trace.validate import validate
@@ -524,7 +524,7 @@ def test_a_plan_travels_to_the_workers_without_its_sampling_settings_or_sequence
     plan = sched.schedule()
     w = pickle.loads(pickle.dumps(plan.for_workers()))
     assert (w.seq_ids, w.starts, w.num_new, w.num_tokens, w.block_tables) == ([3], [0], [1000], [1000], [[0, 1, 2, 3]])
-    assert w.input_ids == list(range(1000)) and w.sampling is None and w.seqs is None and w.samples == [True]
+    assert w.input_ids == list(range(1000)) and w.sampling is None and not hasattr(w, "seqs") and w.samples == [True]
     sched.commit(plan, [7])
     plan = sched.schedule()  # decode: one known token a row
     data = pickle.dumps(plan.for_workers())
@@ -536,7 +536,7 @@ def test_shapes_command_static_and_checked(tmp_path, capsys):
 
     out = tmp_path / "static.json"
     with pytest.raises(SystemExit) as done:
-        cli.main(["shapes", "--tp", "2", "--preset", "qwen3-0.6b", "--out", str(out)])
+        cli.main(["shapes", "--tensor-parallel-size", "2", "--preset", "qwen3-0.6b", "--out", str(out)])
     assert done.value.code in (0, None)
     data = json.loads(out.read_text())
     table = data["table"]
@@ -550,13 +550,14 @@ def test_shapes_command_static_and_checked(tmp_path, capsys):
     assert table["kv_bytes_per_token"]["rank"] == 56 * 1024
     assert table["activations"]["logits_shard"] == ["N", 75968]
     with pytest.raises(SystemExit) as done:
-        cli.main(["shapes", "--tp", "4", "--preset", "tiny", "--out", str(tmp_path / "bad.json")])
+        cli.main(["shapes", "--tensor-parallel-size", "4", "--preset", "tiny", "--out", str(tmp_path / "bad.json")])
     assert done.value.code == 2 and "tensor_parallel_size" in capsys.readouterr().err
 
 
 def test_shapes_check_on_tiny_compares_every_rank(tiny_model, tmp_path):
     out = tmp_path / "check.json"
-    res = subprocess.run([sys.executable, "-m", "labkit", "shapes", "--tp", "2", "--check", "--model", tiny_model,
+    res = subprocess.run([sys.executable, "-m", "labkit", "shapes", "--tensor-parallel-size", "2", "--check",
+                          "--model", tiny_model,
                           "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads(out.read_text())

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from labkit.trace.cases import list_cases, load_case
-from labkit.trace.run import run_case
 from labkit.trace.events import read_jsonl
+from labkit.trace.run import run_case
 from labkit.trace.validate import validate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,11 +188,12 @@ def _in_tree(tree: Path, tmp_path: Path) -> dict:
 
 
 def test_override_that_changes_the_schedule_is_changed_with_a_step_diff(tiny_model, tmp_path):
-    res = _labkit("trace", "--case", "lifecycle", "--budget", "100", "--model", tiny_model, "--device", "cpu",
+    res = _labkit("trace", "--case", "lifecycle", "--max-num-batched-tokens", "100", "--model", tiny_model,
+                  "--device", "cpu",
                   "--out", str(tmp_path / "o"), "-q")
     assert res.returncode == 0, res.stdout + res.stderr
     text = " ".join(res.stdout.split())
-    assert "changed from the case" in text and "CHANGED" in text and "override --budget 100" in text
+    assert "changed from the case" in text and "CHANGED" in text and "override --max-num-batched-tokens 100" in text
     assert "step 1: scheduled R1 instead of R1+R2" in text       # R2 no longer fits beside R1
     # FAIL is named only as what --no-expect-changes would say of the same run, never as this verdict.
     assert "FAIL" not in text.replace("(a FAIL there)", "")
@@ -205,15 +206,18 @@ def test_override_that_changes_the_schedule_is_changed_with_a_step_diff(tiny_mod
     # a replay of the log is judged as the run was (the decision travels in its trace_context event)
     log = str(tmp_path / "o" / "events.jsonl")
     res = _labkit("trace", "check", log, "--case", "lifecycle", "--out", str(tmp_path / "replay.json"))
-    assert res.returncode == 0 and "CHANGED" in res.stdout and "override --budget 100" in " ".join(res.stdout.split())
-    res = _labkit("trace", "check", log, "--case", "lifecycle", "--no-expect-changes", "--out", str(tmp_path / "r2.json"))
+    assert res.returncode == 0 and "CHANGED" in res.stdout
+    assert "override --max-num-batched-tokens 100" in " ".join(res.stdout.split())
+    res = _labkit("trace", "check", log, "--case", "lifecycle", "--no-expect-changes",
+                  "--out", str(tmp_path / "r2.json"))
     assert res.returncode == 1 and "differs from the case" in " ".join(res.stdout.split())
 
 
 def test_override_with_a_fault_applied_still_fails_on_the_invariant(tiny_model, tmp_path):
     tree = _copy_tree(tmp_path / "tree")
     _apply(tree, "fault-slot-off-by-one.patch")
-    res = _labkit("trace", "--case", "lifecycle", "--budget", "100", "--model", tiny_model, "--device", "cpu",
+    res = _labkit("trace", "--case", "lifecycle", "--max-num-batched-tokens", "100", "--model", tiny_model,
+                  "--device", "cpu",
                   "--out", str(tmp_path / "o"), "-q", env_extra=_in_tree(tree, tmp_path), cwd=tree)
     assert res.returncode == 1, res.stdout + res.stderr
     text = " ".join(res.stdout.split())

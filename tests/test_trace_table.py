@@ -89,16 +89,17 @@ def report_text(report, case) -> str:
 
 
 def test_a_changed_run_names_its_first_cause_and_the_steps_past_the_case(tmp_path):
-    """Case A expects 3 steps. A run that took 4 (as `--budget` can make it) shows step 4 as outside the
+    """Case A expects 3 steps. A run that took 4 (as `--max-num-batched-tokens` can make it) shows step 4 as outside the
     case, and the first difference is named with what changed the run."""
     other = tmp_path / "A-other.yaml"
     other.write_text(load_case("A").path.read_text().replace("outputs: 2,", "outputs: 9,", 1))
     case = load_case(str(other))
-    judged = validate(a_log(), case, expect_changes=True, why_changes="override --budget 2")
-    longer = Report(checks=judged.checks, steps=4, case="A", expect_changes=True, why_changes="override --budget 2")
+    judged = validate(a_log(), case, expect_changes=True, why_changes="override --max-num-batched-tokens 2")
+    longer = Report(checks=judged.checks, steps=4, case="A", expect_changes=True,
+                    why_changes="override --max-num-batched-tokens 2")
     assert longer.verdict == "CHANGED"
     text = report_text(longer, case)
-    assert "first cause (override --budget 2): step 2: R1 outputs 2 instead of 9" in text
+    assert "first cause (override --max-num-batched-tokens 2): step 2: R1 outputs 2 instead of 9" in text
     assert "step 4: not in the case (its expected states end at step 3; the run took 4)" in text
     assert "not in the case" not in report_text(judged, case)       # 3 steps: none past the case
     longer.steps = 6
@@ -121,7 +122,8 @@ def test_trace_diff_warns_when_the_logs_are_not_one_case(tmp_path, capsys):
     # The case name a run records wins over the requests (two cases may add the same requests).
     named = [{"v": 1, "event": "trace_context", "run": "hand", "t_ns": 0, "step": None, "case": c,
               "expect_changes": False} for c in ("chunk", "D")]
-    assert case_mismatch([named[0]] + chunk_log(), [named[1]] + chunk_log()) == "A is a run of case chunk and B of case D"
+    assert case_mismatch([named[0]] + chunk_log(), [named[1]] + chunk_log()) == \
+        "A is a run of case chunk and B of case D"
     assert case_mismatch([named[0]] + chunk_log(), [named[0]] + chunk_log()) is None
 
 

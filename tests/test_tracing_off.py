@@ -2,8 +2,6 @@
 host for one, or touches the tracer helpers (the only hooks are `if tracer is not None` tests)."""
 from __future__ import annotations
 
-import pytest
-
 from engine import LLM, SamplingParams
 from engine.llm import LLMEngine
 from engine.step_events import StepEvents

@@ -438,10 +438,11 @@ def test_verdicts_follow_what_was_expected(tmp_path):
     bad.write_text(text.replace("A: {total: 701, cached: 700, outputs: 1", "A: {total: 701, cached: 699, outputs: 1"))
     strict = validate(chunk_log(), load_case(str(bad)))
     assert strict.verdict == "FAIL" and not strict.passed
-    changed = validate(chunk_log(), load_case(str(bad)), expect_changes=True, why_changes="override --budget 9")
+    changed = validate(chunk_log(), load_case(str(bad)), expect_changes=True,
+                       why_changes="override --max-num-batched-tokens 9")
     assert changed.verdict == "CHANGED" and changed.passed and not changed.gating_failures
     assert [change_text(c) for c in changed.changes] == ["step 2: A cached 700 instead of 699"]
-    assert "override --budget 9" in changed.summary()
+    assert "override --max-num-batched-tokens 9" in changed.summary()
     d = changed.to_dict()
     assert d["verdict"] == "CHANGED" and d["first_failure"] is None and d["changes"][0]["actual"] == 700
     # an invariant failure is FAIL whatever was expected

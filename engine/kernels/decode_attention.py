@@ -29,7 +29,8 @@ import triton.language as tl
 
 from . import dot_precision, unaligned
 
-# The configuration the engine launches. From the H200 sweep of scripts/kernel_bench.py (docs/perf.md, 2026-11-30): best mean TB/s over 256x800,
+# The configuration the engine launches. From the H200 sweep of scripts/kernel_bench.py (docs/perf.md, 2026-11-30):
+# best mean TB/s over 256x800,
 # 256x2048 and the nano mix, +0.2 TB/s over block_n 64 / 3 stages.
 DEFAULTS = {"block_n": 128, "num_warps": 4, "num_stages": 2}
 
@@ -205,7 +206,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         q, k_cache, v_cache, k_desc, v_desc, block_tables, context_lens, out, acc, ml,
         num_splits, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * log2e * k_scale, v_scale,
-        FP8=k_cache.dtype == torch.float8_e4m3fn, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        FP8=k_cache.dtype == torch.float8_e4m3fn, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_N=block_n, PAGE_TILES=page_tiles, TMA=tma, PARTIALS=partials, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )

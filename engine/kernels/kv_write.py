@@ -32,7 +32,8 @@ def _e4m3(x):
 @triton.jit(**unaligned("slot_ptr"))
 def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                      stride_kt, stride_kh, stride_vt, stride_vh, stride_block, stride_head, stride_row,
-                     k_inv_scale, v_inv_scale, QUANT: tl.constexpr, KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+                     k_inv_scale, v_inv_scale, QUANT: tl.constexpr, KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
                      BLOCK_SIZE: tl.constexpr):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
@@ -67,5 +68,6 @@ def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cac
     _store_kv_kernel[(tokens,)](
         k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), 1.0 / k_scale, 1.0 / v_scale,
-        QUANT=k_cache.dtype == torch.float8_e4m3fn, enable_fp_fusion=False, KV_HEADS=heads, HEADS_PAD=triton.next_power_of_2(heads), HEAD_DIM=head_dim,
+        QUANT=k_cache.dtype == torch.float8_e4m3fn, enable_fp_fusion=False, KV_HEADS=heads,
+        HEADS_PAD=triton.next_power_of_2(heads), HEAD_DIM=head_dim,
         DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=k_cache.shape[2])

@@ -30,28 +30,48 @@ from labkit.bench import compare as cmp
 from labkit.bench.offline import Stepper
 from labkit.bench.profile import DEFAULT_SKIP, DEFAULT_STEPS, check_request, finish_profile, summary_lines
 from labkit.bench.workloads import Workload, draw, list_workloads, load_workload
+from labkit.engine_args import EngineArgs
 from labkit.errors import LabkitError
 from labkit.narrow import fit, log_console
-from labkit.options import (AsyncSchedulingOption, AttentionOption, Backend, BackendOption, BlockSizeOption, BudgetOption, Device,
-                            DeviceOption, DTypeOption, EagerOption, JsonOption, KvCacheDtypeOption, MaxModelLenOption, MaxNumSeqsOption,
-                            ModelOption, NumBlocksOption, NumRequestsOption, Out, PolicyOption, TpOption,
-                            WorkloadOption)
-from labkit.output import configuration_suffix, device_info, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, write_json
+from labkit.options import (
+    AsyncSchedulingOption,
+    AttentionBackendOption,
+    Backend,
+    BackendOption,
+    CustomKernelsOption,
+    Device,
+    DeviceOption,
+    DTypeOption,
+    EnforceEagerOption,
+    FusedDecodeOption,
+    GpuMemoryUtilizationOption,
+    JsonOption,
+    KvcacheBlockSizeOption,
+    KvCacheDtypeOption,
+    MaxModelLenOption,
+    MaxNumBatchedTokensOption,
+    MaxNumSeqsOption,
+    ModelOption,
+    NumKvcacheBlocksOption,
+    NumRequestsOption,
+    Out,
+    SchedulingPolicyOption,
+    TensorParallelSizeOption,
+    WorkloadOption,
+)
+from labkit.output import (
+    configuration_suffix,
+    device_info,
+    envelope,
+    evidence_for,
+    finish,
+    print_json,
+    resolve_device,
+    runs_dir,
+    write_json,
+)
 
 app = typer.Typer(invoke_without_command=True, no_args_is_help=False)
-
-
-ENGINE_ON_GPU = "Engine on a GPU"  # the help panel of the engine options only a CUDA run uses
-
-# CLI flag -> engine Config field (flags only the engine backend understands).
-ENGINE_FLAGS = {"--eager/--graph": "enforce_eager", "--attention": "attention_backend", "--tp": "tensor_parallel_size",
-                "--max-num-seqs": "max_num_seqs", "--budget": "max_num_batched_tokens",
-                "--block-size": "kvcache_block_size", "--max-model-len": "max_model_len",
-                "--num-blocks": "num_kvcache_blocks", "--policy": "scheduling_policy",
-                "--gpu-memory-utilization": "gpu_memory_utilization",
-                "--custom-kernels/--no-custom-kernels": "custom_kernels",
-                "--async-scheduling/--no-async-scheduling": "async_scheduling",
-                "--kv-cache-dtype": "kv_cache_dtype", "--fused-decode/--no-fused-decode": "fused_decode"}
 
 
 class RichStepper(Stepper):
@@ -85,34 +105,26 @@ def _enum(v: Any) -> Any:
 # ---------------------------------------------------------------------------------------- run
 
 def run(
+    ctx: typer.Context,
     workload: WorkloadOption = "fixed",
     backend: BackendOption = Backend.engine,
     model: ModelOption = None,
     device: DeviceOption = Device.auto,
     dtype: DTypeOption = None,
-    eager: EagerOption = None,
-    attention: AttentionOption = None,
-    tp: TpOption = None,
+    enforce_eager: EnforceEagerOption = None,
+    attention_backend: AttentionBackendOption = None,
+    tensor_parallel_size: TensorParallelSizeOption = None,
     max_num_seqs: MaxNumSeqsOption = None,
-    budget: BudgetOption = None,
-    block_size: BlockSizeOption = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOption = None,
+    kvcache_block_size: KvcacheBlockSizeOption = None,
     max_model_len: MaxModelLenOption = None,
-    num_blocks: NumBlocksOption = None,
-    policy: PolicyOption = None,
-    gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization", min=0.0, max=1.0,
-                                                           metavar="F", rich_help_panel=ENGINE_ON_GPU,
-                                                           help="Fraction F of GPU memory for weights + KV."),
-    custom_kernels: Optional[bool] = typer.Option(None, "--custom-kernels/--no-custom-kernels",
-                                                  rich_help_panel=ENGINE_ON_GPU,
-                                                  help="Our Triton GEMV and q/k norm+RoPE kernels (engine default: "
-                                                       "on); off: cuBLAS and compiled torch ops."),
+    num_kvcache_blocks: NumKvcacheBlocksOption = None,
+    scheduling_policy: SchedulingPolicyOption = None,
+    gpu_memory_utilization: GpuMemoryUtilizationOption = None,
+    custom_kernels: CustomKernelsOption = None,
     async_scheduling: AsyncSchedulingOption = None,
     kv_cache_dtype: KvCacheDtypeOption = None,
-    fused_decode: Optional[bool] = typer.Option(None, "--fused-decode/--no-fused-decode",
-                                                rich_help_panel=ENGINE_ON_GPU,
-                                                help="fused_decode: decode graphs of <= 16 rows as five fused "
-                                                     "kernels a layer chained with PDL (engine default: on); "
-                                                     "off: the separate kernels."),
+    fused_decode: FusedDecodeOption = None,
     warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Warm-up rounds (default: the workload's)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Timed repeats (default: the workload's)."),
     num_requests: NumRequestsOption = None,
@@ -125,14 +137,15 @@ def run(
     profile_skip: Optional[int] = typer.Option(None, "--profile-skip",
                                                help=f"Steps of the profiled run before the window (default "
                                                     f"{DEFAULT_SKIP}: the prefill of batch1)."),
-    out: Out("JSON path (default: runs/bench-WORKLOAD-BACKEND[-eager|-graph][-OPTION-VALUE...].json, one -OPTION-VALUE per other option given); a .md twin goes beside it.") = None,
+    out: Out("JSON path (default: runs/bench-WORKLOAD-BACKEND[-eager|-graph][-OPTION-VALUE...].json, one "
+             "-OPTION-VALUE per other option given); a .md twin goes beside it.") = None,
     list_: bool = typer.Option(False, "--list", help="List the shipped workloads and exit."),
     as_json: JsonOption = False,
 ) -> None:
     """Run a workload through the engine (or Transformers) and report throughput.
 
     Engine options left out take the workload's values, else the engine's defaults.
-    --eager/--graph left out (and not in the workload): graph on cuda, eager on cpu.
+    --enforce-eager/--no-enforce-eager left out (and not in the workload): graph on cuda, eager on cpu.
     --backend hf refuses Engine options: they are the engine backend's alone.
 
     Example: labkit bench run --workload nano --num-requests 8 --device cpu
@@ -152,14 +165,10 @@ def run(
     if repeats is not None:
         w.repeats = repeats
     backend_name = _enum(backend)
-    overrides = {"enforce_eager": eager, "attention_backend": _enum(attention), "tensor_parallel_size": tp,
-                 "max_num_seqs": max_num_seqs, "max_num_batched_tokens": budget, "kvcache_block_size": block_size,
-                 "max_model_len": max_model_len, "num_kvcache_blocks": num_blocks, "scheduling_policy": _enum(policy),
-                 "gpu_memory_utilization": gpu_memory_utilization, "custom_kernels": custom_kernels,
-                 "async_scheduling": async_scheduling, "kv_cache_dtype": _enum(kv_cache_dtype),
-                 "fused_decode": fused_decode}
+    # The engine settings given override the workload's (the device is the run's own: --device).
+    overrides = EngineArgs.given(ctx, device=None)
     if backend_name == "hf":
-        given = [flag for flag, field in ENGINE_FLAGS.items() if overrides[field] is not None]
+        given = [f for f, name in zip(overrides.given_flags(), overrides.kwargs()) if name != "dtype"]
         if given:
             raise LabkitError(f"{', '.join(given)}: engine settings; --backend hf does not use them")
         if profile_request is not None:
@@ -179,7 +188,6 @@ def run(
         if backend_name == "engine":
             from labkit.bench.offline import measure_engine
 
-            overrides["dtype"] = _enum(dtype)
             m = measure_engine(w, model_dir, dev, overrides, stepper, profile=profile_request)
         else:
             from labkit.bench.hf import measure_hf
@@ -362,7 +370,8 @@ def _summary_rows(r: dict) -> list[tuple[str, str]]:
         ("warm-up s", f"{_f(r['warmup_s'])} ({len(r['warmup_rounds'])} round(s))"),
         ("kv blocks", _f(r["kv_blocks"]) + _kv_dtype_note(eng.get("kv_cache_dtype"))),
         ("peak memory", ", ".join(f"rank {p['rank']}: {_gib(p['peak_bytes'])}" for p in peak["per_rank"])
-         + (" (torch.cuda.max_memory_allocated)" if peak["source"].startswith("torch") else " (max RSS of the process)")),
+         + (" (torch.cuda.max_memory_allocated)" if peak["source"].startswith("torch")
+            else " (max RSS of the process)")),
     ]
 
 
@@ -427,7 +436,8 @@ def markdown(r: dict) -> str:
                  f"{med['total_token_throughput']:.1f} |" + extra)
     if r.get("profile"):
         files = r["profile"]["files"]
-        lines += ["", f"Profile (one more run after the timed repeats): table `{files['md']}`, trace `{files['trace']}`."]
+        lines += ["", f"Profile (one more run after the timed repeats): table `{files['md']}`, "
+                      f"trace `{files['trace']}`."]
     if r["notes"]:
         lines += [""] + [f"- {n}" for n in r["notes"]]
     import json
@@ -445,14 +455,12 @@ app.command("run")(run)
 def _default(ctx: typer.Context, **kwargs: Any) -> None:
     if ctx.invoked_subcommand is not None:
         return
-    run(**kwargs)
+    run(ctx, **kwargs)
 
 
 # `labkit bench --workload fixed` runs without the `run` word: the group callback takes run()'s options.
 _sig = inspect.signature(run, eval_str=True)
-_default.__signature__ = _sig.replace(parameters=[
-    inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
-    *_sig.parameters.values()])
+_default.__signature__ = _sig  # (its first parameter is the context)
 app.callback(invoke_without_command=True, help=(
     "Offline throughput of the engine (or the Transformers baseline), online load against `labkit serve`, and B/A "
     "comparisons. Without a subcommand it runs `bench run` with these options.\n\n"
@@ -523,7 +531,8 @@ def compare_cmd(
     for col in ("figure", "A", "B", "B/A"):
         once.add_column(col, justify="right" if col != "figure" else "left")
     for name, mt in res["single_measurements"].items():
-        once.add_row(name, cmp._short(mt["a"]), cmp._short(mt["b"]), "-" if mt["ratio"] is None else f"{mt['ratio']:.3f}")
+        once.add_row(name, cmp._short(mt["a"]), cmp._short(mt["b"]),
+                     "-" if mt["ratio"] is None else f"{mt['ratio']:.3f}")
     fit(once, console)
     console.print(once)
     style = "bold" if res["within_noise"] is False else "bold yellow"

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from labkit.engine_args import FIELDS, OLD_NAMES, flag, new_flag
 from labkit.errors import LabkitError
 from labkit.output import EVIDENCE_KINDS
 
@@ -43,33 +44,24 @@ BOOTSTRAP_RESAMPLES = 10000
 BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
 
+
+def _engine_variables(key) -> dict[str, tuple[str, ...]]:
+    """Each engine setting as a variable, under its Config field's name and its flag's old short name (eager, graph,
+    tp, budget, policy, attention, block_size, num_blocks): `key(field)` is where a run records it. (The engine's
+    seed is `engine_seed`: `seed` is the workload's or the arrivals'.)"""
+    out = {name: (key(name),) for name in FIELDS if name != "seed"}
+    for old, new in OLD_NAMES.items():
+        out[old.replace("-", "_")] = out[new.removeprefix("no-").replace("-", "_")]
+    return out
+
+
 # Short names -> flattened config keys (a trailing ".*" covers a whole section).
+_POOL = ("engine.num_kvcache_blocks", "engine.kvcache_memory_bytes")  # the KV pool's size, given either way
 VARIABLES: dict[str, tuple[str, ...]] = {
-    "eager": ("engine.enforce_eager",),
-    "graph": ("engine.enforce_eager",),
-    "enforce_eager": ("engine.enforce_eager",),
-    "tp": ("engine.tensor_parallel_size",),
-    "tensor_parallel_size": ("engine.tensor_parallel_size",),
-    "backend": ("backend", "engine.*", "hf.*"),
-    "attention": ("engine.attention_backend",),
-    "attention_backend": ("engine.attention_backend",),
-    "policy": ("engine.scheduling_policy",),
-    "scheduling_policy": ("engine.scheduling_policy",),
-    "block_size": ("engine.kvcache_block_size",),
-    "kvcache_block_size": ("engine.kvcache_block_size",),
-    "max_num_seqs": ("engine.max_num_seqs",),
-    "budget": ("engine.max_num_batched_tokens",),
-    "max_num_batched_tokens": ("engine.max_num_batched_tokens",),
-    "max_model_len": ("engine.max_model_len",),
-    "gpu_memory_utilization": ("engine.gpu_memory_utilization",),
-    "num_blocks": ("engine.num_kvcache_blocks", "engine.kvcache_memory_bytes"),
-    "num_kvcache_blocks": ("engine.num_kvcache_blocks", "engine.kvcache_memory_bytes"),
-    "kvcache_memory_bytes": ("engine.num_kvcache_blocks", "engine.kvcache_memory_bytes"),
+    **_engine_variables(lambda name: f"engine.{name}"),
+    "num_blocks": _POOL, "num_kvcache_blocks": _POOL, "kvcache_memory_bytes": _POOL,
     "engine_seed": ("engine.seed",),
-    "custom_kernels": ("engine.custom_kernels",),
-    "async_scheduling": ("engine.async_scheduling",),
-    "kv_cache_dtype": ("engine.kv_cache_dtype",),
-    "fused_decode": ("engine.fused_decode",),
+    "backend": ("backend", "engine.*", "hf.*"),
     "dtype": ("dtype",),
     "device": ("device.*",),
     "model": ("model_config_sha256",),
@@ -84,22 +76,11 @@ VARIABLES: dict[str, tuple[str, ...]] = {
     "code": (),
 }
 
-# Load runs: the server's settings as `bench load` records them (the flags of the server it started).
+# Load runs: the server's settings as `bench load` records them (the flags of the server it started; results
+# written before the flags took their fields' names are read with the new names, load_bench).
 LOAD_VARIABLES: dict[str, tuple[str, ...]] = {
-    "eager": ("server.--eager/--graph",),
-    "graph": ("server.--eager/--graph",),
-    "enforce_eager": ("server.--eager/--graph",),
-    "tp": ("server.--tp",),
-    "tensor_parallel_size": ("server.--tp",),
-    "policy": ("server.--policy",),
-    "scheduling_policy": ("server.--policy",),
-    "max_num_seqs": ("server.--max-num-seqs",),
-    "budget": ("server.--budget",),
-    "max_num_batched_tokens": ("server.--budget",),
-    "max_model_len": ("server.--max-model-len",),
+    **_engine_variables(lambda name: f"server.{flag(name)}"),
     "max_queue": ("server.--max-queue",),
-    "async_scheduling": ("server.--async-scheduling/--no-async-scheduling",),
-    "kv_cache_dtype": ("server.--kv-cache-dtype",),
     "server": ("server.*",),
     "rate": ("source.rate",),
     "seed": ("source.seed",),
@@ -197,6 +178,9 @@ def load_bench(path: str | Path) -> dict:
     command = str(data.get("command", "")) if isinstance(data, dict) else ""
     if command == "bench load" and isinstance(data.get("config"), dict) and isinstance(data.get("metrics"), dict):
         data["_records"] = _load_records(data, p)
+        server = data["config"].get("server")
+        if isinstance(server, dict):  # "--budget", "--eager/--graph": the flags' names before they took their fields'
+            data["config"]["server"] = {new_flag(k) if k.startswith("--") else k: v for k, v in server.items()}
         return data
     if not command.startswith("bench") or command.startswith("bench compare") \
             or not isinstance(data.get("config"), dict) or not isinstance(data.get("median"), dict):
@@ -341,7 +325,8 @@ def compare(a: dict, b: dict, variable: str, a_name: str = "A", b_name: str = "B
                           f"{shown}{more}")
     sa, sb = samples(a), samples(b)
     head = HEADLINE[kind]
-    unit = {"offline": ("repeat", "rerun with --repeats 3 or more"), "load": ("completed request", "send more requests")}
+    unit = {"offline": ("repeat", "rerun with --repeats 3 or more"),
+            "load": ("completed request", "send more requests")}
     for name, n in ((a_name, len(sa[head])), (b_name, len(sb[head]))):
         if n < 2 and not allow_single:
             raise LabkitError(f"bench compare: {name} has {n} {unit[kind][0]}{'' if n == 1 else 's'}: one sample shows "
@@ -438,7 +423,7 @@ def markdown(result: dict) -> str:
         lines.append(f"| {k} (measurement, not the variable) | {_fmt(v['a'])} | {_fmt(v['b'])} |")
     if result["same_value"]:
         lines += ["", "The variable has the same value in both runs (a repeat, or a code change)."]
-    lines += ["", f"| metric | A min / median / max | B min / median / max | B/A of medians |",
+    lines += ["", "| metric | A min / median / max | B min / median / max | B/A of medians |",
               "| --- | --- | --- | --- |"]
     for m in result["metrics"].values():
         lines.append(f"| {m['label']} | {_spread_text(m['a'])} | {_spread_text(m['b'])} | {m['text']} |")

@@ -139,7 +139,8 @@ def measure_hf(w: Workload, model_dir: str | Path, device: str, dtype: str, batc
         for r in range(w.warmup.rounds):
             d = draw_warmup(w, r)
             stepper.start(f"warm-up {r + 1}/{w.warmup.rounds}", len(batches(d.max_tokens, batch_size)))
-            wall, out_tokens = timed(lambda: generate_draw(model, d, w, batch_size, device, 0, stepper), sync_device)
+            wall, out_tokens = timed(lambda d=d: generate_draw(model, d, w, batch_size, device, 0, stepper),
+                                     sync_device)
             warmup_rounds.append({"round": r, "requests": len(d), "prompt_tokens": d.prompt_tokens,
                                   "output_tokens": out_tokens, "wall_s": wall})
         overall_before = peak_now(sync_device)
@@ -150,7 +151,8 @@ def measure_hf(w: Workload, model_dir: str | Path, device: str, dtype: str, batc
             d = draw_repeat(w, i)
             stepper.start(f"timed repeat {i + 1}/{w.repeats}", len(batches(d.max_tokens, batch_size)))
             wall, out_tokens = timed(
-                lambda: generate_draw(model, d, w, batch_size, device, w.repeat_seed(i), stepper), sync_device)
+                lambda d=d, i=i: generate_draw(model, d, w, batch_size, device, w.repeat_seed(i), stepper),
+                sync_device)
             runs.append(run_record(i, d, wall, out_tokens, batches=len(batches(d.max_tokens, batch_size)),
                                    generated_tokens=sum(max(d.max_tokens[j] for j in b) * len(b)
                                                         for b in batches(d.max_tokens, batch_size))))

@@ -24,7 +24,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from engine.config import free_port
 from labkit.bench.workloads import MAX_REQUESTS, MAX_TOKENS, Workload, draw

@@ -13,6 +13,7 @@ could not run.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -27,20 +28,45 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from labkit.bench import load as L
-from labkit.bench import load_metrics as M
+from labkit.bench import load as L, load_metrics as M
 from labkit.bench.workloads import draw_warmup, fold_to_vocab, load_workload
+from labkit.engine_args import EngineArgs, flag
 from labkit.errors import LabkitError
 from labkit.model import resolve_model
 from labkit.narrow import fit
-from labkit.options import (AsyncSchedulingOption, BudgetOption, Device, DeviceOption, EagerOption, JsonOption, KvCacheDtypeOption, MaxModelLenOption,
-                            MaxNumSeqsOption, MaxQueueOption, ModelOption, NumRequestsOption, Out, PolicyOption,
-                            TpOption, WorkloadOption)
-from labkit.output import (configuration_suffix, device_info, dist_version, envelope, finish, print_json, resolve_device, runs_dir,
-                           write_json)
+from labkit.options import (
+    AsyncSchedulingOption,
+    Device,
+    DeviceOption,
+    EnforceEagerOption,
+    JsonOption,
+    KvCacheDtypeOption,
+    MaxModelLenOption,
+    MaxNumBatchedTokensOption,
+    MaxNumSeqsOption,
+    MaxQueueOption,
+    ModelOption,
+    NumRequestsOption,
+    Out,
+    SchedulingPolicyOption,
+    TensorParallelSizeOption,
+    WorkloadOption,
+)
+from labkit.output import (
+    configuration_suffix,
+    device_info,
+    dist_version,
+    envelope,
+    finish,
+    print_json,
+    resolve_device,
+    runs_dir,
+    write_json,
+)
 
 
 def load(
+    ctx: typer.Context,
     workload: WorkloadOption = "fixed",
     rate: float = typer.Option(math.inf, "--rate",
                                help="Poisson arrivals, requests per second (inf: all at once)."),
@@ -60,14 +86,14 @@ def load(
                                      help="Accept --endpoints that serve different models (config_sha256)."),
     model: ModelOption = None,
     device: DeviceOption = Device.auto,
-    eager: EagerOption = None,
+    enforce_eager: EnforceEagerOption = None,
     async_scheduling: AsyncSchedulingOption = None,
     kv_cache_dtype: KvCacheDtypeOption = None,
-    tp: TpOption = None,
+    tensor_parallel_size: TensorParallelSizeOption = None,
     max_num_seqs: MaxNumSeqsOption = None,
-    budget: BudgetOption = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOption = None,
     max_model_len: MaxModelLenOption = None,
-    policy: PolicyOption = None,
+    scheduling_policy: SchedulingPolicyOption = None,
     max_queue: MaxQueueOption = None,
     max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", min=1,
                                                   help="At most N requests in flight (default: no limit)."),
@@ -82,7 +108,8 @@ def load(
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds a request may take."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Before timing, send the workload's warm-up "
                                 "requests (its own random prompts, short outputs) so compile caches are warm."),
-    out: Out("JSON path (default: runs/bench-load-NAME[-OPTION-VALUE...].json, one -OPTION-VALUE per other option given).") = None,
+    out: Out("JSON path (default: runs/bench-load-NAME[-OPTION-VALUE...].json, one -OPTION-VALUE per other option "
+             "given).") = None,
     as_json: JsonOption = False,
 ) -> None:
     """Online load bench: requests on a schedule at `labkit serve`; ttft, tpot, itl, e2el, throughput, goodput.
@@ -97,11 +124,10 @@ def load(
     client_lib = L.client_name(client)
     urls = _endpoint_list(url, endpoints)
     w = load_workload(workload).scaled(num_requests if arrivals is None else None)
-    server_args = {"--model": model, "--device": None if device == Device.auto else device.value,
-                   "--eager/--graph": eager, "--tp": tp, "--max-num-seqs": max_num_seqs, "--budget": budget,
-                   "--max-model-len": max_model_len, "--policy": policy.value if policy else None,
-                   "--max-queue": max_queue, "--async-scheduling/--no-async-scheduling": async_scheduling,
-                   "--kv-cache-dtype": kv_cache_dtype.value if kv_cache_dtype else None}
+    # The settings of the server this command starts: its engine's (as `labkit serve` takes them) and the queue.
+    engine_args = EngineArgs.given(ctx, device=None if device == Device.auto else device.value)
+    server_args = {"--model": model, **{flag(k): v for k, v in engine_args.kwargs().items()},
+                   "--max-queue": max_queue}
     if urls:
         given = [f for f, v in server_args.items() if v is not None]
         if given:
@@ -121,13 +147,13 @@ def load(
     console = Console(quiet=as_json)
     server = None
     model_dir = None
-    json_path = out if out is not None else runs_dir() / f"bench-load-{name}{configuration_suffix(skip=('workload', 'rate', 'arrivals'))}.json"
+    json_path = out if out is not None else runs_dir() / (
+        f"bench-load-{name}{configuration_suffix(skip=('workload', 'rate', 'arrivals'))}.json")
     try:
         if not urls:
             model_dir = Path(resolve_model(model))
-            server = _start_server(model_dir, device, max_queue, len(reqs), tp, max_num_seqs, budget,
-                                   max_model_len, eager, policy, json_path.with_suffix(".server.log"), startup_timeout,
-                                   console, async_scheduling, kv_cache_dtype)
+            server = _start_server(model_dir, device, max_queue, len(reqs), engine_args,
+                                   json_path.with_suffix(".server.log"), startup_timeout, console)
             urls = [server.url]
         if behind is not None and url is None:
             raise LabkitError("--behind: the servers behind a router given with --url")
@@ -137,7 +163,8 @@ def load(
             console.print(f"warning: {url}/health does not say its model (a router?): give --behind with the "
                           "servers behind it, or prompts may fall outside their vocabulary", style="yellow")
         for u in prov["unverified_model"]:
-            console.print(f"warning: {u}/health names no config_sha256: its model could not be compared", style="yellow")
+            console.print(f"warning: {u}/health names no config_sha256: its model could not be compared",
+                          style="yellow")
         folded = _fold_prompts(reqs, [s["health"].get("vocab_size") for s in prov["servers"]])
         env = envelope("bench load", device="cpu", model_dir=model_dir, evidence=prov["evidence"])
         env["device"] = prov["device"]
@@ -208,24 +235,12 @@ def _endpoint_list(url: str | None, endpoints: str | None) -> list[str]:
     return urls
 
 
-def _start_server(model_dir: Path, device: Device, max_queue, n_requests: int, tp, max_num_seqs, budget,
-                  max_model_len, eager, policy, log_path: Path, startup_timeout: float, console,
-                  async_scheduling: bool | None = None, kv_cache_dtype=None) -> L.SpawnedServer:
+def _start_server(model_dir: Path, device: Device, max_queue, n_requests: int, engine_args: EngineArgs,
+                  log_path: Path, startup_timeout: float, console) -> L.SpawnedServer:
     dev = resolve_device(device)
     args = ["--model", str(model_dir), "--device", dev,
-            "--max-queue", str(max_queue if max_queue is not None else max(256, n_requests))]
-    for flag, value in (("--tp", tp), ("--max-num-seqs", max_num_seqs), ("--budget", budget),
-                        ("--max-model-len", max_model_len)):
-        if value is not None:
-            args += [flag, str(value)]
-    if eager is not None:
-        args.append("--eager" if eager else "--graph")
-    if async_scheduling is not None:
-        args.append("--async-scheduling" if async_scheduling else "--no-async-scheduling")
-    if policy is not None:
-        args += ["--policy", policy.value]
-    if kv_cache_dtype is not None:
-        args += ["--kv-cache-dtype", kv_cache_dtype.value]
+            "--max-queue", str(max_queue if max_queue is not None else max(256, n_requests)),
+            *dataclasses.replace(engine_args, device=None).flags()]
     console.print(f"starting labkit serve ({dev}) ... log: {log_path}", style="dim")
     return L.SpawnedServer(args, log_path, startup_timeout)
 
@@ -297,8 +312,9 @@ def _rows(r: dict, latencies: bool = True) -> list[tuple[str, str]]:
         names, table = latency_table(r)
         rows += [(f"{row[0]} ({' / '.join(names)})", " / ".join(row[1:])) for row in table]
     for e in m.get("endpoints", []):
-        rows.append((f"endpoint {e['url']}", f"{e['completed']}/{e['requests']} requests, {e['output_tokens']:,} tokens, "
-                                      f"{_ms(e['output_throughput'])} tok/s, tpot median {_ms(e['tpot_ms']['median'])}"))
+        rows.append((f"endpoint {e['url']}",
+                     f"{e['completed']}/{e['requests']} requests, {e['output_tokens']:,} tokens, "
+                     f"{_ms(e['output_throughput'])} tok/s, tpot median {_ms(e['tpot_ms']['median'])}"))
     if r.get("client"):
         c = r["client"]
         rows.append(("client", f"{c['library']} {c.get('version') or ''}, {_ms(c['cpu_s'])} CPU s in "

@@ -62,7 +62,8 @@ def parse_percentiles(text: str | None) -> list[float]:
         except ValueError:
             p = math.nan
         if not 0 <= p <= 100:
-            raise LabkitError(f"--percentiles: expected numbers from 0 to 100 separated by commas, got {part.strip()!r}")
+            raise LabkitError(f"--percentiles: expected numbers from 0 to 100 separated by commas, "
+                              f"got {part.strip()!r}")
         if p not in out:
             out.append(p)
     return out
@@ -193,6 +194,7 @@ def summarize(outcomes: list, slo: dict[str, float], percentiles: list[float] | 
 
 
 def outcome_record(o) -> dict:
-    return {"id": o.id, "class": o.cls, "endpoint": o.endpoint, "scheduled_s": o.scheduled_s, "prompt_tokens": o.prompt_tokens,
+    return {"id": o.id, "class": o.cls, "endpoint": o.endpoint, "scheduled_s": o.scheduled_s,
+            "prompt_tokens": o.prompt_tokens,
             "output_tokens": o.output_tokens, "ttft_ms": o.ttft_ms, "tpot_ms": o.tpot_ms, "e2el_ms": o.e2el_ms,
             "itl_ms": o.itl_ms, "chunk_tokens": o.chunk_tokens, "finish_reason": o.finish_reason, "error": o.error}

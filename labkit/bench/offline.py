@@ -31,13 +31,11 @@ from typing import Any
 
 from labkit.bench.timing import is_cuda, run_steps, step_stats, timed
 from labkit.bench.workloads import Draw, Workload, draw_repeat, draw_warmup, fold_to_vocab
+from labkit.engine_args import FIELDS, EngineArgs
 
-# Engine Config fields recorded (and compared) for an engine run.
-RECORDED_ENGINE_FIELDS = ("enforce_eager", "attention_backend", "tensor_parallel_size", "max_num_seqs",
-                          "max_num_batched_tokens", "max_model_len", "kvcache_block_size", "num_kvcache_blocks",
-                          "gpu_memory_utilization", "kvcache_memory_bytes", "scheduling_policy", "seed",
-                          "custom_kernels", "async_scheduling", "kv_cache_dtype",
-                          "fused_decode")
+# Engine Config fields recorded (and compared) for an engine run: every setting a command or workload may give
+# (labkit/engine_args.py), but the device and dtype, which the result records resolved, on their own.
+RECORDED_ENGINE_FIELDS = tuple(f for f in FIELDS if f not in ("device", "dtype"))
 
 
 class Stepper:
@@ -138,18 +136,17 @@ def _dtype_name(dtype: Any) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def engine_kwargs(w: Workload, overrides: dict, device: str) -> dict:
+def engine_kwargs(w: Workload, overrides: EngineArgs, device: str) -> dict:
     """Workload engine settings, overridden by the CLI flags that were given, plus the device
     (and enforce_eager when neither sets it: False on cuda, True on the CPU)."""
-    kwargs = dict(w.engine)
-    kwargs.update({k: v for k, v in overrides.items() if v is not None})
+    kwargs = overrides.over(w.engine)
     kwargs["device"] = device
     # Unless asked, CUDA graphs on a GPU (the engine's default) and eager on the CPU (no graphs there).
     kwargs.setdefault("enforce_eager", not is_cuda(device))
     return kwargs
 
 
-def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: dict,
+def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: EngineArgs,
                    stepper: Stepper | None = None, profile: Any = None) -> dict:
     """Run the workload through the engine; returns the measurement part of the bench JSON.
 
@@ -224,7 +221,7 @@ def measure_engine(w: Workload, model_dir: str | Path, device: str, overrides: d
 
         profiled = None
         if profile is not None:
-            from labkit.bench.profile import profile_run, profile_prompts
+            from labkit.bench.profile import profile_prompts, profile_run
 
             stepper.start("profiled run", 1)
             prompts, params = requests(draw_repeat(w, 0))

@@ -229,7 +229,8 @@ def analyze(trace: dict, steps: list[StepTime], cuda: bool, layers: int | None =
     the model's decoder layers, recorded beside the repetition the layer timeline finds."""
     events = _events(trace)
     by_index = {s.index: s for s in steps}
-    step_events = [e for e in events if e.get("cat") == "user_annotation" and _step_index(str(e.get("name"))) in by_index]
+    step_events = [e for e in events
+                   if e.get("cat") == "user_annotation" and _step_index(str(e.get("name"))) in by_index]
     if not step_events:
         raise LabkitError(f"profile: the trace holds no {STEP_RANGE} range of the run's steps")
     thread = (step_events[0].get("pid"), step_events[0].get("tid"))
@@ -584,7 +585,8 @@ def markdown(t: dict) -> str:
     lines += [f"- {s}" for s in summary_lines(t)]
     lines += [f"- trace: `{t['files']['trace']}` (open in https://ui.perfetto.dev or chrome://tracing)",
               f"- parts sum to their whole within {t['tolerance']}: "
-              + "; ".join(f"{c['check']}: {'ok' if c['ok'] else 'NOT OK'} ({c['diff_ms']:+.4f} ms)" for c in t["checks"]),
+              + "; ".join(f"{c['check']}: {'ok' if c['ok'] else 'NOT OK'} ({c['diff_ms']:+.4f} ms)"
+                          for c in t["checks"]),
               "", "## Host: what the Python thread was doing", "", head.format(what="host phase", whole="wall")]
     lines += _row_lines(t["host"], steps)
     lines += ["", "Host phases: " + "; ".join(f"**{label}**: {what}" for _, label, what in HOST_ROWS) + "."]
@@ -601,7 +603,8 @@ def markdown(t: dict) -> str:
         lines += ["", "## GPU idle, by what the host was doing meanwhile", "",
                   "| host phase | ms | % of idle |", "| --- | --- | --- |"]
         lines += _row_lines(t["gpu_idle_by_host"], steps, phases=False)
-        for title, rows in (("Top kernels", t["top_kernels"]), ("Unclassified kernels (family other)", t["unclassified"])):
+        for title, rows in (("Top kernels", t["top_kernels"]),
+                            ("Unclassified kernels (family other)", t["unclassified"])):
             lines += ["", f"## {title}", "", "| kernel | family | calls | ms | mean us | % of GPU busy |",
                       "| --- | --- | --- | --- | --- | --- |"]
             lines += [f"| `{k['name'][:120]}` | {k['family']} | {k['calls']:,} | {k['ms']:,.3f} | {k['mean_us']:,.2f} "
@@ -610,7 +613,8 @@ def markdown(t: dict) -> str:
     if lt.get("found"):
         lines += ["", f"## One decoder layer in time (decode step {lt['step']}, kernels {lt['first']}-"
                       f"{lt['first'] + lt['period'] - 1} of its {lt['step_kernels']})", "",
-                  "| # | start us | duration us | gap before us | family | kernel |", "| --- | --- | --- | --- | --- | --- |"]
+                  "| # | start us | duration us | gap before us | family | kernel |",
+                  "| --- | --- | --- | --- | --- | --- |"]
         end = None
         for n, k in enumerate(lt["kernels"]):
             gap = "-" if end is None else f"{k['start_us'] - end:,.2f}"

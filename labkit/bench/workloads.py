@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from labkit import yamlfile
+from labkit.engine_args import FIELDS, check_settings
 from labkit.errors import LabkitError
 
 TOP_KEYS = ("name", "about", "requests", "prompt_len", "output_len", "seed", "vary_seed", "token_range",
@@ -57,14 +57,9 @@ TOP_KEYS = ("name", "about", "requests", "prompt_len", "output_len", "seed", "va
 TIMINGS = ("generate", "steps")
 WARMUP_KEYS = ("rounds", "requests", "output_len")
 
-# Engine Config fields a workload may set (never the tracer: tracing is off while timing).
-ENGINE_KEYS = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "gpu_memory_utilization",
-               "tensor_parallel_size", "enforce_eager", "kvcache_block_size", "num_kvcache_blocks",
-               "attention_backend", "scheduling_policy", "dtype", "seed", "kvcache_memory_bytes",
-               "kv_cache_dtype")
-_ENGINE_POSITIVE_INTS = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "tensor_parallel_size",
-                         "kvcache_block_size")
-_ENGINE_STRS = ("attention_backend", "scheduling_policy", "dtype", "kv_cache_dtype")
+# Engine Config fields a workload may set: those any file may (labkit/engine_args.py), but the device, which the
+# run's --device gives (and never the tracer: tracing is off while timing).
+ENGINE_KEYS = tuple(f for f in FIELDS if f != "device")
 
 # What one workload may draw, checked before anything is drawn: its prompts are held in memory as Python lists
 # (about 36 bytes a token), so requests x the longest prompt is bounded (2**24 tokens: 64 times nano's
@@ -338,25 +333,7 @@ def _engine(ctx: _Ctx, v) -> dict:
         return {}
     if not isinstance(v, dict):
         ctx.fail("engine", f"must be a mapping of engine Config fields, got {v!r}")
-    for k, x in v.items():
-        where = f"engine.{k}"
-        if k not in ENGINE_KEYS:
-            ctx.fail("engine", f"unknown key {k!r} (allowed: {', '.join(ENGINE_KEYS)})")
-        if k in _ENGINE_POSITIVE_INTS:
-            ctx.int(where, x, 1)
-        elif k in ("num_kvcache_blocks", "kvcache_memory_bytes"):
-            if not _is_int(x) or (x < 1 and x != -1):
-                ctx.fail(where, f"must be a positive integer or -1 (auto), got {x!r}")
-        elif k == "seed":
-            ctx.int(where, x, 0)
-        elif k == "gpu_memory_utilization":
-            if not _is_num(x) or not 0 < x <= 1:
-                ctx.fail(where, f"must be a number in (0, 1], got {x!r}")
-        elif k == "enforce_eager":
-            ctx.bool(where, x)
-        elif k in _ENGINE_STRS and (not isinstance(x, str) or not x):
-            ctx.fail(where, f"must be a non-empty string, got {x!r}")
-    return dict(v)
+    return check_settings(v, ctx.fail, allowed=ENGINE_KEYS)
 
 
 def parse_workload(data, path: str | os.PathLike | None = None) -> Workload:

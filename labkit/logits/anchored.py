@@ -119,7 +119,8 @@ def compare_rows(sides: dict[str, Collection], truth: Collection, reference: Col
         row = {
             "index": r["index"], "request_id": r["request_id"], "output_index": r["output_index"], "case": r["case"],
             "context_len": r["context_len"], "step": r.get("step"), "phase": r.get("phase"),
-            "execution": r.get("execution"), "graph_batch": r.get("graph_batch"), "cached_tokens": r.get("cached_tokens"),
+            "execution": r.get("execution"), "graph_batch": r.get("graph_batch"),
+            "cached_tokens": r.get("cached_tokens"),
             "truth_top1": int(top_t[i]), "truth_top2_margin": float(margin[i]),
             "reference_to_truth": None if ref_d is None else
             {"rel_l2": float(ref_d["rel_l2"][i]), "max_abs": float(ref_d["max_abs"][i]), "top1": int(ref_d["top1"][i])},
@@ -279,7 +280,8 @@ def compare(lhs: Collection, truth: Collection, reference: Collection | None = N
             "rows": len(rows), "passed": len(rows) - n_fail - n_review, "review": n_review, "failed": n_fail,
             "top1_agree": sum(r["top1_agree"] for r in rows),
             "near_tie_flips": sum(any(p["near_tie_flip"] for p in r["to_truth"].values()) for r in rows),
-            "worst_ratio": {"value": worst_ratio["ratio"], "side": worst_ratio["ratio_side"], "row": worst_ratio["index"]},
+            "worst_ratio": {"value": worst_ratio["ratio"], "side": worst_ratio["ratio_side"],
+                            "row": worst_ratio["index"]},
             "first_failure_row": first_fail, "first_review_row": first_review,
             "overall_failure": overall_fail, "overall_review": overall_review,
         },

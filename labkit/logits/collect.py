@@ -133,7 +133,7 @@ def _row_meta(index: int, rid: str, k: int, path: dict, **extra) -> dict:
 def _engine_error(exc: Exception, tp: int) -> LabkitError:
     msg = " ".join(str(exc).split())
     if tp > 1 and "tensor_parallel_size" in msg:
-        return LabkitError(f"--tp {tp}: {msg}", code=2)
+        return LabkitError(f"--tensor-parallel-size {tp}: {msg}", code=2)
     return LabkitError(f"engine: {msg}", code=2)
 
 
@@ -180,7 +180,7 @@ def collect_engine(suite: Suite, model_dir: str | Path, *, device: str = "cpu", 
 
             seen: dict = {}
 
-            def choose(plan, logits):
+            def choose(plan, logits, seen=seen):
                 seen["plan"], seen["logits"] = plan, logits.detach().float().cpu()
                 chosen = []
                 for i in plan.sample_rows:
@@ -188,7 +188,7 @@ def collect_engine(suite: Suite, model_dir: str | Path, *, device: str = "cpu", 
                     chosen.append(path[rid]["continuation"][plan.num_tokens[i] - len(path[rid]["prompt"])])
                 return chosen
 
-            def record_step(result, _case=case, _case_no=case_no):
+            def record_step(result, _case=case, _case_no=case_no, seen=seen, llm=llm):
                 plan, host = seen.pop("plan"), seen.pop("logits")
                 step, phase, inputs = result.step, result.phase, result.inputs
                 record = {"case": _case.name, "step": step, "phase": phase, "num_seqs": len(plan),
@@ -196,8 +196,8 @@ def collect_engine(suite: Suite, model_dir: str | Path, *, device: str = "cpu", 
                           "graph_batch": inputs.graph_batch, "seqs": []}
                 at = 0
                 sampled = iter(range(len(plan.sample_rows)))
-                for i, (rid, start, n, total, ok) in enumerate(zip(plan.request_ids, plan.starts, plan.num_new,
-                                                                   plan.num_tokens, plan.samples)):
+                for rid, start, n, total, ok in zip(plan.request_ids, plan.starts, plan.num_new, plan.num_tokens,
+                                                    plan.samples):
                     p = path[rid]
                     record["seqs"].append({"request_id": rid, "num_tokens": total, "num_cached_tokens": start,
                                            "num_scheduled_tokens": n, "row": ok})
@@ -240,7 +240,8 @@ def collect_engine(suite: Suite, model_dir: str | Path, *, device: str = "cpu", 
     if suite.record_kv:
         arrays.update(
             kv_k=np.concatenate(kv["k"]).astype(np.float32), kv_v=np.concatenate(kv["v"]).astype(np.float32),
-            kv_request=np.asarray(kv["request"], dtype=np.int32), kv_position=np.asarray(kv["position"], dtype=np.int32),
+            kv_request=np.asarray(kv["request"], dtype=np.int32),
+            kv_position=np.asarray(kv["position"], dtype=np.int32),
             kv_step=np.asarray(kv["step"], dtype=np.int32), kv_case=np.asarray(kv["case"], dtype=np.int32))
         meta["kv"] = {"tokens": int(arrays["kv_k"].shape[0]), "shape": list(arrays["kv_k"].shape[1:]),
                       "layout": "[token, layer, kv_head, head_dim]",

@@ -32,16 +32,35 @@ from rich.table import Table
 from rich.text import Text
 
 from labkit.errors import LabkitError
-from labkit.logits import compare as cmp
-from labkit.logits import gates
-from labkit.logits.collect import (Collection, collect_engine, collect_hf, prefix_of, read_collection,
-                                  write_collection)
+from labkit.logits import compare as cmp, gates
+from labkit.logits.collect import Collection, collect_engine, collect_hf, prefix_of, read_collection, write_collection
 from labkit.logits.suites import SUITES, get_suite, is_fp8
 from labkit.model import resolve_model
 from labkit.narrow import fit, log_console
-from labkit.options import (Attention, AttentionOption, Backend, BackendOption, Device, DeviceOption, DType,
-                            DTypeOption, KvCacheDtypeOption, ModelOption, Out, TpOption)
-from labkit.output import EXIT_FAIL, EXIT_PASS, configuration_suffix, envelope, finish, resolve_device, runs_dir, write_json
+from labkit.options import (
+    Attention,
+    AttentionBackendOption,
+    Backend,
+    BackendOption,
+    Device,
+    DeviceOption,
+    DType,
+    DTypeOption,
+    KvCacheDtypeOption,
+    ModelOption,
+    Out,
+    TensorParallelSizeOption,
+)
+from labkit.output import (
+    EXIT_FAIL,
+    EXIT_PASS,
+    configuration_suffix,
+    envelope,
+    finish,
+    resolve_device,
+    runs_dir,
+    write_json,
+)
 
 app = typer.Typer(help="Teacher-forced logits of the engine against Transformers (or TP=2 / another execution).\n\n"
                        "Example: labkit logits-check run --suite baseline --device cpu",
@@ -87,11 +106,11 @@ def _collect(backend: str, suite_name: str, model_dir: Path, device: str, dtype:
                               attention=attention or "auto", tp=tp, seed=seed, kv_cache_dtype=kv_cache_dtype,
                               progress=progress)
     if tp != 1:
-        raise LabkitError(f"--tp {tp}: the hf backend runs Transformers on one device (TP=1 only)")
+        raise LabkitError(f"--tensor-parallel-size {tp}: the hf backend runs Transformers on one device (TP=1 only)")
     if execution not in (None, "eager"):
         raise LabkitError("--execution graph: the hf backend has no graph path (it always recomputes eagerly)")
     if attention not in (None, "auto"):
-        raise LabkitError(f"--attention {attention}: the hf backend always uses attn_implementation='eager'")
+        raise LabkitError(f"--attention-backend {attention}: the hf backend always uses attn_implementation='eager'")
     return collect_hf(suite, model_dir, device=device, dtype=dtype, seed=seed, kv_cache_dtype=kv_cache_dtype,
                       model=hf_model, progress=progress)
 
@@ -198,11 +217,13 @@ def _print_result(result: dict, console: Console) -> None:
         th = result["thresholds"]
         console.print(f"rows {s['rows']}: pass {s['passed']}, review {s['review']}, fail {s['failed']}; "
                       f"top-1 same {s['top1_agree']}/{s['rows']}; worst max|diff| {s['worst_max_abs']['value']:.3g}, "
-                      f"worst rel-L2 {s['worst_rel_l2']['value']:.3g} (thresholds {th['max_abs']:g} / {th['rel_l2']:g}, "
+                      f"worst rel-L2 {s['worst_rel_l2']['value']:.3g} "
+                      f"(thresholds {th['max_abs']:g} / {th['rel_l2']:g}, "
                       f"{th['dtype_basis']})")
         if kv.get("compared"):
             console.print(f"new K/V: {kv['tokens']} tokens, {len(kv['steps'])} steps, worst max|diff| "
-                          f"{kv['worst_max_abs']:.3g} (threshold {th['kv_max_abs']:g}), failed steps {kv['failed_steps']}")
+                          f"{kv['worst_max_abs']:.3g} (threshold {th['kv_max_abs']:g}), "
+                          f"failed steps {kv['failed_steps']}")
     if not kv.get("compared") and kv.get("reason"):
         console.print(Text(f"new K/V: not compared ({kv['reason']})"), style="dim")
     for note in result["notes"]:
@@ -258,10 +279,11 @@ def _finish_exit(result: dict) -> None:
 def collect_cmd(
     suite: SuiteOption,
     backend: BackendOption = Backend.engine,
-    out: Out("Output PREFIX: writes PREFIX.json and PREFIX.npz (default: runs/logits-SUITE[-OPTION-VALUE...]/BACKEND, one -OPTION-VALUE per option given that changes the run).") = None,
+    out: Out("Output PREFIX: writes PREFIX.json and PREFIX.npz (default: runs/logits-SUITE[-OPTION-VALUE...]/BACKEND, "
+             "one -OPTION-VALUE per option given that changes the run).") = None,
     execution: ExecutionOption = None,
-    attention: AttentionOption = None,
-    tp: TpOption = 1,
+    attention_backend: AttentionBackendOption = None,
+    tensor_parallel_size: TensorParallelSizeOption = 1,
     device: DeviceOption = Device.auto,
     dtype: DTypeOption = DType.auto,
     model: ModelOption = None,
@@ -283,14 +305,14 @@ def collect_cmd(
     prefix = (prefix_of(out) if out is not None else
               runs_dir() / f"logits-{suite_name}{configuration_suffix(skip=('suite', 'backend'))}" / backend.value)
     console = _console()
-    col = _collect(backend.value, suite_name, model_dir, dev, dtype.value, _val(execution), _val(attention), tp, seed,
-                   console=console, kv_cache_dtype=_val(kv_cache_dtype) or "auto")
+    col = _collect(backend.value, suite_name, model_dir, dev, dtype.value, _val(execution), _val(attention_backend),
+                   tensor_parallel_size, seed, console=console, kv_cache_dtype=_val(kv_cache_dtype) or "auto")
     js, npz = write_collection(col, prefix)
     _print_collection(col, js, npz, console)
 
 
-def _gate_option():
-    return typer.Option(Gate.anchored, "--gate", help="anchored (default): each engine side against a float32 truth, "
+# (one option object, the default of both commands that take it: typer reads it, nothing changes it)
+_GATE = typer.Option(Gate.anchored, "--gate", help="anchored (default): each engine side against a float32 truth, "
                         "measured by Transformers' own run in its dtype (labkit/logits/gates.py); fixed: lhs "
                         "against rhs under fixed thresholds (--max-abs, --rel-l2, --kv-max-abs).")
 
@@ -313,7 +335,8 @@ _MAX_ABS, _REL_L2, _KV_MAX_ABS = _fixed_options()
 def compare_cmd(
     lhs: Path = typer.Option(..., "--lhs", help="Collection PREFIX under test (e.g. the engine)."),
     rhs: Path = typer.Option(..., "--rhs", help="anchored: the float32 truth (Transformers), or with --truth a second "
-                             "judged collection (engine vs engine); fixed: the reference (rel-L2 divides by its norm)."),
+                             "judged collection (engine vs engine); fixed: the reference (rel-L2 divides by its "
+                             "norm)."),
     truth: Optional[Path] = typer.Option(None, "--truth", help="anchored: a float32 Transformers collection; lhs and "
                                          "rhs are then both judged against it."),
     reference: Optional[Path] = typer.Option(None, "--reference", help="anchored: Transformers in the judged dtype "
@@ -324,7 +347,7 @@ def compare_cmd(
                                             "lhs's distance to the truth over its)."),
     baseline_reference: Optional[Path] = typer.Option(None, "--baseline-reference", help="Transformers in the "
                                                       "baseline's dtype, no quantisation (needed for bf16/fp16)."),
-    gate: Gate = _gate_option(),
+    gate: Gate = _GATE,
     max_abs: Optional[float] = _MAX_ABS,
     rel_l2: Optional[float] = _REL_L2,
     kv_max_abs: Optional[float] = _KV_MAX_ABS,
@@ -347,19 +370,21 @@ def compare_cmd(
 @app.command("run")
 def run_cmd(
     suite: SuiteOption,
-    out: Out("Output folder (default: runs/logits-SUITE, then -OPTION-VALUE for each option given that changes the run, e.g. runs/logits-baseline-dtype-bfloat16).") = None,
+    out: Out("Output folder (default: runs/logits-SUITE, then -OPTION-VALUE for each option given that changes the "
+             "run, e.g. runs/logits-baseline-dtype-bfloat16).") = None,
     execution: ExecutionOption = None,
-    attention: AttentionOption = None,
-    tp: TpOption = None,
+    attention_backend: AttentionBackendOption = None,
+    tensor_parallel_size: TensorParallelSizeOption = None,
     ref_execution: Execution = typer.Option(Execution.eager, "--ref-execution",
                                             help="kv suite: the second engine's execution."),
     ref_attention: Optional[Attention] = typer.Option(None, "--ref-attention", help="kv suite: the second "
-                                                      "engine's attention backend (default: the same as --attention)."),
+                                                      "engine's attention backend (default: the same as "
+                                                      "--attention-backend)."),
     device: DeviceOption = Device.auto,
     dtype: DTypeOption = DType.auto,
     model: ModelOption = None,
     seed: int = typer.Option(0, "--seed", help="Seed of the forced continuation ids."),
-    gate: Gate = _gate_option(),
+    gate: Gate = _GATE,
     max_abs: Optional[float] = _MAX_ABS,
     rel_l2: Optional[float] = _REL_L2,
     kv_max_abs: Optional[float] = _KV_MAX_ABS,
@@ -370,7 +395,7 @@ def run_cmd(
     anchored: the engine side(s), Transformers float32 (the truth) and, for a bf16/fp16 engine,
     Transformers in its dtype (the reference).
     fixed: engine vs Transformers in the engine's dtype (tp: TP=2 vs TP=1; kv: engine vs engine).
-    --tp is the engine side's tensor_parallel_size (default 1; the tp suite's 2, against 1).
+    --tensor-parallel-size is the engine side's (default 1; the tp suite's 2, against 1).
     FP8 KV cache (the fp8-kv suite, or --kv-cache-dtype fp8 on a suite judged against Transformers): the
     engine with fp8 (engine-fp8) and with the model-dtype pool (engine), the truth, Transformers in the
     engine's dtype with e4m3 K/V (hf-DTYPE-fp8, the FP8 side's reference) and without (hf-DTYPE); the check
@@ -400,13 +425,15 @@ def run_cmd(
                               "anchored, judges against a float32 truth)")
     dev = resolve_device(device)
     model_dir = resolve_model(model)
-    folder = Path(out) if out is not None else runs_dir() / f"logits-{suite_name}{configuration_suffix(skip=('suite',))}"
+    folder = Path(out) if out is not None else (
+        runs_dir() / f"logits-{suite_name}{configuration_suffix(skip=('suite',))}")
     console = _console()
-    exe, att = _val(execution), _val(attention)
+    exe, att, tp = _val(execution), _val(attention_backend), tensor_parallel_size
     if s.reference == "tp":
         tp_l = 2 if tp is None else tp
         if tp_l == 1:
-            raise LabkitError("--tp 1: the tp suite compares TP>1 against TP=1; give --tp 2 (or more)")
+            raise LabkitError("--tensor-parallel-size 1: the tp suite compares TP>1 against TP=1; give "
+                              "--tensor-parallel-size 2 (or more)")
         plan = [("lhs", f"tp{tp_l}", exe, att, tp_l), ("rhs", "tp1", exe, att, 1)]
     elif s.reference == "engine":
         ref_att = _val(ref_attention) or att

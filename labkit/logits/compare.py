@@ -636,7 +636,8 @@ def markdown(result: dict) -> str:
                   f"| {s['rows']} | {s['passed']} | {s['review']} | {s['failed']} | {s['top1_agree']}/{s['rows']} | "
                   f"{_fmt(s['worst_max_abs']['value'])} | {_fmt(s['worst_rel_l2']['value'])} |", ""]
     else:
-        lines += ["| rows | pass | review | fail | top-1 = truth | near-tie flips | worst ratio | worst rel-L2 to truth |",
+        lines += ["| rows | pass | review | fail | top-1 = truth | near-tie flips | worst ratio "
+                  "| worst rel-L2 to truth |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- |",
                   f"| {s['rows']} | {s['passed']} | {s['review']} | {s['failed']} | {s['top1_agree']}/{s['rows']} | "
                   f"{s['near_tie_flips']} | {_fmt(s['worst_ratio']['value'])} ({s['worst_ratio']['side']}) | "
@@ -672,7 +673,8 @@ def markdown(result: dict) -> str:
         for r in worst_rows(result["rows"]):
             lines.append(f"| {r['index']} | {r['request_id']} | {r['output_index']} | {r['case']} | "
                          f"{_fmt(r['step'])} {r['phase'] or ''} | {path_text(r)} | {r['context_len']} | "
-                         f"{_fmt(r['max_abs'])} | {_fmt(r['rel_l2'])} | {r['top1_lhs']}/{r['top1_rhs']} | {r['status']} |")
+                         f"{_fmt(r['max_abs'])} | {_fmt(r['rel_l2'])} | {r['top1_lhs']}/{r['top1_rhs']} | "
+                         f"{r['status']} |")
     else:
         sides = g["judged"]
         head = " | ".join(f"{n} to truth (rel-L2 / max abs) | {n} ratio" for n in sides)

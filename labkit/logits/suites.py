@@ -64,7 +64,8 @@ from labkit.errors import LabkitError
 RANDOM_LOW = 100
 RANDOM_HIGH = 10000
 
-# Every case starts from these engine settings (the labs' settings: max_model_len 1024, budget 512, block 256), then applies its own.
+# Every case starts from these engine settings (the labs' settings: max_model_len 1024, budget 512, block 256), then
+# applies its own.
 ENGINE_DEFAULTS: dict[str, Any] = {
     "max_model_len": 1024,
     "max_num_batched_tokens": 512,

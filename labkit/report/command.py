@@ -11,13 +11,21 @@ from rich.table import Table
 from rich.text import Text
 
 from labkit.errors import LabkitError
-from labkit.narrow import hanging
 from labkit.notes import lab_note_path, note_state, todo_count, user_notes
 from labkit.options import JsonOption, Out
-from labkit.output import EVIDENCE_KINDS, EXIT_CANNOT_RUN, EXIT_FAIL, EXIT_PASS, envelope, finish, print_json, runs_dir, write_json
-from labkit.report import archive as arch
+from labkit.output import (
+    EVIDENCE_KINDS,
+    EXIT_CANNOT_RUN,
+    EXIT_FAIL,
+    EXIT_PASS,
+    envelope,
+    finish,
+    print_json,
+    runs_dir,
+    write_json,
+)
+from labkit.report import archive as arch, render
 from labkit.report.plan import load_plan, plan_path
-from labkit.report import render
 from labkit.report.render import VERDICT_COLORS, markdown, page, pictures
 from labkit.report.results import attach, gather
 from labkit.report.status import assign, caveats

@@ -1,5 +1,6 @@
 """A lab's command lines against the command line a result recorded (its `argv`): which result is the lab's
-own command, and, for one that is not, what differs ("--budget 100", "--workload fixed instead of nano").
+own command, and, for one that is not, what differs ("--max-num-batched-tokens 100", "--workload fixed instead of
+nano").
 
 The plan's `match` conditions decide which results may answer a lab (the same workload, policy, variable);
 among those, the report prefers the one whose options are the lab's. Options that name where a result goes
@@ -68,8 +69,8 @@ def recorded(argv: object) -> CommandLine | None:
 
 
 def differences(lab: CommandLine, run: CommandLine) -> list[str]:
-    """What the run's options change against the lab's line, neutral options aside: "--budget 100",
-    "--workload fixed instead of nano", "without --graph"."""
+    """What the run's options change against the lab's line, neutral options aside: "--max-num-batched-tokens 100",
+    "--workload fixed instead of nano", "without --no-enforce-eager"."""
     out = []
     for key, value in run.options.items():
         if key in NEUTRAL:

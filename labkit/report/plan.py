@@ -47,7 +47,8 @@ class Lab:
 
 
 def lookup(data: Any, dotted: str) -> Any:
-    """data["a"]["b"] for "a.b"; _ABSENT where a part is missing. Keys may hold dashes (config.server.--policy)."""
+    """data["a"]["b"] for "a.b"; _ABSENT where a part is missing. Keys may hold dashes
+    (config.server.--scheduling-policy)."""
     cur = data
     for part in dotted.split("."):
         if not isinstance(cur, dict) or part not in cur:

@@ -24,12 +24,13 @@ class Picture:
 
 
 def load_policy(r: Result) -> str | None:
-    """The scheduling policy a load run's server used: the --policy it was started with (none: the engine's
+    """The scheduling policy a load run's server used: the --scheduling-policy it was started with (none: the engine's
     default, prefill_first), or what the server said of itself; None where neither is known."""
     config = r.data.get("config") if isinstance(r.data.get("config"), dict) else {}
     server = config.get("server") if isinstance(config.get("server"), dict) else {}
-    if server.get("--policy"):
-        return str(server["--policy"])
+    given = server.get("--scheduling-policy") or server.get("--policy")  # (--policy: the flag's name before)
+    if given:
+        return str(given)
     said = (r.data.get("server") or {}).get("policy") if isinstance(r.data.get("server"), dict) else None
     if said:
         return str(said)
@@ -131,7 +132,8 @@ def _counts(statuses: list[LabStatus]) -> str:
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
+    return (["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+            + ["| " + " | ".join(r) + " |" for r in rows] + [""])
 
 
 def _evidence_text(s: LabStatus) -> str:

@@ -246,7 +246,9 @@ def _load(d: dict) -> tuple[str, str]:
     src = (d.get("config") or {}).get("source") or {}
     what = src.get("arrivals") or f"{(src.get('workload') or {}).get('name')} at rate {src.get('rate')}"
     good = f", goodput {_num(m.get('goodput'), '.2f')} req/s" if "goodput" in m else ""
-    policy = ((d.get("config") or {}).get("server") or {}).get("--policy") or (d.get("server") or {}).get("policy")
+    server = (d.get("config") or {}).get("server") or {}
+    # (--scheduling-policy: the flag's name before it took its field's)
+    policy = server.get("--scheduling-policy") or server.get("--policy") or (d.get("server") or {}).get("policy")
     per_class = "".join(f"; {c}: itl p99 {_num(((s.get('itl_ms') or {}).get('p99')))} ms, ttft p99 "
                         f"{_num(((s.get('ttft_ms') or {}).get('p99')))} ms"
                         for c, s in (m.get("classes") or {}).items() if isinstance(s, dict))

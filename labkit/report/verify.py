@@ -418,7 +418,8 @@ def _rejudge_logits(base: Path, runs_root: str | None, tmp: Path, v: Verificatio
             pairs = [(key, _dict(again_s.get(key)).get("value"), _dict(stated_s.get(key)).get("value"))
                      for key in ("worst_max_abs", "worst_rel_l2")]
             if "kv_cost" in d:  # the fp8-kv suite's cost of FP8
-                pairs.append(("kv_cost.ratio", _dict(again.get("kv_cost")).get("ratio"), _dict(d["kv_cost"]).get("ratio")))
+                pairs.append(("kv_cost.ratio", _dict(again.get("kv_cost")).get("ratio"),
+                              _dict(d["kv_cost"]).get("ratio")))
             for key, a, b in pairs:
                 if not _close(a, b):
                     v.differ(name, f"re-judged from its arrays: {key} {a}, the file says {b}")

@@ -1,7 +1,7 @@
 """`labkit serve`: an OpenAI-compatible HTTP server around the engine, and a client for it.
 
     labkit serve --model DIR --port 8000                 # http://127.0.0.1:8000/v1/completions ...
-    labkit serve --tp 2 --device cpu --max-queue 32
+    labkit serve --tensor-parallel-size 2 --device cpu --max-queue 32
     labkit serve client --url http://127.0.0.1:8000 --prompt "Hello" --stream --out runs/client.jsonl
 
 Listens on loopback only unless --allow-remote. The engine runs in its own process (core.py); this one
@@ -18,10 +18,24 @@ from typing import Optional
 
 import typer
 
+from labkit.engine_args import EngineArgs
 from labkit.errors import LabkitError
-from labkit.options import (AsyncSchedulingOption, BlockSizeOption, BudgetOption, Device, DeviceOption, EagerOption, KvCacheDtypeOption, MaxModelLenOption,
-                            MaxNumSeqsOption, MaxQueueOption, ModelOption, NumBlocksOption, Policy, PolicyOption,
-                            TpOption)
+from labkit.options import (
+    AsyncSchedulingOption,
+    Device,
+    DeviceOption,
+    EnforceEagerOption,
+    KvcacheBlockSizeOption,
+    KvCacheDtypeOption,
+    MaxModelLenOption,
+    MaxNumBatchedTokensOption,
+    MaxNumSeqsOption,
+    MaxQueueOption,
+    ModelOption,
+    NumKvcacheBlocksOption,
+    SchedulingPolicyOption,
+    TensorParallelSizeOption,
+)
 from labkit.output import resolve_device
 from labkit.serve import client as client_mod
 
@@ -82,16 +96,16 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback unless --allow-remote)."),
     port: int = typer.Option(8000, "--port", min=1, max=65535),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback --host."),
-    tp: TpOption = 1,
+    tensor_parallel_size: TensorParallelSizeOption = None,
     max_num_seqs: MaxNumSeqsOption = None,
-    budget: BudgetOption = None,
+    max_num_batched_tokens: MaxNumBatchedTokensOption = None,
     max_model_len: MaxModelLenOption = None,
-    block_size: BlockSizeOption = None,
-    num_blocks: NumBlocksOption = None,
-    eager: EagerOption = None,
+    kvcache_block_size: KvcacheBlockSizeOption = None,
+    num_kvcache_blocks: NumKvcacheBlocksOption = None,
+    enforce_eager: EnforceEagerOption = None,
     async_scheduling: AsyncSchedulingOption = None,
     kv_cache_dtype: KvCacheDtypeOption = None,
-    policy: PolicyOption = Policy.prefill_first,
+    scheduling_policy: SchedulingPolicyOption = None,
     max_queue: MaxQueueOption = 256,
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", min=0.0, help="On SIGTERM/SIGINT, seconds "
                                         "in-flight requests may take to finish before they are cancelled."),
@@ -137,7 +151,8 @@ def serve(
                                                  "prefix-aware router. Off: costs nothing."),
     kv_events_topic: str = typer.Option("", "--kv-events-topic", help="The KV events' ZeroMQ topic (vLLM's "
                                         "default: none)."),
-    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model name in the API (default: the folder name)."),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name",
+                                                    help="Model name in the API (default: the folder name)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Write the engine's JSONL event log (schema v1) "
                                         "here: which requests ran in which step, as the server admitted them."),
@@ -162,14 +177,8 @@ def serve(
 
     model_dir = resolve_model(model)
     dev = resolve_device(device)
-    kwargs = {"device": dev, "tensor_parallel_size": tp, "scheduling_policy": policy.value}
-    for key, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", budget),
-                       ("max_model_len", max_model_len), ("enforce_eager", eager),
-                       ("kvcache_block_size", block_size), ("num_kvcache_blocks", num_blocks),
-                       ("async_scheduling", async_scheduling),
-                       ("kv_cache_dtype", kv_cache_dtype.value if kv_cache_dtype else None)):
-        if value is not None:
-            kwargs[key] = value
+    engine_args = EngineArgs.given(ctx, device=dev)
+    tp = engine_args.tensor_parallel_size or 1
     streams = None
     if step_stream or step_stream_zmq:
         streams = [check_endpoint("--step-stream-zmq", step_stream_zmq)] if step_stream_zmq else []
@@ -198,7 +207,7 @@ def serve(
 
     print(f"labkit serve: loading {model_dir} on {dev} (tp={tp})", file=sys.stderr, flush=True)
     try:
-        code = asyncio.run(serve_async(str(model_dir), kwargs, settings, sock=sock, max_queue=max_queue,
+        code = asyncio.run(serve_async(str(model_dir), engine_args, settings, sock=sock, max_queue=max_queue,
                                        drain_s=drain_timeout, log_level=log_level, trace_path=trace,
                                        engine_timeout_s=engine_timeout, stats_interval_s=log_stats_interval,
                                        access_log=access_log, log_iterations=log_iteration_details,

@@ -43,6 +43,7 @@ import traceback
 
 from engine import LLM, SamplingParams
 from engine.step_result import StepFailed
+from labkit.engine_args import EngineArgs
 from labkit.serve.step_stream import STEP_TOPIC, QueueBook, step_record
 
 IDLE_POLL_MS = 100
@@ -219,13 +220,14 @@ class EngineCore:
             seq = llm.get_sequence(seq_id)
             preempted.append(seq.request_id)
             book.preempted[seq_id] = seq.num_tokens
-        self.publisher.publish(STEP_TOPIC, step_record(r, wall, self.publisher.next_counter(STEP_TOPIC), book, ahead, preempted,
-                                                       self.worker_id))
+        self.publisher.publish(STEP_TOPIC, step_record(r, wall, self.publisher.next_counter(STEP_TOPIC), book, ahead,
+                                                       preempted, self.worker_id))
 
 
-def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, parent_pid: int,
+def core_main(model: str, engine_args: EngineArgs, in_addr: str, out_addr: str, parent_pid: int,
               trace_path: str | None = None, streams: dict | None = None) -> None:
-    """Body of the engine-core process (spawned by the frontend). `streams` (None: all off): {"steps": the
+    """Body of the engine-core process (spawned by the frontend): an engine with the settings `engine_args` (the
+    command's, as one typed value: labkit/engine_args.py). `streams` (None: all off): {"steps": the
     endpoints the step stream's PUB socket binds, "worker_id": the records' worker_id, "kv_events": the endpoint
     the KV events' PUB socket binds, "kv_events_topic": their topic}."""
     import signal
@@ -262,6 +264,7 @@ def core_main(model: str, engine_kwargs: dict, in_addr: str, out_addr: str, pare
     streams = streams or {}
     try:
         try:
+            engine_kwargs = engine_args.kwargs()
             if streams.get("steps"):
                 from labkit.serve.step_stream import Publisher
 
@@ -378,7 +381,8 @@ def _loop(core: EngineCore, pull, send, parent_pid: int) -> int:
 
 def _open_step_log():
     path = os.environ.get(STEP_LOG_ENV)
-    return open(path, "a", buffering=1, encoding="utf-8") if path else None  # line-buffered: the core ends with os._exit
+    # line-buffered: the core ends with os._exit
+    return open(path, "a", buffering=1, encoding="utf-8") if path else None
 
 
 def _log_step(f, step: dict) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from engine.request_limits import RequestLimits
+from labkit.engine_args import EngineArgs
 from labkit.serve.metrics import ServerMetrics
 from labkit.serve.protocol import APIError
 
@@ -112,13 +113,13 @@ class EngineClient:
 
     RETRY_AFTER_S = 1
 
-    def __init__(self, model: str, engine_kwargs: dict, *, metrics: ServerMetrics, max_queue: int = 256,
+    def __init__(self, model: str, engine_args: EngineArgs, *, metrics: ServerMetrics, max_queue: int = 256,
                  trace_path: str | None = None, on_dead: Callable[[str], None] | None = None,
                  engine_timeout_s: float = 10.0, log_iterations: bool = False,
                  step_stream: list[str] | None = None, worker_id: str = "", kv_events: str | None = None,
                  kv_events_topic: str = "", live_trace: bool = False):
         self.model = model
-        self.engine_kwargs = engine_kwargs
+        self.engine_args = engine_args
         self.metrics = metrics
         self.max_queue = max_queue
         self.trace_path = trace_path
@@ -191,7 +192,7 @@ class EngineClient:
         ctx = multiprocessing.get_context("spawn")
         # Not a daemon: the core spawns tensor-parallel workers of its own.
         self._proc = ctx.Process(target=core_main, name="labkit-engine-core",
-                                 args=(self.model, self.engine_kwargs, in_addr, out_addr, os.getpid(),
+                                 args=(self.model, self.engine_args, in_addr, out_addr, os.getpid(),
                                        self.trace_path, streams))
         self._proc.start()
         loop = asyncio.get_running_loop()

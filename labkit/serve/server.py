@@ -28,6 +28,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from labkit.engine_args import EngineArgs
 from labkit.errors import LabkitError
 from labkit.serve.engine_client import EngineClient
 from labkit.serve.http import ServeSettings, build_app
@@ -171,7 +172,7 @@ class DeadlineH11Protocol(H11Protocol):
         self.transport.close()
 
 
-async def serve_async(model: str, engine_kwargs: dict, settings: ServeSettings, *, sock: socket.socket,
+async def serve_async(model: str, engine_args: EngineArgs, settings: ServeSettings, *, sock: socket.socket,
                       max_queue: int, drain_s: float, log_level: str, trace_path: str | None,
                       engine_timeout_s: float = 10.0, stats_interval_s: float = 10.0, access_log: bool = False,
                       log_iterations: bool = False, step_stream: list[str] | None = None, worker_id: str = "",
@@ -180,7 +181,7 @@ async def serve_async(model: str, engine_kwargs: dict, settings: ServeSettings, 
     """Start the core, serve on `sock` (bound, listening) until a signal or the core's death; the exit
     status."""
     metrics = ServerMetrics(settings.model_name, vllm_names=vllm_metric_names)
-    engine = EngineClient(model, engine_kwargs, metrics=metrics, max_queue=max_queue, trace_path=trace_path,
+    engine = EngineClient(model, engine_args, metrics=metrics, max_queue=max_queue, trace_path=trace_path,
                           engine_timeout_s=engine_timeout_s, log_iterations=log_iterations,
                           step_stream=step_stream, worker_id=worker_id, kv_events=kv_events,
                           kv_events_topic=kv_events_topic, live_trace=live_trace)

@@ -91,7 +91,8 @@ def step_record(r, wall_s: float, counter: int, queue: QueueBook, ahead: list[in
 
 class Publisher:
     """A PUB socket bound to the given endpoints; `publish(topic, obj)` sends [topic, counter (8 bytes, big-endian,
-    from 1 per topic), msgpack] and never waits (a subscriber that does not keep up loses records, which its counter shows)."""
+    from 1 per topic), msgpack] and never waits (a subscriber that does not keep up loses records, which its counter
+    shows)."""
 
     def __init__(self, ctx, endpoints: list[str], hwm: int = PUB_HWM):
         import msgpack

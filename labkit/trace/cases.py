@@ -77,25 +77,16 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable
 
-from engine.config import Config
-
 from labkit import yamlfile
+from labkit.engine_args import FIELDS, check_fields, check_settings
 from labkit.errors import LabkitError
 from labkit.trace.events import PHASES  # prefill, decode, mixed
 
-# A case may set any engine Config field (SPEC 5) but these: the run gives the model folder and the tracer, the
-# engine fills in the model's config and EOS id, and the tensor-parallel channel belongs to the process.
-_NOT_FROM_A_CASE = ("model", "tracer", "hf_config", "eos", "dist_init_addr", "shm_name", "shm_size",
-                    "dist_timeout_s")
-_ENGINE_FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.init and f.name not in _NOT_FROM_A_CASE}
-ENGINE_KEYS = tuple(_ENGINE_FIELDS)
-# Config checks its settings before it reads the model: a folder and a model config that limit nothing let those
-# checks judge a case's engine settings without a model (the run checks them again against the real one).
-_NO_MODEL = {"model": os.path.dirname(__file__),
-             "hf_config": SimpleNamespace(model_type="qwen3", max_position_embeddings=1 << 30)}
+# A case may set any engine Config field (SPEC 5) but those no file sets (labkit/engine_args.py: the model folder,
+# the tracer, the model's config and EOS id, the tensor-parallel channel).
+ENGINE_KEYS = tuple(FIELDS)
 
 TOP_KEYS = ("name", "about", "engine", "requests", "expect")
 # A request is an id, a prompt, an optional `after`, and SamplingParams fields (_sampling_fields()).
@@ -288,38 +279,10 @@ def _rid(ctx: _Ctx, where: str, v) -> str:
     return v
 
 
-# What a dataclass field's annotation asks of a YAML value (the engine's classes use these four).
-_TYPES = {"int": (_is_int, "an integer"), "float": (_is_num, "a number"),
-          "bool": (lambda v: isinstance(v, bool), "true or false"), "str": (lambda v: isinstance(v, str), "a string")}
-
-
-def _engine_checks(ctx: _Ctx, where: str, cls, values: dict, fields: dict, **more) -> None:
-    """`values` against the engine dataclass `cls`: each of the type its field declares, then cls's own checks
-    (its ValueError, "field: why", becomes "FILE: where.field: why")."""
-    for k, v in values.items():
-        t = fields[k].type      # a string under `from __future__ import annotations`
-        ok, what = _TYPES.get(getattr(t, "__name__", t), (lambda v: True, ""))
-        if not ok(v):
-            ctx.fail(f"{where}.{k}", f"must be {what}, got {v!r}")
-    try:
-        cls(**more, **values)
-    except ValueError as e:
-        key, sep, why = str(e).partition(": ")
-        if sep and key in values:
-            ctx.fail(f"{where}.{key}", why)
-        ctx.fail(where, str(e))
-
-
 def _check_engine(ctx: _Ctx, engine) -> dict:
     if engine is None:
         return {}
-    engine = _mapping(ctx, "engine", engine)
-    for k in engine:
-        if k not in _ENGINE_FIELDS:
-            ctx.fail("engine", f"unknown key {k!r}: not an engine Config field "
-                               f"(allowed: {', '.join(ENGINE_KEYS)})")
-    _engine_checks(ctx, "engine", Config, engine, _ENGINE_FIELDS, **_NO_MODEL)
-    return dict(engine)
+    return check_settings(_mapping(ctx, "engine", engine), ctx.fail)
 
 
 def _declared(engine: dict) -> Config:
@@ -415,7 +378,7 @@ def _check_request(ctx: _Ctx, i: int, raw, earlier: dict[str, RequestSpec],
     # the case's defaults (greedy, ignore_eos) differ from SamplingParams' (temperature 1, stop at EOS)
     sampling = {"max_tokens": DEFAULT_MAX_TOKENS, "ignore_eos": True, "temperature": DEFAULT_TEMPERATURE}
     sampling.update((k, v) for k, v in raw.items() if k in fields)
-    _engine_checks(ctx, where, sampling_params, sampling, fields)
+    check_fields(sampling_params, sampling, fields, ctx.fail, where)
     after = raw.get("after")
     if after is not None:
         after = _rid(ctx, f"{where}.after", after)

@@ -2,7 +2,7 @@
 
     labkit trace --case chunk                 # run, table, validate; exit 1 on a mismatch
     labkit trace --case chunk --wide          # the table with every model input, for a wide terminal
-    labkit trace --case lifecycle --budget 100   # an experiment: invariants gate, the case is a diff
+    labkit trace --case lifecycle --max-num-batched-tokens 100   # an experiment: the case is a diff
     labkit trace check runs/trace-chunk/events.jsonl --case chunk   # re-validate a saved log
     labkit trace diff BEFORE.jsonl AFTER.jsonl   # two runs side by side, first divergence marked
     labkit trace --url http://127.0.0.1:8000 --seconds 10   # a running server's steps (serve --live-trace), every
@@ -15,8 +15,10 @@ token sampled, its status and blocks. It fits an 80-column terminal; --wide give
 model inputs (positions, cu_seqlens, context lens) in one row per step.
 
 Verdicts: every invariant always gates (FAIL, exit 1). The case's expected states gate too, unless
-the run was meant to change them: an override (--budget, --block-size, --policy, --max-num-seqs,
---num-blocks, --eager/--graph, --tp), an engine that differs from its git HEAD (a patch applied), or
+the run was meant to change them: an override (an engine option that changes the schedule:
+--max-num-batched-tokens, --kvcache-block-size, --scheduling-policy, --max-num-seqs, --num-kvcache-blocks,
+--enforce-eager/--no-enforce-eager, --tensor-parallel-size), an engine that differs from its git HEAD (a patch
+applied), or
 --expect-changes. Then the states the run did not reach are shown as a diff and the verdict is
 CHANGED (exit 0); for an engine edit the text says that a change meant to keep behaviour is judged
 with --no-expect-changes (a FAIL there). An engine outside a git checkout cannot be compared with HEAD: it counts as
@@ -29,17 +31,42 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.cells import cell_len
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from labkit.engine_args import EngineArgs
 from labkit.errors import LabkitError
 from labkit.narrow import fit, hanging
-from labkit.options import (AsyncSchedulingOption, BlockSizeOption, BudgetOption, Device, DeviceOption, EagerOption, JsonOption, KvCacheDtypeOption,
-                            MaxNumSeqsOption, ModelOption, NumBlocksOption, Out, PolicyOption, TpOption)
-from labkit.output import EXIT_FAIL, EXIT_PASS, configuration_suffix, envelope, evidence_for, finish, print_json, resolve_device, runs_dir, \
-    write_json
+from labkit.options import (
+    AsyncSchedulingOption,
+    Device,
+    DeviceOption,
+    EnforceEagerOption,
+    JsonOption,
+    KvcacheBlockSizeOption,
+    KvCacheDtypeOption,
+    MaxNumBatchedTokensOption,
+    MaxNumSeqsOption,
+    ModelOption,
+    NumKvcacheBlocksOption,
+    Out,
+    SchedulingPolicyOption,
+    TensorParallelSizeOption,
+)
+from labkit.output import (
+    EXIT_FAIL,
+    EXIT_PASS,
+    configuration_suffix,
+    envelope,
+    evidence_for,
+    finish,
+    print_json,
+    resolve_device,
+    runs_dir,
+    write_json,
+)
 from labkit.trace.cases import Case, list_cases, load_case
 from labkit.trace.events import EventLog, read_jsonl
 from labkit.trace.run import engine_changes
@@ -53,7 +80,7 @@ app = typer.Typer(help="Run a traced case, show every step, and check it against
                        "else auto.\n\n"
                        "--url URL --seconds N records a running server's steps instead (labkit serve --live-trace) "
                        "and checks every invariant on them.\n\n"
-                       "Example: labkit trace --case chunk --budget 100",
+                       "Example: labkit trace --case chunk --max-num-batched-tokens 100",
                   invoke_without_command=True, no_args_is_help=False)
 
 
@@ -174,32 +201,25 @@ def _print_report(report: Report, console: Console, case: Case | None = None) ->
 
 # Overrides that must not change a single state: the run is judged strictly against the case (an FP8 pool
 # changes the numbers, never the schedule: the cases fix their block counts).
-_STATE_NEUTRAL = {"async_scheduling", "kv_cache_dtype"}
+_STATE_NEUTRAL = ("async_scheduling", "kv_cache_dtype")
 
 
-def changes_expected(overrides: dict, flag: bool | None) -> tuple[bool, str]:
+def changes_expected(overrides: EngineArgs, flag: bool | None) -> tuple[bool, str]:
     """Whether a run is meant to differ from its case, and why (shown beside the verdict)."""
     if flag is not None:
         return flag, "--expect-changes" if flag else "--no-expect-changes: the case's states gate"
-    given = [f"{_OVERRIDE_FLAGS[k]} {v}" for k, v in overrides.items() if v is not None and k not in _STATE_NEUTRAL]
+    given = overrides.described(skip=_STATE_NEUTRAL)
     changed, how = engine_changes()
-    why = []
-    if given:
-        why.append("override " + ", ".join(given))
+    why = []  # (an edited engine first: a summary that has to shorten the reason keeps it)
     if changed:
         why.append(how)
+    if given:
+        why.append("override " + ", ".join(given))
     if why:
         return True, "; ".join(why)
     if changed is None:
         return False, f"engine changes unknown ({how}): judged as unchanged; --expect-changes after changing it"
     return False, ""
-
-
-_OVERRIDE_FLAGS = {"max_num_batched_tokens": "--budget", "max_num_seqs": "--max-num-seqs",
-                   "kvcache_block_size": "--block-size", "num_kvcache_blocks": "--num-blocks",
-                   "scheduling_policy": "--policy", "enforce_eager": "--eager/--graph",
-                   "tensor_parallel_size": "--tp", "async_scheduling": "--async-scheduling/--no-async-scheduling",
-                   "kv_cache_dtype": "--kv-cache-dtype"}
 
 
 def _device(flag: Optional[Device], case: Case) -> str:
@@ -252,16 +272,18 @@ def trace(
     seconds: float = typer.Option(10.0, "--seconds", min=0.1, max=3600.0, help="With --url: how long to record."),
     model: ModelOption = None,
     device: DeviceOption = None,  # None: the case's engine.device, else auto (_device)
-    out: Out("Output folder (default: runs/trace-CASE, then -OPTION-VALUE for each option given that changes the run, e.g. runs/trace-chunk-budget-100).") = None,
+    out: Out("Output folder (default: runs/trace-CASE, then -OPTION-VALUE for each option given that changes the "
+             "run, e.g. runs/trace-chunk-max-num-batched-tokens-100).") = None,
     shapes: bool = typer.Option(False, "--shapes", help="Also record model_shape events for layer 0."),
-    perfetto: Optional[Path] = typer.Option(None, "--perfetto", help="Write a Chrome trace-event JSON for ui.perfetto.dev."),
-    budget: BudgetOption = None,
+    perfetto: Optional[Path] = typer.Option(None, "--perfetto",
+                                            help="Write a Chrome trace-event JSON for ui.perfetto.dev."),
+    max_num_batched_tokens: MaxNumBatchedTokensOption = None,
     max_num_seqs: MaxNumSeqsOption = None,
-    block_size: BlockSizeOption = None,
-    num_blocks: NumBlocksOption = None,
-    policy: PolicyOption = None,
-    eager: EagerOption = None,
-    tp: TpOption = None,
+    kvcache_block_size: KvcacheBlockSizeOption = None,
+    num_kvcache_blocks: NumKvcacheBlocksOption = None,
+    scheduling_policy: SchedulingPolicyOption = None,
+    enforce_eager: EnforceEagerOption = None,
+    tensor_parallel_size: TensorParallelSizeOption = None,
     async_scheduling: AsyncSchedulingOption = None,
     kv_cache_dtype: KvCacheDtypeOption = None,
     expect_changes: Optional[bool] = typer.Option(
@@ -287,10 +309,8 @@ def trace(
     if url is not None:
         if case is not None:
             raise LabkitError("trace: give --case or --url, not both")
-        given = [flag for flag, v in (("--budget", budget), ("--max-num-seqs", max_num_seqs), ("--block-size",
-                 block_size), ("--num-blocks", num_blocks), ("--policy", policy), ("--eager/--graph", eager),
-                 ("--tp", tp), ("--async-scheduling", async_scheduling), ("--shapes", shapes or None),
-                 ("--model", model)) if v is not None]
+        given = EngineArgs.given(ctx, device=None).given_flags() + [
+            flag for flag, v in (("--shapes", shapes or None), ("--model", model)) if v is not None]
         if given:
             raise LabkitError(f"{', '.join(given)}: settings of a run this command makes; with --url the server "
                               "runs already (set them on labkit serve)")
@@ -305,13 +325,12 @@ def trace(
     model_dir = resolve_model(model)
     dev = _device(device, the_case)
     out_dir = out or runs_dir() / f"trace-{the_case.name}{configuration_suffix(skip=('case',))}"
-    overrides = {"max_num_batched_tokens": budget, "max_num_seqs": max_num_seqs, "kvcache_block_size": block_size,
-                 "num_kvcache_blocks": num_blocks, "scheduling_policy": policy.value if policy else None,
-                 "enforce_eager": eager, "tensor_parallel_size": tp, "async_scheduling": async_scheduling,
-                 "kv_cache_dtype": kv_cache_dtype.value if kv_cache_dtype else None}
+    # The engine settings given override the case's (the device is the run's own, not the case's).
+    overrides = EngineArgs.given(ctx, device=None)
     env = envelope("trace", device=dev, model_dir=model_dir, evidence=evidence_for(dev))
     expected, why = changes_expected(overrides, expect_changes)
-    run = run_case(the_case, model_dir, out_dir / "events.jsonl", overrides=overrides, device=dev, shapes=shapes,
+    run = run_case(the_case, model_dir, out_dir / "events.jsonl", overrides=overrides.kwargs(), device=dev,
+                   shapes=shapes,
                    context={"expect_changes": expected, "why_changes": why, "case": the_case.name})
     report = validate(run.events, the_case, expect_changes=expected, why_changes=why)
     if not quiet:
@@ -464,7 +483,8 @@ def diff(
                 sides[r["step"]] += ["(no such step)", ""]
             else:
                 sides[r["step"]] += [f"{side['phase']} {side['scheduled']}" + (
-                    f" preempted {side['preempted']}" if side["preempted"] else ""), f"{side['outputs']} free {side['free']}"]
+                    f" preempted {side['preempted']}" if side["preempted"] else ""),
+                    f"{side['outputs']} free {side['free']}"]
     # Headers wrap at their spaces, cells at theirs ("R1:64 R2:96"); where even that does not fit, a block per step.
     table = Table(header_style="bold")
     table.add_column("step", justify="right")

@@ -39,7 +39,8 @@ def engine_changes() -> tuple[bool | None, str]:
         return None, f"{folder} is not in a git checkout"
     # (Bytecode is not a change: a checkout without a .gitignore shows engine/__pycache__/ as untracked.)
     paths = [line[3:].strip().rstrip("/") for line in done.stdout.splitlines() if line.strip()]
-    files = sorted({p.rsplit("/", 1)[-1] for p in paths if "__pycache__" not in p.split("/") and not p.endswith(".pyc")})
+    files = sorted({p.rsplit("/", 1)[-1] for p in paths
+                    if "__pycache__" not in p.split("/") and not p.endswith(".pyc")})
     if files:
         more = f" and {len(files) - 5} more" if len(files) > 5 else ""
         return True, f"{ENGINE_DIFFERS}: {', '.join(files[:5])}{more}"
@@ -103,7 +104,8 @@ def run_case(case: Case, model_dir: Path, log_path: Path, *, overrides: dict | N
         max_steps = 10 * sum(len(prompts[r.id]) + r.max_tokens for r in case.requests) + 100
         while not llm.is_finished() or pending:
             if llm.is_finished():
-                raise LabkitError(f"case {case.name}: requests {[r.id for r in pending]} wait on requests that never finish")
+                raise LabkitError(f"case {case.name}: requests {[r.id for r in pending]} wait on requests that "
+                                  "never finish")
             try:
                 llm.step()
             except Exception as exc:  # noqa: BLE001 - an engine failure is a finding of the trace

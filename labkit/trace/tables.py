@@ -8,6 +8,7 @@ from pathlib import Path
 from labkit.trace.cases import format_positions
 from labkit.trace.events import EventLog, is_int
 
+
 def _fmt_sched(log: EventLog, s: dict) -> str:
     return (f"{log.rid(s)} {s.get('num_tokens')}/{s.get('num_cached_tokens')}/"
             f"{s.get('num_scheduled_tokens')}/{len(s.get('block_table') or [])}")

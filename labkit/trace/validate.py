@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
+from engine.policies import POLICIES, PrefillFirst
 from labkit.trace.cases import Case, format_positions
 from labkit.trace.events import MAX_KEPT, PHASES, STATUSES, EventLog, event_problems, is_int
 
@@ -363,7 +364,9 @@ class _Replay:
         self.max_seqs = _cfg_int(log.config, "max_num_seqs")
         self.max_model_len = _cfg_int(log.config, "max_model_len")
         self.enforce_eager = log.config.get("enforce_eager")
-        self.policy = log.config.get("scheduling_policy") or "prefill_first"
+        # What the run's policy allows (engine/policies.py): mixed steps, which prefill row may be a chunk.
+        name = log.config.get("scheduling_policy")
+        self.policy = POLICIES[name] if isinstance(name, str) and name in POLICIES else PrefillFirst
         self.eos = log.config.get("eos")
         self.async_scheduling = bool((log.run_start or {}).get("async_scheduling", log.config.get("async_scheduling")))
         self.ignore_eos = {r.id: r.ignore_eos for r in case.requests} if case is not None else {}
@@ -597,8 +600,8 @@ class _Replay:
             want = "mixed" if len(kinds) > 1 else next(iter(kinds), s.phase)
             yield s.need(want == s.phase and s.kinds == sorted(s.kinds), f"a {s.phase} step with rows {s.kinds} "
                          "(decode rows come first; a step with both kinds is mixed)", field="phase", actual=s.phase)
-            yield s.need(s.phase != "mixed" or self.policy == "mixed", f"a mixed step under scheduling_policy "
-                         f"{self.policy} (only mixed puts prefill and decode rows in one step)", field="phase")
+            yield s.need(s.phase != "mixed" or self.policy.mixes_phases, f"a mixed step under scheduling_policy "
+                         f"{self.policy.name} (it never puts prefill and decode rows in one step)", field="phase")
 
     # --- before_schedule and preempted
     def before_schedule(self, s: _Step):
@@ -741,9 +744,10 @@ class _Replay:
         nt, nc, ns = _counts(e)
         if not self._fits(e) or _start(nc, nt) + ns == nt:
             return
-        if self.policy == "mixed":
+        if self.policy.chunked_row == "last":
             yield s.need(j == len(s.prefill_rows) - 1, f"{self.log.rid(e)} is chunked ({ns} of {nt - nc} tokens) but "
-                                                      "is not the last prefill row (mixed chunks only the last)", e)
+                                                      f"is not the last prefill row ({self.policy.name} chunks only "
+                                                      "the last)", e)
         else:
             yield s.need(j == 0, f"{self.log.rid(e)} is chunked ({ns} of {nt - nc} tokens) but is not first in the "
                                  "prefill batch (nano chunks only the first)", e)
@@ -882,7 +886,7 @@ class _Replay:
             ok = ok and is_int(gb) and gb >= len(s.decode_rows) and self.enforce_eager is not True
             if s.prefill_rows:
                 tokens = sum(e.get("num_scheduled_tokens") or 0 for e in s.prefill_rows)
-                ok = ok and self.policy == "mixed" and is_int(gp) and gp >= tokens
+                ok = ok and self.policy.mixes_phases and is_int(gp) and gp >= tokens
             else:
                 ok = ok and gp is None
         elif ex == "eager":
@@ -1105,7 +1109,8 @@ class _Replay:
                 if "final" in x:
                     self.expect_final(i, x["final"])
                 elif x["step"] not in self.log.steps:
-                    self.missing(i, x["step"], None, "step", f"not in the log (the run has {len(self.log.steps)} steps)")
+                    self.missing(i, x["step"], None, "step",
+                                 f"not in the log (the run has {len(self.log.steps)} steps)")
 
     @invariant("engine.raised", "the engine did not raise (no engine_error event)")
     def engine_raised(self):
@@ -1300,6 +1305,11 @@ def validate_log(log: EventLog, case: Case | None = None, schema: list[Check] | 
     if schema is None:
         schema = [Check("schema", True, message=f"schema: {log.num_events} events are v1", kind="schema")]
     rs, cfg = log.run_start, log.config
+    policy = cfg.get("scheduling_policy")
+    if policy is not None and not (isinstance(policy, str) and policy in POLICIES):
+        schema.append(Check("schema", False, message=f"run_start: config.scheduling_policy {policy!r} is not a "
+                            f"policy of this engine ({', '.join(POLICIES)}); its steps are judged by "
+                            f"{PrefillFirst.name}'s rules", kind="schema"))
     eng = case.engine if case is not None else {}
     bs = block_size or (rs.get("block_size") if is_int(rs.get("block_size")) else None) \
         or _cfg_int(cfg, "kvcache_block_size") or _cfg_int(eng, "kvcache_block_size")

@@ -1,0 +1,57 @@
+"""Which captured CUDA graph a step replays, if any: the graph sizes and the rules that pick one, in plain Python
+(tests run them on the CPU, where no graph is ever captured). The runner captures the graphs
+(ModelRunner.capture_cudagraph, engine/mixed_graphs.py) and then holds a GraphDispatch of what it captured.
+
+- A decode step of n rows replays the smallest decode bucket >= n: nano's [1, 2, 4, 8] + multiples of 16 up to
+  max_num_seqs (decode_buckets); a larger batch runs eagerly. Small buckets also have a graph of one split, replayed
+  while every context is at most SHORT_CONTEXT tokens (one program per head reading it all beats the split and the
+  merge launch there).
+- A step with prefill rows replays a mixed graph (only a policy that mixes phases has them: engine/policies.py):
+  the smallest (decode rows, prefill tokens) pair that holds it, in at most mixed_graphs.ROWS prefill rows; else
+  it runs eagerly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Decode contexts up to this many tokens run in the one-split graph of a small batch.
+SHORT_CONTEXT = 512
+# A mixed graph holds at most this many prefill rows (its cu_seqlens are this long).
+MIXED_PREFILL_ROWS = 16
+
+
+def decode_buckets(max_bs: int) -> list[int]:
+    """The decode batch sizes captured for at most `max_bs` rows (nano's list)."""
+    return [b for b in [1, 2, 4, 8] if b <= max_bs] + list(range(16, max_bs + 1, 16))
+
+
+@dataclass(frozen=True)
+class GraphDispatch:
+    decode: tuple[int, ...] = ()               # decode buckets captured (none: decode steps run eagerly)
+    short: frozenset[int] = frozenset()        # those with a one-split graph for short contexts too
+    mixed_rows: tuple[int, ...] = ()           # the mixed graphs' decode rows and prefill tokens (none: no mixed
+    mixed_tokens: tuple[int, ...] = ()         # graphs, a step with prefill rows runs eagerly)
+
+    def key(self, plan) -> tuple[int, int | None] | None:
+        """The graph a plan replays: (decode rows, prefill tokens; None for a decode graph), or None: eagerly."""
+        if not len(plan):
+            return None  # nothing to run: no graph (the decode bucket of 1 would replay for nothing)
+
+        nd = plan.num_decodes
+        if nd < len(plan):
+            return self.mixed_key(nd, sum(plan.num_new[nd:]), len(plan) - nd)
+        if self.decode and nd <= self.decode[-1]:
+            return next(b for b in self.decode if b >= nd), None
+        return None
+
+    def mixed_key(self, num_decodes: int, prefill_tokens: int, prefill_rows: int) -> tuple[int, int] | None:
+        """The smallest mixed graph that holds such a step, or None (it runs eagerly)."""
+        if (not self.mixed_rows or prefill_rows > MIXED_PREFILL_ROWS or num_decodes > self.mixed_rows[-1]
+                or prefill_tokens > self.mixed_tokens[-1]):
+            return None
+        return (next(d for d in self.mixed_rows if d >= num_decodes),
+                next(p for p in self.mixed_tokens if p >= prefill_tokens))
+
+    def one_split(self, bucket: int, context_lens: list[int]) -> bool:
+        """Does a decode step in `bucket` replay the bucket's one-split graph (every context short)?"""
+        return bucket in self.short and max(context_lens) <= SHORT_CONTEXT
