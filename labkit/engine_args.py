@@ -147,6 +147,13 @@ def check_fields(cls, values: Mapping, fields: Mapping, fail: Callable[[str, str
         fail(where, str(e))
 
 
+def declared_config(values: Mapping) -> Config:
+    """A file's engine settings (already checked) with the engine's defaults for the rest, without a model: the
+    limits the file's other values are held to before anything is built from them (the run checks them again
+    against the model, which can only lower max_model_len)."""
+    return Config(**_NO_MODEL, **values)
+
+
 def check_settings(values: Mapping, fail: Callable[[str, str], Any], where: str = "engine",
                    allowed: tuple[str, ...] = tuple(FIELDS)) -> dict:
     """A file's engine settings (a case's, a workload's): Config fields among `allowed`, each of its field's type

@@ -80,7 +80,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from labkit import yamlfile
-from labkit.engine_args import FIELDS, check_fields, check_settings
+from labkit.engine_args import FIELDS, check_fields, check_settings, declared_config
 from labkit.errors import LabkitError
 from labkit.trace.events import PHASES  # prefill, decode, mixed
 
@@ -285,13 +285,6 @@ def _check_engine(ctx: _Ctx, engine) -> dict:
     return check_settings(_mapping(ctx, "engine", engine), ctx.fail)
 
 
-def _declared(engine: dict) -> Config:
-    """The case's engine settings with the engine's defaults for the rest: the limits a case's prompts and
-    expected states are held to before anything is built from them (the run checks them again with the model,
-    which can only lower max_model_len)."""
-    return Config(**_NO_MODEL, **engine)
-
-
 @cache
 def _sampling_fields() -> tuple:
     """The engine's SamplingParams and its fields (imported on first use: the module loads torch)."""
@@ -388,7 +381,7 @@ def _check_request(ctx: _Ctx, i: int, raw, earlier: dict[str, RequestSpec],
             ctx.fail(f"{where}.after", f"{after!r} is not an earlier request of this case "
                                        f"(after must name a request listed before this one)")
     plen = _static_len(prompt)
-    mml = _declared(engine).max_model_len
+    mml = declared_config(engine).max_model_len
     if plen is not None and plen > mml:
         whose = "engine.max_model_len" if "max_model_len" in engine else "max_model_len (the engine's default; " \
                                                                           "set engine.max_model_len for more)"
@@ -663,7 +656,7 @@ def parse_case(data, path: str | os.PathLike | None = None) -> Case:
     if not about.isprintable():
         ctx.fail("about", f"must be printable text (no terminal escapes or control characters), got {about!r:.120}")
     engine = _check_engine(ctx, data.get("engine"))
-    declared = _declared(engine)
+    declared = declared_config(engine)
     # Decode rows (one per sequence) and prefill tokens (the budget): no step of this engine holds more.
     ctx.max_step_tokens = declared.max_num_batched_tokens + declared.max_num_seqs
     reqs_raw = data.get("requests")
