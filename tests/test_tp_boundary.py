@@ -5,9 +5,9 @@ passed every test, since nothing measured what crossed).
 Two ranks on the CPU; every message rank 0 posts to the workers' shared-memory channel is recorded as the
 bytes it posts (TensorParallel._post). Each step's message must be the plan's worker view: the same rows,
 positions, new tokens and block tables rank 0 runs, and nothing of what only rank 0 needs (request ids,
-sampling settings, the scheduler's Sequence objects and so their token lists). Its size is bounded by those
-columns, so a decode step of long sequences stays small and the whole run fits a shared-memory channel
-(shm_size) far smaller than the sequences' tokens."""
+sampling settings). Its size is bounded by those columns, so a decode step of long sequences stays small (a
+few hundred bytes, not their tokens) and the whole run fits a shared-memory channel (shm_size) far smaller
+than the sequences' tokens."""
 from __future__ import annotations
 
 import pickle
@@ -23,11 +23,11 @@ PROMPT_LEN = 1500
 REQUESTS = 6
 BLOCK = 64
 # A call may take shm_size minus one 4 KiB reply slot: 16 KiB. The worker view of any step here takes under
-# 7 KiB (the largest: a prefill chunk of 2048 new ids); a decode step carrying the six sequences' token lists
+# 7 KiB (the largest: a prefill chunk of 2048 new ids); a message carrying the six sequences' token lists
 # (6 x ~1500 ids) would take ~27 KiB and be refused ("shm_size: a BatchPlan needs ... bytes").
 SHM_SIZE = 20 << 10
 WORKER_FIELDS = ("seq_ids", "num_decodes", "starts", "num_new", "num_tokens", "input_ids", "block_tables",
-                 "from_previous")
+                 "from_previous", "step")
 
 
 def _ints(plan: BatchPlan) -> int:
@@ -82,9 +82,9 @@ def test_each_step_sends_the_workers_their_part_of_the_plan_and_no_more(tiny_mod
     for (payload, view), plan in zip(steps, ran):
         for f in WORKER_FIELDS:
             assert getattr(view, f) == getattr(plan, f), f
-        # Nothing only rank 0 needs: no names, no sampling settings, no Sequence (and so no token lists).
-        assert view.request_ids == [] and view.sampling is None and view.seqs is None and view.preempted == []
-        assert plan.sampling is not None and plan.seqs  # (what rank 0 kept)
+        # Nothing only rank 0 needs: no names, no sampling settings.
+        assert view.request_ids == [] and view.sampling is None and view.preempted == []
+        assert plan.sampling is not None and plan.request_ids  # (what rank 0 kept)
         assert len(payload) <= _bound(view), (len(payload), _bound(view), plan.phase)
         if plan.phase == "decode":
             decodes += 1

@@ -9,8 +9,8 @@ treated by truthiness passed every test). None means "unset, take the default"; 
     fixed gate --max-abs 0 / --rel-l2 0 / --kv-max-abs 0   an exact gate (None: the dtype's default)
     a case's expected free: 0, cached: 0, outputs: 0      checked, not skipped
 
-and options whose 0 is not valid (--num-blocks, --budget, --max-num-seqs, --block-size, --max-model-len,
-max_tokens) refuse it, naming it, instead of taking it as unset."""
+and options whose 0 is not valid (--num-kvcache-blocks, --max-num-batched-tokens, --max-num-seqs,
+--kvcache-block-size, max_tokens) refuse it, naming it, instead of taking it as unset."""
 from __future__ import annotations
 
 import json
@@ -151,7 +151,8 @@ def test_an_expected_0_is_checked_not_skipped(tiny_model, tmp_path, entry, field
 
 
 # --- where 0 is not a value: refused, never taken as unset ------------------------------------------------------
-@pytest.mark.parametrize("flag", ["--num-blocks", "--budget", "--max-num-seqs", "--block-size"])
+@pytest.mark.parametrize("flag", ["--num-kvcache-blocks", "--max-num-batched-tokens", "--max-num-seqs",
+                                  "--kvcache-block-size"])
 def test_an_engine_option_whose_0_is_not_a_value_refuses_it(flag, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # the usage error's box on one line
     code, _, err = run_cli(["trace", "--case", "chunk", flag, "0", "-q"], capsys)
