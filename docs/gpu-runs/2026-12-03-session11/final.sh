@@ -18,14 +18,10 @@ st() { local t=$1 n=$2; shift 2; local s=$SECONDS; timeout "$t" "$@" > $L/$n.log
 [ -f $M/config.json ] || st 120 fake python3 -m labkit model fake --preset qwen3-0.6b --out $M
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv >> $S 2>&1
 LK="python3 -m labkit"; G="--model $M --device cuda"
-# 1. correctness, in parallel (its timings are not figures): every case in bf16, then with an FP8 pool (judged
-# strictly: the same states), then the logits suites beside the mixed-graph traces
+# 1. correctness, in parallel (its timings are not figures): every case, then the logits suites beside the
+# mixed-graph traces and four cases with an FP8 pool (judged strictly: the same states)
 for c in $(ls workloads/cases/*.yaml | xargs -n1 basename | sed 's/[.]yaml$//'); do
   st 180 trace-$c $LK trace --case $c $G -q --out $R/trace-$c &
-done
-wait
-for c in $(ls workloads/cases/*.yaml | xargs -n1 basename | sed 's/[.]yaml$//'); do
-  st 180 trace-fp8-$c $LK trace --case $c $G -q --kv-cache-dtype fp8 --out $R/trace-fp8-$c &
 done
 wait
 LC="$LK logits-check run $G --dtype bfloat16"
@@ -39,6 +35,9 @@ st 300 lc-prefix $LC --suite prefix --attention triton --execution graph --out $
 st 300 lc-fp8-kv $LC --suite fp8-kv --execution graph &
 for c in chunk refs decode-order mixed mixed-preempt; do
   st 240 trace-mixed-graph-$c $LK trace --case $c $G -q --graph --policy mixed --out $R/trace-mixed-graph-$c &
+done
+for c in chunk preempt prefix-reuse lifecycle; do  # an FP8 pool: the same states, judged strictly
+  st 240 trace-fp8-$c $LK trace --case $c $G -q --kv-cache-dtype fp8 --out $R/trace-fp8-$c &
 done
 wait
 # 2. issue 32's bar, timed one at a time (the profiled runs are the batch1-kernels lab's and time batch-1 too)
