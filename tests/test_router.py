@@ -103,6 +103,27 @@ def _metrics(url: str) -> dict[str, float]:
     return out
 
 
+def _wait_connected(pid: int, port: int, router: Router, timeout: float = 60.0) -> None:
+    """Until process `pid` holds an established TCP connection to 127.0.0.1:`port` (its sockets' inodes in
+    /proc/PID/fd, their peers in /proc/net/tcp): the router's KV-event subscriber has reached a replica."""
+    end = time.monotonic() + timeout
+    while True:
+        inodes = set()
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            f = line.split()
+            if f[9] in inodes and f[3] == "01" and int(f[2].split(":")[1], 16) == port:
+                return
+        assert time.monotonic() < end, f"the router never connected to the KV events on port {port}:\n" + router.log()
+        time.sleep(0.2)
+
+
 def test_bench_load_through_the_router_answers_every_request_on_both_replicas(replicas, tmp_path):
     router = Router([s.url for s in replicas], tmp_path, "round_robin")
     try:
@@ -170,15 +191,16 @@ def test_kv_aware_routing_reads_our_kv_events_and_follows_the_cache(replicas, tm
     directly, past the router, draws the router's requests with that prefix to it: only the events can say so."""
     prefix = " ".join(f"term{i}" for i in range(120))
     holder = replicas[1]
-    assert httpx.post(holder.url + "/v1/completions", json={"prompt": f"{prefix} warm", "max_tokens": 1},
-                      timeout=120).status_code == 200
     router = Router([s.url for s in replicas], tmp_path, "kv_aware",
                     *[x for s in replicas for x in ("--kv-event-source", f"{s.url}={s.kv_events}")],
                     "--kv-event-block-size", "16", "--kv-event-model", Path(holder.health()["model"]["path"]).name)
     try:
-        time.sleep(2.0)   # (its subscribers connect; what the replicas published before then is not replayed)
-        # The router has not seen the warm-up's events (they went out before it subscribed): warm again now.
-        assert httpx.post(holder.url + "/v1/completions", json={"prompt": f"{prefix} again", "max_tokens": 1},
+        # What a replica publishes before the router subscribes is lost (ZeroMQ PUB/SUB; nothing is replayed), and a
+        # prefix already cached publishes nothing when it is hit again: warm only once the router is connected.
+        for s in replicas:
+            _wait_connected(router.proc.pid, int(s.kv_events.rsplit(":", 1)[1]), router)
+        time.sleep(1.0)   # (the subscription itself follows the TCP connection)
+        assert httpx.post(holder.url + "/v1/completions", json={"prompt": f"{prefix} warm", "max_tokens": 1},
                           timeout=120).status_code == 200
         time.sleep(2.0)   # (the events reach the router's index)
         before = [_metrics(s.url) for s in replicas]
