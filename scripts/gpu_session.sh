@@ -497,44 +497,58 @@ if [ "$what" = issue34 ]; then
     curl -s $url/metrics > $OUT/logs/metrics-$1-after.txt
   }
   stop() { kill -TERM $spid; wait $spid; echo "$1 exit $?" >> $OUT/logs/startup.txt; }
-  # A. the streams' cost at rate inf: with (step stream + its ZeroMQ subscriber, KV events + a subscriber, a watch
-  # client) against without, interleaved.
-  for round in 1 2 3; do
-    seed=$((round + 3))
-    for cond in plain streams; do
-      if [ $cond = streams ]; then
-        start streams-r$round --step-stream --step-stream-zmq tcp://127.0.0.1:5560 --kv-events tcp://127.0.0.1:5557
-        python3 scripts/zmq_tap.py tcp://127.0.0.1:5560 tcp://127.0.0.1:5557 --seconds 60 \
-          --out $OUT/logs/taps-r$round.json > $OUT/logs/taps-r$round.log 2>&1 & tap=$!
-        python3 -m labkit watch $url --seconds 60 --json > $OUT/logs/watch-r$round.json 2> $OUT/logs/watch-r$round.log & w=$!
-        sleep 1
-      else
-        start plain-r$round
-      fi
-      load overhead-$cond-r$round $seed inf
-      [ $cond = streams ] && { kill -INT $w $tap; wait $w $tap; curl -s $url/health > $OUT/logs/health-streams-r$round.json; }
-      stop $cond-r$round
+  # ISSUE34_SECTIONS picks the sections and their order (default "A B C"); ISSUE34_DEADLINE (seconds from this
+  # script's start) skips what would start after it, with a line in logs/startup.txt.
+  due() { [ $SECONDS -lt ${ISSUE34_DEADLINE:-999999} ] || { echo "skipped (deadline): $1" >> $OUT/logs/startup.txt; return 1; }; }
+  section_A() {
+    # A. the streams' cost at rate inf: with (step stream + its ZeroMQ subscriber, KV events + a subscriber, a watch
+    # client) against without, interleaved.
+    for round in 1 2 3; do
+    due A-r$round || continue
+      seed=$((round + 3))
+      for cond in plain streams; do
+        if [ $cond = streams ]; then
+          start streams-r$round --step-stream --step-stream-zmq tcp://127.0.0.1:5560 --kv-events tcp://127.0.0.1:5557
+          python3 scripts/zmq_tap.py tcp://127.0.0.1:5560 tcp://127.0.0.1:5557 --seconds 60 \
+            --out $OUT/logs/taps-r$round.json > $OUT/logs/taps-r$round.log 2>&1 & tap=$!
+          python3 -m labkit watch $url --seconds 60 --json > $OUT/logs/watch-r$round.json 2> $OUT/logs/watch-r$round.log & w=$!
+          sleep 1
+        else
+          start plain-r$round
+        fi
+        load overhead-$cond-r$round $seed inf
+        [ $cond = streams ] && { kill -INT $w $tap; wait $w $tap; curl -s $url/health > $OUT/logs/health-streams-r$round.json; }
+        stop $cond-r$round
+      done
+      pack
     done
+  }
+  section_B() {
+    due B || return 0
+    # B. trace --url over nano at rate 16 under mixed, the window in the middle of the load
+    start live-mixed --policy mixed --live-trace
+    load live-mixed-rate16 1 16 & lp=$!
+    sleep 6
+    step 200 python3 -m labkit trace --url $url --seconds 8 -q --out $OUT/runs/trace-live-mixed
+    wait $lp
+    stop live-mixed
     pack
-  done
-  # B. trace --url over nano at rate 16 under mixed, the window in the middle of the load
-  start live-mixed --policy mixed --live-trace
-  load live-mixed-rate16 1 16 & lp=$!
-  sleep 6
-  step 200 python3 -m labkit trace --url $url --seconds 8 -q --out $OUT/runs/trace-live-mixed
-  wait $lp
-  stop live-mixed
+  }
+  section_C() {
+    # C. serve's policies at the default budget, a fresh server each, the same prompts (seed 1, 2, 3 at rates 16, 32,
+    # inf), with vLLM's per-iteration line for the record
+    for policy in ${ISSUE34_POLICIES:-prefill_first balanced mixed}; do
+    due policy-$policy || continue
+      start policy-$policy --policy $policy
+      load policy-$policy-rate16 1 16
+      load policy-$policy-rate32 2 32
+      load policy-$policy-rateinf 3 inf
+      stop policy-$policy
+      pack
+    done
+  }
+  for section in ${ISSUE34_SECTIONS:-A B C}; do section_$section; done
   pack
-  # C. serve's policies at the default budget, a fresh server each, the same prompts (seed 1, 2, 3 at rates 16, 32,
-  # inf), with vLLM's per-iteration line for the record
-  for policy in prefill_first balanced mixed; do
-    start policy-$policy --policy $policy
-    load policy-$policy-rate16 1 16
-    load policy-$policy-rate32 2 32
-    load policy-$policy-rateinf 3 inf
-    stop policy-$policy
-    pack
-  done
   # (not the archive below: the per-request logs would take it past what a device call returns)
   rm -rf $OUT/logs $OUT/runs
   echo "done: $OUT/reports.tgz (logs/issue34-summary.md first)"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Session 12's device call (one H200, the final engine, ~11 minutes of device time left): session 11's final.sh
-# reordered by what had not been measured: the evidence (every trace case, bf16 and FP8; every logits suite, fp8-kv
-# included), then serving (fp8 at rate inf; mixed at rates 16 and 32; trace --url over a rate-16 load), then
-# issue 32's bar again (batch-1, nano bf16 and fp8, the profiled fused/unfused batch-1 runs of the batch1-kernels
-# lab). Outputs packed into $OUT/final.tgz, a summary in $OUT/summary.txt. Run from the repo root with the server
+# reordered by what had not been measured: the evidence at the final commit (every trace case, bf16 and FP8; every
+# logits suite, fp8-kv included), then serving (scripts/gpu_session.sh issue34's sections C and B: every policy at
+# rates 16, 32, inf; trace --url), then FP8 serving against offline and batch-1 as time allows. Outputs packed
+# into $OUT/final.tgz and $OUT/reports.tgz, a summary in $OUT/summary.txt. Run from the repo root with the server
 # wheels in .whl/ (docs/perf.md says how) and `carry: [".whl"]`.
 set -u
 FINAL=$OUT
@@ -48,35 +48,16 @@ for c in chunk preempt prefix-reuse lifecycle; do  # an FP8 pool: the same state
 done
 wait
 pack
-# 2. serving: fp8 at rate inf (its own server); mixed at the default budget at rates 16 and 32 on a plain server
-# (/metrics scraped around each load); trace --url over a rate-16 load on a --live-trace server
+# 2. serving: each policy at the default budget on a fresh server at rates 16, 32 and inf, /metrics scraped around
+# every load (issue 34's section C: Deliver 7's choice, its prompt-token books; issue 32's mixed ITL bar), then
+# trace --url over a rate-16 mixed load (section B); reports.tgz beside final.tgz
+left=$((DEADLINE-(SECONDS-T0)))
+s0=$SECONDS
+OUT=/tmp/i34 PACK_TO=$FINAL FAKE_MODEL=$M ISSUE34_SECTIONS="C B" ISSUE34_POLICIES="mixed prefill_first balanced" \
+  ISSUE34_DEADLINE=$((left-90)) timeout $left bash scripts/gpu_session.sh issue34 > $L/issue34.log 2>&1
+echo "rc=$? $((SECONDS-s0))s @$((SECONDS-T0)) issue34 C B" >> $S
+# 3. issue 32's FP8 serving bar (rate inf against offline), then batch-1, as time allows
 st 150 load-fp8-inf $LK bench load --workload nano --rate inf --kv-cache-dtype fp8 $G --out $R/bench-load-nano-fp8-inf.json
-serve() { port=$1; shift; url=http://127.0.0.1:$port
-  $LK serve $G --port $port --log-level warning --log-stats-interval 0 "$@" > $L/serve-$port.log 2>&1 & spid=$!
-  for _ in $(seq 600); do curl -sf $url/health > /dev/null && break; sleep 0.2; done
-  echo "server $port up @$((SECONDS-T0))" >> $S
-  st 60 warm-$port $LK bench load --workload nano --num-requests 16 --rate inf --seed 9 --url $url --no-warmup --out $L/warm-$port.json; }
-serve 8911 --policy mixed
-for rs in "16 1" "32 2"; do set -- $rs
-  curl -s $url/metrics > $L/metrics-mixed-$1-before.txt
-  st 150 load-mixed-$1 $LK bench load --workload nano --rate $1 --seed $2 --url $url --no-warmup --out $R/bench-load-nano-mixed-$1.json
-  curl -s $url/metrics > $L/metrics-mixed-$1-after.txt
-done
-kill -TERM $spid; wait $spid
-serve 8912 --policy mixed --live-trace
-st 150 load-live $LK bench load --workload nano --num-requests 160 --rate 16 --seed 3 --url $url --no-warmup --out $L/load-live.json &
-lp=$!; sleep 4
-st 120 trace-url $LK trace --url $url --seconds 5 -q --out $R/trace-live-mixed
-wait $lp
-kill -TERM $spid; wait $spid
-pack
-# 3. issue 32's bar, timed one at a time, last (measured in session 11 already; the Transformers reference too) (the profiled runs are the batch1-kernels lab's and time batch-1 too)
-B="$LK bench $G"
-for i in 1; do st 90 batch1-$i $B --workload batch1 --out $R/bench-batch1-$i.json; done
-st 150 nano-bf16 $B --workload nano --repeats 3 --out $R/bench-nano-kv-auto.json
-st 150 nano-fp8 $B --workload nano --repeats 3 --kv-cache-dtype fp8 --out $R/bench-nano-kv-fp8.json
-st 30 cmp-kv $B compare $R/bench-nano-kv-auto.json $R/bench-nano-kv-fp8.json --variable kv_cache_dtype
-st 90 b1-unfused-prof $B --workload batch1 --profile --no-fused-decode --out $R/bench-batch1-unfused.json
-st 90 b1-fused-prof $B --workload batch1 --profile --out $R/bench-batch1-fused.json
-st 30 cmp-fused $B compare $R/bench-batch1-unfused.json $R/bench-batch1-fused.json --variable fused_decode
+st 150 nano-fp8 $LK bench $G --workload nano --kv-cache-dtype fp8 --out $R/bench-nano-kv-fp8.json
+st 90 batch1 $LK bench $G --workload batch1 --out $R/bench-batch1.json
 echo "done @$((SECONDS-T0))" >> $S
