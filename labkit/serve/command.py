@@ -165,6 +165,11 @@ def serve(
     option, the port taken, the engine refusing its settings or dying while it loads).
     `labkit serve client` sends one request.
 
+    The default policy, prefill_first (16,384 tokens a step), was chosen by measurement (one H200, nano, each
+    policy at its default budget; docs/serving.md): it alone keeps rate inf within 3% of the best throughput and
+    TTFT p99 (24,581 tok/s, 443 ms; mixed: 24,048 tok/s, 885 ms). For streams under load, --scheduling-policy
+    mixed: ITL p99 6.2 and 6.8 ms at rates 16 and 32, against prefill_first's 47.3 and 95.0.
+
     Example: labkit serve --device cpu --port 8000
     """
     if ctx.invoked_subcommand is not None:
