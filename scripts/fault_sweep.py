@@ -144,8 +144,10 @@ def trial(model: str, tp: int, device: str, at, fault: str, grace: float, client
            "--tensor-parallel-size", str(tp),
            "--port", str(port), "--log-level", "warning"]
     start = time.monotonic()
+    # SIGHUP at its default even when the sweep runs under nohup (which the server would honour: docs/serving.md)
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     seen: set[int] = set()
     core = None
 
@@ -247,7 +249,7 @@ def line(r: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--tensor-parallel-size", type=int, default=2)
+    ap.add_argument("--tensor-parallel-size", "--tp", dest="tp", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--at", nargs="+", default=["0.5", "1.5", "2.5", "3.0", "3.5", "4.0", "5.0", "6.0", "8.0",
                                                 "ready", "load"],

@@ -582,6 +582,25 @@ def test_signal_during_streams_ends_each_with_an_error_and_done_then_exits_0(tin
 
 
 @pytest.mark.slow
+def test_under_nohup_a_hangup_is_ignored_and_sigterm_still_drains(tiny_model, tmp_path):
+    """`nohup labkit serve`: SIGHUP was ignored when the server started, so a hang-up leaves it serving (nohup's
+    promise); SIGTERM still drains and exits 0."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)   # the child inherits it, as under nohup
+    try:
+        s = Server(tiny_model, tmp_path)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    core = s.core_pid
+    s.proc.send_signal(signal.SIGHUP)
+    time.sleep(1.5)
+    assert s.proc.poll() is None and _alive(core), s.log()
+    assert s.health()["status"] == "ok"
+    assert s.post(json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+    assert s.stop(signal.SIGTERM) == 0, s.log()
+    assert "SIGHUP" not in s.log()
+
+
+@pytest.mark.slow
 def test_sigterm_drain_lets_short_requests_finish(tiny_model, tmp_path):
     s = Server(tiny_model, tmp_path, "--drain-timeout", "60")
     client, streams = _open_streams(s, 2, max_tokens=30)

@@ -37,8 +37,10 @@ from labkit.serve.protocol import APIError
 
 log = logging.getLogger("labkit.serve")
 # SIGHUP (the terminal closed) and SIGQUIT (Ctrl-\) would otherwise end the process at once: streams cut
-# without an error event, the engine core and its socket folder left behind.
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# without an error event, the engine core and its socket folder left behind. A SIGHUP already ignored when we
+# start (`nohup labkit serve`) stays ignored: the user asked the server to outlive its terminal.
+SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+                if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN))
 
 
 class LabServer(uvicorn.Server):
