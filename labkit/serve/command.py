@@ -160,9 +160,10 @@ def serve(
     """Serve the engine over OpenAI-shaped HTTP (/v1/completions, /v1/chat/completions, /health, /metrics).
 
     Listens on loopback only unless --allow-remote. Engine options left out take the engine's defaults.
-    SIGTERM, SIGINT, SIGHUP (unless started under nohup) or SIGQUIT drains for --drain-timeout seconds, then exits 0; exit 1 when the engine
-    dies, or sends nothing for --engine-timeout seconds, while serving; exit 2 when it cannot start (a bad
-    option, the port taken, the engine refusing its settings or dying while it loads).
+    SIGTERM, SIGINT, SIGHUP (unless started under nohup) or SIGQUIT drains for --drain-timeout seconds, then
+    exits 0; exit 1 when the engine dies, or sends nothing for --engine-timeout seconds, while serving; exit 2
+    when it cannot start (a bad option, the port taken, the engine refusing its settings or dying while it
+    loads).
     `labkit serve client` sends one request.
 
     The default policy, prefill_first (16,384 tokens a step), was chosen by measurement (one H200, nano, each
