@@ -99,6 +99,11 @@ class Config:
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _choice("dtype", self.dtype, DTYPES)
         _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        if self.kv_cache_dtype != "auto" and self.attention_backend == "flash_attn":
+            # (engine/kernel_choice.py refuses it too, once the backend is resolved; here a file's settings are
+            # refused as they are read, naming their key)
+            raise ValueError(f"kv_cache_dtype: {self.kv_cache_dtype} needs attention_backend triton or torch "
+                             "(flash_attn's kernels read the pool in the model dtype)")
         if self.hf_config is None:
             from .model_config import load_model_config
 

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Mapping
 
 from engine.config import Config
+from labkit.errors import LabkitError
 
 # Config fields no command or file sets: the model folder is an argument of its own, the tracer and the model's
 # config and EOS id are the run's, and the tensor-parallel channel belongs to the process.
@@ -53,21 +54,70 @@ def new_flag(old: str) -> str:
 
 
 def accept_old_names(command) -> bool:
-    """Let a click command read OLD_NAMES as the new flags, if it or a subcommand of it takes one of those: click
-    passes every option name it parses (and every subcommand name and choice) through the context's
-    token_normalize_func, which subcommands inherit. Only such commands get it: a subcommand called `attention`
-    elsewhere must stay one. Returns whether it did."""
+    """Let a click command read OLD_NAMES as the new flags, if it or a subcommand of it takes one of those: its
+    command line is rewritten before click parses it (`--budget 5` -> `--max-num-batched-tokens 5`), option names
+    only, so a choice or a subcommand that happens to share an old name (the `graph` logits suite, a subcommand
+    called `attention`) stays itself. An old name and its new one given with different values are refused
+    (LabkitError): which one wins would be an accident of their order. Returns whether it did."""
     new = {"--" + name for name in OLD_NAMES.values()}
+    takes_value: set[str] = set()    # the options of the command tree that read the next word as their value
 
     def takes(cmd) -> bool:
-        if any((set(p.opts) | set(getattr(p, "secondary_opts", ()))) & new for p in cmd.params):
-            return True
-        return any(takes(sub) for sub in getattr(cmd, "commands", {}).values())
+        takes_value.update(o for p in cmd.params if getattr(p, "param_type_name", "") == "option"
+                           and not getattr(p, "is_flag", False) for o in p.opts)
+        own = any((set(p.opts) | set(getattr(p, "secondary_opts", ()))) & new for p in cmd.params)
+        return any([takes(sub) for sub in getattr(cmd, "commands", {}).values()]) or own
 
     if not takes(command):
         return False
-    command.context_settings = {**(command.context_settings or {}), "token_normalize_func": _new_name}
+    parse_args = command.parse_args
+
+    def parse_with_old_names(ctx, args):
+        return parse_args(ctx, rename_old_flags(list(args), takes_value))
+
+    command.parse_args = parse_with_old_names
     return True
+
+
+def rename_old_flags(args: list[str], takes_value=frozenset()) -> list[str]:
+    """`args` with each old flag name (OLD_NAMES) as its new one, up to a `--`; a word that is the value of an
+    option in `takes_value` (`--prompt --budget`) stays as it is. LabkitError when an old name and another
+    spelling of the same setting are given different values (`--budget 100 --max-num-batched-tokens 200`,
+    `--eager --no-enforce-eager`): which one won would be an accident of their order."""
+    out: list[str] = []
+    given: dict[str, list[tuple[str, str, bool]]] = {}     # setting -> [(as typed, its value, an old name)]
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if word == "--":
+            out += args[i:]
+            break
+        if not word.startswith("--"):
+            out.append(word)
+            if word in takes_value and i + 1 < len(args):
+                out.append(args[i + 1])    # a short option's value (-w --budget: a workload of that name)
+                i += 1
+            i += 1
+            continue
+        typed, eq, inline = word.partition("=")
+        name = "--" + _new_name(typed[2:])
+        out.append(name + eq + inline)
+        if name in ("--enforce-eager", "--no-enforce-eager"):
+            given.setdefault("--enforce-eager", []).append((typed, str(name == "--enforce-eager"), name != typed))
+        elif name[2:] in OLD_NAMES.values():
+            value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
+            given.setdefault(name, []).append((f"{typed} {value}", value, name != typed))
+        if not eq and name in takes_value and i + 1 < len(args):
+            out.append(args[i + 1])    # the option's value, whatever it looks like
+            i += 1
+        i += 1
+    for setting, spellings in given.items():
+        old = [typed.split()[0] for typed, _, is_old in spellings if is_old]
+        if old and len({value for _, value, _ in spellings}) > 1:
+            raise LabkitError(f"{', '.join(typed for typed, _, _ in spellings)}: {old[0]} is the old name of "
+                              f"{setting if old[0] != '--graph' else '--no-enforce-eager'}; the same setting given "
+                              "different values: give it once", 2)
+    return out
 
 
 class _EngineArgs:

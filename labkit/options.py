@@ -117,3 +117,25 @@ MaxQueueOption = Annotated[Optional[int], typer.Option(
 def Out(what: str) -> Any:
     """`--out PATH` for a command: `what` says what the command writes there and where by default."""
     return Annotated[Optional[Path], typer.Option("--out", metavar="PATH", help=what)]
+
+
+def check_url(option: str, url: str) -> str:
+    """A running server's address as a command takes it (`--url`, `watch URL`): http(s)://HOST[:PORT][/PATH],
+    PORT 1-65535; returned without a trailing slash. LabkitError (exit 2) naming `option` otherwise."""
+    from urllib.parse import urlsplit
+
+    from labkit.errors import LabkitError
+
+    expected = "expected http://HOST:PORT (or https://)"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise LabkitError(f"{option} {url!r}: not a URL ({exc}); {expected}") from None
+    if parts.scheme not in ("http", "https"):
+        raise LabkitError(f"{option} {url!r}: not an http:// or https:// URL; {expected}")
+    if not parts.hostname:
+        raise LabkitError(f"{option} {url!r}: no host; {expected}")
+    if port is not None and not 1 <= port <= 65535:
+        raise LabkitError(f"{option} {url!r}: port {port} is not in 1-65535")
+    return url.rstrip("/")

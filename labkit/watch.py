@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from labkit.errors import LabkitError
-from labkit.options import JsonOption
+from labkit.options import JsonOption, check_url
 from labkit.output import EXIT_PASS
 
 REFRESH_S = 0.25
@@ -144,7 +144,14 @@ def stream(url: str, timeout_s: float = 10.0) -> Iterator[tuple[str, dict]]:
             if resp.status_code != 200:
                 raise LabkitError(f"{url}/v1/steps answered HTTP {resp.status_code}")
             for event, data in sse_events(resp.iter_lines()):
-                yield event, json.loads(data)
+                try:
+                    rec = json.loads(data)
+                except ValueError:
+                    rec = None
+                if not isinstance(rec, dict):
+                    raise LabkitError(f"{url}/v1/steps: an event that is not a JSON object ({data[:80]!r}): is this "
+                                      "labkit serve --step-stream?")
+                yield event, rec
     except httpx.HTTPError as exc:
         raise LabkitError(f"{url}: cannot read the step stream ({type(exc).__name__}: {exc})") from None
 
@@ -164,9 +171,7 @@ def run(
     """
     from rich.live import Live
 
-    if not url.startswith(("http://", "https://")):
-        raise LabkitError(f"URL {url!r}: expected http://HOST:PORT")
-    url = url.rstrip("/")
+    url = check_url("URL", url)
     state = WatchState()
     console = Console(quiet=as_json)
     end = time.monotonic() + seconds if seconds else None

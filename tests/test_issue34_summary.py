@@ -61,7 +61,8 @@ def test_metrics_prompt_tokens_equal_a_bench_loads_input_tokens(tiny_model, tmp_
 
     logs = tmp_path / "logs"
     logs.mkdir()
-    server = Server(tiny_model, tmp_path, "--policy", policy, "--log-stats-interval", "0", "--budget", "256")
+    server = Server(tiny_model, tmp_path, "--policy", policy, "--log-stats-interval", "0",
+                    "--max-num-batched-tokens", "256")  # (after ENGINE_FLAGS' 1024: the later one counts)
     name = f"policy-{policy}-rateinf"
     try:
         (logs / f"metrics-{name}-before.txt").write_text(httpx.get(server.url + "/metrics", timeout=10).text)

@@ -51,6 +51,7 @@ from labkit.options import (
     SchedulingPolicyOption,
     TensorParallelSizeOption,
     WorkloadOption,
+    check_url,
 )
 from labkit.output import (
     configuration_suffix,
@@ -123,6 +124,9 @@ def load(
     pcts = M.parse_percentiles(percentiles)
     client_lib = L.client_name(client)
     urls = _endpoint_list(url, endpoints)
+    if behind is not None and url is None:   # (before a server is started for nothing)
+        raise LabkitError("--behind: the servers behind a router given with --url; give --url ROUTER too")
+    replicas = _endpoint_list(None, behind, "--behind") if behind is not None else None
     w = load_workload(workload).scaled(num_requests if arrivals is None else None)
     # The settings of the server this command starts: its engine's (as `labkit serve` takes them) and the queue.
     engine_args = EngineArgs.given(ctx, device=None if device == Device.auto else device.value)
@@ -155,9 +159,7 @@ def load(
             server = _start_server(model_dir, device, max_queue, len(reqs), engine_args,
                                    json_path.with_suffix(".server.log"), startup_timeout, console)
             urls = [server.url]
-        if behind is not None and url is None:
-            raise LabkitError("--behind: the servers behind a router given with --url")
-        replicas = _endpoint_list(None, behind) if behind is not None else urls
+        replicas = replicas or urls
         prov = L.server_provenance([(u, L.server_info(u)) for u in replicas], allow_mixed)
         if behind is None and url is not None and not prov["servers"][0]["health"].get("vocab_size"):
             console.print(f"warning: {url}/health does not say its model (a router?): give --behind with the "
@@ -220,19 +222,17 @@ def load(
     raise typer.Exit(0)
 
 
-def _endpoint_list(url: str | None, endpoints: str | None) -> list[str]:
-    """The servers to load: --url (one) or --endpoints (several); none means start one."""
+def _endpoint_list(url: str | None, endpoints: str | None, option: str = "--endpoints") -> list[str]:
+    """The servers to load: --url (one) or --endpoints (several; `option`: the flag that gave the list, e.g.
+    --behind); none means start one."""
     if url is not None and endpoints is not None:
         raise LabkitError("--url and --endpoints: give one of them (--endpoints URL,URL,... for several servers)")
     if endpoints is None:
-        return [] if url is None else [url.rstrip("/")]
+        return [] if url is None else [check_url("--url", url)]
     urls = [u.strip().rstrip("/") for u in endpoints.split(",")]
     if not all(urls):
-        raise LabkitError(f"--endpoints: expected URL,URL,... without empty entries, got {endpoints!r}")
-    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
-    if bad:
-        raise LabkitError(f"--endpoints: {bad[0]!r} is not an http:// or https:// URL")
-    return urls
+        raise LabkitError(f"{option}: expected URL,URL,... without empty entries, got {endpoints!r}")
+    return [check_url(option, u) for u in urls]
 
 
 def _start_server(model_dir: Path, device: Device, max_queue, n_requests: int, engine_args: EngineArgs,

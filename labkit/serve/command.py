@@ -65,10 +65,20 @@ def _need_serve_packages() -> None:
 
 
 def check_endpoint(option: str, endpoint: str) -> str:
-    """A ZeroMQ endpoint a socket may bind: tcp://HOST:PORT or ipc://PATH."""
-    if not (endpoint.startswith("tcp://") and ":" in endpoint[6:]) and not endpoint.startswith("ipc://"):
-        raise LabkitError(f"{option} {endpoint}: expected tcp://HOST:PORT or ipc://PATH", 2)
+    """A ZeroMQ endpoint a socket may bind: tcp://HOST:PORT (PORT 1-65535, or * for any free one) or ipc://PATH.
+    ZeroMQ itself takes a port out of range modulo 65536 (tcp://127.0.0.1:99999 binds 34463), so it is checked
+    here."""
+    expected = "expected tcp://HOST:PORT (PORT 1-65535 or *) or ipc://PATH"
+    if endpoint.startswith("ipc://") and endpoint[6:]:
+        return endpoint
+    host, sep, port = endpoint[6:].rpartition(":") if endpoint.startswith("tcp://") else ("", "", "")
+    if not (sep and host and (port == "*" or (port.isdigit() and 1 <= int(port) <= 65535))):
+        raise LabkitError(f"{option} {endpoint}: {expected}", 2)
     return endpoint
+
+
+# uvicorn's log levels (uvicorn.config.LOG_LEVELS), for --log-level.
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -153,7 +163,8 @@ def serve(
                                         "default: none)."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name",
                                                     help="Model name in the API (default: the folder name)."),
-    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: critical, error, warning, info, "
+                                  "debug or trace."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Write the engine's JSONL event log (schema v1) "
                                         "here: which requests ran in which step, as the server admitted them."),
 ) -> None:
@@ -189,6 +200,14 @@ def serve(
     if step_stream or step_stream_zmq:
         streams = [check_endpoint("--step-stream-zmq", step_stream_zmq)] if step_stream_zmq else []
     kv_endpoint = check_endpoint("--kv-events", kv_events) if kv_events else None
+    if kv_events_topic and kv_endpoint is None:
+        raise LabkitError(f"--kv-events-topic {kv_events_topic}: the topic of the KV events, which only --kv-events "
+                          "ENDPOINT publishes; give --kv-events too", 2)
+    if log_level.lower() not in LOG_LEVELS:
+        raise LabkitError(f"--log-level {log_level}: expected one of {', '.join(LOG_LEVELS)}", 2)
+    if served_model_name is not None and not served_model_name.strip():
+        raise LabkitError("--served-model-name: empty; give the name clients send as `model` (default: the "
+                          "folder name)", 2)
     if live_trace and trace is not None:
         raise LabkitError("--live-trace and --trace: give one (each is the engine's tracer)", 2)
     sock = listen_socket(host, port)

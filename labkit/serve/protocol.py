@@ -130,7 +130,7 @@ class TokenizeRequest(BaseModel):
     model_config = _STRICT
     model: Optional[str] = None
     prompt: Optional[str] = None
-    messages: Optional[list[ChatMessage]] = None
+    messages: Optional[list[ChatMessage]] = Field(None, min_length=1)   # (as /v1/chat/completions takes them)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 

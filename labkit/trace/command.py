@@ -54,6 +54,7 @@ from labkit.options import (
     Out,
     SchedulingPolicyOption,
     TensorParallelSizeOption,
+    check_url,
 )
 from labkit.output import (
     EXIT_FAIL,
@@ -309,12 +310,17 @@ def trace(
     if url is not None:
         if case is not None:
             raise LabkitError("trace: give --case or --url, not both")
+        url = check_url("--url", url)
         given = EngineArgs.given(ctx, device=None).given_flags() + [
-            flag for flag, v in (("--shapes", shapes or None), ("--model", model)) if v is not None]
+            flag for flag, v in (("--shapes", shapes or None), ("--model", model), ("--device", device),
+                                 ("--expect-changes" if expect_changes else "--no-expect-changes", expect_changes))
+            if v is not None]
         if given:
             raise LabkitError(f"{', '.join(given)}: settings of a run this command makes; with --url the server "
                               "runs already (set them on labkit serve)")
         _trace_url(url, seconds, out, console, as_json, quiet, wide, perfetto)
+    if ctx.get_parameter_source("seconds").name == "COMMANDLINE":
+        raise LabkitError("--seconds: how long --url records a running server; a --case run takes its own steps")
     if case is None:
         raise LabkitError("trace: give --case NAME|PATH (see labkit trace --list) or --url URL")
     from labkit.model import resolve_model

@@ -17,8 +17,9 @@ def record(url: str, seconds: float, out: Path, timeout_s: float = 30.0) -> list
     """The window's events, also written to `out` as they arrive (one JSON object a line)."""
     import httpx
 
-    if not url.startswith(("http://", "https://")):
-        raise LabkitError(f"--url {url!r}: expected http://HOST:PORT")
+    from labkit.options import check_url
+
+    url = check_url("--url", url)
     out.parent.mkdir(parents=True, exist_ok=True)
     events: list[dict] = []
     try:
@@ -32,7 +33,13 @@ def record(url: str, seconds: float, out: Path, timeout_s: float = 30.0) -> list
             for line in resp.iter_lines():
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    raise LabkitError(f"{url}/v1/trace: a line that is not JSON ({line[:80]!r}): is this labkit "
+                                      "serve --live-trace?") from None
+                if not isinstance(event, dict):
+                    raise LabkitError(f"{url}/v1/trace: a line that is not a JSON object ({line[:80]!r})")
                 if "error" in event and "event" not in event:
                     raise LabkitError(f"{url}: {event['error']} (the events so far are in {out})")
                 problems = event_problems(event)
