@@ -1,13 +1,16 @@
 """Which results answer a lab (labkit/report/plan.py, status.py): a slot takes a result only when every condition
 holds, `null` among the accepted values taking a field absent or null (an option left at its default is written
 either way); a result of exactly the evidence the lab needs is enough; among the results a slot takes, stronger
-evidence wins over a command line nearer the lab's."""
+evidence wins over a command line nearer the lab's; a live trace is a kind of its own; an integer of at most
+MAX_INT_DIGITS digits, either sign, is read, one more digit makes the file unreadable."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from labkit.report.plan import parse
-from labkit.report.results import summarise
+from labkit.report.results import MAX_INT_DIGITS, Unreadable, parse_json_bytes, summarise
 from labkit.report.status import assign
 
 
@@ -52,3 +55,22 @@ def test_stronger_evidence_wins_over_a_nearer_command_line():
     assert status.slots[0].result.rel == "runs/far.json"
     (status,) = assign([lab], [near, _result("runs/far.json", "cpu-executed", ["labkit", "smoke", "--tp", "2"])])
     assert status.slots[0].result.rel == "runs/near.json"     # (same evidence: the nearer line)
+
+
+def test_a_live_trace_is_its_own_kind_of_result_with_its_own_headline():
+    d = {"command": "trace", "live": True, "evidence": "cpu-executed", "passed": True, "url": "http://h:1",
+         "first_step": 4, "last_step": 9, "steps": 6, "seconds": 2.0, "policy": "mixed", "tp": 1, "live_at_open": 3,
+         "report": {"counts": {"invariant": {"passed": 40, "failed": 0}, "expect": {"passed": 5, "failed": 0}}}}
+    r = summarise(Path("runs/live.json"), "runs/live.json", d)
+    assert r.kind == "Live traces (trace --url)" and r.verdict == "PASS"
+    assert r.headline.startswith("http://h:1: steps 4-9 (6)") and "40/40 invariant checks hold" in r.headline
+    case = summarise(Path("runs/c.json"), "runs/c.json", {**d, "live": False, "case": "chunk", "judged": True})
+    assert case.kind == "Traced cases" and case.headline.startswith("case chunk")
+
+
+@pytest.mark.parametrize("sign", ["", "-"])
+def test_an_integer_of_max_int_digits_is_read_and_one_more_digit_is_not(sign):
+    at_limit = sign + "9" * MAX_INT_DIGITS
+    assert parse_json_bytes(f'{{"x": {at_limit}}}'.encode()) == {"x": int(at_limit)}
+    with pytest.raises(Unreadable, match=f"an integer of {MAX_INT_DIGITS + 1} digits"):
+        parse_json_bytes(f'{{"x": {sign}1{"0" * MAX_INT_DIGITS}}}'.encode())
