@@ -405,8 +405,10 @@ def build_tree(dest: Path) -> str:
     make_clean_tree(ROOT, dest, source)
     # The tests read the patch catalogue and a run's commit: the tree has no .git, so it carries the patches
     # and names its commit the way a `git archive` copy does.
-    if (ROOT / "patches").is_dir():
-        shutil.copytree(ROOT / "patches", dest / "patches")
+    # test_hostile_inputs also reads docs/serving.md and the notes templates.
+    for folder in ("patches", "docs", "notes"):
+        if (ROOT / folder).is_dir():
+            shutil.copytree(ROOT / folder, dest / folder)
     if head:
         from labkit.output import ARCHIVED_COMMIT_FILE
 
