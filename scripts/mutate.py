@@ -42,6 +42,12 @@ FAST_TESTS = [
     "tests/test_judges_at_edges.py", "tests/test_bench_compare.py", "tests/test_report.py",
     "tests/test_elementwise_kernels.py", "tests/test_policies.py", "tests/test_step_loop.py",
     "tests/test_batch_plan.py", "tests/test_graph_dispatch.py",
+    # (session 12: the new modules' tests)
+    "tests/test_kv_events.py", "tests/test_kv_event_stream.py", "tests/test_engine_args.py",
+    "tests/test_engine_settings_edges.py", "tests/test_live_trace.py", "tests/test_trace_url_window_edges.py",
+    "tests/test_live_window_after_an_abort.py", "tests/test_fp8_kv.py", "tests/test_fp8_kv_edges.py",
+    "tests/test_hostile_inputs.py", "tests/test_yaml_names_and_paths.py", "tests/test_lab_results_choice.py",
+    "tests/test_planning_ahead.py", "tests/test_step_result_queues.py",
 ]
 CASES_TIMEOUT_S = 900
 TESTS_TIMEOUT_S = 1500
@@ -222,6 +228,151 @@ MUTATIONS = [
       "within noise excludes an interval ending at 1.0"),
     M("J6", "engine/request_limits.py", "        if n > self.max_model_len:", "        if n >= self.max_model_len:",
       "a prompt of exactly max_model_len tokens is refused"),
+    # --- session 12: the new modules ------------------------------------------------------------------------
+    # policies (engine/policies.py)
+    M("N1", "engine/policies.py", "decodes = [] if prefills else s.take_decodes(preempted)",
+      "decodes = s.take_decodes(preempted)", "prefill_first decodes in a prefill step (mixes phases)"),
+    M("N2", "engine/policies.py", "decodes = s.take_decodes(preempted, rotate=True)",
+      "decodes = s.take_decodes(preempted)", "balanced does not rotate served decodes to the tail"),
+    M("N3", "engine/policies.py", "prefills = s.take_prefills(s.max_num_seqs - len(decodes), budget - len(decodes),",
+      "prefills = s.take_prefills(s.max_num_seqs, budget - len(decodes),",
+      "mixed admits prefills past max_num_seqs (decode rows not counted against the seats)"),
+    M("N4", "engine/policies.py", "s.max_num_seqs - len(decodes), budget - len(decodes), any_chunk=True,",
+      "s.max_num_seqs - len(decodes), budget, any_chunk=True,",
+      "mixed prefill chunks ignore the tokens the decodes used"),
+    M("N5", "engine/policies.py", '    chunked_row = "last"', '    chunked_row = "first"',
+      "mixed declares only the first prefill row may be chunked"),
+    M("N6", "engine/policies.py", "        return not self.mixes_phases and s.head_can_prefill()",
+      "        return s.head_can_prefill()", "the prefill-alone hint ignores that a policy mixes phases"),
+    # step loop (engine/step_loop.py)
+    M("N7", "engine/step_loop.py", "        return Scheduled(n, plan, (after.prefix_queries - before.prefix_queries,",
+      "        return Scheduled(n, plan, (after.prefix_queries,",
+      "a step's prefix queries are the running total, not this step's"),
+    M("N8", "engine/step_loop.py", "known = [previous[r] if r >= 0 and previous is not None else t",
+      "known = [previous[r] if r > 0 and previous is not None else t",
+      "a decode row reading sample row 0 of the step before keeps its placeholder id"),
+    M("N9", "engine/step_loop.py", "        return known + plan.input_ids[plan.num_decodes:]",
+      "        return known", "a mixed step's prefill input ids are dropped from its StepResult"),
+    M("N10", "engine/step_loop.py", "sum(t is None and ok for t, ok in zip(result.token_ids,",
+      "sum(t is None for t, ok in zip(result.token_ids,", "wasted rows count prefill rows that sample nothing"),
+    M("N11", "engine/step_loop.py", 'self.engine.async_stats["launched_ahead"] += self.queued is not None',
+      'self.engine.async_stats["launched_ahead"] += 1', "a step counted as launched ahead when none was"),
+    # in flight (engine/in_flight.py)
+    M("N12", "engine/in_flight.py", "        self.hash_undo = []", "        pass",
+      "a row's hash undo list keeps the entries of the rows before"),
+    M("N13", "engine/in_flight.py", "block_manager.unhash(seq, seq.flight.hashed_before)",
+      "block_manager.unhash(seq, seq.num_hashed_blocks)", "take_back leaves num_hashed_blocks where the row put it"),
+    M("N14", "engine/in_flight.py", "        self.rows += 1", "        self.rows = 1",
+      "a second row in flight is not counted"),
+    # scheduler snapshot (engine/scheduler_snapshot.py, Scheduler.snapshot)
+    M("N15", "engine/scheduler_snapshot.py", "return len(self.waiting_ids), len(self.running_ids), self.free_blocks",
+      "return len(self.running_ids), len(self.waiting_ids), self.free_blocks", "waiting and running counts swapped"),
+    M("N16", "engine/scheduler.py", "bm.num_free_blocks, bm.num_blocks, bm.prefix_queries, bm.prefix_hits, rows)",
+      "bm.num_free_blocks, bm.num_blocks, bm.prefix_hits, bm.prefix_queries, rows)",
+      "prefix-cache queries and hits swapped in the snapshot"),
+    M("N17", "engine/scheduler.py", "tuple(bm.blocks[b].ref_count for b in held))",
+      "tuple(bm.ref_counts(seq)))", "released ref counts read from the blocks the row holds now"),
+    # graph dispatch (engine/graph_dispatch.py)
+    M("N18", "engine/graph_dispatch.py", "list(range(16, max_bs + 1, 16))", "list(range(16, max_bs, 16))",
+      "max_num_seqs itself (a multiple of 16) gets no decode bucket"),
+    M("N19", "engine/graph_dispatch.py", "if self.decode and nd <= self.decode[-1]:",
+      "if self.decode and nd < self.decode[-1]:", "a batch of exactly the largest bucket runs eagerly"),
+    M("N20", "engine/graph_dispatch.py", "prefill_rows > MIXED_PREFILL_ROWS", "prefill_rows >= MIXED_PREFILL_ROWS",
+      "a mixed step of exactly 16 prefill rows runs eagerly"),
+    M("N21", "engine/graph_dispatch.py", "next(p for p in self.mixed_tokens if p >= prefill_tokens))",
+      "next(p for p in self.mixed_tokens if p > prefill_tokens))", "a mixed step takes the next token size up"),
+    M("N22", "engine/graph_dispatch.py", "max(context_lens) <= SHORT_CONTEXT", "max(context_lens) < SHORT_CONTEXT",
+      "a context of exactly SHORT_CONTEXT leaves the one-split graph"),
+    M("N23", "engine/graph_dispatch.py", "return self.mixed_key(nd, sum(plan.num_new[nd:]), len(plan) - nd)",
+      "return self.mixed_key(nd, sum(plan.num_new), len(plan) - nd)",
+      "a mixed step's prefill tokens count its decode rows too"),
+    # FP8 KV (engine/kv_quant.py, its reader engine/backends/torch_ref.py)
+    M("N24", "engine/kv_quant.py", "return (x.float() * inv).clamp(-FP8_MAX, FP8_MAX).to(FP8)",
+      "return (x.float() * inv).to(FP8)", "quantize does not clamp to +-448 before the e4m3 cast"),
+    M("N25", "engine/kv_quant.py", "inv = torch.tensor(1.0 / scale, dtype=torch.float32)",
+      "inv = torch.tensor(scale, dtype=torch.float32)", "quantize multiplies by the scale instead of dividing"),
+    M("N26", "engine/kv_quant.py",
+      "return torch.float16 if model_dtype in (torch.bfloat16, torch.float16) else model_dtype",
+      "return torch.bfloat16 if model_dtype in (torch.bfloat16, torch.float16) else model_dtype",
+      "FP8 attention's probabilities in bfloat16"),
+    M("N27", "engine/kv_quant.py", 'return kv_cache_dtype in ("fp8", "fp8_e4m3")', 'return kv_cache_dtype == "fp8"',
+      "fp8_e4m3 (vLLM's other name) keeps a model-dtype pool"),
+    M("N28", "engine/backends/torch_ref.py", "_attend(q[qs:qe], ki, vi, scale * k_scale, v_scale=v_scale)",
+      "_attend(q[qs:qe], ki, vi, scale, v_scale=v_scale)", "FP8 prefill drops the K scale"),
+    M("N29", "engine/backends/torch_ref.py", "        out = out * v_scale", "        out = out",
+      "FP8 decode drops the V scale"),
+    # KV events of the block manager (engine/block_manager.py)
+    M("N30", "engine/block_manager.py", "if previous is None and self.events is not None:",
+      "if self.events is not None:", "a hash registered again (another block held it) is stored again"),
+    M("N31", "engine/block_manager.py", '("stored", h, None if parent == -1 else parent, token_ids)',
+      '("stored", h, parent, token_ids)', "a first block's parent is -1, not None"),
+    M("N32", "engine/block_manager.py", '                self.events.append(("removed", block.hash))',
+      "                pass", "a block handed out for new content drops its hash silently"),
+    M("N33", "engine/block_manager.py", '                        self.events.append(("removed", h))',
+      "                        pass", "unhash drops a hash silently"),
+    # vLLM's KV-event schema (labkit/serve/kv_events.py)
+    M("N34", "labkit/serve/kv_events.py", '"parent_block_hash": parent,', '"parent_block_hash": h,',
+      "BlockStored names the block itself as its parent"),
+    M("N35", "labkit/serve/kv_events.py", "                    parent = h\n", "                    pass\n",
+      "KVMirror gives every hash of a multi-block BlockStored the event's parent"),
+    M("N36", "labkit/serve/kv_events.py", "                    self.blocks.pop(h, None)", "                    pass",
+      "KVMirror ignores BlockRemoved"),
+    M("N37", "labkit/serve/kv_events.py", "for i in range(len(token_ids) // block_size):",
+      "for i in range(len(token_ids) // block_size - 1):", "the mirror's prefix match skips the last full block"),
+    M("N38", "labkit/serve/kv_events.py", 'self.seq.to_bytes(8, "big")', 'self.seq.to_bytes(8, "little")',
+      "the batch sequence number little-endian"),
+    # flags <-> Config fields (labkit/engine_args.py)
+    M("N39", "labkit/engine_args.py", 'return "--" + field.replace("_", "-")', 'return "--" + field',
+      "a field's flag keeps its underscores"),
+    M("N40", "labkit/engine_args.py", 'return "--" + _new_name(old.split("/")[0][2:])',
+      'return "--" + _new_name(old.split("/")[-1][2:])', "--eager/--graph read as its second name"),
+    M("N41", "labkit/engine_args.py", "return {**(defaults or {}), **self.kwargs()}",
+      "return {**self.kwargs(), **(defaults or {})}", "a case's engine settings win over the flags given"),
+    M("N42", "labkit/engine_args.py", 'return [flag(name) if value else "--no-" + flag(name)[2:]]',
+      'return [flag(name) if value else "--no-" + flag(name)]', "a false switch written ---no---field"),
+    M("N43", "labkit/engine_args.py", 'if getattr(p, "rich_help_panel", None) in ENGINE_PANELS and p.name in FIELDS}',
+      "if p.name in FIELDS}", "a command's own option named as a Config field (--seed) taken as the engine's"),
+    M("N44", "labkit/engine_args.py", '"int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")',
+      '"int": (lambda v: isinstance(v, int), "an integer")', "true accepted as an integer engine setting"),
+    # trace --url (labkit/trace/live.py, labkit/serve/live_trace.py)
+    M("N45", "labkit/trace/live.py", 'e.get("event") == "live_state" and e.get("kind") == "close" for e in events',
+      'e.get("event") == "live_state" for e in events', "a window without its closing state is accepted"),
+    M("N46", "labkit/trace/live.py", "                if problems:", "                if False:",
+      "an event that is not schema v1 is recorded"),
+    M("N47", "labkit/serve/live_trace.py", '                if a["accepted"]:', "                if True:",
+      "a live sequence's tokens include the ones discarded"),
+    M("N48", "labkit/serve/live_trace.py", 'q["state"] = ("WAITING", nt, 0, comp, [])',
+      'q["state"] = ("WAITING", nt, 0, 0, [])', "a preempted sequence's completion count reset"),
+    M("N49", "labkit/serve/live_trace.py", '            self.live.pop(e["seq_id"], None)', "            pass",
+      "an aborted sequence stays live"),
+    M("N50", "labkit/serve/live_trace.py", '        self.t_ns = e["t_ns"]', "        pass",
+      "a window's live_state carries time 0"),
+    # YAML inputs (labkit/yamlfile.py)
+    M("N51", "labkit/yamlfile.py", "                seen[key] = key_node.start_mark", "                pass",
+      "a key given twice is not refused"),
+    M("N52", "labkit/yamlfile.py", "a, b = first.line + 1, key_node.start_mark.line + 1",
+      "a, b = first.line, key_node.start_mark.line + 1", "a duplicate key's first line off by one"),
+    M("N53", "labkit/yamlfile.py", 'if key_node.tag == "tag:yaml.org,2002:merge":', "if False:",
+      "a YAML merge key counted as a key"),
+    M("N54", "labkit/yamlfile.py", 's.endswith((".yaml", ".yml"))', 's.endswith(".yaml")',
+      "a missing NAME.yml looked up as a name"),
+    # a lab's results (labkit/report/plan.py, results.py, status.py)
+    M("N55", "labkit/report/plan.py", "if w is None and (value is _ABSENT or value is None):",
+      "if w is None and value is _ABSENT:", "a null condition does not accept a null value"),
+    M("N56", "labkit/report/plan.py", "return EVIDENCE_KINDS.index(have) <= EVIDENCE_KINDS.index(need)",
+      "return EVIDENCE_KINDS.index(have) < EVIDENCE_KINDS.index(need)", "a result's exact evidence does not satisfy"),
+    M("N57", "labkit/report/plan.py",
+      "return all(_accepts(lookup(data, key), want) for key, want in self.match.items())",
+      "return any(_accepts(lookup(data, key), want) for key, want in self.match.items())",
+      "a slot accepts a result meeting one of its conditions"),
+    M("N58", "labkit/report/results.py",
+      'kind, fn = _kind("trace live" if command == "trace" and d.get("live") is True else command)',
+      'kind, fn = _kind(command)', "a live trace summarised as a case trace"),
+    M("N59", "labkit/report/results.py", """    if len(digits.lstrip("-")) > MAX_INT_DIGITS:""",
+      "    if len(digits) > MAX_INT_DIGITS:", "a negative integer's sign counted as a digit"),
+    M("N60", "labkit/report/status.py", "ranked.append(((EVIDENCE_KINDS.index(r.evidence), n), r, differs))",
+      "ranked.append(((n, EVIDENCE_KINDS.index(r.evidence)), r, differs))",
+      "a nearer command line wins over stronger evidence"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).
@@ -235,6 +386,14 @@ EQUIVALENT = {
     "S8": "under mixed, a sequence is admitted only with a token of the budget left after the decodes, so the "
           "running sequences never outnumber the budget and min(max_num_seqs, budget) never binds (no plan "
           "differed in 2,000 random small-pool mixes)",
+    "N13": "take_back always precedes its sequence's finish; the only hash_blocks after it (the release path) stops "
+           "at min(cached_before, known) // block_size, which is hashed_before (when the row was opened every token "
+           "below cached_before was known: a placeholder is always the token at cached_before), so leaving "
+           "num_hashed_blocks higher registers nothing less (same prefix hits and hash table in randomised async "
+           "runs with aborts and EOS)",
+    "N24": "torch's float -> float8_e4m3fn cast saturates at +-448 by itself (torch 2.13: 464, 1e6 and inf all give "
+           "448, on the CPU), so the clamp changes no stored value here; it states the rule the KV-write kernel "
+           "follows (tests/test_fp8_kv.py holds that kernel bit-equal to quantize) whatever a torch's cast does",
 }
 
 # ----------------------------------------------------------------------------- trees
@@ -246,8 +405,10 @@ def build_tree(dest: Path) -> str:
     make_clean_tree(ROOT, dest, source)
     # The tests read the patch catalogue and a run's commit: the tree has no .git, so it carries the patches
     # and names its commit the way a `git archive` copy does.
-    if (ROOT / "patches").is_dir():
-        shutil.copytree(ROOT / "patches", dest / "patches")
+    # test_hostile_inputs also reads docs/serving.md and the notes templates.
+    for folder in ("patches", "docs", "notes"):
+        if (ROOT / folder).is_dir():
+            shutil.copytree(ROOT / folder, dest / folder)
     if head:
         from labkit.output import ARCHIVED_COMMIT_FILE
 

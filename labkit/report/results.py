@@ -96,7 +96,7 @@ MAX_INT_DIGITS = 300  # a float holds up to 1.8e308: beyond, a number cannot be 
 def _bounded_int(digits: str) -> int:
     """An integer of the file, refused (Unreadable) past MAX_INT_DIGITS: labkit writes nothing near it, and one
     such number must not stop the whole report when it is formatted or plotted."""
-    if len(digits) > MAX_INT_DIGITS + 1:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
         raise Unreadable(f"an integer of {len(digits.lstrip('-'))} digits (at most {MAX_INT_DIGITS} are read)")
     return int(digits)
 

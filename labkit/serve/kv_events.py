@@ -90,10 +90,10 @@ class KVMirror:
         """One KVEventBatch, decoded ([ts, events, dp_rank?])."""
         for event in payload[1]:
             kind = event["type"]
-            if kind == "BlockStored":
-                parent = event["parent_block_hash"]
-                for h in event["block_hashes"]:
-                    self.blocks[h] = (parent, event["token_ids"])
+            if kind == "BlockStored":  # (vLLM stores several blocks in one event: their token ids one after another)
+                parent, tokens, bs = event["parent_block_hash"], event["token_ids"], event["block_size"]
+                for i, h in enumerate(event["block_hashes"]):
+                    self.blocks[h] = (parent, tokens[i * bs:(i + 1) * bs])
                     parent = h
             elif kind == "BlockRemoved":
                 for h in event["block_hashes"]:

@@ -96,7 +96,8 @@ class LiveTracer(Tracer):
         self.publisher.publish(TRACE_TOPIC, {"mark": token, "kind": "open", "events": self.snapshot("open")})
         self.windows.add(token)
 
-    def close(self, token: str) -> None:
+    def close(self, token: str | None = None) -> None:
+        """Close window `token`; None (Tracer.close: the engine exits) only sends what is buffered."""
         self.flush()
         if token in self.windows:
             self.windows.discard(token)
