@@ -22,16 +22,25 @@ if [ "$mode" = timing ]; then
   [ -d .before ] || { echo "issue33_call: carry .before/ (git archive of main before issue 33)" > "$OUT/summary.txt"; exit 2; }
   TREES=".before $PWD" ROUNDS=3 TREE_BENCH=batch1 OUT=$OUT/batch1 bash scripts/gpu_session.sh trees > "$OUT/batch1.txt" 2>&1
   TREES=".before $PWD" ROUNDS=2 TREE_BENCH=nano OUT=$OUT/nano bash scripts/gpu_session.sh trees > "$OUT/nano.txt" 2>&1
+  # gpu_session.sh deletes the logs it made once they are packed: the medians are read from its archives.
   python3 - "$OUT" > "$OUT/summary.txt" 2>&1 <<'PY'
-import glob, json, os, sys
+import json, os, sys, tarfile
 out = sys.argv[1]
 for bench, key in (("batch1", "decode_ms_per_token"), ("nano", "output_throughput")):
-    for f in sorted(glob.glob(os.path.join(out, bench, "logs", "tree-*.json"))):
+    try:
+        tar = tarfile.open(os.path.join(out, bench, "reports.tgz"))
+    except (OSError, tarfile.TarError) as e:
+        print(bench, "no archive:", e)
+        continue
+    names = sorted(n for n in tar.getnames() if os.path.basename(n).startswith("tree-") and n.endswith(".json"))
+    if not names:
+        print(bench, "no tree-*.json in its archive")
+    for n in names:
         try:
-            med = json.load(open(f))["median"]
+            med = json.load(tar.extractfile(n))["median"]
         except Exception as e:  # noqa: BLE001 - a missing run is reported, not fatal
-            print(bench, os.path.basename(f), "unreadable:", e)
+            print(bench, os.path.basename(n), "unreadable:", e)
             continue
-        print(bench, os.path.basename(f), key, med.get(key))
+        print(bench, os.path.basename(n), key, med.get(key))
 PY
 fi

@@ -219,3 +219,14 @@ def test_trace_url_against_a_tp2_cpu_server_under_a_bench_load(tiny_model, tmp_p
     check = subprocess.run([sys.executable, "-m", "labkit", "trace", "check", str(tmp_path / "edited.jsonl")],
                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert check.returncode == 1 and "positions" in check.stdout
+
+
+def test_a_live_windows_check_md_is_titled_by_its_server_and_a_cases_by_its_case():
+    """check.md's title: a case run names its case; a live window has none and names the URL it recorded (it
+    read 'trace None' on the H200, session 13)."""
+    from labkit.trace.command import check_markdown
+    from labkit.trace.validate import Report
+    live = check_markdown({"case": None, "live": True, "url": "http://127.0.0.1:8907"}, Report(live=True))
+    assert live.splitlines()[0] == "# trace --url http://127.0.0.1:8907: PASS"
+    case = check_markdown({"case": "chunk"}, Report(case="chunk"))
+    assert case.splitlines()[0].startswith("# trace chunk: ")

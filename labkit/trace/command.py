@@ -247,7 +247,9 @@ def _outputs(out_dir: Path, events: list[dict], report: Report, env: dict, extra
 
 def check_markdown(result: dict, report: Report) -> str:
     """check.json's twin for a person: the verdict, its counts, the differences from the case or the failures."""
-    lines = [f"# trace {result.get('case')}: {report.verdict}", "",
+    # A live window has no case: it is named by the server it recorded.
+    what = result.get("case") or (f"--url {result.get('url')}" if result.get("live") else "?")
+    lines = [f"# trace {what}: {report.verdict}", "",
              f"{report.summary()}", "",
              f"- command: `{' '.join(result.get('argv') or [])}`",
              f"- device: {(result.get('device') or {}).get('type')} ({(result.get('device') or {}).get('name')}), "
