@@ -12,10 +12,14 @@
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-# Decode contexts up to this many tokens run in the one-split graph of a small batch.
-SHORT_CONTEXT = 512
+# Decode contexts up to this many tokens run in the one-split graph of a small batch (0: no such graph; the
+# variable exists to measure the split path against it, docs/perf.md session 13).
+SHORT_CONTEXT = int(os.environ.get("LABKIT_DECODE_SHORT_CONTEXT", "512"))
+if SHORT_CONTEXT < 0:
+    raise ValueError(f"LABKIT_DECODE_SHORT_CONTEXT: must be >= 0, got {SHORT_CONTEXT}")
 # A mixed graph holds at most this many prefill rows (its cu_seqlens are this long).
 MIXED_PREFILL_ROWS = 16
 

@@ -13,7 +13,7 @@ from .config import Config
 from .context import Context, DecodeMeta, PrefillMeta, reset_context, set_context
 from .device import num_sms, resolve_device, resolve_dtype
 from .distributed import all_reduce_min, broadcast_from_rank0, set_tp
-from .graph_dispatch import GraphDispatch, decode_buckets
+from .graph_dispatch import SHORT_CONTEXT, GraphDispatch, decode_buckets
 from .kernel_choice import choose_kernels
 from .kv_layout import pool_shape
 from .kv_quant import cache_dtype
@@ -425,7 +425,7 @@ class ModelRunner:
         self.short_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         for bs in reversed(self.graph_bs):
             for graphs, splits in ((self.graphs, self.graph_splits[bs]),
-                                   (self.short_graphs, 1 if self.graph_splits[bs] > 1 else None)):
+                                   (self.short_graphs, 1 if self.graph_splits[bs] > 1 and SHORT_CONTEXT else None)):
                 if splits is None:
                     continue
                 graph = torch.cuda.CUDAGraph()

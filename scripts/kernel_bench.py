@@ -18,6 +18,10 @@ contexts of a full nano decode batch: prompt plus part of the output, mean 809, 
   (d) one JSON at --out and the same tables as Markdown beside it (.md), printed last.
 Exit 0: every check within tolerance; 1: a check failed; 2: could not run.
 
+--kv-cache-dtype fp8 times decode over an FP8 pool (e4m3 K/V at scale 1.0, as the engine stores them; the
+reference reads the same e4m3 values), with wider tiles in the sweep (an e4m3 tile is half a bf16 tile's bytes);
+prefill is left out there.
+
 --dry-run runs the same code at tiny shapes in float32 on the CPU (Triton's interpreter): timings there mean
 nothing; it exists so the script itself is tested without a GPU.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -61,7 +66,7 @@ def nano_decode_lengths() -> list[int]:
     return [len(p) + rng.randint(1, m) for p, m in zip(d.prompts, d.max_tokens)]
 
 
-def decode_configs(dry: bool, sweep: bool = True) -> list[dict]:
+def decode_configs(dry: bool, sweep: bool = True, fp8: bool = False) -> list[dict]:
     """The default first; then the sweep. Each config: knobs for paged_decode plus splits / layout."""
     default = {"name": "default"}
     if not sweep:
@@ -69,12 +74,15 @@ def decode_configs(dry: bool, sweep: bool = True) -> list[dict]:
     if dry:
         return [default, {"block_n": 32, "splits": 2}, {"tma": True, "block_n": 32}, {"layout": "token-major"},
                 {"name": "default (again)"}]
-    # 128-row tiles at 4 stages want 256 KiB of shared memory (Hopper has 227): left out.
-    from engine.kernels.decode_attention import DEFAULTS
+    # 128-row tiles at 4 stages want 256 KiB of shared memory (Hopper has 227): left out. An e4m3 tile is half
+    # the bytes, so FP8 goes to 256-row tiles (the pool's whole block) and deeper pipelines.
+    from engine.kernels.decode_attention import DEFAULTS, fp8_defaults
 
+    base = fp8_defaults() if fp8 else DEFAULTS
+    limit, sizes = (768, (64, 128, 256)) if fp8 else (384, (32, 64, 128))
     grid = [{"block_n": n, "num_warps": w, "num_stages": s}
-            for n in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4) if n * s <= 384]
-    grid = [g for g in grid if any(DEFAULTS.get(k) != v for k, v in g.items())]  # the default is timed anyway
+            for n in sizes for w in (4, 8) for s in (2, 3, 4) if n * s <= limit]
+    grid = [g for g in grid if any(base.get(k) != v for k, v in g.items())]  # the default is timed anyway
     tma = [{"tma": True, "block_n": n, "num_stages": s} for n, s in ((64, 3), (64, 4), (128, 2))]
     return [default, *grid, *tma, {"splits": 2}, {"splits": 3}, {"page_tiles": False},
             {"layout": "token-major"}, {"name": "default (again)"}]
@@ -124,8 +132,9 @@ class Timer:
 # decode
 
 
-def decode_inputs(torch, geo: dict, lengths: list[int], dtype, device, seed: int = 0):
-    """One layer's pool holding len(lengths) sequences, their blocks at random places, and one query each."""
+def decode_inputs(torch, geo: dict, lengths: list[int], dtype, device, seed: int = 0, fp8: bool = False):
+    """One layer's pool holding len(lengths) sequences, their blocks at random places, and one query each (an
+    e4m3 pool with fp8: the values quantised at scale 1.0, as the KV-write kernel stores them)."""
     from engine.context import DecodeMeta
 
     bs, kvh, hd = geo["block_size"], geo["kv_heads"], geo["head_dim"]
@@ -134,6 +143,10 @@ def decode_inputs(torch, geo: dict, lengths: list[int], dtype, device, seed: int
     gen = torch.Generator(device=device).manual_seed(seed)
     k = torch.randn(nblk, kvh, bs, hd, generator=gen, device=device).to(dtype)
     v = torch.randn(nblk, kvh, bs, hd, generator=gen, device=device).to(dtype)
+    if fp8:
+        from engine.kv_quant import quantize
+
+        k, v = quantize(k, 1.0), quantize(v, 1.0)
     q = torch.randn(len(lengths), geo["heads"], hd, generator=gen, device=device).to(dtype)
     perm = torch.randperm(nblk, generator=gen, device=device).to(torch.int32).tolist()
     rows, at = [], 0
@@ -183,21 +196,22 @@ def ceilings(torch, timer: Timer, nbytes: int, dtype, device) -> dict:
             "read_ms": read_ms, "read_TBps": nbytes / read_ms / 1e9}
 
 
-def bench_decode(torch, timer: Timer, geo: dict, dtype, device, sms: int, dry: bool, sweep: bool) -> dict:
+def bench_decode(torch, timer: Timer, geo: dict, dtype, device, sms: int, dry: bool, sweep: bool,
+                 fp8: bool = False) -> dict:
     from engine.backends import torch_ref
     from engine.kernels.decode_attention import DEFAULTS, num_splits_for
 
     scale = geo["head_dim"] ** -0.5
-    out = {"defaults": dict(DEFAULTS), "shapes": {}}
+    out = {"defaults": dict(DEFAULTS), "kv_cache_dtype": "fp8" if fp8 else "auto", "shapes": {}}
     for key, lengths in geo["shapes"].items():
-        inp = decode_inputs(torch, geo, lengths, dtype, device)
+        inp = decode_inputs(torch, geo, lengths, dtype, device, fp8=fp8)
         ref = torch_ref.decode(inp["q"], inp["k"], inp["v"], inp["ctx"], scale).float()
         splits = num_splits_for(len(lengths), geo["kv_heads"], max(lengths), sms)
         shape = {"batch": len(lengths), "mean_context": sum(lengths) / len(lengths), "max_context": max(lengths),
                  "kv_bytes": inp["kv_bytes"], "heuristic_splits": splits,
                  "ceilings": ceilings(torch, timer, inp["kv_bytes"], dtype, device), "configs": []}
         old_layout: dict = {}
-        for cfg in decode_configs(dry, sweep):
+        for cfg in decode_configs(dry, sweep, fp8):
             row = {"config": config_name(cfg)}
             try:
                 call, row["splits"] = run_decode(torch, cfg, inp, splits, scale, old_layout)
@@ -211,7 +225,7 @@ def bench_decode(torch, timer: Timer, geo: dict, dtype, device, sms: int, dry: b
             shape["configs"].append(row)
             _progress(f"decode {key} {row['config']}: " + (f"{row['TBps']:.2f} TB/s, err {row['max_abs_err']:.2e}"
                                                           if "TBps" in row else row["error"]))
-        if len(set(lengths)) == 1:  # dense SDPA needs equal lengths
+        if len(set(lengths)) == 1 and not fp8:  # dense SDPA needs equal lengths (and takes no e4m3)
             shape["sdpa_contiguous"] = sdpa_decode(torch, timer, inp, scale, ref, dry)
         out["shapes"][key] = shape
         del inp, ref, old_layout
@@ -486,8 +500,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-prefill", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
     ap.add_argument("--no-sweep", action="store_true", help="decode: the default launch only")
+    ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto",
+                    help="fp8: decode over an e4m3 pool (prefill left out)")
     args = ap.parse_args(argv)
     out = Path(args.out)
+    if args.dry_run:  # before `engine` is imported: importing it imports triton, which reads this once
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     from engine.kernels.interpreter import script_device
 
     device = script_device(args.dry_run)
@@ -513,8 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         if not args.skip_decode:
-            log["decode"] = bench_decode(torch, timer, geo, dtype, device, sms, args.dry_run, not args.no_sweep)
-        if not args.skip_prefill:
+            log["decode"] = bench_decode(torch, timer, geo, dtype, device, sms, args.dry_run, not args.no_sweep,
+                                         fp8=args.kv_cache_dtype == "fp8")
+        if not args.skip_prefill and args.kv_cache_dtype == "auto":
             log["prefill"] = bench_prefill(torch, timer, geo, dtype, device, args.dry_run)
     except Exception as exc:  # what ran so far still goes to --out, with the traceback
         import traceback

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -162,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", action="store_true", help="GEMM launch knobs at M = 1 and 8, best per shape")
     args = ap.parse_args(argv)
     out = Path(args.out)
+    if args.dry_run:  # before `engine` is imported: importing it imports triton, which reads this once
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     from engine.kernels.interpreter import script_device
 
     device = script_device(args.dry_run)

@@ -11,6 +11,7 @@ triton = pytest.importorskip("triton")
 
 from engine import LLM, fused_decode  # noqa: E402
 from engine.context import Context, DecodeMeta, PrefillMeta, reset_context, set_context  # noqa: E402
+from engine.kernels import decode_layer  # noqa: E402
 from engine.kernels.decode_layer import gemv, partials_norm, split_for  # noqa: E402
 from engine.layers import fused  # noqa: E402
 
@@ -116,8 +117,11 @@ def _prefilled(model_dir, dtype, kv_cache_dtype="auto"):
 
 
 @pytest.mark.parametrize("rows", [1, 3])
-@pytest.mark.parametrize("dtype, splits", [("float32", 1), ("float32", 2), ("float16", 1), ("float16", 3)])
-def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, splits):
+@pytest.mark.parametrize("dtype, splits, block_n", [("float32", 1, 128), ("float32", 2, 128), ("float16", 1, 128),
+                                                    ("float16", 3, 128), ("float32", 3, 16), ("float16", 2, 16)])
+def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, splits, block_n, monkeypatch):
+    # block_n 16: the pool's 16-token pages are whole tiles, and a split walks several of them
+    monkeypatch.setattr(decode_layer, "ATTN_BLOCK_N", block_n)
     llm, dec, pool = _prefilled(tiny_model, dtype)
     runner = llm.model_runner
     model = runner.model.model

@@ -49,3 +49,21 @@ def test_a_wrong_kernel_fails_the_check(tmp_path, monkeypatch):
     out = tmp_path / "kb.json"
     assert _load().main(["--dry-run", "--skip-prefill", "--no-sweep", "--out", str(out)]) == 1
     assert "Checks: FAIL" in out.with_suffix(".md").read_text()
+
+
+def test_the_script_run_as_a_user_runs_it_times_an_fp8_pool(tmp_path):
+    """`python scripts/kernel_bench.py --dry-run` in a fresh process (no TRITON_INTERPRET in the environment: it
+    failed every launch there, importing triton before --dry-run set the interpreter up), over an e4m3 pool."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "kb-fp8.json"
+    res = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--skip-prefill", "--kv-cache-dtype", "fp8",
+                          "--out", str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    log = json.loads(out.read_text())
+    assert log["decode"]["kv_cache_dtype"] == "fp8" and "prefill" not in log
+    for shape in log["decode"]["shapes"].values():
+        assert all(r["ok"] for r in shape["configs"]), shape["configs"]

@@ -23,6 +23,8 @@ Launch knobs (see DEFAULTS and scripts/kernel_bench.py, which sweeps them on the
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -33,6 +35,21 @@ from . import dot_precision, unaligned
 # best mean TB/s over 256x800,
 # 256x2048 and the nano mix, +0.2 TB/s over block_n 64 / 3 stages.
 DEFAULTS = {"block_n": 128, "num_warps": 4, "num_stages": 2}
+# Over an FP8 pool (half the bytes a tile): the same until an FP8 sweep says otherwise (docs/perf.md, session 13).
+# LABKIT_FP8_DECODE="block_n,num_warps,num_stages" overrides it, for that measurement.
+FP8_DEFAULTS = dict(DEFAULTS)
+
+
+def fp8_defaults() -> dict:
+    """The launch knobs for an FP8 pool: FP8_DEFAULTS, or LABKIT_FP8_DECODE's when set."""
+    env = os.environ.get("LABKIT_FP8_DECODE")
+    if not env:
+        return FP8_DEFAULTS
+    try:
+        n, w, st = (int(x) for x in env.split(","))
+    except ValueError:
+        raise ValueError(f"LABKIT_FP8_DECODE: block_n,num_warps,num_stages (three integers), got {env!r}") from None
+    return {"block_n": n, "num_warps": w, "num_stages": st}
 
 
 # The step's small int inputs (tables, lengths, slots, positions) are views into one graph buffer in a CUDA graph
@@ -127,9 +144,14 @@ def _decode_split_kernel(
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_merge_kernel(acc_ptr, ml_ptr, out_ptr, num_splits, stride_ob, stride_oh,
-                         NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr):
+                         NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                         USE_PDL: tl.constexpr = False, EARLY: tl.constexpr = False):
     b = tl.program_id(0)
     h = tl.program_id(1)
+    if USE_PDL:  # (the fused decode chain: everything read here is the split kernel's, so wait first)
+        tl.extra.cuda.gdc_wait()
+        if EARLY:
+            tl.extra.cuda.gdc_launch_dependents()
     s = tl.arange(0, SPLITS_PAD)
     smask = s < num_splits
     d = tl.arange(0, HEAD_DIM)
@@ -170,10 +192,11 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     batch, num_heads, head_dim = q.shape
     _, num_kv_heads, block_size, _ = k_cache.shape
     group = num_heads // num_kv_heads
-    block_n = DEFAULTS["block_n"] if block_n is None else block_n
-    num_warps = DEFAULTS["num_warps"] if num_warps is None else num_warps
-    num_stages = DEFAULTS["num_stages"] if num_stages is None else num_stages
-    tma = DEFAULTS.get("tma", False) if tma is None else tma
+    knobs = fp8_defaults() if k_cache.dtype == torch.float8_e4m3fn else DEFAULTS
+    block_n = knobs["block_n"] if block_n is None else block_n
+    num_warps = knobs["num_warps"] if num_warps is None else num_warps
+    num_stages = knobs["num_stages"] if num_stages is None else num_stages
+    tma = knobs.get("tma", False) if tma is None else tma
     if page_tiles is None:
         page_tiles = block_size % block_n == 0
     elif page_tiles and block_size % block_n:

@@ -44,6 +44,16 @@ PDL_MODE = os.environ.get("LABKIT_DECODE_PDL", "early")
 if PDL_MODE not in ("early", "late", "off"):
     raise ValueError(f"LABKIT_DECODE_PDL: must be early, late or off, got {PDL_MODE!r}")
 
+# The merge of a split context's parts (a kernel between attention and o_proj) in the PDL chain ("1") or
+# launched plainly ("0", as measured so far), and the keys an attention program loads at a time: knobs for the
+# session-13 measurement (docs/perf.md) too.
+MERGE_PDL = os.environ.get("LABKIT_DECODE_MERGE_PDL", "0")
+if MERGE_PDL not in ("0", "1"):
+    raise ValueError(f"LABKIT_DECODE_MERGE_PDL: must be 0 or 1, got {MERGE_PDL!r}")
+ATTN_BLOCK_N = int(os.environ.get("LABKIT_DECODE_BLOCK_N", "128"))
+if ATTN_BLOCK_N not in (16, 32, 64, 128):
+    raise ValueError(f"LABKIT_DECODE_BLOCK_N: must be 16, 32, 64 or 128, got {ATTN_BLOCK_N}")
+
 MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core tile of rows)
 _BLOCK_N = 16        # weight rows per program: a few hundred programs keep every SM streaming
 _WARPS = 8
@@ -357,13 +367,14 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
                   k_norm: torch.Tensor, eps: float, slots: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                   num_splits: int, num_heads: int, num_kv_heads: int, k_scale: float = 1.0, v_scale: float = 1.0,
-                  block_n: int = 128) -> torch.Tensor:
+                  block_n: int | None = None) -> torch.Tensor:
     """qkv [B, (heads + 2 kv_heads) * head_dim] -> attention output [B, heads * head_dim]; writes each row's K/V
     at its slot (-1: none). Context lengths include the newest token (the one written here)."""
     batch = qkv.shape[0]
     head_dim = k_cache.shape[-1]
     block_size = k_cache.shape[2]
     group = num_heads // num_kv_heads
+    block_n = block_n or ATTN_BLOCK_N
     page_tiles = block_size % block_n == 0
     out = torch.empty(batch, num_heads * head_dim, dtype=qkv.dtype, device=qkv.device)
     partials = num_splits > 1
@@ -385,9 +396,11 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
         enable_fp_fusion=False, **launch)
     if partials:
         o3 = out.view(batch, num_heads, head_dim)
+        merge_pdl = use_pdl and MERGE_PDL == "1"
         _decode_merge_kernel[(batch, num_heads)](
             acc, ml, o3, num_splits, o3.stride(0), o3.stride(1),
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits))
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits),
+            USE_PDL=merge_pdl, EARLY=early and merge_pdl, **(launch if merge_pdl else {}))
     return out
 
 
