@@ -74,3 +74,22 @@ def test_an_integer_of_max_int_digits_is_read_and_one_more_digit_is_not(sign):
     assert parse_json_bytes(f'{{"x": {at_limit}}}'.encode()) == {"x": int(at_limit)}
     with pytest.raises(Unreadable, match=f"an integer of {MAX_INT_DIGITS + 1} digits"):
         parse_json_bytes(f'{{"x": {sign}1{"0" * MAX_INT_DIGITS}}}'.encode())
+
+
+def test_of_two_runs_with_the_labs_options_the_one_written_where_its_line_writes_is_its_own():
+    """The H200 lab plan (session 13): bench-offline's `bench --workload nano --repeats 3` (default place) and
+    fp8-kv's same bench with `--out runs/bench-nano-kv-auto.json` (run later) both have the lab's options, --out
+    being neutral; bench-offline showed fp8-kv's as the newer. Each lab shows the one its own line writes."""
+    offline = _lab({"command": "smoke"}, command="labkit bench --workload nano --device cuda --repeats 3")
+    fp8 = _lab({"command": "smoke"},
+               command="labkit bench --workload nano --repeats 3 --out runs/bench-nano-kv-auto.json")
+    own = _result("runs/bench-nano-engine-graph-repeats-3.json", "gpu-measured",
+                  ["/x/labkit/__main__.py", "bench", "--workload", "nano", "--device", "cuda", "--repeats", "3"],
+                  "2026-12-03T19:14:00")
+    other = _result("runs/bench-nano-kv-auto.json", "gpu-measured",
+                    ["/x/labkit/__main__.py", "bench", "--workload", "nano", "--repeats", "3", "--out",
+                     "/tmp/labs/runs/bench-nano-kv-auto.json"], "2026-12-03T19:16:00")
+    for lab, want in ((offline, own), (fp8, other)):
+        (status,) = assign([lab], [own, other])
+        assert status.slots[0].result.rel == want.rel, lab.command
+        assert "written where the lab's command writes" in status.which()

@@ -253,6 +253,12 @@ def _rewrite(src: Path, dest: Path, changes: dict[str, bytes], update_manifest: 
     return dest
 
 
+def test_the_archive_is_packed_at_deflates_fastest_level(archive):
+    """A whole plan's logits arrays are gigabytes: at gzip's default level (9) the H200's report was still packing
+    them after 300 s (session 13). The gzip header's XFL byte says the level: 4 = fastest, 2 = best."""
+    assert archive.read_bytes()[:2] == b"\x1f\x8b" and archive.read_bytes()[8] == 4
+
+
 def test_verify_passes_on_the_archive_as_written(archive, capsys):
     code, out, err = run_cli(["report", "verify", str(archive)], capsys)
     assert code == 0, err

@@ -55,8 +55,9 @@ def report(
 
     Exit 1 when a file under runs/ cannot be read (UNREADABLE); exit 2, writing nothing, when the folder holds
     no labkit result at all; else 0. Where several results answer a lab (another device, another option), the
-    report shows the strongest evidence, then the one nearest the lab's own command, then the newest, and says
-    which it took. `labkit report verify ARCHIVE` re-checks an archive.
+    report shows the strongest evidence, then the one nearest the lab's own command, then the one written where
+    that command writes (its --out), then the newest, and says which it took. `labkit report verify ARCHIVE`
+    re-checks an archive.
 
     Example: labkit report --runs runs --out runs/report
     """

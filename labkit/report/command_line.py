@@ -84,12 +84,23 @@ def differences(lab: CommandLine, run: CommandLine) -> list[str]:
     return out
 
 
-def closest(lines: list[CommandLine], argv: object) -> tuple[int, list[str]]:
-    """(how many options differ, what differs) from the nearest of the lab's lines that shares the run's
-    command words; (0, []) when the result recorded no command line to compare."""
+def _place(line: CommandLine) -> str | None:
+    """Where a line writes its result: the last part of its --out (runs/x.json and /abs/runs/x.json alike), or
+    None for the command's own default place."""
+    out = line.options.get("--out")
+    return out.rstrip("/").rsplit("/", 1)[-1] if out else None
+
+
+def closest(lines: list[CommandLine], argv: object) -> tuple[int, int, list[str]]:
+    """(how many options differ, whether it wrote elsewhere than that line does, what differs) from the nearest
+    of the lab's lines that shares the run's command words; (0, 0, []) when the result recorded no command line
+    to compare. The place breaks ties: `--out` is neutral as an option, but of two runs with the lab's options,
+    the one written where the lab's line writes is its own (bench-offline's `bench --workload nano --repeats 3`
+    against fp8-kv's same bench with `--out runs/bench-nano-kv-auto.json`, which the H200 plan showed under
+    bench-offline as the newer)."""
     run = recorded(argv)
     if run is None or not lines:
-        return 0, []
+        return 0, 0, []
     def shared(line: CommandLine) -> int:  # leading words in common: "bench compare" is nearer "bench compare"
         n = 0
         while n < min(len(line.words), len(run.words)) and line.words[n] == run.words[n]:
@@ -97,5 +108,7 @@ def closest(lines: list[CommandLine], argv: object) -> tuple[int, list[str]]:
         return n
 
     most = max(shared(line) for line in lines)
-    best = min((differences(line, run) for line in lines if shared(line) == most), key=len)
-    return len(best), best
+    ranked = [(len(d), int(_place(line) != _place(run)), d)
+              for line in lines if shared(line) == most for d in [differences(line, run)]]
+    n, elsewhere, best = min(ranked, key=lambda x: (x[0], x[1]))
+    return n, elsewhere, best

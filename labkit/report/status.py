@@ -113,7 +113,7 @@ class LabStatus:
 def assign(labs: list[Lab], results: list[Result], notes: dict[str, str] | None = None) -> list[LabStatus]:
     """Each slot of each lab gets, among the results its conditions accept, the one of the strongest evidence,
     then the nearest to the lab's own command line (options a result's argv adds, changes or lacks), then the
-    newest; the others stay listed beside it."""
+    one written where that line writes (its --out), then the newest; the others stay listed beside it."""
     out = []
     for lab in labs:
         lines = plan_lines(lab.command)
@@ -122,8 +122,8 @@ def assign(labs: list[Lab], results: list[Result], notes: dict[str, str] | None 
             ranked = []
             for r in results:
                 if slot.accepts(r.data, r.rel):
-                    n, differs = closest(lines, r.data.get("argv"))
-                    ranked.append(((EVIDENCE_KINDS.index(r.evidence), n), r, differs))
+                    n, elsewhere, differs = closest(lines, r.data.get("argv"))
+                    ranked.append(((EVIDENCE_KINDS.index(r.evidence), n, elsewhere), r, differs))
             ranked.sort(key=lambda x: (x[1].started_at, x[1].rel), reverse=True)   # newest first, then ...
             ranked.sort(key=lambda x: x[0])                                       # ... stably by evidence, nearness
             if ranked:
@@ -140,11 +140,13 @@ def _chosen_for(ranked: list) -> str:
     """Why the first of the ranked results was preferred to the second."""
     if len(ranked) < 2:
         return ""
-    (evidence, near), (evidence2, near2) = ranked[0][0], ranked[1][0]
+    (evidence, near, place), (evidence2, near2, place2) = ranked[0][0], ranked[1][0]
     if evidence != evidence2:
         return "the strongest evidence"
     if near != near2:
         return "the nearest to the lab's command"
+    if place != place2:
+        return "written where the lab's command writes"
     return "the newest"
 
 
