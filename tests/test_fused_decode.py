@@ -32,7 +32,9 @@ def _close(a, b, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
 @pytest.mark.parametrize("M", [1, 3])
-def test_gemv_with_partials_residual_and_norm_is_add_rms_norm_then_matmul(dtype, M):
+@pytest.mark.parametrize("rows", [16, 32])
+def test_gemv_with_partials_residual_and_norm_is_add_rms_norm_then_matmul(dtype, M, rows, monkeypatch):
+    monkeypatch.setattr(decode_layer, "_BLOCK_N", rows)  # 40 rows: the last tile part masked either way
     K, N, S = 192, 40, 3
     parts = _rand(S, M, K, seed=1)
     residual = _rand(M, K, dtype=dtype, seed=2)
@@ -59,7 +61,9 @@ def test_gemv_silu_epilogue_is_silu_and_mul_of_gate_up(dtype, M):
 
 @pytest.mark.parametrize("split", [None, 1, 2, 4])
 @pytest.mark.parametrize("M", [1, 16])
-def test_gemv_split_k_partials_sum_to_the_product(split, M):
+@pytest.mark.parametrize("rows", [16, 64])
+def test_gemv_split_k_partials_sum_to_the_product(split, M, rows, monkeypatch):
+    monkeypatch.setattr(decode_layer, "_BLOCK_N", rows)  # 64: one program's tile is mostly past N (masked)
     K, N = 256, 24
     x = _rand(M, K, seed=8)
     w = _rand(N, K, scale=K ** -0.5, seed=9)
@@ -78,6 +82,7 @@ def test_partials_norm_is_the_final_add_rms_norm():
 
 
 def test_split_for_fills_the_gpu_but_keeps_ranges_long():
+    assert split_for(1024, 2048, 132, block_n=64) == 8   # 16 tiles of 64 rows need 8 splits for 128 programs
     assert split_for(1024, 2048, 132) == 4   # o_proj: 64 tiles x 4 = 256 programs, K ranges of 512
     assert split_for(1024, 3072, 132) == 3   # down_proj: ranges of 1024 (768 would need masked loads)
     assert split_for(4096, 1024, 132) == 1   # 256 tiles already
@@ -117,11 +122,15 @@ def _prefilled(model_dir, dtype, kv_cache_dtype="auto"):
 
 
 @pytest.mark.parametrize("rows", [1, 3])
-@pytest.mark.parametrize("dtype, splits, block_n", [("float32", 1, 128), ("float32", 2, 128), ("float16", 1, 128),
-                                                    ("float16", 3, 128), ("float32", 3, 16), ("float16", 2, 16)])
-def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, splits, block_n, monkeypatch):
-    # block_n 16: the pool's 16-token pages are whole tiles, and a split walks several of them
+@pytest.mark.parametrize("dtype, splits, block_n, gemv_rows", [
+    ("float32", 1, 128, 16), ("float32", 2, 128, 16), ("float16", 1, 128, 16), ("float16", 3, 128, 16),
+    ("float32", 3, 16, 16), ("float16", 2, 16, 16), ("float32", 2, 64, 32), ("float16", 1, 128, 64)])
+def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, splits, block_n, gemv_rows,
+                                                      monkeypatch):
+    # block_n 16: the pool's 16-token pages are whole tiles, and a split walks several of them; gemv_rows > 16:
+    # the GEMVs' programs own more weight rows (LABKIT_DECODE_GEMV), the last tile part masked
     monkeypatch.setattr(decode_layer, "ATTN_BLOCK_N", block_n)
+    monkeypatch.setattr(decode_layer, "_BLOCK_N", gemv_rows)
     llm, dec, pool = _prefilled(tiny_model, dtype)
     runner = llm.model_runner
     model = runner.model.model

@@ -55,8 +55,22 @@ if ATTN_BLOCK_N not in (16, 32, 64, 128):
     raise ValueError(f"LABKIT_DECODE_BLOCK_N: must be 16, 32, 64 or 128, got {ATTN_BLOCK_N}")
 
 MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core tile of rows)
-_BLOCK_N = 16        # weight rows per program: a few hundred programs keep every SM streaming
-_WARPS = 8
+
+
+def _gemv_shape(text: str) -> tuple[int, int]:
+    """LABKIT_DECODE_GEMV="rows,warps": a GEMV program's weight rows and warps (a knob for a device sweep)."""
+    try:
+        rows, warps = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"LABKIT_DECODE_GEMV: rows,warps (two integers), got {text!r}") from None
+    if rows not in (16, 32, 64, 128) or warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"LABKIT_DECODE_GEMV: rows one of 16, 32, 64, 128 and warps one of 1-16 (powers of two), "
+                         f"got {text!r}")
+    return rows, warps
+
+
+# Weight rows per program (a few hundred programs keep every SM streaming) and its warps.
+_BLOCK_N, _WARPS = _gemv_shape(os.environ.get("LABKIT_DECODE_GEMV", "16,8"))
 
 
 def _pdl(device: torch.device) -> tuple[bool, bool, dict]:
@@ -163,10 +177,11 @@ def _gemv_kernel(
         tl.store(y_ptr + (pid_k * M + offs_m[None, :]).to(tl.int64) * N + offs_n[:, None], acc, mask=out_mask)
 
 
-def split_for(N: int, K: int, num_sms: int, block_n: int = _BLOCK_N) -> int:
+def split_for(N: int, K: int, num_sms: int, block_n: int | None = None) -> int:
     """Splits of K: the fewest that give every SM a program, among those that cut K into equal power-of-two
-    ranges of at least 256 (whole tiles: unmasked, 16-byte loads); the most such splits if none reaches that."""
-    tiles = triton.cdiv(N, block_n)
+    ranges of at least 256 (whole tiles: unmasked, 16-byte loads); the most such splits if none reaches that.
+    block_n: the GEMV's rows a program (default: the one gemv launches with)."""
+    tiles = triton.cdiv(N, block_n or _BLOCK_N)
     even = [s for s in range(1, 17) if K % s == 0 and (K // s) & (K // s - 1) == 0 and K // s >= 256]
     if not even:
         return 1
