@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,101 @@ def test_gpu_session_runs_labs_into_one_folder_and_deletes_only_what_it_made(tin
     with tarfile.open(out / "reports.tgz") as tar:
         names = tar.getnames()
     assert {"report/report.md", "report/manifest.json", "runs/principles/slots.json", "runs/doctor.json"} <= set(names)
+
+
+def test_a_lab_that_starts_its_own_server_is_planned_with_it(tmp_path, capsys):
+    """Issue 35: live-invariants (a server, then a load, a trace and a watch against it as URL_SERVER) runs on one
+    GPU: planned with its server first, timed (it holds a load), its lines with the URL filled in. Labs naming
+    other placeholders, or a server no other line talks to, stay left out."""
+    labs = {lab.id: lab for lab in run_lab_plan.load_plan()}
+    lines, why = run_lab_plan.planned(labs["live-invariants"], 1)
+    assert why == "" and [t[0] for t in lines] == ["serve", "bench", "trace", "watch"], (lines, why)
+    assert run_lab_plan.serves(lines) and not run_lab_plan.serves(lines[1:])
+    assert "placeholder" in run_lab_plan.planned(labs["replicas-vs-tp"], 2)[1]
+
+    def lab(command: str) -> run_lab_plan.Lab:
+        return run_lab_plan.Lab(id="x", title="t", command=command, evidence="cpu-executed", slots=[])
+
+    ok = "labkit serve --policy mixed   # URL_SERVER\nlabkit trace --url URL_SERVER --seconds 1"
+    assert run_lab_plan.planned(lab(ok), 1)[0] == [["serve", "--policy", "mixed"],
+                                                   ["trace", "--url", "URL_SERVER", "--seconds", "1"]]
+    for left_out in ("labkit serve\nlabkit bench load --url URL_SERVER --behind URL_GPU0",   # another placeholder
+                     "labkit bench load --url URL_SERVER",                                   # no server to fill it
+                     "labkit serve",                                                         # a bare server
+                     "labkit serve\nlabkit serve client",                                    # nothing names it
+                     "labkit doctor\nlabkit serve\nlabkit trace --url URL_SERVER",           # not the first line
+                     "labkit serve --host URL_SERVER\nlabkit trace --url URL_SERVER"):       # the server names it
+        assert run_lab_plan.planned(lab(left_out), 1)[0] == [], left_out
+
+    runs = tmp_path / "runs"
+    assert run_lab_plan.main(["--runs", str(runs), "--gpus", "1", "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert not any(line.startswith("left out live-invariants") for line in out)
+    live = [line for line in out if line.startswith("live-invariants: ")]
+    assert live == [
+        "live-invariants: labkit serve --policy mixed --live-trace --step-stream --port PORT --host 127.0.0.1   "
+        "# in the background until the lines after it end, each 3 s after the one before",
+        "live-invariants: labkit bench load --workload nano --rate 16 --url http://127.0.0.1:PORT "
+        f"--out {runs}/live-load-mixed.json",
+        f"live-invariants: labkit trace --url http://127.0.0.1:PORT --seconds 10 --out {runs}/trace-live-mixed",
+        "live-invariants: labkit watch http://127.0.0.1:PORT --seconds 10"], live
+    # Timed: after every untimed lab.
+    order = [line.split(":")[0] for line in out if not line.startswith("left out")]
+    assert order.index("trace-A") < order.index("live-invariants")
+    assert any(line.startswith("left out replicas-vs-tp: needs 2 GPUs") for line in out)
+    assert any(line.startswith("left out service-lifecycle: no command writes") for line in out)
+
+
+def _left(runs: Path) -> dict[int, str]:
+    """Processes (besides this one) whose environment names this runs folder: every command the runner started,
+    the server's engine core among them; pid -> command line."""
+    mark = f"RUNS_DIR={runs}".encode()
+    out = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if int(proc.name) != os.getpid() and mark in (proc / "environ").read_bytes().split(b"\0"):
+                out[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_plan_runner_runs_a_server_lab_end_to_end(tiny_model, tmp_path, monkeypatch, capsys):
+    """A lab of a server and two lines against it, run on the CPU with the tiny model: the server answers on a
+    port of the runner's choosing, the load and the trace (3 s later, while it runs) write their results, the
+    server is stopped (exit 0 on SIGTERM) and leaves no process, and the report runs over the folder."""
+    pytest.importorskip("httpx")
+    command = ("labkit serve --device cpu --enforce-eager --max-model-len 1024 --max-num-batched-tokens 1024 "
+               "--max-num-seqs 16 --live-trace --log-stats-interval 0   # URL_SERVER: where it listens\n"
+               "labkit bench load --workload fixed --num-requests 4 --rate inf --url URL_SERVER --out runs/x.json\n"
+               "labkit trace --url URL_SERVER --seconds 2 --out runs/trace-x   # while that load runs\n")
+    lab = run_lab_plan.Lab(id="server-lab", title="t", command=command, evidence="cpu-executed", slots=[])
+    monkeypatch.setattr(run_lab_plan, "load_plan", lambda: [lab])
+    monkeypatch.setenv("MODEL_DIR", tiny_model)
+    runs, logs = tmp_path / "runs", tmp_path / "logs"
+    rc = run_lab_plan.main(["--runs", str(runs), "--logs", str(logs), "--gpus", "1", "--server-timeout", "240"])
+    out = capsys.readouterr().out
+    logs_text = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(logs.glob("*")))
+    assert rc == 0, out + logs_text
+    done = [line for line in out.splitlines() if line.startswith("rc=")]
+    assert [line.split()[0] for line in done] == ["rc=0"] * 4, out + logs_text
+    # The load and the trace end in either order; the server's line comes once both have, the report's last.
+    ran = [line.split(": ", 1)[1] for line in done]
+    load, trace = sorted(ran[:2])
+    assert ran[2].startswith("labkit serve --device cpu") and " --host 127.0.0.1" in ran[2]
+    assert ran[3].startswith("labkit report --runs")
+    url = f"http://127.0.0.1:{ran[2].split('--port ')[1].split()[0]}"
+    assert load.startswith(f"labkit bench load --workload fixed --num-requests 4 --rate inf --url {url} ")
+    assert trace.startswith(f"labkit trace --url {url} ")
+    assert json.loads((runs / "x.json").read_text())["command"] == "bench load"
+    assert (runs / "trace-x" / "events.jsonl").is_file()
+    assert (runs / "report" / "report.md").is_file()
+    assert len(list(logs.glob("server-lab-*.log"))) == 3
+    end = time.monotonic() + 10   # the server has been waited for; its core goes with it
+    while (left := _left(runs)) and time.monotonic() < end:
+        time.sleep(0.2)
+    for pid in left:   # a runner that left its server running: stop it here, then fail
+        os.kill(pid, signal.SIGKILL)
+    assert left == {}, left
