@@ -539,3 +539,15 @@ def test_the_terminal_report_gives_each_missing_labs_commands_to_paste(tmp_path,
     assert [" ".join(s.split()) for s in shown] == wanted
     assert "labkit serve" in wanted and not any("labkit serve;" in s or "; labkit" in s for s in shown)
     assert "# in a terminal of its own: it serves until Ctrl-C" in out
+
+
+def test_a_placeholder_in_a_labs_line_stands_for_the_value_the_run_gave():
+    """live-invariants' `trace --url URL_SERVER` run by scripts/run_lab_plan.py as `--url http://127.0.0.1:P` is
+    the lab's own command (issue 35); its other options still count."""
+    from labkit.report.command_line import differences, parse
+
+    lab = parse(["trace", "--url", "URL_SERVER", "--seconds", "10", "--out", "runs/trace-live-mixed"])
+    assert differences(lab, parse(["trace", "--url", "http://127.0.0.1:5", "--seconds", "10", "--out", "/r/t"])) == []
+    other = parse(["trace", "--url", "http://127.0.0.1:5", "--seconds", "5"])
+    assert differences(lab, other) == ["--seconds 5 instead of 10"]
+    assert differences(lab, parse(["trace", "--seconds", "10"])) == ["without --url URL_SERVER"]

@@ -5,16 +5,19 @@ nano").
 The plan's `match` conditions decide which results may answer a lab (the same workload, policy, variable);
 among those, the report prefers the one whose options are the lab's. Options that name where a result goes
 or which files it reads (--out, --model, ...) and --device (the evidence kind already ranks what ran where)
-do not count.
+do not count, nor does the value of an option the lab leaves to fill in (`--url URL_SERVER`: any URL).
 """
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 
 # Options that do not change what a command measures or checks.
 NEUTRAL = frozenset({"--out", "--json", "--model", "--device", "-q", "--quiet", "--title", "--runs",
                      "--with-logs", "--allow-single"})
+# A value the plan leaves to fill in (URL_SERVER, URL_GPU0,URL_GPU1): whatever the run gave is the lab's.
+PLACEHOLDER = re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b")
 
 
 @dataclass
@@ -77,7 +80,7 @@ def differences(lab: CommandLine, run: CommandLine) -> list[str]:
             continue
         if key not in lab.options:
             out.append(key if value is None else f"{key} {value}")
-        elif lab.options[key] != value:
+        elif lab.options[key] != value and not PLACEHOLDER.search(lab.options[key] or ""):
             out.append(f"{key} {value} instead of {lab.options[key]}")
     out += [f"without {key}" + ("" if value is None else f" {value}") for key, value in lab.options.items()
             if key not in NEUTRAL and key not in run.options]
