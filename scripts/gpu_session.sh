@@ -2,7 +2,9 @@
 # Every GPU check and benchmark, from a clean tree (`git archive HEAD`, see README):
 #   bash scripts/gpu_session.sh [labs|evidence|bar|perf|floor|all|tp|kernels|serve|serve-profile|slow-state|plan|bar20|cells|final20|startup|startup+cells|trees|capture-profile|issue34]
 # labs:     the lab plan (workloads/labs.yaml) as a person runs it, every lab's own commands into one runs folder
-#           ($OUT/runs), then `labkit report` over it (scripts/run_lab_plan.py). LABS_SKIP="a,b" leaves labs out
+#           ($OUT/runs), then `labkit report` over it (scripts/run_lab_plan.py). On one H200 the whole plan takes
+#           longer than one device command may run (session 13: ~7.5 min without bench-hf): scripts/lab_plan_call.sh
+#           runs it detached across two commands. LABS_SKIP="a,b" leaves labs out
 #           (bench-hf: the Transformers baseline, ~5 minutes alone), LABS_ONLY="a,b" runs only those. Back in
 #           $OUT/reports.tgz: the report (report.md, report.html, manifest.json), every result's JSON and Markdown
 #           and each command's log.

@@ -1,0 +1,51 @@
+"""scripts/batch1_sweep.sh (issue 32's variant sweep for a device call) on the CPU with the tiny model: every
+(batch, variant) runs, a variant whose knob the engine refuses shows as missing, and the summary gives each
+variant's median and its ratio to base."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_the_sweep_runs_every_variant_and_summarises_against_base(tiny_model, tmp_path):
+    env = {**os.environ, "DEVICE": "cpu", "FAKE_MODEL": tiny_model, "OUT": str(tmp_path / "sweep"), "ROUNDS": "1",
+           "BATCHES": "2", "RUN_TIMEOUT": "600",
+           "VARIANTS": "base: rows32:LABKIT_DECODE_GEMV=32,8 bad:LABKIT_DECODE_GEMV=24,8"}
+    res = subprocess.run(["bash", "scripts/batch1_sweep.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[1:-1]]
+            for line in (tmp_path / "sweep" / "summary.md").read_text().splitlines()[2:]}
+    assert rows["base"][0] == "2" and rows["base"][4] == "1.0000"
+    assert float(rows["rows32"][3]) > 0 and rows["rows32"][4]
+    assert rows["bad"][2] == "missing"  # the engine refused the knob: no figure, never base's
+    assert "rc=0 round 1 batch 2 base" in res.stdout and "round 1 batch 2 bad" in res.stdout
+
+
+@pytest.mark.slow
+def test_the_lab_plan_call_runs_detached_and_finish_packs_the_plan_and_its_report(tiny_model, tmp_path):
+    """scripts/lab_plan_call.sh start (the plan detached, waited for) then finish (packed in parts): one lab here."""
+    import tarfile
+
+    out, labs = tmp_path / "out", tmp_path / "labs"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "LABS_DIR": str(labs), "LABS_ONLY": "principles-tokenizer",
+           "MODEL_DIR": tiny_model, "START_WAIT": "300"}
+    for mode in ("start", "finish"):
+        res = subprocess.run(["bash", "scripts/lab_plan_call.sh", mode], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-2000:]
+    summary = (out / "summary.txt").read_text()
+    assert "lab plan after" in summary and "rc=0" in summary and "still running" not in summary
+    parts = sorted(out.glob("labs.tgz.part*"))
+    assert parts
+    whole = tmp_path / "labs.tgz"
+    whole.write_bytes(b"".join(p.read_bytes() for p in parts))
+    names = tarfile.open(whole).getnames()
+    assert "report/report.md" in names and any(n.startswith("runs/principles") for n in names), names[:20]
