@@ -1,0 +1,96 @@
+"""The environment knobs a device sweep sets (docs/perf.md, session 13): each read as documented, a bad value
+refused with its variable named, and the defaults the engine was measured with."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _import_with(env: dict, code: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter (the knobs are read once, at import) with `env` added."""
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+
+
+def test_the_defaults_are_the_measured_ones():
+    from engine.graph_dispatch import SHORT_CONTEXT
+    from engine.kernels import decode_layer
+
+    if any(k.startswith("LABKIT_DECODE") for k in os.environ):
+        pytest.skip("a knob is set in this environment")
+    assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer.ATTN_BLOCK_N, decode_layer.MERGE_PDL,
+            SHORT_CONTEXT) == (16, 8, 128, "0", 512)
+
+
+def test_each_knob_is_read_when_set():
+    res = _import_with({"LABKIT_DECODE_GEMV": "32,4", "LABKIT_DECODE_BLOCK_N": "64", "LABKIT_DECODE_MERGE_PDL": "1",
+                        "LABKIT_DECODE_SHORT_CONTEXT": "0"},
+                       "from engine.kernels import decode_layer as d; from engine import graph_dispatch as g; "
+                       "print(d._BLOCK_N, d._WARPS, d.ATTN_BLOCK_N, d.MERGE_PDL, g.SHORT_CONTEXT)")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["32", "4", "64", "1", "0"]
+
+
+@pytest.mark.parametrize("var, value", [("LABKIT_DECODE_GEMV", "24,8"), ("LABKIT_DECODE_GEMV", "32"),
+                                        ("LABKIT_DECODE_BLOCK_N", "48"), ("LABKIT_DECODE_MERGE_PDL", "yes"),
+                                        ("LABKIT_DECODE_SHORT_CONTEXT", "-1")])
+def test_a_bad_knob_is_refused_with_its_name(var, value):
+    res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch")
+    assert res.returncode != 0 and var in res.stderr
+
+
+def test_with_short_context_off_no_step_replays_the_one_split_graph(monkeypatch):
+    from engine import graph_dispatch
+
+    d = graph_dispatch.GraphDispatch(decode=(1, 2), short=frozenset({1, 2}))
+    assert d.one_split(1, [5])
+    monkeypatch.setattr(graph_dispatch, "SHORT_CONTEXT", 0)
+    assert not d.one_split(1, [1]) and not d.one_split(2, [5, 9])
+
+
+def test_the_fp8_decode_knobs_come_from_fp8_defaults_or_the_variable(monkeypatch):
+    from engine.kernels import decode_attention as da
+
+    monkeypatch.delenv("LABKIT_FP8_DECODE", raising=False)
+    assert da.fp8_defaults() == da.FP8_DEFAULTS
+    monkeypatch.setenv("LABKIT_FP8_DECODE", "64,8,3")
+    assert da.fp8_defaults() == {"block_n": 64, "num_warps": 8, "num_stages": 3}
+    monkeypatch.setenv("LABKIT_FP8_DECODE", "64,8")
+    with pytest.raises(ValueError, match="LABKIT_FP8_DECODE"):
+        da.fp8_defaults()
+
+
+def test_an_fp8_pool_launches_with_the_fp8_knobs_and_a_bf16_pool_with_the_defaults(monkeypatch):
+    """paged_decode takes its launch knobs by the pool's dtype (a planted swap would time the wrong kernel)."""
+    from engine.kernels import decode_attention as da
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_launch(*args, **kwargs):
+        seen.append(kwargs.get("BLOCK_N"))
+        raise Stop
+
+    class Grid:
+        def __getitem__(self, grid):
+            return fake_launch
+
+    monkeypatch.setattr(da, "_decode_split_kernel", Grid())
+    monkeypatch.setenv("LABKIT_FP8_DECODE", "64,4,2")
+    q = torch.zeros(1, 2, 16)
+    tables = torch.zeros(1, 1, dtype=torch.int32)
+    lens = torch.ones(1, dtype=torch.int32)
+    for dtype in (torch.float32, torch.float8_e4m3fn):
+        cache = torch.zeros(1, 1, 128, 16).to(dtype)
+        with pytest.raises(Stop):
+            da.paged_decode(q, cache, cache, tables, lens, 1.0, 1)
+    assert seen == [da.DEFAULTS["block_n"], 64]
