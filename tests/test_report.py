@@ -551,3 +551,28 @@ def test_a_placeholder_in_a_labs_line_stands_for_the_value_the_run_gave():
     other = parse(["trace", "--url", "http://127.0.0.1:5", "--seconds", "5"])
     assert differences(lab, other) == ["--seconds 5 instead of 10"]
     assert differences(lab, parse(["trace", "--seconds", "10"])) == ["without --url URL_SERVER"]
+
+
+def test_a_large_folder_is_packed_under_a_progress_bar_that_counts_every_byte(lab_runs, tmp_path, capsys,
+                                                                             monkeypatch):
+    """Packing a plan's gigabytes takes a minute: the report shows a bar on stderr, advanced by every file's bytes
+    (a small folder packs without one: the threshold is lowered here to take that path)."""
+    from labkit.report import archive as arch, command as report_command
+
+    advanced, real = [], arch.write_archive
+
+    def spy(archive, pairs, advance=None):
+        def count(n):
+            advanced.append(n)
+            advance(n)
+        real(archive, pairs, advance=count if advance else None)
+        return sum(p.stat().st_size for p, _ in pairs)
+
+    monkeypatch.setattr(arch, "write_archive", spy)
+    monkeypatch.setattr(report_command, "PROGRESS_BYTES", 1)
+    code, _, err = _report(lab_runs, tmp_path / "r", capsys)
+    assert code == 0, err
+    manifest = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    listed = sum(f["bytes"] for f in manifest["files"]) + (tmp_path / "r" / "manifest.json").stat().st_size
+    assert advanced and sum(advanced) == listed
+    assert tarfile.open(tmp_path / "r" / "evidence.tar.gz").getmembers()

@@ -129,9 +129,12 @@ def manifest_entries(pairs: list[tuple[Path, str]]) -> list[dict]:
 ARCHIVE_COMPRESSLEVEL = 1
 
 
-def write_archive(archive: Path, pairs: list[tuple[Path, str]]) -> None:
+def write_archive(archive: Path, pairs: list[tuple[Path, str]], advance=None) -> None:
+    """Pack the pairs (file, name under evidence/) into archive, whole or not at all; advance(bytes) after each."""
     tmp = archive.with_name(f".{archive.name}.tmp")
     with tarfile.open(tmp, "w:gz", compresslevel=ARCHIVE_COMPRESSLEVEL) as tar:
         for path, name in pairs:
             tar.add(path, arcname=f"{ARCHIVE_ROOT}/{name}", recursive=False)
+            if advance is not None:
+                advance(path.stat().st_size)
     tmp.replace(archive)

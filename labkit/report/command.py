@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.padding import Padding
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -107,7 +108,7 @@ def report(
         provenance=prov, files=arch.manifest_entries(pairs), exit_code=exit_code)
     manifest = write_json(dest / "manifest.json", result)
     tarball = dest / "evidence.tar.gz"
-    arch.write_archive(tarball, pairs + [(manifest, "manifest.json")])
+    _pack(tarball, pairs + [(manifest, "manifest.json")], quiet=as_json)
 
     if as_json:
         print_json(result)
@@ -118,6 +119,22 @@ def report(
         more = f" (and {len(gathered.unreadable) - 1} more)" if len(gathered.unreadable) > 1 else ""
         raise LabkitError(f"report: {f} is UNREADABLE: {why}{more}; the report lists it", code=EXIT_FAIL)
     raise typer.Exit(EXIT_PASS)
+
+
+# A plan's folder holds gigabytes of logits arrays (3 GB on the H200, session 13): packing them takes a minute,
+# shown as a bar on stderr; a small folder packs at once, without one.
+PROGRESS_BYTES = 64 << 20
+
+
+def _pack(tarball: Path, pairs: list[tuple[Path, str]], quiet: bool) -> None:
+    total = sum(path.stat().st_size for path, _ in pairs)
+    if quiet or total < PROGRESS_BYTES:
+        arch.write_archive(tarball, pairs)
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("packing the evidence archive", total=total)
+        arch.write_archive(tarball, pairs, advance=lambda n: bar.advance(task, n))
 
 
 def _print(statuses, gathered, warn, figures_note, dest, tarball, manifest, n_files) -> None:
