@@ -48,6 +48,8 @@ FAST_TESTS = [
     "tests/test_live_window_after_an_abort.py", "tests/test_fp8_kv.py", "tests/test_fp8_kv_edges.py",
     "tests/test_hostile_inputs.py", "tests/test_yaml_names_and_paths.py", "tests/test_lab_results_choice.py",
     "tests/test_planning_ahead.py", "tests/test_step_result_queues.py",
+    # (session 13)
+    "tests/test_decode_knobs.py",
 ]
 CASES_TIMEOUT_S = 900
 TESTS_TIMEOUT_S = 1500
@@ -370,9 +372,23 @@ MUTATIONS = [
       'kind, fn = _kind(command)', "a live trace summarised as a case trace"),
     M("N59", "labkit/report/results.py", """    if len(digits.lstrip("-")) > MAX_INT_DIGITS:""",
       "    if len(digits) > MAX_INT_DIGITS:", "a negative integer's sign counted as a digit"),
-    M("N60", "labkit/report/status.py", "ranked.append(((EVIDENCE_KINDS.index(r.evidence), n), r, differs))",
-      "ranked.append(((n, EVIDENCE_KINDS.index(r.evidence)), r, differs))",
+    M("N60", "labkit/report/status.py",
+      "ranked.append(((EVIDENCE_KINDS.index(r.evidence), n, elsewhere), r, differs))",
+      "ranked.append(((n, EVIDENCE_KINDS.index(r.evidence), elsewhere), r, differs))",
       "a nearer command line wins over stronger evidence"),
+    # Session 13: what the H200's lab plan found (the report's choice of a lab's own result, its archive), the
+    # decode sweep's knobs
+    M("N61", "labkit/report/status.py",
+      "ranked.append(((EVIDENCE_KINDS.index(r.evidence), n, elsewhere), r, differs))",
+      "ranked.append(((EVIDENCE_KINDS.index(r.evidence), n, 0), r, differs))",
+      "where a result was written no longer breaks a tie: the newest run with the lab's options wins"),
+    M("N62", "labkit/report/command_line.py", "int(_place(line) != _place(run))", "int(_place(line) == _place(run))",
+      "the run written elsewhere is taken for the lab's own"),
+    M("N63", "labkit/report/archive.py", "ARCHIVE_COMPRESSLEVEL = 1", "ARCHIVE_COMPRESSLEVEL = 9",
+      "the evidence archive at gzip's slowest level (~1 MB/s on a plan's logits arrays)"),
+    M("N64", "engine/kernels/decode_attention.py",
+      "knobs = fp8_defaults() if k_cache.dtype == torch.float8_e4m3fn else DEFAULTS",
+      "knobs = DEFAULTS", "an FP8 pool launched with the bf16 knobs (a sweep of LABKIT_FP8_DECODE times nothing)"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).
