@@ -53,3 +53,19 @@ def test_the_documented_exit_statuses():
     for target in ("core", "worker"):
         assert expected(f"{target}-SIGKILL", handled=True, ready=False) == {2}  # could not start
         assert expected(f"{target}-SIGKILL", handled=True, ready=True) == {1}   # died while serving
+
+
+@pytest.mark.slow
+def test_the_sweep_sends_sigint_to_a_server_that_can_take_it_when_run_as_a_background_job(tiny_model, tmp_path):
+    """A shell's background job (`bash .ci/run &`) starts with SIGINT ignored, which the server would inherit and
+    honour: the sweep gives its servers SIGINT at its default (a fresh-clone CI failed frontend-SIGINT at 0.2 s)."""
+    import subprocess
+    import sys
+
+    parent = ("import signal, subprocess, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+              "sys.exit(subprocess.run([sys.executable, 'scripts/fault_sweep.py', '--model', sys.argv[1], "
+              "'--tensor-parallel-size', '2', '--device', 'cpu', '--at', '0.2', '--faults', 'frontend-SIGINT'])"
+              ".returncode)")
+    res = subprocess.run([sys.executable, "-c", parent, tiny_model], cwd=REPO, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0 and "1 trials, 0 failed" in res.stdout, res.stdout[-2000:] + res.stderr[-1000:]
