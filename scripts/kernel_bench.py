@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))
 
 DECODE_TOL = 2e-2      # bf16 output of an average over hundreds of keys: rounding is ~1e-3
 PREFILL_TOL = 3e-2
+FP8_DOT_TOL = 1e-1     # q (and p) rounded to e4m3 as well: against the reference's float16 dot products
 BLOCK_SIZE_GPU = 256
 GRAPH_CALLS = 20       # calls captured in one graph; a replay's time / GRAPH_CALLS is one call
 REPLAYS = 9
@@ -66,19 +67,24 @@ def nano_decode_lengths() -> list[int]:
     return [len(p) + rng.randint(1, m) for p, m in zip(d.prompts, d.max_tokens)]
 
 
-def decode_configs(dry: bool, sweep: bool = True, fp8: bool = False) -> list[dict]:
-    """The default first; then the sweep. Each config: knobs for paged_decode plus splits / layout."""
+def decode_configs(dry: bool, sweep: bool = True, fp8: bool = False, fp8_dot: bool = False) -> list[dict]:
+    """The default first; then the sweep. Each config: knobs for paged_decode plus splits / layout. fp8_dot: only
+    the FP8 tensor-core variants (fp8_dot qk and qkpv) at a few launch shapes, between the default's two timings."""
     default = {"name": "default"}
     if not sweep:
         return [default]
+    if fp8_dot:
+        shapes = [{"block_n": 32}] if dry else \
+            [{}, {"block_n": 256}, {"num_warps": 8}, {"block_n": 64, "num_stages": 3}]
+        return [default, *({"fp8_dot": d, **sh} for d in ("qk", "qkpv") for sh in shapes), {"name": "default (again)"}]
     if dry:
         return [default, {"block_n": 32, "splits": 2}, {"tma": True, "block_n": 32}, {"layout": "token-major"},
                 {"name": "default (again)"}]
     # 128-row tiles at 4 stages want 256 KiB of shared memory (Hopper has 227): left out. An e4m3 tile is half
     # the bytes, so FP8 goes to 256-row tiles (the pool's whole block) and deeper pipelines.
-    from engine.kernels.decode_attention import DEFAULTS, fp8_defaults
+    from engine.kernels.decode_attention import DEFAULTS, FP8_KNOBS
 
-    base = fp8_defaults() if fp8 else DEFAULTS
+    base = FP8_KNOBS if fp8 else DEFAULTS
     limit, sizes = (768, (64, 128, 256)) if fp8 else (384, (32, 64, 128))
     grid = [{"block_n": n, "num_warps": w, "num_stages": s}
             for n in sizes for w in (4, 8) for s in (2, 3, 4) if n * s <= limit]
@@ -164,7 +170,8 @@ def run_decode(torch, cfg: dict, inp: dict, splits: int, scale: float, old_layou
     """A closure running one decode call with cfg's knobs."""
     from engine.kernels.decode_attention import paged_decode
 
-    knobs = {k: v for k, v in cfg.items() if k in ("block_n", "num_warps", "num_stages", "page_tiles", "tma")}
+    knobs = {k: v for k, v in cfg.items()
+             if k in ("block_n", "num_warps", "num_stages", "page_tiles", "tma", "fp8_dot")}
     n_splits = cfg.get("splits", splits)
     if cfg.get("layout") == "token-major":
         if "k" not in old_layout:  # the same values, stored [blocks, block_size, kv_heads, head_dim]
@@ -197,7 +204,7 @@ def ceilings(torch, timer: Timer, nbytes: int, dtype, device) -> dict:
 
 
 def bench_decode(torch, timer: Timer, geo: dict, dtype, device, sms: int, dry: bool, sweep: bool,
-                 fp8: bool = False) -> dict:
+                 fp8: bool = False, fp8_dot: bool = False) -> dict:
     from engine.backends import torch_ref
     from engine.kernels.decode_attention import DEFAULTS, num_splits_for
 
@@ -211,7 +218,7 @@ def bench_decode(torch, timer: Timer, geo: dict, dtype, device, sms: int, dry: b
                  "kv_bytes": inp["kv_bytes"], "heuristic_splits": splits,
                  "ceilings": ceilings(torch, timer, inp["kv_bytes"], dtype, device), "configs": []}
         old_layout: dict = {}
-        for cfg in decode_configs(dry, sweep, fp8):
+        for cfg in decode_configs(dry, sweep, fp8, fp8_dot):
             row = {"config": config_name(cfg)}
             try:
                 call, row["splits"] = run_decode(torch, cfg, inp, splits, scale, old_layout)
@@ -219,7 +226,7 @@ def bench_decode(torch, timer: Timer, geo: dict, dtype, device, sms: int, dry: b
                 row["ms"] = timer.graph(call)
                 row["TBps"] = inp["kv_bytes"] / row["ms"] / 1e9
                 row["of_copy"] = row["TBps"] / shape["ceilings"]["copy_TBps"]
-                row["ok"] = bool(row["max_abs_err"] <= DECODE_TOL)
+                row["ok"] = bool(row["max_abs_err"] <= (FP8_DOT_TOL if "fp8_dot" in cfg else DECODE_TOL))
             except Exception as exc:  # a configuration that does not compile (shared memory) is a result too
                 row["error"] = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
             shape["configs"].append(row)
@@ -502,7 +509,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-sweep", action="store_true", help="decode: the default launch only")
     ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto",
                     help="fp8: decode over an e4m3 pool (prefill left out)")
+    ap.add_argument("--fp8-dot", action="store_true",
+                    help="with --kv-cache-dtype fp8: sweep only FP8 tensor-core dot products (fp8_dot qk, qkpv)")
     args = ap.parse_args(argv)
+    if args.fp8_dot and args.kv_cache_dtype != "fp8":
+        ap.error("--fp8-dot needs --kv-cache-dtype fp8")
     out = Path(args.out)
     if args.dry_run:  # before `engine` is imported: importing it imports triton, which reads this once
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -532,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         if not args.skip_decode:
             log["decode"] = bench_decode(torch, timer, geo, dtype, device, sms, args.dry_run, not args.no_sweep,
-                                         fp8=args.kv_cache_dtype == "fp8")
+                                         fp8=args.kv_cache_dtype == "fp8", fp8_dot=args.fp8_dot)
         if not args.skip_prefill and args.kv_cache_dtype == "auto":
             log["prefill"] = bench_prefill(torch, timer, geo, dtype, device, args.dry_run)
     except Exception as exc:  # what ran so far still goes to --out, with the traceback

@@ -50,6 +50,8 @@ FAST_TESTS = [
     "tests/test_planning_ahead.py", "tests/test_step_result_queues.py",
     # (session 13)
     "tests/test_decode_knobs.py",
+    # (session 14)
+    "tests/test_fp8_dot.py",
 ]
 CASES_TIMEOUT_S = 900
 TESTS_TIMEOUT_S = 1500
@@ -387,8 +389,15 @@ MUTATIONS = [
     M("N63", "labkit/report/archive.py", "ARCHIVE_COMPRESSLEVEL = 1", "ARCHIVE_COMPRESSLEVEL = 9",
       "the evidence archive at gzip's slowest level (~1 MB/s on a plan's logits arrays)"),
     M("N64", "engine/kernels/decode_attention.py",
-      "knobs = fp8_defaults() if k_cache.dtype == torch.float8_e4m3fn else DEFAULTS",
+      "knobs = FP8_KNOBS if fp8 else DEFAULTS",
       "knobs = DEFAULTS", "an FP8 pool launched with the bf16 knobs (a sweep of LABKIT_FP8_DECODE times nothing)"),
+    # session 14: FP8 tensor-core dot products (a knob), and the batch-1 GEMV's own warps
+    M("N65", "engine/kernels/decode_attention.py", "s_scale = (q_s * scale_log2)[:, None]",
+      "s_scale = scale_log2 + 0.0 * q_s[:, None]", "q's e4m3 scale left out of the FP8 scores"),
+    M("N66", "engine/kernels/decode_attention.py", "FP8_DOT=FP8_DOTS.index(fp8_dot)", "FP8_DOT=0",
+      "the fp8_dot knob read and ignored (a sweep of it times the float16 path three times)"),
+    M("N67", "engine/kernels/decode_layer.py", "num_warps=_WARPS_ONE_ROW if M == 1 else _WARPS",
+      "num_warps=_WARPS_ONE_ROW", "batch 2-16 launched with batch 1's four warps (6.8x slower at 16 on the H200)"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -25,20 +25,25 @@ def test_the_defaults_are_the_measured_ones():
 
     if any(k.startswith("LABKIT_DECODE") for k in os.environ):
         pytest.skip("a knob is set in this environment")
-    assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer.ATTN_BLOCK_N, decode_layer.MERGE_PDL,
-            SHORT_CONTEXT) == (16, 8, 128, "0", 512)
+    assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
+            decode_layer.MERGE_PDL, SHORT_CONTEXT) == (16, 8, 4, 128, "0", 512)
 
 
 def test_each_knob_is_read_when_set():
     res = _import_with({"LABKIT_DECODE_GEMV": "32,4", "LABKIT_DECODE_BLOCK_N": "64", "LABKIT_DECODE_MERGE_PDL": "1",
                         "LABKIT_DECODE_SHORT_CONTEXT": "0"},
                        "from engine.kernels import decode_layer as d; from engine import graph_dispatch as g; "
-                       "print(d._BLOCK_N, d._WARPS, d.ATTN_BLOCK_N, d.MERGE_PDL, g.SHORT_CONTEXT)")
+                       "print(d._BLOCK_N, d._WARPS, d._WARPS_ONE_ROW, d.ATTN_BLOCK_N, d.MERGE_PDL, g.SHORT_CONTEXT)")
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["32", "4", "64", "1", "0"]
+    assert res.stdout.split() == ["32", "4", "4", "64", "1", "0"]  # (two values: batch 1 takes the same warps)
+    res = _import_with({"LABKIT_DECODE_GEMV": "64,8,2"},
+                       "from engine.kernels import decode_layer as d; print(d._BLOCK_N, d._WARPS, d._WARPS_ONE_ROW)")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["64", "8", "2"]
 
 
 @pytest.mark.parametrize("var, value", [("LABKIT_DECODE_GEMV", "24,8"), ("LABKIT_DECODE_GEMV", "32"),
+                                        ("LABKIT_DECODE_GEMV", "16,8,3"), ("LABKIT_DECODE_GEMV", "16,8,4,4"),
                                         ("LABKIT_DECODE_BLOCK_N", "48"), ("LABKIT_DECODE_MERGE_PDL", "yes"),
                                         ("LABKIT_DECODE_SHORT_CONTEXT", "-1")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
@@ -53,18 +58,6 @@ def test_with_short_context_off_no_step_replays_the_one_split_graph(monkeypatch)
     assert d.one_split(1, [5])
     monkeypatch.setattr(graph_dispatch, "SHORT_CONTEXT", 0)
     assert not d.one_split(1, [1]) and not d.one_split(2, [5, 9])
-
-
-def test_the_fp8_decode_knobs_come_from_fp8_defaults_or_the_variable(monkeypatch):
-    from engine.kernels import decode_attention as da
-
-    monkeypatch.delenv("LABKIT_FP8_DECODE", raising=False)
-    assert da.fp8_defaults() == da.FP8_DEFAULTS
-    monkeypatch.setenv("LABKIT_FP8_DECODE", "64,8,3")
-    assert da.fp8_defaults() == {"block_n": 64, "num_warps": 8, "num_stages": 3}
-    monkeypatch.setenv("LABKIT_FP8_DECODE", "64,8")
-    with pytest.raises(ValueError, match="LABKIT_FP8_DECODE"):
-        da.fp8_defaults()
 
 
 def test_an_fp8_pool_launches_with_the_fp8_knobs_and_a_bf16_pool_with_the_defaults(monkeypatch):
@@ -85,7 +78,7 @@ def test_an_fp8_pool_launches_with_the_fp8_knobs_and_a_bf16_pool_with_the_defaul
             return fake_launch
 
     monkeypatch.setattr(da, "_decode_split_kernel", Grid())
-    monkeypatch.setenv("LABKIT_FP8_DECODE", "64,4,2")
+    monkeypatch.setattr(da, "FP8_KNOBS", {**da.FP8_DEFAULTS, "block_n": 64})
     q = torch.zeros(1, 2, 16)
     tables = torch.zeros(1, 1, dtype=torch.int32)
     lens = torch.ones(1, dtype=torch.int32)
@@ -94,3 +87,27 @@ def test_an_fp8_pool_launches_with_the_fp8_knobs_and_a_bf16_pool_with_the_defaul
         with pytest.raises(Stop):
             da.paged_decode(q, cache, cache, tables, lens, 1.0, 1)
     assert seen == [da.DEFAULTS["block_n"], 64]
+
+
+@pytest.mark.parametrize("rows, warps", [(1, 4), (2, 8), (16, 8)])
+def test_a_one_row_gemv_launches_with_the_batch_1_warps(monkeypatch, rows, warps):
+    """Four warps at batch 1 (FMA path), eight for a tile of 2-16 rows (session 14: four there spill, 6.8x slower)."""
+    from engine.kernels import decode_layer as dl
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_launch(*args, **kwargs):
+        seen.append(kwargs.get("num_warps"))
+        raise Stop
+
+    class Grid:
+        def __getitem__(self, grid):
+            return fake_launch
+
+    monkeypatch.setattr(dl, "_gemv_kernel", Grid())
+    with pytest.raises(Stop):
+        dl.gemv(torch.zeros(32, 64), x=torch.zeros(rows, 64))
+    assert seen == [warps]

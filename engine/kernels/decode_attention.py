@@ -19,7 +19,11 @@ Launch knobs (see DEFAULTS and scripts/kernel_bench.py, which sweeps them on the
   num_warps, num_stages  Triton's warps per program and software-pipelining depth (loads in flight);
   tma         page tiles copied by Hopper's tensor-memory engine (host tensor descriptors over the pool seen as
               [blocks * kv_heads * block_size, head_dim]) instead of per-thread loads;
-  num_splits  programs per (sequence, KV head); the runner picks it per graph bucket with num_splits_for.
+  num_splits  programs per (sequence, KV head); the runner picks it per graph bucket with num_splits_for;
+  fp8_dot     over an FP8 pool: "off" converts every e4m3 value to float16 for the dot products (two values an
+              instruction: the conversions bound the kernel, docs/perf.md); "qk" quantises q to e4m3 (a scale per
+              query head: amax / 448) and takes q.K^T on FP8 tensor cores, V still converted; "qkpv" also
+              rounds the softmax weights p (in [0, 1], no scale) to e4m3 for p.V, as FlashAttention-3's FP8 does.
 """
 from __future__ import annotations
 
@@ -30,26 +34,38 @@ import triton
 import triton.language as tl
 
 from . import dot_precision, unaligned
+from .kv_write import _e4m3
 
 # The configuration the engine launches. From the H200 sweep of scripts/kernel_bench.py (docs/perf.md, 2026-11-30):
 # best mean TB/s over 256x800,
 # 256x2048 and the nano mix, +0.2 TB/s over block_n 64 / 3 stages.
 DEFAULTS = {"block_n": 128, "num_warps": 4, "num_stages": 2}
-# Over an FP8 pool (half the bytes a tile): the same until an FP8 sweep says otherwise (docs/perf.md, session 13).
-# LABKIT_FP8_DECODE="block_n,num_warps,num_stages" overrides it, for that measurement.
-FP8_DEFAULTS = dict(DEFAULTS)
+# Over an FP8 pool (half the bytes a tile): the same until an FP8 sweep says otherwise (docs/perf.md, session 13),
+# the dot products in float16 (fp8_dot "off").
+FP8_DEFAULTS = {**DEFAULTS, "fp8_dot": "off"}
+FP8_DOTS = ("off", "qk", "qkpv")
 
 
-def fp8_defaults() -> dict:
-    """The launch knobs for an FP8 pool: FP8_DEFAULTS, or LABKIT_FP8_DECODE's when set."""
-    env = os.environ.get("LABKIT_FP8_DECODE")
-    if not env:
-        return FP8_DEFAULTS
-    try:
-        n, w, st = (int(x) for x in env.split(","))
-    except ValueError:
-        raise ValueError(f"LABKIT_FP8_DECODE: block_n,num_warps,num_stages (three integers), got {env!r}") from None
-    return {"block_n": n, "num_warps": w, "num_stages": st}
+def _fp8_knobs(launch: str | None, dot: str | None) -> dict:
+    """FP8_DEFAULTS with a device sweep's overrides: launch "block_n,num_warps,num_stages" (LABKIT_FP8_DECODE) and
+    dot, one of FP8_DOTS (LABKIT_FP8_DOT)."""
+    knobs = dict(FP8_DEFAULTS)
+    if launch:
+        try:
+            n, w, st = (int(x) for x in launch.split(","))
+        except ValueError:
+            raise ValueError(f"LABKIT_FP8_DECODE: block_n,num_warps,num_stages (three integers), got {launch!r}") \
+                from None
+        knobs.update(block_n=n, num_warps=w, num_stages=st)
+    if dot:
+        if dot not in FP8_DOTS:
+            raise ValueError(f"LABKIT_FP8_DOT: one of {', '.join(FP8_DOTS)}, got {dot!r}")
+        knobs["fp8_dot"] = dot
+    return knobs
+
+
+# What an FP8 pool launches with, read once at import like the other knobs (a sweep runs a process a variant).
+FP8_KNOBS = _fp8_knobs(os.environ.get("LABKIT_FP8_DECODE"), os.environ.get("LABKIT_FP8_DOT"))
 
 
 # The step's small int inputs (tables, lengths, slots, positions) are views into one graph buffer in a CUDA graph
@@ -63,7 +79,7 @@ def _decode_split_kernel(
     stride_block, stride_head, stride_row, scale_log2, v_scale,
     FP8: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE_TILES: tl.constexpr, TMA: tl.constexpr, PARTIALS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FP8_DOT: tl.constexpr = 0,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -84,7 +100,15 @@ def _decode_split_kernel(
     # An FP8 pool is read in float16 (engine/kv_quant.py): e4m3 -> f16 is one Hopper instruction for two values,
     # where bf16 takes a second conversion each and bounds the kernel; q's bf16 values are exact in float16.
     CD: tl.constexpr = tl.float16 if FP8 and q_ptr.dtype.element_ty != tl.float32 else q_ptr.dtype.element_ty
-    q = q.to(CD)
+    if FP8_DOT >= 1:
+        # q in e4m3 too, a scale per query head (its amax on e4m3's largest value), so that q.K^T runs on FP8
+        # tensor cores with K as stored; the scale multiplies the scores back.
+        qf = q.to(tl.float32)
+        q_s = tl.maximum(tl.max(tl.abs(qf), axis=1), 1e-30) / 448.0
+        q = _e4m3(tl.clamp(qf / q_s[:, None], -448.0, 448.0))
+        s_scale = (q_s * scale_log2)[:, None]
+    else:
+        q = q.to(CD)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -110,9 +134,12 @@ def _decode_split_kernel(
                 row_off = block * stride_block + head_base + (offs % BLOCK_SIZE) * stride_row
             kv_off = row_off[:, None] + d[None, :]
             k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
-        if FP8:  # e4m3 is exact in float16; the K scale is in scale_log2
-            k = k.to(CD)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        if FP8_DOT >= 1:
+            s = tl.dot(q, tl.trans(k), out_dtype=tl.float32) * s_scale
+        else:
+            if FP8:  # e4m3 is exact in float16; the K scale is in scale_log2
+                k = k.to(CD)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
         s = tl.where(nmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
@@ -123,9 +150,12 @@ def _decode_split_kernel(
             v = tl.where(nmask[:, None], v, tl.zeros_like(v))  # p = 0 on those rows, but 0 * NaN is not 0
         else:
             v = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
-        if FP8:
-            v = v.to(CD)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        if FP8_DOT == 2:  # p in [0, 1]: e4m3 without a scale (below 2^-9 it rounds to zero)
+            acc = acc * alpha[:, None] + tl.dot(_e4m3(p), v, out_dtype=tl.float32)
+        else:
+            if FP8:
+                v = v.to(CD)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     if FP8:
@@ -182,17 +212,22 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                  context_lens: torch.Tensor, scale: float, num_splits: int, out: torch.Tensor | None = None,
                  block_n: int | None = None, page_tiles: bool | None = None, num_warps: int | None = None,
                  num_stages: int | None = None, tma: bool | None = None, k_scale: float = 1.0,
-                 v_scale: float = 1.0) -> torch.Tensor:
+                 v_scale: float = 1.0, fp8_dot: str | None = None) -> torch.Tensor:
     """q: [batch, heads, head_dim]; caches [num_blocks, kv_heads, block_size, head_dim] with head_dim contiguous
     (any other strides, equal for K and V), in q's dtype or float8_e4m3fn (read with k_scale / v_scale:
     engine/kv_quant.py); block_tables [batch, max_blocks] int32 (-1 padded); context_lens
     [batch] int32 (0 = padding row: its output is zeros). Knobs left None take DEFAULTS; page_tiles None means
     "whenever block_size % block_n == 0"; tma (page tiles of contiguous caches only) loads tiles through tensor
-    descriptors (Hopper's bulk tensor copies; Triton's interpreter emulates them)."""
+    descriptors (Hopper's bulk tensor copies; Triton's interpreter emulates them); fp8_dot (FP8 pools only): one
+    of FP8_DOTS, None for FP8_KNOBS'."""
     batch, num_heads, head_dim = q.shape
     _, num_kv_heads, block_size, _ = k_cache.shape
     group = num_heads // num_kv_heads
-    knobs = fp8_defaults() if k_cache.dtype == torch.float8_e4m3fn else DEFAULTS
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    knobs = FP8_KNOBS if fp8 else DEFAULTS
+    fp8_dot = knobs.get("fp8_dot", "off") if fp8_dot is None else fp8_dot
+    if fp8_dot not in FP8_DOTS or (fp8_dot != "off" and not fp8):
+        raise ValueError(f"fp8_dot: one of {FP8_DOTS}, and other than 'off' over an FP8 pool only; got {fp8_dot!r}")
     block_n = knobs["block_n"] if block_n is None else block_n
     num_warps = knobs["num_warps"] if num_warps is None else num_warps
     num_stages = knobs["num_stages"] if num_stages is None else num_stages
@@ -201,6 +236,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         page_tiles = block_size % block_n == 0
     elif page_tiles and block_size % block_n:
         raise ValueError(f"page_tiles needs block_size ({block_size}) to be a multiple of block_n ({block_n})")
+    if fp8_dot != "off" and min(block_n, head_dim) < 32:  # an FP8 MMA's reduction is 32 values deep
+        raise ValueError(f"fp8_dot {fp8_dot!r} needs block_n and head_dim of at least 32, got {block_n}, {head_dim}")
     if tma and not (page_tiles and k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("tma needs page tiles (block_size a multiple of block_n) and contiguous caches")
     if not 1 <= num_splits <= MAX_SPLITS:
@@ -229,7 +266,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         q, k_cache, v_cache, k_desc, v_desc, block_tables, context_lens, out, acc, ml,
         num_splits, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * log2e * k_scale, v_scale,
-        FP8=k_cache.dtype == torch.float8_e4m3fn, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        FP8=fp8, FP8_DOT=FP8_DOTS.index(fp8_dot), GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_N=block_n, PAGE_TILES=page_tiles, TMA=tma, PARTIALS=partials, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,

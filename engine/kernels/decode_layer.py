@@ -57,20 +57,26 @@ if ATTN_BLOCK_N not in (16, 32, 64, 128):
 MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core tile of rows)
 
 
-def _gemv_shape(text: str) -> tuple[int, int]:
-    """LABKIT_DECODE_GEMV="rows,warps": a GEMV program's weight rows and warps (a knob for a device sweep)."""
+def _gemv_shape(text: str) -> tuple[int, int, int]:
+    """LABKIT_DECODE_GEMV="rows,warps[,one_row_warps]": a GEMV program's weight rows, its warps, and its warps at
+    batch 1 (a one-row input takes the FMA path, not the tensor-core tile; default: warps). A device sweep's knob."""
     try:
-        rows, warps = (int(x) for x in text.split(","))
+        vals = [int(x) for x in text.split(",")]
+        if len(vals) not in (2, 3):
+            raise ValueError
     except ValueError:
-        raise ValueError(f"LABKIT_DECODE_GEMV: rows,warps (two integers), got {text!r}") from None
-    if rows not in (16, 32, 64, 128) or warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"LABKIT_DECODE_GEMV: rows,warps[,one_row_warps] (integers), got {text!r}") from None
+    rows, warps, one_row = vals[0], vals[1], vals[-1] if len(vals) == 3 else vals[1]
+    if rows not in (16, 32, 64, 128) or any(w not in (1, 2, 4, 8, 16) for w in (warps, one_row)):
         raise ValueError(f"LABKIT_DECODE_GEMV: rows one of 16, 32, 64, 128 and warps one of 1-16 (powers of two), "
                          f"got {text!r}")
-    return rows, warps
+    return rows, warps, one_row
 
 
-# Weight rows per program (a few hundred programs keep every SM streaming) and its warps.
-_BLOCK_N, _WARPS = _gemv_shape(os.environ.get("LABKIT_DECODE_GEMV", "16,8"))
+# Weight rows per program (a few hundred programs keep every SM streaming), its warps for a tile of 2-16 rows, and
+# its warps at batch 1. Measured on the H200 (docs/perf.md, session 14): at batch 1 four warps take 0.743 ms a
+# token against eight's 0.839 (-11%); at batch 16 four warps take 1.43 ms against 0.21 (the tile spills).
+_BLOCK_N, _WARPS, _WARPS_ONE_ROW = _gemv_shape(os.environ.get("LABKIT_DECODE_GEMV", "16,8,4"))
 
 
 def _pdl(device: torch.device) -> tuple[bool, bool, dict]:
@@ -223,7 +229,8 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | None = None, partials: torch.Tens
         EVEN=ks == triton.next_power_of_2(ks) and ks >= 16 and K % ks == 0,
         FULL_EVEN=K == triton.next_power_of_2(K), BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
         BLOCK_K=max(16, triton.next_power_of_2(ks)), K_FULL=triton.next_power_of_2(K), USE_PDL=use_pdl,
-        EARLY=early, DOT_PRECISION=dot_precision(dtype), num_warps=_WARPS, enable_fp_fusion=False, **launch)
+        EARLY=early, DOT_PRECISION=dot_precision(dtype), num_warps=_WARPS_ONE_ROW if M == 1 else _WARPS,
+        enable_fp_fusion=False, **launch)
     return (y, res_out) if residual is not None else y
 
 
