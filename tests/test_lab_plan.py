@@ -58,6 +58,46 @@ def test_every_command_line_of_the_plan_is_one_the_cli_accepts():
         _parse(["trace", "--case", "A", "--no-such-flag", "1"])
 
 
+def _repeats(tokens: list[str]) -> int:
+    """The repeats a `labkit bench` line asks for: its --repeats, else its workload's."""
+    from labkit.bench.workloads import load_workload
+
+    if "--repeats" in tokens:
+        return int(tokens[tokens.index("--repeats") + 1])
+    return load_workload(tokens[tokens.index("--workload") + 1]).repeats
+
+
+def plan_compares_refused(plan) -> list[str]:
+    """Each `bench compare A B` line whose A or B is written by a bench line of one sample and that does not pass
+    --allow-single: the CLI refuses it (exit 2), so the lab's compare is never written."""
+    from labkit.report.render import command_lines
+
+    bad = []
+    for lab in plan:
+        lines = [shlex.split(line.partition("#")[0]) for line in command_lines(lab.command)]
+        writes = {t[t.index("--out") + 1]: t for t in lines if t[1:2] == ["bench"] and "--out" in t}
+        for t in lines:
+            if t[1:3] != ["bench", "compare"] or "--allow-single" in t:
+                continue
+            singles = [f for f in t[3:5] if f in writes and _repeats(writes[f]) < 2]
+            if singles:
+                bad.append(f"{lab.id}: {' '.join(t)}: {', '.join(singles)} has one repeat")
+    return bad
+
+
+def test_every_compare_line_of_the_plan_takes_the_samples_its_benches_write():
+    """A lab that times a side once must say --allow-single, else its compare exits 2 (session 14: bench-hf on
+    the H200, after its Transformers side went to one repeat)."""
+    from labkit.report.plan import load_plan
+
+    plan = load_plan()
+    assert plan_compares_refused(plan) == []
+    lab = next(lab for lab in plan if lab.id == "bench-hf")
+    planted = lab.command.replace(" --allow-single", "").replace("--repeats 2 --out runs/bench-nano-hf",
+                                                                    "--repeats 1 --out runs/bench-nano-hf")
+    assert plan_compares_refused([type(lab)(**{**vars(lab), "command": planted})])
+
+
 def test_the_plan_runner_runs_each_labs_own_lines_into_one_folder(tmp_path, capsys):
     """The dry run lists every line the runner would run, `runs/` paths moved into the folder given; labs that
     need two GPUs, write nothing yet, or start a server that never returns are left out, each with why."""
