@@ -3,8 +3,8 @@
 # alone ... against its parent, interleaved, at least 3 rounds"). Each variant is a set of environment knobs
 # (engine/kernels/decode_layer.py, engine/graph_dispatch.py); each run is `labkit bench --workload batch1` with
 # the workload's requests and max_num_seqs set to the batch size (decode ms a token = step time / rows).
-#   VARIANTS="name:K=V,K=V ..."  (default below: base first, then the session-13 candidates)
-#   BATCHES="1 16"  ROUNDS=3  DEADLINE=480 (seconds from the start; a round that would end after it is skipped)
+#   VARIANTS="name:K=V,K=V ..."  (default below: base first, then the open candidates)
+#   BATCHES="1 4 16"  ROUNDS=3  DEADLINE=480 (seconds from the start; a round that would end after it is skipped)
 #   DEVICE=cuda (cpu: the script itself, on a tiny model); RUN_TIMEOUT=120 seconds a bench run
 #   OUT=folder (default runs/batch1-sweep): runs/*.json, logs/*.log, summary.md (medians and ratios to base)
 # Each round runs every (batch, variant) once; the order is reversed every other round.
@@ -14,8 +14,10 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-runs/batch1-sweep}; mkdir -p $OUT/runs $OUT/logs
 M=${FAKE_MODEL:-/tmp/qwen3-fake}
 [ -f $M/config.json ] || python3 -m labkit model fake --preset qwen3-0.6b --out $M > /dev/null
-VARIANTS=${VARIANTS:-"base: split64:LABKIT_DECODE_SHORT_CONTEXT=0,LABKIT_DECODE_MERGE_PDL=1,LABKIT_DECODE_BLOCK_N=64 gemv32x8:LABKIT_DECODE_GEMV=32,8 gemv16x4:LABKIT_DECODE_GEMV=16,4 gemv64x8:LABKIT_DECODE_GEMV=64,8"}
-BATCHES=${BATCHES:-"1 16"}; ROUNDS=${ROUNDS:-3}; DEADLINE=${DEADLINE:-480}
+# (default: session 14's open candidates: split64 at every batch it would take, and the engine before the one-row
+# GEMV went to 4 warps, as a check that the gain holds on this machine)
+VARIANTS=${VARIANTS:-"base: split64:LABKIT_DECODE_SHORT_CONTEXT=0,LABKIT_DECODE_MERGE_PDL=1,LABKIT_DECODE_BLOCK_N=64 gemv8warps:LABKIT_DECODE_GEMV=16,8,8"}
+BATCHES=${BATCHES:-"1 4 16"}; ROUNDS=${ROUNDS:-3}; DEADLINE=${DEADLINE:-480}
 for b in $BATCHES; do
   sed -e "s/^requests: 1$/requests: $b/" -e "s/^  max_num_seqs: 1$/  max_num_seqs: $b/" \
     workloads/bench/batch1.yaml > $OUT/batch$b.yaml

@@ -69,14 +69,18 @@ def nano_decode_lengths() -> list[int]:
 
 def decode_configs(dry: bool, sweep: bool = True, fp8: bool = False, fp8_dot: bool = False) -> list[dict]:
     """The default first; then the sweep. Each config: knobs for paged_decode plus splits / layout. fp8_dot: only
-    the FP8 tensor-core variants (fp8_dot qk and qkpv) at a few launch shapes, between the default's two timings."""
+    the FP8 tensor-core variants (fp8_dot swap and kq at a few launch shapes, qk, qkpv), between the default's
+    two timings."""
     default = {"name": "default"}
     if not sweep:
         return [default]
     if fp8_dot:
-        shapes = [{"block_n": 32}] if dry else \
-            [{}, {"block_n": 256}, {"num_warps": 8}, {"block_n": 64, "num_stages": 3}]
-        return [default, *({"fp8_dot": d, **sh} for d in ("qk", "qkpv") for sh in shapes), {"name": "default (again)"}]
+        # (session 14 measured qk and qkpv at these shapes: neither beat the default; kq and swap take the MMAs
+        # with the keys, then also the head dimension, as rows: 126 and 100 loop instructions a KB against the
+        # default's 130, scripts/kernel_sass.py)
+        shapes = [{"block_n": 32}] if dry else [{}, {"num_warps": 8}, {"block_n": 64}]
+        dots = [{"fp8_dot": d, **sh} for d in ("swap", "kq") for sh in shapes]
+        return [default, *dots, {"fp8_dot": "qk"}, {"fp8_dot": "qkpv"}, {"name": "default (again)"}]
     if dry:
         return [default, {"block_n": 32, "splits": 2}, {"tma": True, "block_n": 32}, {"layout": "token-major"},
                 {"name": "default (again)"}]
@@ -510,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto",
                     help="fp8: decode over an e4m3 pool (prefill left out)")
     ap.add_argument("--fp8-dot", action="store_true",
-                    help="with --kv-cache-dtype fp8: sweep only FP8 tensor-core dot products (fp8_dot qk, qkpv)")
+                    help="with --kv-cache-dtype fp8: sweep only the FP8 tensor-core variants "
+                         "(fp8_dot swap, kq, qk, qkpv)")
     args = ap.parse_args(argv)
     if args.fp8_dot and args.kv_cache_dtype != "fp8":
         ap.error("--fp8-dot needs --kv-cache-dtype fp8")

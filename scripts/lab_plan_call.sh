@@ -15,8 +15,10 @@ cd "$(dirname "$0")/.."
 W=${LABS_DIR:-/tmp/labs}
 S=$OUT/summary.txt
 pack() {
+  # (not the report's evidence archive: GBs of the logits arrays left out here, and reading it took call 5 of
+  # session 14 past its limit)
   tar czf $W/labs.tgz -C $W --exclude="*.npz" --exclude="*.trace.json*" --exclude="*.perfetto.json*" \
-    --exclude="*.jsonl" --exclude="*.jsonl.gz" run_lab_plan.txt runs logs report 2>/dev/null
+    --exclude="*.jsonl" --exclude="*.jsonl.gz" --exclude="evidence.tar.gz" run_lab_plan.txt runs logs report 2>/dev/null
   split -b 15M -d $W/labs.tgz $OUT/labs.tgz.part
 }
 case ${1:-} in

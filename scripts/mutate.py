@@ -398,6 +398,9 @@ MUTATIONS = [
       "the fp8_dot knob read and ignored (a sweep of it times the float16 path three times)"),
     M("N67", "engine/kernels/decode_layer.py", "num_warps=_WARPS_ONE_ROW if M == 1 else _WARPS",
       "num_warps=_WARPS_ONE_ROW", "batch 2-16 launched with batch 1's four warps (6.8x slower at 16 on the H200)"),
+    M("N68", "engine/kernels/decode_attention.py",
+      "acc = acc * alpha[:, None] + tl.trans(tl.dot(tl.trans(v.to(CD))",
+      "acc = acc + tl.trans(tl.dot(tl.trans(v.to(CD))", "fp8_dot swap's V^T.p^T added without the running rescale"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

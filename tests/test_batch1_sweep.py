@@ -49,3 +49,4 @@ def test_the_lab_plan_call_runs_detached_and_finish_packs_the_plan_and_its_repor
     whole.write_bytes(b"".join(p.read_bytes() for p in parts))
     names = tarfile.open(whole).getnames()
     assert "report/report.md" in names and any(n.startswith("runs/principles") for n in names), names[:20]
+    assert (labs / "report" / "evidence.tar.gz").exists() and "report/evidence.tar.gz" not in names

@@ -1,5 +1,7 @@
 """FP8 tensor-core dot products over an FP8 pool (decode_attention's fp8_dot knob, a device sweep's variant):
-q quantised to e4m3 with a scale per query head ("qk"), and the softmax weights p rounded to e4m3 too ("qkpv"),
+q quantised to e4m3 with a scale per query head ("qk"; "kq" the same products as K.q^T, "swap" also p.V as
+V^T.p^T), and the softmax weights
+p rounded to e4m3 too ("qkpv"),
 each checked against a float64 reference doing the same rounding. Off CUDA the kernel runs in Triton's
 interpreter (conftest.py)."""
 from __future__ import annotations
@@ -80,7 +82,7 @@ def _reference(q, kq, vq, tables, lengths, splits, fp8_dot):
     return out
 
 
-@pytest.mark.parametrize("fp8_dot", ["qk", "qkpv"])
+@pytest.mark.parametrize("fp8_dot", ["qk", "qkpv", "kq", "swap"])
 @pytest.mark.parametrize("splits", [1, 2])
 def test_fp8_dot_products_match_a_float_reference_of_the_same_rounding(fp8_dot, splits):
     lengths = [1, 17, 32, 33, 64] if splits == 2 else [1, 17, 32]  # (one tile a split: the reference's grain)
@@ -96,7 +98,9 @@ def test_each_fp8_dot_rounds_what_it_says_and_stays_near_the_float16_path():
     q, kq, vq, tables = _case(lengths, seed=1)
     outs = {d: _run(q, kq, vq, tables, lengths, 2, d) for d in da.FP8_DOTS}
     assert not torch.equal(outs["off"], outs["qk"]) and not torch.equal(outs["qk"], outs["qkpv"])
-    for d in ("qk", "qkpv"):
+    for d in ("kq", "swap"):  # the same products, the MMA's roles swapped
+        assert (outs[d] - outs["qk"]).abs().max().item() < 1e-5
+    for d in ("qk", "qkpv", "kq", "swap"):
         assert (outs[d] - outs["off"]).abs().max().item() < 0.15
 
 

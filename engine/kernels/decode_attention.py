@@ -23,7 +23,9 @@ Launch knobs (see DEFAULTS and scripts/kernel_bench.py, which sweeps them on the
   fp8_dot     over an FP8 pool: "off" converts every e4m3 value to float16 for the dot products (two values an
               instruction: the conversions bound the kernel, docs/perf.md); "qk" quantises q to e4m3 (a scale per
               query head: amax / 448) and takes q.K^T on FP8 tensor cores, V still converted; "qkpv" also
-              rounds the softmax weights p (in [0, 1], no scale) to e4m3 for p.V, as FlashAttention-3's FP8 does.
+              rounds the softmax weights p (in [0, 1], no scale) to e4m3 for p.V, as FlashAttention-3's FP8 does;
+              "kq" is qk's products as K.q^T (the tile's keys as the MMA's rows: Hopper's warp-group FP8 MMA
+              reads K from shared memory as stored) and "swap" also takes p.V as V^T.p^T (V still converted).
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ DEFAULTS = {"block_n": 128, "num_warps": 4, "num_stages": 2}
 # Over an FP8 pool (half the bytes a tile): the same until an FP8 sweep says otherwise (docs/perf.md, session 13),
 # the dot products in float16 (fp8_dot "off").
 FP8_DEFAULTS = {**DEFAULTS, "fp8_dot": "off"}
-FP8_DOTS = ("off", "qk", "qkpv")
+FP8_DOTS = ("off", "qk", "qkpv", "kq", "swap")
 
 
 def _fp8_knobs(launch: str | None, dot: str | None) -> dict:
@@ -107,6 +109,7 @@ def _decode_split_kernel(
         q_s = tl.maximum(tl.max(tl.abs(qf), axis=1), 1e-30) / 448.0
         q = _e4m3(tl.clamp(qf / q_s[:, None], -448.0, 448.0))
         s_scale = (q_s * scale_log2)[:, None]
+        q_t = tl.trans(q)
     else:
         q = q.to(CD)
 
@@ -134,7 +137,11 @@ def _decode_split_kernel(
                 row_off = block * stride_block + head_base + (offs % BLOCK_SIZE) * stride_row
             kv_off = row_off[:, None] + d[None, :]
             k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
-        if FP8_DOT >= 1:
+        if FP8_DOT >= 3:
+            # K.q^T: the keys as the MMA's rows (a 64-row warp-group MMA reads the e4m3 tile from shared memory
+            # as loaded), the group's few query rows its columns, instead of 16 padded query rows.
+            s = tl.trans(tl.dot(k, q_t, out_dtype=tl.float32)) * s_scale
+        elif FP8_DOT >= 1:
             s = tl.dot(q, tl.trans(k), out_dtype=tl.float32) * s_scale
         else:
             if FP8:  # e4m3 is exact in float16; the K scale is in scale_log2
@@ -152,6 +159,9 @@ def _decode_split_kernel(
             v = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
         if FP8_DOT == 2:  # p in [0, 1]: e4m3 without a scale (below 2^-9 it rounds to zero)
             acc = acc * alpha[:, None] + tl.dot(_e4m3(p), v, out_dtype=tl.float32)
+        elif FP8_DOT == 4:  # V^T.p^T: the same products as below, the head dimension as the MMA's rows
+            acc = acc * alpha[:, None] + tl.trans(tl.dot(tl.trans(v.to(CD)), tl.trans(p.to(CD)),
+                                                         input_precision=DOT_PRECISION))
         else:
             if FP8:
                 v = v.to(CD)

@@ -1,0 +1,151 @@
+"""What the decode attention kernel's loop costs in instructions, compiled for the H200 (sm_90) here, without a GPU.
+
+    python scripts/kernel_sass.py [--out FILE.md] [--variants "fp8 fp8:fp8_dot=kq ..."]
+
+Each variant is compiled ahead of time by Triton for sm_90 (the arguments specialised as a launch on the device
+specialises them: aligned pointers and strides, so the K/V loads are software-pipelined into shared memory as
+they are there), its cubin disassembled with the cuobjdump Triton ships, and the main loop (the longest backward
+branch) counted: instructions a warp issues for one tile of keys, the warp-instructions a kilobyte of K/V costs
+(x warps / the tile's K+V bytes), and the opcodes that dominate. A kernel that moves its bytes near the memory's
+rate spends few instructions a byte; session 14 found the e4m3 kernel spending ~3x bf16's (docs/perf.md), its
+V tile read from shared memory a byte at a time (LDS, IMAD, F2FP) because an 8-bit operand cannot be transposed
+by ldmatrix. The counts come from the local Triton, which may differ from the device's: a guide for what to
+measure, never a measurement.
+
+Variant: "bf16" or "fp8", then ":key=value" pairs among block_n, warps, stages, fp8_dot (engine/kernels/
+decode_attention.py's names). Exit 0 with the table; 2 when Triton cannot compile for sm_90 here.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_VARIANTS = "bf16 fp8 fp8:fp8_dot=qk fp8:fp8_dot=kq fp8:fp8_dot=qkpv"
+HEAD_DIM, GROUP, BLOCK_SIZE = 128, 2, 256   # Qwen3-0.6B's geometry, the engine's block
+
+
+def parse_variant(text: str) -> dict:
+    kind, _, rest = text.partition(":")
+    if kind not in ("bf16", "fp8"):
+        raise ValueError(f"variant {text!r}: starts with bf16 or fp8")
+    v = {"fp8": kind == "fp8", "block_n": 128, "warps": 4, "stages": 2, "fp8_dot": "off", "name": text}
+    for pair in filter(None, rest.split(",")):
+        key, _, value = pair.partition("=")
+        if key not in ("block_n", "warps", "stages", "fp8_dot"):
+            raise ValueError(f"variant {text!r}: unknown key {key!r}")
+        v[key] = value if key == "fp8_dot" else int(value)
+    return v
+
+
+def compile_sass(v: dict) -> str:
+    """The variant's SASS, from a process of its own: with TRITON_INTERPRET set (the CPU tests set it) the
+    engine's kernels are imported as interpreted functions, which Triton cannot compile."""
+    env = {k: val for k, val in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--sass-of", v["name"]], env=env,
+                         capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}")
+    return res.stdout
+
+
+def _sass_here(v: dict) -> str:
+    """cuobjdump -sass of the variant's sm_90 cubin, compiled in this process."""
+    sys.path.insert(0, str(REPO))
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine.kernels.decode_attention import FP8_DOTS, _decode_split_kernel
+
+    kv = "fp8e4nv" if v["fp8"] else "bf16"
+    sig = {"q_ptr": "*bf16", "k_cache_ptr": f"*{kv}", "v_cache_ptr": f"*{kv}", "k_desc": f"*{kv}",
+           "v_desc": f"*{kv}", "block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "out_ptr": "*bf16",
+           "acc_ptr": "*fp32", "ml_ptr": "*fp32", **{k: "i32" for k in (
+               "num_splits", "stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_bt", "stride_block",
+               "stride_head", "stride_row")}, "scale_log2": "fp32", "v_scale": "fp32"}
+    consts = {"FP8": v["fp8"], "GROUP": GROUP, "GROUP_PAD": 16, "HEAD_DIM": HEAD_DIM, "BLOCK_SIZE": BLOCK_SIZE,
+              "BLOCK_N": v["block_n"], "PAGE_TILES": True, "TMA": False, "PARTIALS": False,
+              "DOT_PRECISION": "tf32", "FP8_DOT": FP8_DOTS.index(v["fp8_dot"])}
+    sig.update({k: "constexpr" for k in consts})
+    names = list(sig)
+    # A launch specialises what is 16-divisible (pointers from torch, strides of these shapes); the kernel keeps
+    # block_tables/context_lens (unaligned) and num_splits/stride_bt (do_not_specialize) general.
+    aligned = ["q_ptr", "k_cache_ptr", "v_cache_ptr", "k_desc", "v_desc", "out_ptr", "acc_ptr", "ml_ptr",
+               "stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_block", "stride_head", "stride_row"]
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    src = ASTSource(_decode_split_kernel, sig, constexprs=consts, attrs=attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": v["warps"], "num_stages": v["stages"]})
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        return subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
+def main_loop(sass: str) -> list[str]:
+    """The instructions of the longest loop (a branch back to an earlier address), predicates stripped."""
+    ins = [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+([^;]*);", sass)]
+    loops = []
+    for addr, text in ins:
+        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            loops.append((int(target.group(1), 16), addr))
+    if not loops:
+        return []
+    lo, hi = max(loops, key=lambda span: span[1] - span[0])
+    return [re.sub(r"^@!?U?P\w+\s+", "", t) for a, t in ins if lo <= a <= hi]
+
+
+def row(v: dict, loop: list[str]) -> dict:
+    ops = collections.Counter(t.split()[0].split(".")[0] for t in loop)
+    tile_kb = 2 * v["block_n"] * HEAD_DIM * (1 if v["fp8"] else 2) / 1024
+    return {"variant": v["name"], "loop": len(loop), "per_kb": len(loop) * v["warps"] / tile_kb,
+            "top": ", ".join(f"{k} {n}" for k, n in ops.most_common(6))}
+
+
+def markdown(rows: list[dict]) -> str:
+    out = ["| variant | loop instructions a warp | warp-instructions a KB of K/V | most frequent |",
+           "| --- | --- | --- | --- |"]
+    out += [f"| {r['variant']} | {r['loop']} | {r['per_kb']:.0f} | {r['top']} |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS)
+    ap.add_argument("--out", help="write the Markdown table here too")
+    ap.add_argument("--sass-of", help=argparse.SUPPRESS)  # (compile_sass's own process)
+    args = ap.parse_args(argv)
+    if args.sass_of:
+        print(_sass_here(parse_variant(args.sass_of)), end="")
+        return 0
+    try:
+        variants = [parse_variant(t) for t in args.variants.split()]
+    except ValueError as exc:
+        print(f"kernel_sass: {exc}", file=sys.stderr)
+        return 2
+    rows = []
+    for v in variants:
+        try:
+            sass = compile_sass(v)
+        except Exception as exc:  # noqa: BLE001 - no sm_90 backend here, or the variant does not compile
+            print(f"kernel_sass: {v['name']}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+            return 2
+        rows.append(row(v, main_loop(sass)))
+    table = markdown(rows)
+    print(table, end="")
+    if args.out:
+        Path(args.out).write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
