@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 32's next device call (one H200, fake Qwen3-0.6B bf16), after the lab plan (scripts/lab_plan_call.sh):
 #   fp8    the FP8 decode kernel's tensor-core variants timed (kernel_bench.py --kv-cache-dtype fp8 --fp8-dot:
-#          swap and kq at three launch shapes, qk, qkpv, the default first and last), nano --kv-cache-dtype fp8
+#          swap and kq at three launch shapes (256-key tiles among them), qk, qkpv, the default first and last), nano --kv-cache-dtype fp8
 #          --repeats 3 under LABKIT_FP8_DOT=off and swap, two runs a side in the order off swap swap off, and the
 #          fp8-kv logits suite (eager: the bulk decode kernel) under swap
 #   host   where batch-1's host time goes: py-spy (carried wheel) over `bench --workload batch1`, collapsed stacks

@@ -78,7 +78,7 @@ def decode_configs(dry: bool, sweep: bool = True, fp8: bool = False, fp8_dot: bo
         # (session 14 measured qk and qkpv at these shapes: neither beat the default; kq and swap take the MMAs
         # with the keys, then also the head dimension, as rows: 126 and 100 loop instructions a KB against the
         # default's 130, scripts/kernel_sass.py)
-        shapes = [{"block_n": 32}] if dry else [{}, {"num_warps": 8}, {"block_n": 64}]
+        shapes = [{"block_n": 32}] if dry else [{}, {"num_warps": 8}, {"block_n": 256, "num_warps": 8}]
         dots = [{"fp8_dot": d, **sh} for d in ("swap", "kq") for sh in shapes]
         return [default, *dots, {"fp8_dot": "qk"}, {"fp8_dot": "qkpv"}, {"name": "default (again)"}]
     if dry:
