@@ -230,3 +230,38 @@ def test_a_live_windows_check_md_is_titled_by_its_server_and_a_cases_by_its_case
     assert live.splitlines()[0] == "# trace --url http://127.0.0.1:8907: PASS"
     case = check_markdown({"case": "chunk"}, Report(case="chunk"))
     assert case.splitlines()[0].startswith("# trace chunk: ")
+
+
+def test_a_live_window_prints_its_last_steps_with_bounded_rows_and_says_so(chunk_window, monkeypatch, capsys,
+                                                                           tmp_path):
+    """A running server takes hundreds of steps a second, hundreds of rows each: `trace --url` prints the window's
+    last steps, a few rows each, and says that every step is in steps.tsv (the H200's plan: 4,651 steps, 100 s
+    of terminal table). A case run still prints every step."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from labkit.trace import command, live
+    from labkit.trace.tables import compact_steps
+    from tests.helpers import run_cli
+
+    steps = compact_steps(chunk_window)
+    assert len(steps) == 4 and max(len(st["rows"]) for st in steps) >= 2
+    monkeypatch.setattr(command, "LIVE_STEPS_SHOWN", 2)
+    monkeypatch.setattr(command, "LIVE_ROWS_SHOWN", 1)
+    monkeypatch.setattr(live, "record", lambda url, seconds, path: chunk_window)
+    code, out, err = run_cli(["trace", "--url", "http://127.0.0.1:9", "--seconds", "1", "--out",
+                              str(tmp_path / "live")], capsys)
+    shown = [int(n) for n in re.findall(r"^step (\d+) ·", out, re.M)]
+    assert code == 0, out + err
+    assert shown == [st["step"] for st in steps[-2:]]
+    assert "the last 2 of 4 steps shown, at most 1 rows each: every step is in steps.tsv" in out
+    assert len((tmp_path / "live" / "steps.tsv").read_text().splitlines()) > len(steps)  # (every step there)
+    con = Console(file=io.StringIO(), width=80)
+    command._print_steps(chunk_window, con, "a case")   # no limits: every step, every row, no note
+    whole = con.file.getvalue()
+    assert len(re.findall(r"^step \d+ ·", whole, re.M)) == 4 and "steps shown" not in whole
+    code, out, err = run_cli(["trace", "--url", "http://127.0.0.1:9", "--seconds", "1", "--wide", "--out",
+                              str(tmp_path / "live-wide")], capsys)
+    assert code == 0 and "the last 2 of 4 steps" in " ".join(out.split()), out + err

@@ -85,14 +85,28 @@ app = typer.Typer(help="Run a traced case, show every step, and check it against
                   invoke_without_command=True, no_args_is_help=False)
 
 
-def _print_steps(events: list[dict], console: Console, title: str, wide: bool = False) -> None:
+# What a live window prints of its steps (every step is in its steps.tsv and events.jsonl): a running server takes
+# hundreds of steps a second with hundreds of rows each (the H200's lab plan: 4,651 steps in 10 s, the terminal
+# table alone 100 s of the trace's time).
+LIVE_STEPS_SHOWN = 4
+LIVE_ROWS_SHOWN = 16
+
+
+def _print_steps(events: list[dict], console: Console, title: str, wide: bool = False,
+                 last_steps: int | None = None, max_rows: int | None = None) -> None:
+    """Every step's rows, or (a live window) its last `last_steps` steps with at most `max_rows` rows each, and a
+    line saying what was left out and where it is."""
     if wide:
-        _print_steps_wide(events, console, title)
+        _print_steps_wide(events, console, title, last_steps)
         return
     console.print(Text(title, style="bold"))
     steps = compact_steps(events)
+    left_out = max(0, len(steps) - last_steps) if last_steps is not None else 0
+    steps = steps[left_out:]
+    cut = {st["step"]: max(0, len(st["rows"]) - max_rows) if max_rows is not None else 0 for st in steps}
     header = ("id", "row", "new", "KV cached", "outputs", "status", "blocks")
-    cells = {st["step"]: [_compact_cells(r) for r in st["rows"]] for st in steps}
+    cells = {st["step"]: [_compact_cells(r) for r in st["rows"][:len(st["rows"]) - cut[st["step"]]]]
+             for st in steps}
     # One grid per step, all with the same column widths, so the step's own line sits between them and the
     # columns still line up down the whole run.
     widths = [max([cell_len(h)] + [cell_len(row[i]) for rows in cells.values() for row in rows])
@@ -110,6 +124,11 @@ def _print_steps(events: list[dict], console: Console, title: str, wide: bool = 
     for st in steps:
         console.print(Text(_step_line(st), style="bold"))
         console.print(grid(cells[st["step"]]))
+        if cut[st["step"]]:
+            console.print(Text(f"  ... {cut[st['step']]} more row(s) of step {st['step']}", style="dim"))
+    if left_out or any(cut.values()):
+        console.print(Text(f"(the last {len(steps)} of {left_out + len(steps)} steps shown, at most {max_rows} rows "
+                           f"each: every step is in steps.tsv)", style="dim"))
 
 
 def _step_line(st: dict) -> str:
@@ -147,12 +166,16 @@ def _dash(v) -> str:
     return "-" if v is None else str(v)
 
 
-def _print_steps_wide(events: list[dict], console: Console, title: str) -> None:
+def _print_steps_wide(events: list[dict], console: Console, title: str, last_steps: int | None = None) -> None:
     table = Table(title=title, show_lines=False, header_style="bold")
     for col in ("step", "phase", "scheduled (id total/cached/sched/blocks)", "model inputs", "preempted",
                 "after postprocess (id total/cached/outputs status blocks)", "free"):
         table.add_column(col, overflow="fold")
-    for row in steps_table(events):
+    rows = steps_table(events)
+    left_out = max(0, len(rows) - last_steps) if last_steps is not None else 0
+    if left_out:
+        table.caption = f"the last {len(rows) - left_out} of {len(rows)} steps: every step is in steps.tsv"
+    for row in rows[left_out:]:
         table.add_row(str(row["step"]), str(row["phase"]), row["scheduled"], row["inputs"], row["preempted"],
                       row["after"], str(row["free"]))
     console.print(table)
@@ -384,7 +407,8 @@ def _trace_url(url: str, seconds: float, out: Path | None, console: Console, as_
     if perfetto is not None:
         extra["files_perfetto"] = str(write_perfetto(events, perfetto))
     if not quiet and steps:
-        _print_steps(events, console, f"{url}: steps {steps[0]}-{steps[-1]} of the running server", wide)
+        _print_steps(events, console, f"{url}: steps {steps[0]}-{steps[-1]} of the running server", wide,
+                     last_steps=LIVE_STEPS_SHOWN, max_rows=LIVE_ROWS_SHOWN)
     result = _outputs(out_dir, events, report, env, extra)
     if as_json:
         print_json(result)
