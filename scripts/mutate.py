@@ -51,7 +51,7 @@ FAST_TESTS = [
     # (session 13)
     "tests/test_decode_knobs.py",
     # (session 14)
-    "tests/test_fp8_dot.py",
+    "tests/test_fp8_dot.py", "tests/test_fused_decode.py",
 ]
 CASES_TIMEOUT_S = 900
 TESTS_TIMEOUT_S = 1500
@@ -401,6 +401,12 @@ MUTATIONS = [
     M("N68", "engine/kernels/decode_attention.py",
       "acc = acc * alpha[:, None] + tl.trans(tl.dot(tl.trans(v.to(CD))",
       "acc = acc + tl.trans(tl.dot(tl.trans(v.to(CD))", "fp8_dot swap's V^T.p^T added without the running rescale"),
+    M("N69", "engine/kernels/decode_layer.py",
+      "NORM_CHUNK=min(NORM_CHUNK, triton.next_power_of_2(K)) if M > 1 else 0,",
+      "NORM_CHUNK=min(NORM_CHUNK, triton.next_power_of_2(K)),",
+      "the norm chunk taken at batch 1 too (the knob is for 2-16 rows)"),
+    M("N70", "engine/kernels/decode_layer.py", "ss += tl.sum(h * h, axis=1)", "ss = tl.sum(h * h, axis=1)",
+      "the chunked norm keeps only its last chunk's sum of squares"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -26,7 +26,7 @@ def test_the_defaults_are_the_measured_ones():
     if any(k.startswith("LABKIT_DECODE") for k in os.environ):
         pytest.skip("a knob is set in this environment")
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
-            decode_layer.MERGE_PDL, SHORT_CONTEXT) == (16, 8, 4, 128, "0", 512)
+            decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, SHORT_CONTEXT) == (16, 8, 4, 128, "0", 0, 512)
 
 
 def test_each_knob_is_read_when_set():
@@ -36,14 +36,16 @@ def test_each_knob_is_read_when_set():
                        "print(d._BLOCK_N, d._WARPS, d._WARPS_ONE_ROW, d.ATTN_BLOCK_N, d.MERGE_PDL, g.SHORT_CONTEXT)")
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["32", "4", "4", "64", "1", "0"]  # (two values: batch 1 takes the same warps)
-    res = _import_with({"LABKIT_DECODE_GEMV": "64,8,2"},
-                       "from engine.kernels import decode_layer as d; print(d._BLOCK_N, d._WARPS, d._WARPS_ONE_ROW)")
+    res = _import_with({"LABKIT_DECODE_GEMV": "64,8,2", "LABKIT_DECODE_NORM_CHUNK": "128"},
+                       "from engine.kernels import decode_layer as d; "
+                       "print(d._BLOCK_N, d._WARPS, d._WARPS_ONE_ROW, d.NORM_CHUNK)")
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["64", "8", "2"]
+    assert res.stdout.split() == ["64", "8", "2", "128"]
 
 
 @pytest.mark.parametrize("var, value", [("LABKIT_DECODE_GEMV", "24,8"), ("LABKIT_DECODE_GEMV", "32"),
                                         ("LABKIT_DECODE_GEMV", "16,8,3"), ("LABKIT_DECODE_GEMV", "16,8,4,4"),
+                                        ("LABKIT_DECODE_NORM_CHUNK", "100"),
                                         ("LABKIT_DECODE_BLOCK_N", "48"), ("LABKIT_DECODE_MERGE_PDL", "yes"),
                                         ("LABKIT_DECODE_SHORT_CONTEXT", "-1")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
@@ -60,33 +62,40 @@ def test_with_short_context_off_no_step_replays_the_one_split_graph(monkeypatch)
     assert not d.one_split(1, [1]) and not d.one_split(2, [5, 9])
 
 
+class _Launched(Exception):
+    """Raised by a kernel stand-in in place of launching: the launch's keyword arguments."""
+
+
+def _launches(monkeypatch, module, kernel: str) -> list[dict]:
+    """Stand `module.kernel[grid](...)` in: each launch records its keyword arguments and raises _Launched."""
+    seen: list[dict] = []
+
+    def launch(*args, **kwargs):
+        seen.append(kwargs)
+        raise _Launched
+
+    class Grid:
+        def __getitem__(self, grid):
+            return launch
+
+    monkeypatch.setattr(module, kernel, Grid())
+    return seen
+
+
 def test_an_fp8_pool_launches_with_the_fp8_knobs_and_a_bf16_pool_with_the_defaults(monkeypatch):
     """paged_decode takes its launch knobs by the pool's dtype (a planted swap would time the wrong kernel)."""
     from engine.kernels import decode_attention as da
 
-    seen = []
-
-    class Stop(Exception):
-        pass
-
-    def fake_launch(*args, **kwargs):
-        seen.append(kwargs.get("BLOCK_N"))
-        raise Stop
-
-    class Grid:
-        def __getitem__(self, grid):
-            return fake_launch
-
-    monkeypatch.setattr(da, "_decode_split_kernel", Grid())
+    seen = _launches(monkeypatch, da, "_decode_split_kernel")
     monkeypatch.setattr(da, "FP8_KNOBS", {**da.FP8_DEFAULTS, "block_n": 64})
     q = torch.zeros(1, 2, 16)
     tables = torch.zeros(1, 1, dtype=torch.int32)
     lens = torch.ones(1, dtype=torch.int32)
     for dtype in (torch.float32, torch.float8_e4m3fn):
         cache = torch.zeros(1, 1, 128, 16).to(dtype)
-        with pytest.raises(Stop):
+        with pytest.raises(_Launched):
             da.paged_decode(q, cache, cache, tables, lens, 1.0, 1)
-    assert seen == [da.DEFAULTS["block_n"], 64]
+    assert [k["BLOCK_N"] for k in seen] == [da.DEFAULTS["block_n"], 64]
 
 
 @pytest.mark.parametrize("rows, warps", [(1, 4), (2, 8), (16, 8)])
@@ -94,20 +103,19 @@ def test_a_one_row_gemv_launches_with_the_batch_1_warps(monkeypatch, rows, warps
     """Four warps at batch 1 (FMA path), eight for a tile of 2-16 rows (session 14: four there spill, 6.8x slower)."""
     from engine.kernels import decode_layer as dl
 
-    seen = []
-
-    class Stop(Exception):
-        pass
-
-    def fake_launch(*args, **kwargs):
-        seen.append(kwargs.get("num_warps"))
-        raise Stop
-
-    class Grid:
-        def __getitem__(self, grid):
-            return fake_launch
-
-    monkeypatch.setattr(dl, "_gemv_kernel", Grid())
-    with pytest.raises(Stop):
+    seen = _launches(monkeypatch, dl, "_gemv_kernel")
+    with pytest.raises(_Launched):
         dl.gemv(torch.zeros(32, 64), x=torch.zeros(rows, 64))
-    assert seen == [warps]
+    assert [k["num_warps"] for k in seen] == [warps]
+
+
+@pytest.mark.parametrize("rows, chunk", [(1, 0), (2, 128), (16, 128)])
+def test_the_norm_chunk_applies_to_a_tile_of_rows_only(monkeypatch, rows, chunk):
+    """LABKIT_DECODE_NORM_CHUNK is for batches 2-16 (their GEMV tile spills); batch 1 keeps whole rows."""
+    from engine.kernels import decode_layer as dl
+
+    seen = _launches(monkeypatch, dl, "_gemv_kernel")
+    monkeypatch.setattr(dl, "NORM_CHUNK", 128)
+    with pytest.raises(_Launched):
+        dl.gemv(torch.zeros(32, 1024), x=torch.zeros(rows, 1024), norm_weight=torch.ones(1024))
+    assert [k["NORM_CHUNK"] for k in seen] == [chunk]

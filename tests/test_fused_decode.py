@@ -32,9 +32,10 @@ def _close(a, b, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
 @pytest.mark.parametrize("M", [1, 3])
-@pytest.mark.parametrize("rows", [16, 32])
-def test_gemv_with_partials_residual_and_norm_is_add_rms_norm_then_matmul(dtype, M, rows, monkeypatch):
+@pytest.mark.parametrize("rows, chunk", [(16, 0), (32, 0), (16, 64)])
+def test_gemv_with_partials_residual_and_norm_is_add_rms_norm_then_matmul(dtype, M, rows, chunk, monkeypatch):
     monkeypatch.setattr(decode_layer, "_BLOCK_N", rows)  # 40 rows: the last tile part masked either way
+    monkeypatch.setattr(decode_layer, "NORM_CHUNK", chunk)  # 64: the norm's rows in 4 chunks, the last masked
     K, N, S = 192, 40, 3
     parts = _rand(S, M, K, seed=1)
     residual = _rand(M, K, dtype=dtype, seed=2)
@@ -49,7 +50,9 @@ def test_gemv_with_partials_residual_and_norm_is_add_rms_norm_then_matmul(dtype,
 
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
 @pytest.mark.parametrize("M", [1, 5])
-def test_gemv_silu_epilogue_is_silu_and_mul_of_gate_up(dtype, M):
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_gemv_silu_epilogue_is_silu_and_mul_of_gate_up(dtype, M, chunk, monkeypatch):
+    monkeypatch.setattr(decode_layer, "NORM_CHUNK", chunk)
     K, I = 64, 48
     x = _rand(M, K, dtype=dtype, seed=5)
     nw = _rand(K, dtype=dtype, seed=6) + 1

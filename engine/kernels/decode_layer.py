@@ -78,6 +78,13 @@ def _gemv_shape(text: str) -> tuple[int, int, int]:
 # token against eight's 0.839 (-11%); at batch 16 four warps take 1.43 ms against 0.21 (the tile spills).
 _BLOCK_N, _WARPS, _WARPS_ONE_ROW = _gemv_shape(os.environ.get("LABKIT_DECODE_GEMV", "16,8,4"))
 
+# The norm's statistics over whole rows at once (0, as measured so far) or NORM_CHUNK columns at a time, for a
+# tile of 2-16 rows (one row holds little): fewer registers, a knob for the next device sweep at batches 2-16
+# (docs/perf.md, session 14: batch 16 decodes at 3.4 ms a step, and its GEMVs spill).
+NORM_CHUNK = int(os.environ.get("LABKIT_DECODE_NORM_CHUNK", "0"))
+if NORM_CHUNK not in (0, 64, 128, 256, 512):
+    raise ValueError(f"LABKIT_DECODE_NORM_CHUNK: 0, 64, 128, 256 or 512, got {NORM_CHUNK}")
+
 
 def _pdl(device: torch.device) -> tuple[bool, bool, dict]:
     """(USE_PDL, EARLY constexprs, launch kwargs) for a launch on this device."""
@@ -116,7 +123,7 @@ def _gemv_kernel(
     S_IN: tl.constexpr, RESIDUAL: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, PARTIALS: tl.constexpr,
     EVEN: tl.constexpr, FULL_EVEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_FULL: tl.constexpr,
-    USE_PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM_CHUNK: tl.constexpr = 0,
 ):
     """y = W @ f(x) for M <= 16 rows. Program (n tile, k split) owns BLOCK_N rows of W and one KS-wide range of
     K, loaded whole before the wait. PARTIALS stores float32 partials [splits, M, N]; else model-dtype y [M, N]
@@ -149,13 +156,27 @@ def _gemv_kernel(
     x = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, offs_k, x_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
     if NORM:
         # The statistics need whole rows: every program reads them (a few KiB, from L2) and gets the same sums.
-        kf = tl.arange(0, K_FULL)
-        full_mask = m_mask[:, None] if FULL_EVEN else m_mask[:, None] & (kf < K)[None, :]
-        h = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, kf, full_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
-        if RESIDUAL:
-            if (pid_n == 0) & (pid_k == 0):  # the new residual stream, written once
-                tl.store(res_out_ptr + offs_m[:, None] * K + kf[None, :], h.to(DT), mask=full_mask)
-        rstd = tl.math.rsqrt(tl.sum(h * h, axis=1) / K + eps)
+        if NORM_CHUNK == 0:
+            kf = tl.arange(0, K_FULL)
+            full_mask = m_mask[:, None] if FULL_EVEN else m_mask[:, None] & (kf < K)[None, :]
+            h = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, kf, full_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
+            if RESIDUAL:
+                if (pid_n == 0) & (pid_k == 0):  # the new residual stream, written once
+                    tl.store(res_out_ptr + offs_m[:, None] * K + kf[None, :], h.to(DT), mask=full_mask)
+            ss = tl.sum(h * h, axis=1)
+        else:
+            # A chunk of the rows at a time: 16 rows x K float32 held at once spill at 8 warps (session 14,
+            # scripts/kernel_sass.py's way: 188 spill loads in the q/k/v GEMV at batch 16).
+            ss = tl.zeros([BLOCK_M], tl.float32)
+            for c in tl.static_range(0, K_FULL, NORM_CHUNK):
+                kf = c + tl.arange(0, NORM_CHUNK)
+                full_mask = m_mask[:, None] & (kf < K)[None, :]
+                h = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, kf, full_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
+                if RESIDUAL:
+                    if (pid_n == 0) & (pid_k == 0):
+                        tl.store(res_out_ptr + offs_m[:, None] * K + kf[None, :], h.to(DT), mask=full_mask)
+                ss += tl.sum(h * h, axis=1)
+        rstd = tl.math.rsqrt(ss / K + eps)
         x = _rnd(_rnd(x * rstd[:, None], DT) * nw[None, :], DT)
 
     if BLOCK_M == 1:
@@ -229,8 +250,9 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | None = None, partials: torch.Tens
         EVEN=ks == triton.next_power_of_2(ks) and ks >= 16 and K % ks == 0,
         FULL_EVEN=K == triton.next_power_of_2(K), BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
         BLOCK_K=max(16, triton.next_power_of_2(ks)), K_FULL=triton.next_power_of_2(K), USE_PDL=use_pdl,
-        EARLY=early, DOT_PRECISION=dot_precision(dtype), num_warps=_WARPS_ONE_ROW if M == 1 else _WARPS,
-        enable_fp_fusion=False, **launch)
+        EARLY=early, DOT_PRECISION=dot_precision(dtype),
+        NORM_CHUNK=min(NORM_CHUNK, triton.next_power_of_2(K)) if M > 1 else 0,
+        num_warps=_WARPS_ONE_ROW if M == 1 else _WARPS, enable_fp_fusion=False, **launch)
     return (y, res_out) if residual is not None else y
 
 
