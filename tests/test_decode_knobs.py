@@ -109,9 +109,10 @@ def test_a_one_row_gemv_launches_with_the_batch_1_warps(monkeypatch, rows, warps
     assert [k["num_warps"] for k in seen] == [warps]
 
 
-@pytest.mark.parametrize("rows, chunk", [(1, 0), (2, 128), (16, 128)])
+@pytest.mark.parametrize("rows, chunk", [(1, 1024), (2, 128), (16, 128)])
 def test_the_norm_chunk_applies_to_a_tile_of_rows_only(monkeypatch, rows, chunk):
-    """LABKIT_DECODE_NORM_CHUNK is for batches 2-16 (their GEMV tile spills); batch 1 keeps whole rows."""
+    """LABKIT_DECODE_NORM_CHUNK is for batches 2-16 (their GEMV tile spills); batch 1 keeps whole rows (a chunk of
+    all K columns)."""
     from engine.kernels import decode_layer as dl
 
     seen = _launches(monkeypatch, dl, "_gemv_kernel")

@@ -123,7 +123,7 @@ def _gemv_kernel(
     S_IN: tl.constexpr, RESIDUAL: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, PARTIALS: tl.constexpr,
     EVEN: tl.constexpr, FULL_EVEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_FULL: tl.constexpr,
-    USE_PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM_CHUNK: tl.constexpr = 0,
+    USE_PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM_CHUNK: tl.constexpr,
 ):
     """y = W @ f(x) for M <= 16 rows. Program (n tile, k split) owns BLOCK_N rows of W and one KS-wide range of
     K, loaded whole before the wait. PARTIALS stores float32 partials [splits, M, N]; else model-dtype y [M, N]
@@ -155,27 +155,17 @@ def _gemv_kernel(
     x_mask = m_mask[:, None] if EVEN else m_mask[:, None] & k_mask[None, :]
     x = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, offs_k, x_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
     if NORM:
-        # The statistics need whole rows: every program reads them (a few KiB, from L2) and gets the same sums.
-        if NORM_CHUNK == 0:
-            kf = tl.arange(0, K_FULL)
+        # The statistics need whole rows: every program reads them (a few KiB, from L2) and gets the same sums,
+        # NORM_CHUNK columns at a time (K_FULL: all at once; fewer at 2-16 rows, whose 16 x K float32 would spill).
+        ss = tl.zeros([BLOCK_M], tl.float32)
+        for c in tl.static_range(0, K_FULL, NORM_CHUNK):
+            kf = c + tl.arange(0, NORM_CHUNK)
             full_mask = m_mask[:, None] if FULL_EVEN else m_mask[:, None] & (kf < K)[None, :]
             h = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, kf, full_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
             if RESIDUAL:
                 if (pid_n == 0) & (pid_k == 0):  # the new residual stream, written once
                     tl.store(res_out_ptr + offs_m[:, None] * K + kf[None, :], h.to(DT), mask=full_mask)
-            ss = tl.sum(h * h, axis=1)
-        else:
-            # A chunk of the rows at a time: 16 rows x K float32 held at once spill at 8 warps (session 14,
-            # scripts/kernel_sass.py's way: 188 spill loads in the q/k/v GEMV at batch 16).
-            ss = tl.zeros([BLOCK_M], tl.float32)
-            for c in tl.static_range(0, K_FULL, NORM_CHUNK):
-                kf = c + tl.arange(0, NORM_CHUNK)
-                full_mask = m_mask[:, None] & (kf < K)[None, :]
-                h = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, kf, full_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
-                if RESIDUAL:
-                    if (pid_n == 0) & (pid_k == 0):
-                        tl.store(res_out_ptr + offs_m[:, None] * K + kf[None, :], h.to(DT), mask=full_mask)
-                ss += tl.sum(h * h, axis=1)
+            ss += tl.sum(h * h, axis=1)
         rstd = tl.math.rsqrt(ss / K + eps)
         x = _rnd(_rnd(x * rstd[:, None], DT) * nw[None, :], DT)
 
@@ -240,6 +230,7 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | None = None, partials: torch.Tens
     res_out = torch.empty(M, K, dtype=dtype, device=dev) if residual is not None else y
     use_pdl, early, launch = _pdl(dev)
     block_m = 1 if M == 1 else 16
+    k_full = triton.next_power_of_2(K)
     grid = (triton.cdiv(N, _BLOCK_N), split)
     _gemv_kernel[grid](
         w, x if x is not None else w, partials if partials is not None else w,
@@ -249,9 +240,9 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | None = None, partials: torch.Tens
         NORM=norm_weight is not None, SILU=silu, PARTIALS=partials_out,
         EVEN=ks == triton.next_power_of_2(ks) and ks >= 16 and K % ks == 0,
         FULL_EVEN=K == triton.next_power_of_2(K), BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
-        BLOCK_K=max(16, triton.next_power_of_2(ks)), K_FULL=triton.next_power_of_2(K), USE_PDL=use_pdl,
+        BLOCK_K=max(16, triton.next_power_of_2(ks)), K_FULL=k_full, USE_PDL=use_pdl,
         EARLY=early, DOT_PRECISION=dot_precision(dtype),
-        NORM_CHUNK=min(NORM_CHUNK, triton.next_power_of_2(K)) if M > 1 else 0,
+        NORM_CHUNK=min(NORM_CHUNK or k_full, k_full) if M > 1 else k_full,
         num_warps=_WARPS_ONE_ROW if M == 1 else _WARPS, enable_fp_fusion=False, **launch)
     return (y, res_out) if residual is not None else y
 
