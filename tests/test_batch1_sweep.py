@@ -52,17 +52,17 @@ def test_the_lab_plan_call_runs_detached_and_finish_packs_the_plan_and_its_repor
     assert (labs / "report" / "evidence.tar.gz").exists() and "report/evidence.tar.gz" not in names
 
 
-def test_the_issue32_call_runs_the_sections_asked_and_says_what_it_could_not(tmp_path, tiny_model):
-    """scripts/issue32_call.sh on a machine without py-spy: its host section says so, an unknown section is
+def test_the_issue32_sweeps_runs_the_sections_asked_and_says_what_it_could_not(tmp_path, tiny_model):
+    """scripts/issue32_sweeps.sh on a machine without py-spy: its host section says so, an unknown section is
     named, the archive and the summary come back (the device sections are the same commands as the tested
     scripts: kernel_bench.py, labkit bench, logits-check, batch1_sweep.sh)."""
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "OUT": str(out), "SECTIONS": "host bogus", "DEVICE": "cpu", "FAKE_MODEL": tiny_model,
            "PATH": "/usr/bin:/bin"}
-    res = subprocess.run(["bash", "scripts/issue32_call.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+    res = subprocess.run(["bash", "scripts/issue32_sweeps.sh"], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0, res.stderr
     summary = (out / "summary.txt").read_text()
     assert "host: no py-spy" in summary and "unknown section bogus" in summary and "done @" in summary
-    assert (out / "issue32.tgz").exists()
+    assert (out / "issue32-sweeps.tgz").exists()
