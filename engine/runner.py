@@ -6,6 +6,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .batch_plan import BatchPlan
@@ -13,7 +14,7 @@ from .config import Config
 from .context import Context, DecodeMeta, PrefillMeta, reset_context, set_context
 from .device import num_sms, resolve_device, resolve_dtype
 from .distributed import all_reduce_min, broadcast_from_rank0, set_tp
-from .graph_dispatch import SHORT_CONTEXT, GraphDispatch, decode_buckets
+from .graph_dispatch import GRAPH_SAMPLE_BS, SHORT_CONTEXT, GraphDispatch, decode_buckets
 from .kernel_choice import choose_kernels
 from .kv_layout import pool_shape
 from .kv_quant import cache_dtype
@@ -86,24 +87,35 @@ def _copy_ids(ids: torch.Tensor, previous: torch.Tensor, n: int, dst, src) -> No
         ids.index_copy_(0, dst, previous.index_select(0, src).to(ids.dtype))
 
 
+def graph_input_size(max_bs: int, max_blocks: int) -> int:
+    """int32 elements of the decode graphs' input buffer (graph_input_views)."""
+    return 12 * max_bs + max_bs * max_blocks
+
+
 def graph_input_views(buf: torch.Tensor, max_bs: int, max_blocks: int) -> dict[str, torch.Tensor]:
     """The decode graphs' inputs as views of one flat int32 buffer: [ids | positions | slots | context
-    lengths | block tables], each of max_bs rows. The tables come last, so rows [:bs] of every input are
-    covered by one prefix of the buffer (see fill_graph_inputs)."""
+    lengths | temperatures (float32) | . | seeds (int64) | . | block tables], each of max_bs rows (the last
+    three 16-byte aligned for any max_bs). The tables come last, so rows [:bs] of every input are covered by one
+    prefix of the buffer (see fill_graph_inputs). Temperatures and seeds feed a graph that draws its tokens
+    (GRAPH_SAMPLE_BS)."""
     return {
         "input_ids": buf[0:max_bs],
         "positions": buf[max_bs:2 * max_bs],
         "slot_mapping": buf[2 * max_bs:3 * max_bs],
         "context_lens": buf[3 * max_bs:4 * max_bs],
-        "block_tables": buf[4 * max_bs:4 * max_bs + max_bs * max_blocks].view(max_bs, max_blocks),
+        "temperatures": buf[4 * max_bs:5 * max_bs].view(torch.float32),
+        "seeds": buf[8 * max_bs:10 * max_bs].view(torch.int64),
+        "block_tables": buf[12 * max_bs:12 * max_bs + max_bs * max_blocks].view(max_bs, max_blocks),
     }
 
 
-def fill_graph_inputs(a, inputs: StepInputs, max_bs: int, max_blocks: int) -> int:
-    """Write one decode step into `a` (a numpy view of the host mirror, laid out as graph_input_views);
+def fill_graph_inputs(a, inputs: StepInputs, max_bs: int, max_blocks: int,
+                      draw: tuple[list[float], list[int]] | None = None) -> int:
+    """Write one decode step into `a` (a numpy int32 view of the host mirror, laid out as graph_input_views);
     return how many leading elements must reach the device. Padding rows up to the bucket read token 0 at
     position 0, write no KV (slot -1) and attend to nothing (context 0); table entries past a row's width
-    and rows past the bucket are never read."""
+    and rows past the bucket are never read. draw: the rows' (temperatures, seeds) for a graph that samples;
+    its padding rows draw greedily from seed 0 (their ids are dropped)."""
     bs, bucket = len(inputs.input_ids), inputs.graph_batch
     a[0:bs] = inputs.input_ids
     a[bs:bucket] = 0  # the staging buffer is shared: padding rows must not keep another upload's bytes
@@ -113,9 +125,15 @@ def fill_graph_inputs(a, inputs: StepInputs, max_bs: int, max_blocks: int) -> in
     a[2 * max_bs + bs:2 * max_bs + bucket] = -1
     a[3 * max_bs:3 * max_bs + bs] = inputs.context_lens
     a[3 * max_bs + bs:3 * max_bs + bucket] = 0
+    if draw is not None:
+        temps, seeds = a[4 * max_bs:5 * max_bs].view(np.float32), a[8 * max_bs:10 * max_bs].view(np.int64)
+        temps[:bs], seeds[:bs] = draw
+        temps[bs:bucket] = 0.0
+        seeds[bs:bucket] = 0
     tables = inputs.block_tables
-    a[4 * max_bs:4 * max_bs + bs * max_blocks].reshape(bs, max_blocks)[:, :len(tables[0])] = tables
-    return 4 * max_bs + bs * max_blocks
+    t0 = 12 * max_bs
+    a[t0:t0 + bs * max_blocks].reshape(bs, max_blocks)[:, :len(tables[0])] = tables
+    return t0 + bs * max_blocks
 
 
 class _Laps:
@@ -171,12 +189,16 @@ class ModelRunner:
         self.staging = Staging(self.device)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         # How rank 0 picks each step's tokens (engine/sampler.py); the engine may swap in another strategy.
-        self.sampling = DeviceSampling(config.seed, self.device, self.staging, self.kernels.gumbel_sampler)
+        self.sampling = self._device_sampling = DeviceSampling(config.seed, self.device, self.staging,
+                                                               self.kernels.gumbel_sampler)
         self._sampled: torch.Tensor | None = None  # the last step's sampled ids, on the device (rank 0)
         self._num_sampled = 0                      # how many rows the last step sampled (every rank)
+        self._drawn: torch.Tensor | None = None    # this step's ids when its graph drew them (rank 0)
         self.num_kv_heads = self.attn_layers[0].num_kv_heads
         self.head_dim = self.attn_layers[0].head_dim
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # A graph that ends in the LM head and the draw (GRAPH_SAMPLE_BS): its logits and ids, live in its pool.
+        self.graph_heads: dict[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]] = {}
         self.graph_bs: list[int] = []
         self.mixed_graphs = None
         self.dispatch = GraphDispatch()  # which graph a step replays (engine/graph_dispatch.py); none captured yet
@@ -347,7 +369,7 @@ class ModelRunner:
         self._num_sampled = len(plan.sample_rows)
         if self.rank != 0:
             return Launched(inputs)
-        picked = self.sampling(plan, logits)
+        picked = self._drawn if self._drawn is not None else self.sampling(plan, logits)
         if isinstance(picked, list):  # a host-side strategy (teacher forcing)
             self._sampled = None
             return Launched(inputs, chosen=picked)
@@ -356,12 +378,16 @@ class ModelRunner:
 
     @phase("engine::forward")
     def _logits(self, plan: BatchPlan, inputs: StepInputs, previous: torch.Tensor | None) -> torch.Tensor | None:
-        """The sampling rows' logits (None off rank 0): a graph replay or an eager pass, then the LM head."""
+        """The sampling rows' logits (None off rank 0): a graph replay or an eager pass, then the LM head. A
+        small decode graph runs the LM head itself, and may draw the tokens too (then self._drawn holds them)."""
+        self._drawn = None
         try:
             if inputs.execution == "eager":
                 hidden = self._forward(plan, inputs, previous)
             elif inputs.graph_prefill is None:
-                hidden = self._replay(inputs, plan.from_previous, previous)
+                hidden, head = self._replay(plan, inputs, previous)
+                if head is not None:
+                    return head
             else:
                 hidden = self._replay_mixed(plan, inputs, previous)
             return self.model.compute_logits(hidden)
@@ -408,7 +434,7 @@ class ModelRunner:
         max_blocks = -(-cfg.max_model_len // self.block_size)
         hidden = cfg.hf_config.hidden_size
         dev = self.device
-        size = 4 * max_bs + max_bs * max_blocks
+        size = graph_input_size(max_bs, max_blocks)
         self._graph_inputs = torch.zeros(size, dtype=torch.int32, device=dev)
         self.staging.reserve(self._graph_inputs.numel() * self._graph_inputs.element_size())
         self.graph_vars = gv = graph_input_views(self._graph_inputs, max_bs, max_blocks)
@@ -423,6 +449,8 @@ class ModelRunner:
         # long contexts fill the GPU; while every context is short, one program per head reading it all is
         # faster than the split and the merge launch. Those buckets get a second graph of one split.
         self.short_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # (one process only: under tensor parallel the LM head's gather is a collective of its own)
+        head_bs = GRAPH_SAMPLE_BS if self.world_size == 1 and self.kernels.gumbel_sampler else 0
         for bs in reversed(self.graph_bs):
             for graphs, splits in ((self.graphs, self.graph_splits[bs]),
                                    (self.short_graphs, 1 if self.graph_splits[bs] > 1 and SHORT_CONTEXT else None)):
@@ -431,29 +459,53 @@ class ModelRunner:
                 graph = torch.cuda.CUDAGraph()
                 set_context(Context(gv["slot_mapping"][:bs], DecodeMeta(
                     bs, gv["context_lens"][:bs], gv["block_tables"][:bs], num_splits=splits)))
-                gv["outputs"][:bs] = self.model(gv["input_ids"][:bs], gv["positions"][:bs])  # warm-up
+                self._graph_body(bs, bs <= head_bs)  # warm-up (and compiles, outside the capture)
                 with torch.cuda.graph(graph, pool):
-                    gv["outputs"][:bs] = self.model(gv["input_ids"][:bs], gv["positions"][:bs])
+                    head = self._graph_body(bs, bs <= head_bs)
                 if pool is None:
                     pool = graph.pool()
                 graphs[bs] = graph
+                if head is not None:
+                    self.graph_heads[graph] = head
                 torch.cuda.synchronize()
                 reset_context()
         return pool
 
-    def _replay(self, inputs: StepInputs, from_previous: list[int] | None,
-                previous: torch.Tensor | None) -> torch.Tensor:
+    def _graph_body(self, bs: int, head: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """What a decode graph of bs rows runs: the model into the outputs buffer; with head, then the LM head
+        and the Gumbel draw from the buffer's temperatures and seeds (returns the logits and the ids)."""
+        gv = self.graph_vars
+        gv["outputs"][:bs] = self.model(gv["input_ids"][:bs], gv["positions"][:bs])
+        if not head:
+            return None
+        from .kernels.gumbel_sampler import gumbel_argmax
+
+        logits = self.model.compute_logits(gv["outputs"][:bs])
+        return logits, gumbel_argmax(logits, gv["temperatures"][:bs], gv["seeds"][:bs])
+
+    def _replay(self, plan: BatchPlan, inputs: StepInputs, previous: torch.Tensor | None):
+        """A decode graph's replay: (the hidden states, None), or (None, the logits) from a graph that runs the
+        LM head; if that graph may also draw this plan's tokens (DeviceSampling.in_graph), self._drawn = ids."""
+        bucket = inputs.graph_batch
+        graph = (self.short_graphs if self.dispatch.one_split(bucket, inputs.context_lens) else self.graphs)[bucket]
+        head = self.graph_heads.get(graph)
+        draw = self.sampling.in_graph(plan) if head is not None and self.sampling is self._device_sampling else None
         self.staging.upload_into(self._graph_inputs, lambda host: fill_graph_inputs(
-            host, inputs, self.graph_max_bs, self.graph_max_blocks))
+            host, inputs, self.graph_max_bs, self.graph_max_blocks, draw))
         if previous is not None:
-            dst, src = _id_patch(from_previous) or (None, None)
+            dst, src = _id_patch(plan.from_previous) or (None, None)
             index = {} if dst is None else self.staging.upload(ids_dst=(dst, torch.int64), ids_src=(src, torch.int64))
             _copy_ids(self.graph_vars["input_ids"], previous, inputs.num_decodes, index.get("ids_dst"),
                       index.get("ids_src"))
-        bucket = inputs.graph_batch
-        (self.short_graphs if self.dispatch.one_split(bucket, inputs.context_lens) else self.graphs)[bucket].replay()
+        graph.replay()
         set_context(Context())
-        return self.graph_vars["outputs"][:inputs.num_decodes]
+        n = inputs.num_decodes
+        if head is None:
+            return self.graph_vars["outputs"][:n], None
+        if draw is not None:
+            self._drawn = head[1][:n]
+        # (the graph's logits are overwritten by its next replay: a host-side strategy may keep the rows)
+        return None, head[0][:n] if self.sampling is self._device_sampling else head[0][:n].clone()
 
     @torch.inference_mode()
     def capture_mixed_graphs(self, pool) -> None:
@@ -487,6 +539,7 @@ class ModelRunner:
         self.mixed_graphs = None
         self.graphs = {}
         self.short_graphs = {}
+        self.graph_heads = {}
         self.graph_vars = None
         self._graph_inputs = None
         self.staging.release()

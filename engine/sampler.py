@@ -127,14 +127,26 @@ class DeviceSampling:
         self.staging = staging
         self.gumbel_kernel = gumbel_kernel
 
-    @phase("engine::sample")
-    def __call__(self, plan, logits: torch.Tensor) -> torch.Tensor:
+    def rows(self, plan) -> tuple[list[float], list[int], bool, bool]:
+        """Each sampling row's temperature and noise seed, and whether any row filters by top-k / top-p."""
         params = plan.sampling
         rows = plan.sample_rows
         temps = [effective_temperature(p.temperature) for p in params]
-        top_k = any(p.top_k > 0 for p in params)
-        top_p = any(p.top_p < 1.0 for p in params)
         seeds = row_seeds(self.seed, [plan.seq_ids[i] for i in rows], [plan.num_tokens[i] for i in rows], params)
+        return temps, seeds, any(p.top_k > 0 for p in params), any(p.top_p < 1.0 for p in params)
+
+    def in_graph(self, plan) -> tuple[list[float], list[int]] | None:
+        """(temperatures, seeds) when a decode graph that ends in the Gumbel kernel may draw this plan's tokens
+        (the kernel is on and no row filters); else None: __call__ draws them after the replay."""
+        if not self.gumbel_kernel:
+            return None
+        temps, seeds, top_k, top_p = self.rows(plan)
+        return None if top_k or top_p else (temps, seeds)
+
+    @phase("engine::sample")
+    def __call__(self, plan, logits: torch.Tensor) -> torch.Tensor:
+        params = plan.sampling
+        temps, seeds, top_k, top_p = self.rows(plan)
         # Copied while the forward pass may still run: the step's only wait is fetching the sampled ids.
         dev = self.staging.upload(temperatures=(temps, torch.float32), seeds=(seeds, torch.int64),
                                   top_ks=([p.top_k for p in params] if top_k else None, torch.int64),

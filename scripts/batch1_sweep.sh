@@ -14,10 +14,10 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-runs/batch1-sweep}; mkdir -p $OUT/runs $OUT/logs
 M=${FAKE_MODEL:-/tmp/qwen3-fake}
 [ -f $M/config.json ] || python3 -m labkit model fake --preset qwen3-0.6b --out $M > /dev/null
-# (default: session 14's open candidates: split64 at every batch it would take, the norm's statistics in chunks of
-# 128 columns for batches 2-16 (their GEMV tiles spill: batch 16 decodes at 3.4 ms a step), and the engine
-# before the one-row GEMV went to 4 warps, as a check that the gain holds on this machine)
-VARIANTS=${VARIANTS:-"base: split64:LABKIT_DECODE_SHORT_CONTEXT=0,LABKIT_DECODE_MERGE_PDL=1,LABKIT_DECODE_BLOCK_N=64 normchunk128:LABKIT_DECODE_NORM_CHUNK=128 gemv8warps:LABKIT_DECODE_GEMV=16,8,8"}
+# (default: session 15's open candidates: the norm's statistics over whole rows (0, the default before session 15)
+# and in 64-column chunks, against the 128 now taken, at batches 2-16; split64, which won at batches 1 and 4 and
+# lost at 16 in session 15)
+VARIANTS=${VARIANTS:-"base: normchunk0:LABKIT_DECODE_NORM_CHUNK=0 normchunk64:LABKIT_DECODE_NORM_CHUNK=64 split64:LABKIT_DECODE_SHORT_CONTEXT=0,LABKIT_DECODE_MERGE_PDL=1,LABKIT_DECODE_BLOCK_N=64"}
 BATCHES=${BATCHES:-"1 4 16"}; ROUNDS=${ROUNDS:-3}; DEADLINE=${DEADLINE:-480}
 for b in $BATCHES; do
   sed -e "s/^requests: 1$/requests: $b/" -e "s/^  max_num_seqs: 1$/  max_num_seqs: $b/" \

@@ -5,12 +5,12 @@
 #          --repeats 3 under LABKIT_FP8_DOT=off and swap, two runs a side in the order off swap swap off, and the
 #          fp8-kv logits suite (eager: the bulk decode kernel) under swap
 #   host   where batch-1's host time goes: py-spy (carried wheel) over `bench --workload batch1`, collapsed stacks
-#   sweep  split64 and the norm's statistics in 128-column chunks (LABKIT_DECODE_NORM_CHUNK) against base at
-#          batches 1, 4 and 16, three interleaved rounds (scripts/batch1_sweep.sh), and the engine before the
-#          4-warp GEMV (gemv8warps) as a check that the gain holds on this machine
+#   sweep  scripts/batch1_sweep.sh's default variants against base at batches 1, 4 and 16, three interleaved
+#          rounds (when session 15 ran this call: split64, the norm's statistics in 128-column chunks, and the
+#          engine before the 4-warp GEMV; docs/gpu-runs/2026-12-04-session15/)
 # SECTIONS (default "fp8 host sweep"), DEADLINE (default 570 s). Back: $OUT/issue32-sweeps.tgz and $OUT/summary.txt.
-# Predictions (session 14, written before any run; scripts/kernel_sass.py's counts: swap 100 warp-instructions a
-# KB of K/V against the default's 130): swap 2.9-3.3 TB/s where the default reads 2.5-3.0; nano FP8 30.5-32k
+# Predictions (session 14, written before any run; results: docs/perf.md, session 15; scripts/kernel_sass.py's
+# counts: swap 100 warp-instructions a KB of K/V against the default's 130): swap 2.9-3.3 TB/s where the default reads 2.5-3.0; nano FP8 30.5-32k
 # against ~28.9k; fp8-kv PASS near 3.25x (swap's products are qk's). split64: batch 1 -1.5%, batch 4 and 16
 # within +-2% of base. normchunk128: batch 1 unchanged (it applies to 2-16 rows), batch 16 -20-50% (3.4 ms a
 # step, where ~1 would do; its spill loads drop 1,232 -> 174 in gate/up and 188 -> 62 in q/k/v compiled here).

@@ -52,6 +52,8 @@ FAST_TESTS = [
     "tests/test_decode_knobs.py",
     # (session 14)
     "tests/test_fp8_dot.py", "tests/test_fused_decode.py",
+    # (session 15)
+    "tests/test_graph_sampling.py",
 ]
 CASES_TIMEOUT_S = 900
 TESTS_TIMEOUT_S = 1500
@@ -407,6 +409,17 @@ MUTATIONS = [
       "the norm chunk taken at batch 1 too (the knob is for 2-16 rows)"),
     M("N70", "engine/kernels/decode_layer.py", "ss += tl.sum(h * h, axis=1)", "ss = tl.sum(h * h, axis=1)",
       "the chunked norm keeps only its last chunk's sum of squares"),
+    M("N71", "engine/runner.py",
+      "picked = self._drawn if self._drawn is not None else self.sampling(plan, logits)",
+      "picked = self.sampling(plan, logits)", "a drawing graph's ids dropped and drawn again after it"),
+    M("N72", "engine/runner.py", "if head is not None and self.sampling is self._device_sampling else None",
+      "if head is not None else None", "a drawing graph asked to draw for a host-side strategy (teacher forcing)"),
+    M("N73", "engine/runner.py", "else head[0][:n].clone()", "else head[0][:n]",
+      "a host-side strategy handed the graph's logits, which its next replay overwrites"),
+    M("N74", "engine/runner.py", "self._drawn = head[1][:n]", "self._drawn = head[1]",
+      "a drawing graph's padding rows handed on as sampled ids"),
+    M("N75", "engine/runner.py", "temps[:bs], seeds[:bs] = draw", "temps[:bs], seeds[:bs] = draw[0], draw[0]",
+      "a drawing graph's seeds filled from the temperatures"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

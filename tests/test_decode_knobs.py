@@ -20,13 +20,14 @@ def _import_with(env: dict, code: str) -> subprocess.CompletedProcess:
 
 
 def test_the_defaults_are_the_measured_ones():
-    from engine.graph_dispatch import SHORT_CONTEXT
+    from engine.graph_dispatch import GRAPH_SAMPLE_BS, SHORT_CONTEXT
     from engine.kernels import decode_layer
 
-    if any(k.startswith("LABKIT_DECODE") for k in os.environ):
+    if any(k.startswith(("LABKIT_DECODE", "LABKIT_GRAPH")) for k in os.environ):
         pytest.skip("a knob is set in this environment")
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
-            decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, SHORT_CONTEXT) == (16, 8, 4, 128, "0", 0, 512)
+            decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, SHORT_CONTEXT, GRAPH_SAMPLE_BS) == \
+        (16, 8, 4, 128, "0", 128, 512, 0)
 
 
 def test_each_knob_is_read_when_set():
@@ -41,13 +42,16 @@ def test_each_knob_is_read_when_set():
                        "print(d._BLOCK_N, d._WARPS, d._WARPS_ONE_ROW, d.NORM_CHUNK)")
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["64", "8", "2", "128"]
+    res = _import_with({"LABKIT_GRAPH_SAMPLE_BS": "16"},
+                       "from engine import graph_dispatch as g; print(g.GRAPH_SAMPLE_BS)")
+    assert res.returncode == 0 and res.stdout.split() == ["16"], res.stderr
 
 
 @pytest.mark.parametrize("var, value", [("LABKIT_DECODE_GEMV", "24,8"), ("LABKIT_DECODE_GEMV", "32"),
                                         ("LABKIT_DECODE_GEMV", "16,8,3"), ("LABKIT_DECODE_GEMV", "16,8,4,4"),
                                         ("LABKIT_DECODE_NORM_CHUNK", "100"),
                                         ("LABKIT_DECODE_BLOCK_N", "48"), ("LABKIT_DECODE_MERGE_PDL", "yes"),
-                                        ("LABKIT_DECODE_SHORT_CONTEXT", "-1")])
+                                        ("LABKIT_DECODE_SHORT_CONTEXT", "-1"), ("LABKIT_GRAPH_SAMPLE_BS", "3")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch")
     assert res.returncode != 0 and var in res.stderr
@@ -109,14 +113,15 @@ def test_a_one_row_gemv_launches_with_the_batch_1_warps(monkeypatch, rows, warps
     assert [k["num_warps"] for k in seen] == [warps]
 
 
-@pytest.mark.parametrize("rows, chunk", [(1, 1024), (2, 128), (16, 128)])
-def test_the_norm_chunk_applies_to_a_tile_of_rows_only(monkeypatch, rows, chunk):
+@pytest.mark.parametrize("knob, rows, chunk", [(128, 1, 1024), (128, 2, 128), (128, 16, 128), (0, 16, 1024),
+                                              (256, 4, 256)])
+def test_the_norm_chunk_applies_to_a_tile_of_rows_only(monkeypatch, knob, rows, chunk):
     """LABKIT_DECODE_NORM_CHUNK is for batches 2-16 (their GEMV tile spills); batch 1 keeps whole rows (a chunk of
-    all K columns)."""
+    all K columns), and so does every batch at 0."""
     from engine.kernels import decode_layer as dl
 
     seen = _launches(monkeypatch, dl, "_gemv_kernel")
-    monkeypatch.setattr(dl, "NORM_CHUNK", 128)
+    monkeypatch.setattr(dl, "NORM_CHUNK", knob)
     with pytest.raises(_Launched):
         dl.gemv(torch.zeros(32, 1024), x=torch.zeros(rows, 1024), norm_weight=torch.ones(1024))
     assert [k["NORM_CHUNK"] for k in seen] == [chunk]

@@ -3,9 +3,10 @@ what the graph reads through its views after fill_graph_inputs, including paddin
 after a larger one."""
 from __future__ import annotations
 
+import pytest
 import torch
 
-from engine.runner import StepInputs, fill_graph_inputs, graph_input_views
+from engine.runner import StepInputs, fill_graph_inputs, graph_input_size, graph_input_views
 from engine.staging import Staging
 
 
@@ -18,7 +19,7 @@ def test_views_see_the_step_and_padding_rows_write_nothing():
     max_bs, max_blocks = 8, 5
     staging = Staging(torch.device("cpu"))
     # Stale device memory: only the uploaded prefix may be trusted.
-    dev = torch.full((4 * max_bs + max_bs * max_blocks,), 12345, dtype=torch.int32)
+    dev = torch.full((graph_input_size(max_bs, max_blocks),), 12345, dtype=torch.int32)
     v = graph_input_views(dev, max_bs, max_blocks)
     copied = []
 
@@ -51,7 +52,7 @@ def test_padding_rows_never_carry_another_uploads_bytes():
     max_bs, max_blocks = 16, 3
     staging = Staging(torch.device("cpu"))
     staging.upload(temperatures=([0.6] * 64, torch.float32), cu_seqlens_q=(list(range(10**6, 10**6 + 64)), torch.int32))
-    dev = torch.zeros(4 * max_bs + max_bs * max_blocks, dtype=torch.int32)
+    dev = torch.zeros(graph_input_size(max_bs, max_blocks), dtype=torch.int32)
     step = _decode([5, 6, 7], [40, 41, 42], [100, 101, 102], [41, 42, 43], [[0], [1], [2]], bucket=16)
     staging.upload_into(dev, lambda host: fill_graph_inputs(host, step, max_bs, max_blocks))
     v = graph_input_views(dev, max_bs, max_blocks)
@@ -59,3 +60,31 @@ def test_padding_rows_never_carry_another_uploads_bytes():
     assert v["positions"][:16].tolist() == [40, 41, 42] + [0] * 13
     assert v["slot_mapping"][:16].tolist() == [100, 101, 102] + [-1] * 13
     assert v["context_lens"][:16].tolist() == [41, 42, 43] + [0] * 13
+
+
+def test_a_drawing_graphs_temperatures_and_seeds_reach_their_views_and_nothing_else():
+    """A decode graph that draws its tokens (LABKIT_GRAPH_SAMPLE_BS) reads each row's temperature and seed from
+    the same buffer: every part keeps its own values, padding rows draw greedily from seed 0, and a 63-bit
+    seed arrives whole. An odd max_bs still leaves these parts and the tables 16-byte aligned (Triton compiles
+    another kernel for a pointer that is not)."""
+    max_bs, max_blocks = 5, 2
+    staging = Staging(torch.device("cpu"))
+    staging.upload(temperatures=([7.5] * 64, torch.float32), seeds=([-1] * 64, torch.int64))  # stale bytes
+    dev = torch.full((graph_input_size(max_bs, max_blocks),), 777, dtype=torch.int32)
+    v = graph_input_views(dev, max_bs, max_blocks)
+    for name in ("temperatures", "seeds", "block_tables"):
+        view = v[name]
+        assert (view.data_ptr() - dev.data_ptr()) % 16 == 0, name
+    big = 2**63 - 2
+    step = _decode([5, 6, 7], [40, 41, 42], [100, 101, 102], [41, 42, 43], [[0, 3], [1, -1], [2, -1]], bucket=4)
+    staging.upload_into(dev, lambda host: fill_graph_inputs(host, step, max_bs, max_blocks,
+                                                            ([0.0, 0.7, 1e6], [big, 12, 0])))
+    assert v["temperatures"][:4].tolist() == [0.0, pytest.approx(0.7), 1e6, 0.0]
+    assert v["seeds"][:4].tolist() == [big, 12, 0, 0]
+    assert v["input_ids"][:4].tolist() == [5, 6, 7, 0]
+    assert v["context_lens"][:4].tolist() == [41, 42, 43, 0]
+    assert v["block_tables"][:3].tolist() == [[0, 3], [1, -1], [2, -1]]
+    # (without a draw they hold whatever the host buffer held: a graph that draws then draws ids nobody reads)
+    staging.upload_into(dev, lambda host: fill_graph_inputs(host, _decode([9], [1], [5], [2], [[4]], bucket=1),
+                                                            max_bs, max_blocks))
+    assert v["input_ids"][0].item() == 9 and v["block_tables"][0, 0].item() == 4

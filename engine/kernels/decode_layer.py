@@ -78,10 +78,10 @@ def _gemv_shape(text: str) -> tuple[int, int, int]:
 # token against eight's 0.839 (-11%); at batch 16 four warps take 1.43 ms against 0.21 (the tile spills).
 _BLOCK_N, _WARPS, _WARPS_ONE_ROW = _gemv_shape(os.environ.get("LABKIT_DECODE_GEMV", "16,8,4"))
 
-# The norm's statistics over whole rows at once (0, as measured so far) or NORM_CHUNK columns at a time, for a
-# tile of 2-16 rows (one row holds little): fewer registers, a knob for the next device sweep at batches 2-16
-# (docs/perf.md, session 14: batch 16 decodes at 3.4 ms a step, and its GEMVs spill).
-NORM_CHUNK = int(os.environ.get("LABKIT_DECODE_NORM_CHUNK", "0"))
+# The norm's statistics NORM_CHUNK columns at a time for a tile of 2-16 rows (0: whole rows at once; one row
+# always takes whole rows, it holds little): the 16 x K float32 rows spill. On one H200 (docs/perf.md, session 15)
+# 128-column chunks took batch 4 from 0.634 to 0.573 ms a token and batch 16 from 0.211 to 0.179; batch 1 equal.
+NORM_CHUNK = int(os.environ.get("LABKIT_DECODE_NORM_CHUNK", "128"))
 if NORM_CHUNK not in (0, 64, 128, 256, 512):
     raise ValueError(f"LABKIT_DECODE_NORM_CHUNK: 0, 64, 128, 256 or 512, got {NORM_CHUNK}")
 
