@@ -420,6 +420,14 @@ MUTATIONS = [
       "a drawing graph's padding rows handed on as sampled ids"),
     M("N75", "engine/runner.py", "temps[:bs], seeds[:bs] = draw", "temps[:bs], seeds[:bs] = draw[0], draw[0]",
       "a drawing graph's seeds filled from the temperatures"),
+    M("N76", "engine/kernels/decode_layer.py", "acc = tl.dot(wc, xt, acc, input_precision=DOT_PRECISION)",
+      "acc = tl.dot(wc, xt, input_precision=DOT_PRECISION)", "K in chunks: each chunk's product replaces the sum"),
+    M("N77", "engine/kernels/decode_layer.py", "nwc = tl.load(nw_ptr + offs_kc, mask=kc_mask",
+      "nwc = tl.load(nw_ptr + kc, mask=kc_mask", "K in chunks: a split range normalised with the first one's weights"),
+    M("N78", "engine/kernels/decode_layer.py", "kc_mask = (kc < KS) & (offs_kc < K)", "kc_mask = offs_kc < K",
+      "K in chunks: a range's last chunk reads into the next range's columns"),
+    M("N79", "engine/kernels/decode_layer.py", "K_CHUNK=min(K_CHUNK, block_k) if M > 1 else 0,",
+      "K_CHUNK=min(K_CHUNK, block_k),", "K in chunks at one row too (loses the loads before the PDL wait)"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

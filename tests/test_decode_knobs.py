@@ -26,8 +26,8 @@ def test_the_defaults_are_the_measured_ones():
     if any(k.startswith(("LABKIT_DECODE", "LABKIT_GRAPH")) for k in os.environ):
         pytest.skip("a knob is set in this environment")
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
-            decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, SHORT_CONTEXT, GRAPH_SAMPLE_BS) == \
-        (16, 8, 4, 128, "0", 128, 512, 0)
+            decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT, GRAPH_SAMPLE_BS) == \
+        (16, 8, 4, 128, "0", 128, 0, 512, 0)
 
 
 def test_each_knob_is_read_when_set():
@@ -51,7 +51,8 @@ def test_each_knob_is_read_when_set():
                                         ("LABKIT_DECODE_GEMV", "16,8,3"), ("LABKIT_DECODE_GEMV", "16,8,4,4"),
                                         ("LABKIT_DECODE_NORM_CHUNK", "100"),
                                         ("LABKIT_DECODE_BLOCK_N", "48"), ("LABKIT_DECODE_MERGE_PDL", "yes"),
-                                        ("LABKIT_DECODE_SHORT_CONTEXT", "-1"), ("LABKIT_GRAPH_SAMPLE_BS", "3")])
+                                        ("LABKIT_DECODE_SHORT_CONTEXT", "-1"), ("LABKIT_GRAPH_SAMPLE_BS", "3"),
+                                        ("LABKIT_DECODE_K_CHUNK", "100")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch")
     assert res.returncode != 0 and var in res.stderr
@@ -125,3 +126,16 @@ def test_the_norm_chunk_applies_to_a_tile_of_rows_only(monkeypatch, knob, rows, 
     with pytest.raises(_Launched):
         dl.gemv(torch.zeros(32, 1024), x=torch.zeros(rows, 1024), norm_weight=torch.ones(1024))
     assert [k["NORM_CHUNK"] for k in seen] == [chunk]
+
+
+@pytest.mark.parametrize("knob, rows, chunk", [(64, 1, 0), (64, 2, 64), (64, 16, 64), (0, 16, 0), (256, 4, 256)])
+def test_the_k_chunk_applies_to_a_tile_of_rows_only(monkeypatch, knob, rows, chunk):
+    """LABKIT_DECODE_K_CHUNK is for batches 2-16 (their whole K range spills); batch 1 loads its whole range
+    before the PDL wait (0)."""
+    from engine.kernels import decode_layer as dl
+
+    seen = _launches(monkeypatch, dl, "_gemv_kernel")
+    monkeypatch.setattr(dl, "K_CHUNK", knob)
+    with pytest.raises(_Launched):
+        dl.gemv(torch.zeros(32, 1024), x=torch.zeros(rows, 1024), split=4)  # a range of 256 columns
+    assert [k["K_CHUNK"] for k in seen] == [chunk]

@@ -32,10 +32,12 @@ def _close(a, b, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
 @pytest.mark.parametrize("M", [1, 3])
-@pytest.mark.parametrize("rows, chunk", [(16, 0), (32, 0), (16, 64)])
-def test_gemv_with_partials_residual_and_norm_is_add_rms_norm_then_matmul(dtype, M, rows, chunk, monkeypatch):
+@pytest.mark.parametrize("rows, chunk, k_chunk", [(16, 0, 0), (32, 0, 0), (16, 64, 0), (16, 64, 32), (32, 0, 64)])
+def test_gemv_with_partials_residual_and_norm_is_add_rms_norm_then_matmul(dtype, M, rows, chunk, k_chunk,
+                                                                          monkeypatch):
     monkeypatch.setattr(decode_layer, "_BLOCK_N", rows)  # 40 rows: the last tile part masked either way
     monkeypatch.setattr(decode_layer, "NORM_CHUNK", chunk)  # 64: the norm's rows in 4 chunks, the last masked
+    monkeypatch.setattr(decode_layer, "K_CHUNK", k_chunk)  # K = 192 in a 256 tile: 32 -> 8 chunks, the last 2 masked
     K, N, S = 192, 40, 3
     parts = _rand(S, M, K, seed=1)
     residual = _rand(M, K, dtype=dtype, seed=2)
@@ -50,9 +52,10 @@ def test_gemv_with_partials_residual_and_norm_is_add_rms_norm_then_matmul(dtype,
 
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
 @pytest.mark.parametrize("M", [1, 5])
-@pytest.mark.parametrize("chunk", [0, 16])
-def test_gemv_silu_epilogue_is_silu_and_mul_of_gate_up(dtype, M, chunk, monkeypatch):
+@pytest.mark.parametrize("chunk, k_chunk", [(0, 0), (16, 0), (16, 32)])
+def test_gemv_silu_epilogue_is_silu_and_mul_of_gate_up(dtype, M, chunk, k_chunk, monkeypatch):
     monkeypatch.setattr(decode_layer, "NORM_CHUNK", chunk)
+    monkeypatch.setattr(decode_layer, "K_CHUNK", k_chunk)  # K = 64: two chunks, gate and up each summed over both
     K, I = 64, 48
     x = _rand(M, K, dtype=dtype, seed=5)
     nw = _rand(K, dtype=dtype, seed=6) + 1
@@ -64,9 +67,10 @@ def test_gemv_silu_epilogue_is_silu_and_mul_of_gate_up(dtype, M, chunk, monkeypa
 
 @pytest.mark.parametrize("split", [None, 1, 2, 4])
 @pytest.mark.parametrize("M", [1, 16])
-@pytest.mark.parametrize("rows", [16, 64])
-def test_gemv_split_k_partials_sum_to_the_product(split, M, rows, monkeypatch):
+@pytest.mark.parametrize("rows, k_chunk", [(16, 0), (64, 0), (16, 32)])
+def test_gemv_split_k_partials_sum_to_the_product(split, M, rows, k_chunk, monkeypatch):
     monkeypatch.setattr(decode_layer, "_BLOCK_N", rows)  # 64: one program's tile is mostly past N (masked)
+    monkeypatch.setattr(decode_layer, "K_CHUNK", k_chunk)  # each split's range (64-256 columns) in 32-column chunks
     K, N = 256, 24
     x = _rand(M, K, seed=8)
     w = _rand(N, K, scale=K ** -0.5, seed=9)
@@ -184,3 +188,18 @@ def test_fused_decode_applies_only_to_small_decode_graph_steps():
     assert not fused_decode.applies(Context(None, graph), 17)
     assert not fused_decode.applies(Context(None, DecodeMeta(1, t[0], t)), 1)  # an eager decode step
     assert not fused_decode.applies(Context(None, graph, PrefillMeta(t[0], t[0], 1, 1)), 1)  # a mixed step
+
+
+@pytest.mark.parametrize("M, k_chunk", [(1, 0), (4, 0), (4, 32)])
+@pytest.mark.parametrize("K, split", [(256, 4), (96, 2)])
+def test_gemv_norm_over_split_k_ranges_normalises_each_range_with_its_own_weights(M, k_chunk, K, split,
+                                                                                  monkeypatch):
+    """A split program's columns start at pid_k * KS: its norm weights and inputs must be that range's too, and
+    nothing past it (96 / 2: ranges of 48 in tiles of 64, whose last chunk reaches into the next range)."""
+    monkeypatch.setattr(decode_layer, "K_CHUNK", k_chunk)
+    N = 24
+    x = _rand(M, K, seed=21)
+    nw = _rand(K, seed=22) + 1
+    w = _rand(N, K, scale=K ** -0.5, seed=23)
+    y = gemv(w, x=x, norm_weight=nw, eps=1e-6, split=split).sum(0)
+    _close(y, fused.rms_norm(x, nw, 1e-6) @ w.T, torch.float32)

@@ -84,6 +84,12 @@ _BLOCK_N, _WARPS, _WARPS_ONE_ROW = _gemv_shape(os.environ.get("LABKIT_DECODE_GEM
 NORM_CHUNK = int(os.environ.get("LABKIT_DECODE_NORM_CHUNK", "128"))
 if NORM_CHUNK not in (0, 64, 128, 256, 512):
     raise ValueError(f"LABKIT_DECODE_NORM_CHUNK: 0, 64, 128, 256 or 512, got {NORM_CHUNK}")
+# A tile of 2-16 rows reads its weights and inputs K_CHUNK columns at a time after the PDL wait, instead of its
+# whole K range before it (0): what still spills at 16 rows with the norm in chunks (docs/perf.md, session 15).
+# One row keeps the whole range (nothing spills there, and its loads overlap the previous kernel's tail).
+K_CHUNK = int(os.environ.get("LABKIT_DECODE_K_CHUNK", "0"))
+if K_CHUNK not in (0, 32, 64, 128, 256):
+    raise ValueError(f"LABKIT_DECODE_K_CHUNK: 0, 32, 64, 128 or 256, got {K_CHUNK}")
 
 
 def _pdl(device: torch.device) -> tuple[bool, bool, dict]:
@@ -124,9 +130,11 @@ def _gemv_kernel(
     EVEN: tl.constexpr, FULL_EVEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_FULL: tl.constexpr,
     USE_PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM_CHUNK: tl.constexpr,
+    K_CHUNK: tl.constexpr,
 ):
     """y = W @ f(x) for M <= 16 rows. Program (n tile, k split) owns BLOCK_N rows of W and one KS-wide range of
-    K, loaded whole before the wait. PARTIALS stores float32 partials [splits, M, N]; else model-dtype y [M, N]
+    K, loaded whole before the wait (K_CHUNK 0), or K_CHUNK columns at a time after it (a tile of rows: its
+    whole range spills). PARTIALS stores float32 partials [splits, M, N]; else model-dtype y [M, N]
     (SILU: W holds gate rows then up rows, up_rows apart, and y = SiLU(gate) * up, N = up_rows)."""
     DT: tl.constexpr = x_ptr.dtype.element_ty if PARTIALS else y_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
@@ -139,12 +147,14 @@ def _gemv_kernel(
     k_mask = (kk < KS) & (offs_k < K)
     w_mask = n_mask[:, None] if EVEN else n_mask[:, None] & k_mask[None, :]
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
-    # Nothing here depends on the previous kernel: these loads overlap its tail under PDL.
-    w = tl.load(w_rows, mask=w_mask, other=0.0)
-    if SILU:
-        wu = tl.load(w_rows + up_rows * stride_wn, mask=w_mask, other=0.0)
-    if NORM:
-        nw = (tl.load(nw_ptr + offs_k) if EVEN else tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0)).to(tl.float32)
+    if K_CHUNK == 0:
+        # Nothing here depends on the previous kernel: these loads overlap its tail under PDL.
+        w = tl.load(w_rows, mask=w_mask, other=0.0)
+        if SILU:
+            wu = tl.load(w_rows + up_rows * stride_wn, mask=w_mask, other=0.0)
+        if NORM:
+            nw = (tl.load(nw_ptr + offs_k) if EVEN else
+                  tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0)).to(tl.float32)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         if EARLY:
@@ -152,8 +162,6 @@ def _gemv_kernel(
 
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
-    x_mask = m_mask[:, None] if EVEN else m_mask[:, None] & k_mask[None, :]
-    x = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, offs_k, x_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
     if NORM:
         # The statistics need whole rows: every program reads them (a few KiB, from L2) and gets the same sums,
         # NORM_CHUNK columns at a time (K_FULL: all at once; fewer at 2-16 rows, whose 16 x K float32 would spill).
@@ -167,17 +175,44 @@ def _gemv_kernel(
                     tl.store(res_out_ptr + offs_m[:, None] * K + kf[None, :], h.to(DT), mask=full_mask)
             ss += tl.sum(h * h, axis=1)
         rstd = tl.math.rsqrt(ss / K + eps)
-        x = _rnd(_rnd(x * rstd[:, None], DT) * nw[None, :], DT)
 
-    if BLOCK_M == 1:
-        acc = tl.sum(w.to(tl.float32) * x, axis=1)[:, None]                   # [BLOCK_N, 1]
+    if K_CHUNK > 0:
+        # tl.dot's accumulator carried across the chunks: the same products, summed in the same order as one
+        # dot over the whole range.
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         if SILU:
-            acc_u = tl.sum(wu.to(tl.float32) * x, axis=1)[:, None]
+            acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        for c in range(0, BLOCK_K, K_CHUNK):
+            kc = c + tl.arange(0, K_CHUNK)
+            offs_kc = pid_k * KS + kc
+            kc_mask = (kc < KS) & (offs_kc < K)
+            wc_mask = n_mask[:, None] if EVEN else n_mask[:, None] & kc_mask[None, :]
+            wc_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_kc[None, :]
+            wc = tl.load(wc_rows, mask=wc_mask, other=0.0)
+            xc_mask = m_mask[:, None] if EVEN else m_mask[:, None] & kc_mask[None, :]
+            xc = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, offs_kc, xc_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
+            if NORM:
+                nwc = tl.load(nw_ptr + offs_kc, mask=kc_mask, other=0.0).to(tl.float32)
+                xc = _rnd(_rnd(xc * rstd[:, None], DT) * nwc[None, :], DT)
+            xt = tl.trans(xc.to(wc.dtype))
+            acc = tl.dot(wc, xt, acc, input_precision=DOT_PRECISION)
+            if SILU:
+                wuc = tl.load(wc_rows + up_rows * stride_wn, mask=wc_mask, other=0.0)
+                acc_u = tl.dot(wuc, xt, acc_u, input_precision=DOT_PRECISION)
     else:
-        xt = tl.trans(x.to(w.dtype))                                           # [BLOCK_K, BLOCK_M]
-        acc = tl.dot(w, xt, input_precision=DOT_PRECISION)
-        if SILU:
-            acc_u = tl.dot(wu, xt, input_precision=DOT_PRECISION)
+        x_mask = m_mask[:, None] if EVEN else m_mask[:, None] & k_mask[None, :]
+        x = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, offs_k, x_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
+        if NORM:
+            x = _rnd(_rnd(x * rstd[:, None], DT) * nw[None, :], DT)
+        if BLOCK_M == 1:
+            acc = tl.sum(w.to(tl.float32) * x, axis=1)[:, None]                   # [BLOCK_N, 1]
+            if SILU:
+                acc_u = tl.sum(wu.to(tl.float32) * x, axis=1)[:, None]
+        else:
+            xt = tl.trans(x.to(w.dtype))                                           # [BLOCK_K, BLOCK_M]
+            acc = tl.dot(w, xt, input_precision=DOT_PRECISION)
+            if SILU:
+                acc_u = tl.dot(wu, xt, input_precision=DOT_PRECISION)
     if USE_PDL:
         if not EARLY:
             tl.extra.cuda.gdc_launch_dependents()
@@ -231,6 +266,7 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | None = None, partials: torch.Tens
     use_pdl, early, launch = _pdl(dev)
     block_m = 1 if M == 1 else 16
     k_full = triton.next_power_of_2(K)
+    block_k = max(16, triton.next_power_of_2(ks))
     grid = (triton.cdiv(N, _BLOCK_N), split)
     _gemv_kernel[grid](
         w, x if x is not None else w, partials if partials is not None else w,
@@ -240,9 +276,10 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | None = None, partials: torch.Tens
         NORM=norm_weight is not None, SILU=silu, PARTIALS=partials_out,
         EVEN=ks == triton.next_power_of_2(ks) and ks >= 16 and K % ks == 0,
         FULL_EVEN=K == triton.next_power_of_2(K), BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
-        BLOCK_K=max(16, triton.next_power_of_2(ks)), K_FULL=k_full, USE_PDL=use_pdl,
+        BLOCK_K=block_k, K_FULL=k_full, USE_PDL=use_pdl,
         EARLY=early, DOT_PRECISION=dot_precision(dtype),
         NORM_CHUNK=min(NORM_CHUNK or k_full, k_full) if M > 1 else k_full,
+        K_CHUNK=min(K_CHUNK, block_k) if M > 1 else 0,
         num_warps=_WARPS_ONE_ROW if M == 1 else _WARPS, enable_fp_fusion=False, **launch)
     return (y, res_out) if residual is not None else y
 
