@@ -193,7 +193,7 @@ class ModelRunner:
                                                                self.kernels.gumbel_sampler)
         self._sampled: torch.Tensor | None = None  # the last step's sampled ids, on the device (rank 0)
         self._num_sampled = 0                      # how many rows the last step sampled (every rank)
-        self._drawn: torch.Tensor | None = None    # this step's ids when its graph drew them (rank 0)
+        self.drawn: torch.Tensor | None = None    # this step's ids when its graph drew them (rank 0)
         self.num_kv_heads = self.attn_layers[0].num_kv_heads
         self.head_dim = self.attn_layers[0].head_dim
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -369,7 +369,7 @@ class ModelRunner:
         self._num_sampled = len(plan.sample_rows)
         if self.rank != 0:
             return Launched(inputs)
-        picked = self._drawn if self._drawn is not None else self.sampling(plan, logits)
+        picked = self.drawn if self.drawn is not None else self.sampling(plan, logits)
         if isinstance(picked, list):  # a host-side strategy (teacher forcing)
             self._sampled = None
             return Launched(inputs, chosen=picked)
@@ -379,8 +379,8 @@ class ModelRunner:
     @phase("engine::forward")
     def _logits(self, plan: BatchPlan, inputs: StepInputs, previous: torch.Tensor | None) -> torch.Tensor | None:
         """The sampling rows' logits (None off rank 0): a graph replay or an eager pass, then the LM head. A
-        small decode graph runs the LM head itself, and may draw the tokens too (then self._drawn holds them)."""
-        self._drawn = None
+        small decode graph runs the LM head itself, and may draw the tokens too (then self.drawn holds them)."""
+        self.drawn = None
         try:
             if inputs.execution == "eager":
                 hidden = self._forward(plan, inputs, previous)
@@ -485,7 +485,7 @@ class ModelRunner:
 
     def _replay(self, plan: BatchPlan, inputs: StepInputs, previous: torch.Tensor | None):
         """A decode graph's replay: (the hidden states, None), or (None, the logits) from a graph that runs the
-        LM head; if that graph may also draw this plan's tokens (DeviceSampling.in_graph), self._drawn = ids."""
+        LM head; if that graph may also draw this plan's tokens (DeviceSampling.in_graph), self.drawn = ids."""
         bucket = inputs.graph_batch
         graph = (self.short_graphs if self.dispatch.one_split(bucket, inputs.context_lens) else self.graphs)[bucket]
         head = self.graph_heads.get(graph)
@@ -503,7 +503,7 @@ class ModelRunner:
         if head is None:
             return self.graph_vars["outputs"][:n], None
         if draw is not None:
-            self._drawn = head[1][:n]
+            self.drawn = head[1][:n]
         # (the graph's logits are overwritten by its next replay: a host-side strategy may keep the rows)
         return None, head[0][:n] if self.sampling is self._device_sampling else head[0][:n].clone()
 

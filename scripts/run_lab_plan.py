@@ -19,8 +19,8 @@ Left out, and said so: labs whose results no command writes yet (`producer` in t
 GPUs than --gpus (`gpus` in the plan), lines that name any other placeholder (URL_GPU0, URL_TP2) or start a
 server no other line of the lab talks to. Labs that time nothing (traces, logits checks, doctor, principles)
 run --jobs at a time, as scripts/gpu_session.sh's evidence mode does (each case or suite sets a small KV pool);
-labs that time something (bench, bench load; a server lab with a load among its lines) run alone after them,
-one command at a time (a server lab's lines side by side).
+labs that time something or start servers of their own (bench, bench load, serve lifecycle; a server lab with a
+load among its lines) run alone after them, one command at a time (a server lab's lines side by side).
 
 One line per command on stdout: "rc=N SECONDS lab: command" (its output in --logs; a server's line once it has
 stopped). Exit 0 when every command ran and the report was written (a command's own exit 1, a failed check, is
@@ -45,7 +45,9 @@ sys.path.insert(0, str(REPO))
 from labkit.report.plan import Lab, load_plan  # noqa: E402
 from labkit.report.render import command_lines  # noqa: E402
 
-TIMED = ("bench",)                      # commands whose figures are timings: never beside another command
+# Commands whose figures are timings, or that start servers of their own (`serve lifecycle`: a server sizes its KV
+# cache from the GPU memory left): never beside another command.
+TIMED = ("bench", "serve")
 PLACEHOLDER = re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b")   # URL_GPU0, URL_TP2
 TIMEOUT_S = {"bench": 420, "logits-check": 300, "trace": 180}
 SERVER = "URL_SERVER"                   # a lab's own server, started by its first line

@@ -48,7 +48,7 @@ def _runner(head_bs: int, gumbel: bool = True):
     r.graphs = {bs: _FakeGraph(r, bs) for bs in (1, 2, 4)}
     r.short_graphs = {}
     r.graph_heads = {g: (g.logits, g.ids) for bs, g in r.graphs.items() if bs <= head_bs}
-    r._sampled, r._num_sampled, r._drawn = None, 0, None
+    r._sampled, r._num_sampled, r.drawn = None, 0, None
     return r
 
 
@@ -103,17 +103,17 @@ def test_a_host_strategy_keeps_its_own_copy_of_the_graphs_logits():
     r.execute(_decode_plan(1, [SamplingParams()]))
     r.execute(_decode_plan(1, [SamplingParams()]))  # the same graph replays: its logits are overwritten
     assert kept[0][0, 0].item() == 3.0 and kept[0].data_ptr() != r.graphs[1].logits.data_ptr()
-    assert r._drawn is None  # a host strategy never takes the graph's ids
+    assert r.drawn is None  # a host strategy never takes the graph's ids
 
 
 def test_no_draw_above_the_size_nor_without_the_kernel():
     r = _runner(head_bs=2)  # 3 rows replay the graph of 4, which only runs the model
     spy = _spy(r)
     r.execute(_decode_plan(3, [SamplingParams()] * 3))
-    assert r.graphs[4].seen and r._drawn is None
+    assert r.graphs[4].seen and r.drawn is None
     assert len(spy.calls) == 1 and spy.calls[0].shape == (3, VOCAB) and (spy.calls[0] == -1).all()  # LM head after
     r = _runner(head_bs=4, gumbel=False)  # the graph runs the LM head; the torch sampler draws after it
     spy = _spy(r)
     r.execute(_decode_plan(1, [SamplingParams()]))
-    assert len(spy.calls) == 1 and r._drawn is None
+    assert len(spy.calls) == 1 and r.drawn is None
 

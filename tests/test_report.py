@@ -467,7 +467,8 @@ def test_the_plan_names_every_lab_of_the_seeds_with_commands_that_exist():
             "graph-vs-eager", "bench-offline", "bench-hf", "load-policies", "tp-shapes", "replicas-vs-tp",
             "service-lifecycle"} <= ids
     commands = set(typer.main.get_command(cli.app).commands)
-    written = {"trace", "logits-check compare", "bench", "bench compare", "bench load", "shapes", "smoke", "doctor"}
+    written = {"trace", "logits-check compare", "bench", "bench compare", "bench load", "shapes", "smoke", "doctor",
+               "serve lifecycle"}
     written |= {f"principles {n}" for n in principles.LABS}
     for lab in labs:
         for line in lab.command.splitlines():
@@ -537,8 +538,11 @@ def test_the_terminal_report_gives_each_missing_labs_commands_to_paste(tmp_path,
     wanted = [" ".join(line.partition("#")[0].split()) for lab in load_plan() if lab.id != "principles-slots"
               for line in command_lines(lab.command)]
     assert [" ".join(s.split()) for s in shown] == wanted
-    assert "labkit serve" in wanted and not any("labkit serve;" in s or "; labkit" in s for s in shown)
-    assert "# in a terminal of its own: it serves until Ctrl-C" in out
+    # (live-invariants' server, since service-lifecycle's `labkit serve` + client became `labkit serve lifecycle`)
+    serve = "labkit serve --policy mixed --live-trace --step-stream"
+    assert serve in wanted and not any(f"{serve};" in s or "; labkit" in s for s in shown)
+    assert "# a terminal of its own; URL_SERVER: where it listens" in " ".join(out.split())
+    assert "labkit serve lifecycle --out runs/serve-lifecycle.json" in wanted
 
 
 def test_a_placeholder_in_a_labs_line_stands_for_the_value_the_run_gave():

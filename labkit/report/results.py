@@ -286,6 +286,21 @@ def _principles(d: dict) -> tuple[str, str]:
     return verdict, str(d.get("headline") or "")
 
 
+def _lifecycle(d: dict) -> tuple[str, str]:
+    """`serve lifecycle`: each scenario's verdict, and the first failure's reason."""
+    verdict = _carried(d)
+    if verdict is None:
+        raise Unreadable("a serve lifecycle result without a `verdict` field")
+    scenarios = [s for s in d.get("scenarios") or [] if isinstance(s, dict)]
+    held = sum(s.get("verdict") == "PASS" for s in scenarios)
+    text = f"{held}/{len(scenarios)} scenarios hold: " + ", ".join(f"{s.get('name')} {s.get('verdict')}"
+                                                                   for s in scenarios)
+    failed = next((s for s in scenarios if s.get("verdict") != "PASS"), None)
+    if failed is not None:
+        text += f"; {failed.get('name')}: {failed.get('observed', '')}"
+    return verdict, text[:240]
+
+
 def _other(d: dict) -> tuple[str, str]:
     return _carried(d) or "RECORDED", str(d.get("headline") or d.get("status") or "")
 
@@ -301,6 +316,7 @@ KINDS: list[tuple[str, str, Callable[[dict], tuple[str, str]]]] = [
     ("bench load", "Load benchmarks", _load),
     ("bench", "Offline benchmarks", _bench),
     ("shapes", "Tensor-parallel shapes", _shapes),
+    ("serve lifecycle", "Service lifecycle", _lifecycle),
     ("smoke", "Smoke runs", _status),
     ("doctor", "Doctor", _status),
 ]

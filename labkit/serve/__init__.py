@@ -15,6 +15,8 @@
     server.py         uvicorn with drain-then-exit on SIGTERM/SIGINT, deadlines on slow senders; exit 1 when the
                       engine dies
     client.py         `labkit serve client`: one request, per-token timestamps to JSONL
+    lifecycle.py      `labkit serve lifecycle`: cancel, overload, slow consumer and shutdown against its own servers
+    packages.py       the serve extra's packages, checked before a command starts
     command.py        the Typer sub-app
 
 fastapi / uvicorn / prometheus-client / httpx / pyzmq / msgpack are the optional `serve` extra; the command

@@ -3,6 +3,7 @@
     labkit serve --model DIR --port 8000                 # http://127.0.0.1:8000/v1/completions ...
     labkit serve --tensor-parallel-size 2 --device cpu --max-queue 32
     labkit serve client --url http://127.0.0.1:8000 --prompt "Hello" --stream --out runs/client.jsonl
+    labkit serve lifecycle --device cpu      # cancel, overload, slow consumer, shutdown: PASS/FAIL each
 
 Listens on loopback only unless --allow-remote. The engine runs in its own process (core.py); this one
 serves HTTP (docs/serving.md). SIGTERM / SIGINT / SIGHUP / SIGQUIT drain for --drain-timeout seconds, then
@@ -37,11 +38,13 @@ from labkit.options import (
     TensorParallelSizeOption,
 )
 from labkit.output import resolve_device
-from labkit.serve import client as client_mod
+from labkit.serve import client as client_mod, lifecycle
+from labkit.serve.packages import need_serve_packages
 
 app = typer.Typer(invoke_without_command=True, no_args_is_help=False)
 
 app.command("client")(client_mod.run)
+app.command("lifecycle")(lifecycle.run)
 
 
 def is_loopback(host: str) -> bool:
@@ -51,17 +54,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _need_serve_packages() -> None:
-    missing = []
-    for mod in ("fastapi", "uvicorn", "prometheus_client", "zmq", "msgpack"):
-        try:
-            __import__(mod)
-        except ImportError:
-            missing.append(mod)
-    if missing:
-        raise LabkitError(f"labkit serve needs {', '.join(missing)}: pip install 'labkit[serve]'", 2)
 
 
 def check_endpoint(option: str, endpoint: str) -> str:
@@ -175,7 +167,8 @@ def serve(
     exits 0; exit 1 when the engine dies, or sends nothing for --engine-timeout seconds, while serving; exit 2
     when it cannot start (a bad option, the port taken, the engine refusing its settings or dying while it
     loads).
-    `labkit serve client` sends one request.
+    `labkit serve client` sends one request; `labkit serve lifecycle` checks cancel, overload, a slow consumer
+    and shutdown against servers of its own.
 
     The default policy, prefill_first (16,384 tokens a step), was chosen by measurement (one H200, nano, each
     policy at its default budget; docs/serving.md): it alone keeps rate inf within 3% of the best throughput and
@@ -186,7 +179,7 @@ def serve(
     """
     if ctx.invoked_subcommand is not None:
         return
-    _need_serve_packages()
+    need_serve_packages()
     if not is_loopback(host) and not allow_remote:
         raise LabkitError(f"--host {host}: not a loopback address; the server has no authentication, "
                           "pass --allow-remote to listen on it anyway", 2)
