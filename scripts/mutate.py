@@ -53,7 +53,7 @@ FAST_TESTS = [
     # (session 14)
     "tests/test_fp8_dot.py", "tests/test_fused_decode.py",
     # (session 15)
-    "tests/test_graph_sampling.py",
+    "tests/test_graph_sampling.py", "tests/test_gumbel_sampler.py",
 ]
 CASES_TIMEOUT_S = 900
 TESTS_TIMEOUT_S = 1500
@@ -428,6 +428,10 @@ MUTATIONS = [
       "K in chunks: a range's last chunk reads into the next range's columns"),
     M("N79", "engine/kernels/decode_layer.py", "K_CHUNK=min(K_CHUNK, block_k) if M > 1 else 0,",
       "K_CHUNK=min(K_CHUNK, block_k),", "K in chunks at one row too (loses the loads before the PDL wait)"),
+    M("N80", "engine/kernels/gumbel_sampler.py", "i3 = i2 + LANES", "i3 = i1 + LANES",
+      "four uniforms a Philox call: the fourth quarter of a block never read, the third read twice"),
+    M("N81", "engine/kernels/gumbel_sampler.py", "RNG4=RNG_PER_CALL == 4 and block >= 4", "RNG4=False",
+      "LABKIT_GUMBEL_RNG read and ignored"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).
