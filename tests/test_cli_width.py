@@ -242,6 +242,7 @@ def test_the_help_check_sees_typers_own_layout_cut_flags(monkeypatch, capsys):
 
     from labkit import help_layout
 
+    help_layout.install()  # (labkit.cli installs it on import; run alone, this test may come first)
     assert help_layout.typer_options_panel is not None
     serve = dict(_command_paths())[("serve",)]
     monkeypatch.setattr(rich_utils, "_print_options_panel", help_layout.typer_options_panel)
