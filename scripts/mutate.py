@@ -428,10 +428,6 @@ MUTATIONS = [
       "K in chunks: a range's last chunk reads into the next range's columns"),
     M("N79", "engine/kernels/decode_layer.py", "K_CHUNK=min(K_CHUNK, block_k) if M > 1 else 0,",
       "K_CHUNK=min(K_CHUNK, block_k),", "K in chunks at one row too (loses the loads before the PDL wait)"),
-    M("N80", "engine/kernels/gumbel_sampler.py", "i3 = i2 + LANES", "i3 = i1 + LANES",
-      "four uniforms a Philox call: the fourth quarter of a block never read, the third read twice"),
-    M("N81", "engine/kernels/gumbel_sampler.py", "RNG4=RNG_PER_CALL == 4 and block >= 4", "RNG4=False",
-      "LABKIT_GUMBEL_RNG read and ignored"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

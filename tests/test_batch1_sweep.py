@@ -70,22 +70,19 @@ def test_the_issue32_sweeps_runs_the_sections_asked_and_says_what_it_could_not(t
 
 @pytest.mark.slow
 def test_the_k_chunk_call_runs_its_sweep_and_the_lifecycle_lab(tiny_model, tmp_path):
-    """scripts/k_chunk_call.sh (the next device call) on the CPU: the sweep's variants, the sampler's nano runs
-    and the lifecycle verdict reach its summary, and its archive holds them."""
-    import re
+    """scripts/k_chunk_call.sh (session 16's first device call) on the CPU: the sweep's variants and the
+    lifecycle verdict reach its summary, and its archive holds them."""
     import tarfile
 
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "FAKE_MODEL": tiny_model, "RUN_TIMEOUT": "600",
-           "SECTIONS": "sweep sampler lifecycle", "WORK": str(tmp_path / "work"),
-           "SAMPLER_BENCH": "--workload fixed --repeats 1"}  # (nano's 256 requests take minutes on 2 cores)
+           "SECTIONS": "sweep lifecycle", "WORK": str(tmp_path / "work")}
     res = subprocess.run(["bash", "scripts/k_chunk_call.sh"], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=900)
     assert res.returncode == 0, res.stderr[-2000:]
     summary = (out / "summary.txt").read_text()
     assert "| 16 | kc128 |" in summary and "| 4 | base |" in summary
-    assert re.search(r"rc=0 @\d+ nano rng4 r2: \d+", summary) and re.search(r"rc=0 @\d+ nano rng1 r1: \d+", summary)
     assert "rc=0" in summary and "scenarios hold" in summary and summary.rstrip().splitlines()[-1].startswith("done")
     with tarfile.open(out / "k-chunk.tgz") as tar:
         names = tar.getnames()

@@ -85,9 +85,10 @@ NORM_CHUNK = int(os.environ.get("LABKIT_DECODE_NORM_CHUNK", "128"))
 if NORM_CHUNK not in (0, 64, 128, 256, 512):
     raise ValueError(f"LABKIT_DECODE_NORM_CHUNK: 0, 64, 128, 256 or 512, got {NORM_CHUNK}")
 # A tile of 2-16 rows reads its weights and inputs K_CHUNK columns at a time after the PDL wait, instead of its
-# whole K range before it (0): what still spills at 16 rows with the norm in chunks (docs/perf.md, session 15).
+# whole K range before it (0): that range's 16-row tiles spill. On one H200 (docs/perf.md, session 16) 128 took
+# batch 16 from 0.1785 to 0.1574 ms a token and left batch 4 at 0.573; 64 was slower (0.209 and 0.765).
 # One row keeps the whole range (nothing spills there, and its loads overlap the previous kernel's tail).
-K_CHUNK = int(os.environ.get("LABKIT_DECODE_K_CHUNK", "0"))
+K_CHUNK = int(os.environ.get("LABKIT_DECODE_K_CHUNK", "128"))
 if K_CHUNK not in (0, 32, 64, 128, 256):
     raise ValueError(f"LABKIT_DECODE_K_CHUNK: 0, 32, 64, 128 or 256, got {K_CHUNK}")
 
@@ -162,6 +163,11 @@ def _gemv_kernel(
 
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
+    if K_CHUNK == 0:
+        # Loaded before the statistics, as before K_CHUNK existed: loaded after them, the 16-row q/k/v and gate/up
+        # tiles spill (538 and 6,070 spill loads against 2 and 84, compiled for sm_90; 14x slower on the H200).
+        x_mask = m_mask[:, None] if EVEN else m_mask[:, None] & k_mask[None, :]
+        x = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, offs_k, x_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
     if NORM:
         # The statistics need whole rows: every program reads them (a few KiB, from L2) and gets the same sums,
         # NORM_CHUNK columns at a time (K_FULL: all at once; fewer at 2-16 rows, whose 16 x K float32 would spill).
@@ -200,8 +206,6 @@ def _gemv_kernel(
                 wuc = tl.load(wc_rows + up_rows * stride_wn, mask=wc_mask, other=0.0)
                 acc_u = tl.dot(wuc, xt, acc_u, input_precision=DOT_PRECISION)
     else:
-        x_mask = m_mask[:, None] if EVEN else m_mask[:, None] & k_mask[None, :]
-        x = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, offs_k, x_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
         if NORM:
             x = _rnd(_rnd(x * rstd[:, None], DT) * nw[None, :], DT)
         if BLOCK_M == 1:
@@ -240,6 +244,24 @@ def split_for(N: int, K: int, num_sms: int, block_n: int | None = None) -> int:
     return next((s for s in even if tiles * s >= num_sms), even[-1])
 
 
+def gemv_meta(M: int, N: int, K: int, split: int, *, s_in: int, residual: bool, norm: bool, silu: bool,
+              partials_out: bool, dtype: torch.dtype, use_pdl: bool, early: bool) -> tuple[tuple, dict]:
+    """The fused GEMV's grid and compile-time arguments (num_warps among them) for an M x K input to N outputs
+    in `split` K ranges: what gemv launches, and what tests/test_gemv_spills.py compiles for sm_90."""
+    ks = triton.cdiv(K, split)
+    k_full = triton.next_power_of_2(K)
+    block_k = max(16, triton.next_power_of_2(ks))
+    meta = dict(
+        S_IN=s_in, RESIDUAL=residual, NORM=norm, SILU=silu, PARTIALS=partials_out,
+        EVEN=ks == triton.next_power_of_2(ks) and ks >= 16 and K % ks == 0,
+        FULL_EVEN=K == triton.next_power_of_2(K), BLOCK_M=1 if M == 1 else 16, BLOCK_N=_BLOCK_N,
+        BLOCK_K=block_k, K_FULL=k_full, USE_PDL=use_pdl, EARLY=early, DOT_PRECISION=dot_precision(dtype),
+        NORM_CHUNK=min(NORM_CHUNK or k_full, k_full) if M > 1 else k_full,
+        K_CHUNK=min(K_CHUNK, block_k) if M > 1 else 0,
+        num_warps=_WARPS_ONE_ROW if M == 1 else _WARPS, enable_fp_fusion=False)
+    return (triton.cdiv(N, _BLOCK_N), split), meta
+
+
 def gemv(w: torch.Tensor, *, x: torch.Tensor | None = None, partials: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
          silu: bool = False, split: int | None = None, dtype: torch.dtype | None = None):
@@ -264,23 +286,13 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | None = None, partials: torch.Tens
         torch.empty(split, M, N, dtype=torch.float32, device=dev)
     res_out = torch.empty(M, K, dtype=dtype, device=dev) if residual is not None else y
     use_pdl, early, launch = _pdl(dev)
-    block_m = 1 if M == 1 else 16
-    k_full = triton.next_power_of_2(K)
-    block_k = max(16, triton.next_power_of_2(ks))
-    grid = (triton.cdiv(N, _BLOCK_N), split)
+    grid, meta = gemv_meta(M, N, K, split, s_in=0 if partials is None else partials.shape[0],
+                           residual=residual is not None, norm=norm_weight is not None, silu=silu,
+                           partials_out=partials_out, dtype=dtype, use_pdl=use_pdl, early=early)
     _gemv_kernel[grid](
         w, x if x is not None else w, partials if partials is not None else w,
         residual if residual is not None else w, res_out, norm_weight if norm_weight is not None else w, y,
-        M, N, K, ks, w.stride(0), x.stride(0) if x is not None else K, N, float(eps),
-        S_IN=0 if partials is None else partials.shape[0], RESIDUAL=residual is not None,
-        NORM=norm_weight is not None, SILU=silu, PARTIALS=partials_out,
-        EVEN=ks == triton.next_power_of_2(ks) and ks >= 16 and K % ks == 0,
-        FULL_EVEN=K == triton.next_power_of_2(K), BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
-        BLOCK_K=block_k, K_FULL=k_full, USE_PDL=use_pdl,
-        EARLY=early, DOT_PRECISION=dot_precision(dtype),
-        NORM_CHUNK=min(NORM_CHUNK or k_full, k_full) if M > 1 else k_full,
-        K_CHUNK=min(K_CHUNK, block_k) if M > 1 else 0,
-        num_warps=_WARPS_ONE_ROW if M == 1 else _WARPS, enable_fp_fusion=False, **launch)
+        M, N, K, ks, w.stride(0), x.stride(0) if x is not None else K, N, float(eps), **meta, **launch)
     return (y, res_out) if residual is not None else y
 
 

@@ -8,21 +8,11 @@ noise depends only on (its row's seed, index), so the draw is the same whatever 
 draw does not depend on the other rows of the batch."""
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ..device import num_sms
-
-# Uniforms a Philox call gives the kernel: 1 (tl.rand: one call an element) or 4 (tl.rand4x: one call for four
-# elements, a quarter of the integer work that may bound the kernel at batch 256). Each element's noise still
-# depends on (its row's seed, its index) alone, but the two settings draw different noise: different tokens.
-# Off (1) until measured: docs/perf.md, session 15.
-RNG_PER_CALL = int(os.environ.get("LABKIT_GUMBEL_RNG", "1"))
-if RNG_PER_CALL not in (1, 4):
-    raise ValueError(f"LABKIT_GUMBEL_RNG: 1 or 4 uniforms a Philox call, got {RNG_PER_CALL}")
 
 
 @triton.jit
@@ -45,36 +35,23 @@ def _keep(score, idx, best, best_idx):
 
 @triton.jit
 def _gumbel_chunk_kernel(logits_ptr, stride_row, temps_ptr, seeds_ptr, best_ptr, idx_ptr, vocab, chunk, num_chunks,
-                         BLOCK: tl.constexpr, RNG4: tl.constexpr):
+                         BLOCK: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
     t = tl.load(temps_ptr + row)
     seed = tl.load(seeds_ptr + row)
     greedy = t <= 0.0
     inv_t = tl.where(greedy, 1.0, 1.0 / tl.where(greedy, 1.0, t))
-    # RNG4: a lane covers four elements of a block, LANES (BLOCK / 4) apart, with one Philox call on counter
-    # idx // BLOCK * LANES + idx % LANES. Chunks start on whole blocks, so the counter is the index's alone.
-    LANES: tl.constexpr = BLOCK // 4 if RNG4 else BLOCK
-    best = tl.full([LANES], float("-inf"), tl.float32)
-    best_idx = tl.full([LANES], 2147483647, tl.int32)
+    # One Philox call an element (tl.rand). Four uniforms a call (tl.rand4x) drew nano no faster on the H200
+    # (docs/perf.md, session 16): the integer work does not bound this kernel.
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_idx = tl.full([BLOCK], 2147483647, tl.int32)
     lo = c * chunk
     hi = tl.minimum(lo + chunk, vocab)
-    lane = tl.arange(0, LANES)
     for start in range(lo, hi, BLOCK):
-        if RNG4:
-            u0, u1, u2, u3 = tl.rand4x(seed, start // 4 + lane)
-            i0 = start + lane
-            best, best_idx = _keep(_score(logits_ptr, stride_row, row, i0, hi, u0, greedy, inv_t), i0, best, best_idx)
-            i1 = i0 + LANES
-            best, best_idx = _keep(_score(logits_ptr, stride_row, row, i1, hi, u1, greedy, inv_t), i1, best, best_idx)
-            i2 = i1 + LANES
-            best, best_idx = _keep(_score(logits_ptr, stride_row, row, i2, hi, u2, greedy, inv_t), i2, best, best_idx)
-            i3 = i2 + LANES
-            best, best_idx = _keep(_score(logits_ptr, stride_row, row, i3, hi, u3, greedy, inv_t), i3, best, best_idx)
-        else:
-            idx = start + lane
-            best, best_idx = _keep(_score(logits_ptr, stride_row, row, idx, hi, tl.rand(seed, idx), greedy, inv_t),
-                                   idx, best, best_idx)
+        idx = start + tl.arange(0, BLOCK)
+        best, best_idx = _keep(_score(logits_ptr, stride_row, row, idx, hi, tl.rand(seed, idx), greedy, inv_t),
+                               idx, best, best_idx)
     top = tl.max(best, axis=0)
     # The first index wins ties, as torch.argmax does (an all -inf chunk reports its first index).
     first = tl.min(tl.where(best == top, best_idx, 2147483647), axis=0)
@@ -125,6 +102,6 @@ def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch
     best = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
     idx = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
     _gumbel_chunk_kernel[(rows, num_chunks)](logits, logits.stride(0), temperatures, seeds, best, idx, vocab, chunk,
-                                             num_chunks, BLOCK=block, RNG4=RNG_PER_CALL == 4 and block >= 4)
+                                             num_chunks, BLOCK=block)
     _pick_chunk_kernel[(rows,)](best, idx, out, num_chunks, BLOCK_C=64)
     return out

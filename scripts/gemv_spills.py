@@ -1,0 +1,142 @@
+"""Whether the fused decode GEMV spills registers, compiled for the H200 (sm_90) here, without a GPU.
+
+    python scripts/gemv_spills.py [--rows "1 16"] [--config config.json] [--max-spills 0] [--json]
+
+Each of a decoder layer's four GEMVs (engine/kernels/decode_layer.py: q/k/v with the partials summed in, the
+residual and the norm; o_proj split over K; gate/up with SiLU*up; down_proj split over K) is compiled as the
+engine launches it (`gemv_meta`, so the LABKIT_DECODE_* knobs in the environment apply) for Qwen3-0.6B's
+geometry or a config.json's, and its cubin's local-memory loads and stores counted (LDL/STL: spills). A tile
+that spills runs many times slower on the device: session 15's K_CHUNK change left the 16-row q/k/v and gate/up
+tiles spilling (538 and 6,070 loads) and batch 4 decoded 14x slower on the H200. Counts come from the local
+Triton, which may differ from the device's; a tile that spills here is worth a device run before it lands.
+
+Exit 0 when no GEMV has more spill loads than --max-spills, 1 when one has (named), 2 when Triton cannot
+compile for sm_90 here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+QWEN3_06B = {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+             "intermediate_size": 3072}
+NUM_SMS = 132  # the H200's, which split_for cuts K for
+
+
+def layer_gemvs(cfg: dict, rows: int) -> list[dict]:
+    """The four launches of a middle layer (its inputs are the previous layer's partials) at `rows` rows."""
+    sys.path.insert(0, str(REPO))
+    from engine.kernels.decode_layer import split_for
+
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    head_dim = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    o_split, down_split = split_for(h, q, NUM_SMS), split_for(h, inter, NUM_SMS)
+    base = dict(M=rows, residual=False, norm=False, silu=False, partials_out=False, s_in=0, split=1)
+    return [
+        {**base, "name": "q/k/v", "N": q + 2 * kv, "K": h, "s_in": down_split, "residual": True, "norm": True},
+        {**base, "name": "o_proj", "N": h, "K": q, "split": o_split, "partials_out": True},
+        {**base, "name": "gate/up", "N": inter, "K": h, "s_in": o_split, "residual": True, "norm": True,
+         "silu": True},
+        {**base, "name": "down_proj", "N": h, "K": inter, "split": down_split, "partials_out": True},
+    ]
+
+
+def _sass_here(g: dict) -> str:
+    """cuobjdump -sass of one launch's sm_90 cubin, compiled in this process."""
+    sys.path.insert(0, str(REPO))
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine.kernels import decode_layer as dl
+
+    _, meta = dl.gemv_meta(g["M"], g["N"], g["K"], g["split"], s_in=g["s_in"], residual=g["residual"],
+                           norm=g["norm"], silu=g["silu"], partials_out=g["partials_out"], dtype=torch.bfloat16,
+                           use_pdl=dl.PDL_MODE != "off", early=dl.PDL_MODE == "early")
+    options = {"num_warps": meta.pop("num_warps"), "num_stages": 2, "enable_fp_fusion": meta.pop("enable_fp_fusion")}
+    sig = {"w_ptr": "*bf16", "x_ptr": "*bf16", "part_ptr": "*fp32", "res_ptr": "*bf16", "res_out_ptr": "*bf16",
+           "nw_ptr": "*bf16", "y_ptr": "*fp32" if g["partials_out"] else "*bf16", **{k: "i32" for k in (
+               "M", "N", "K", "KS", "stride_wn", "stride_xm", "up_rows")}, "eps": "fp32"}
+    sig.update({k: "constexpr" for k in meta})
+    names = list(sig)
+    # A launch specialises what is 16-divisible: torch's pointers, and these shapes' sizes and strides (M, the
+    # batch, is not).
+    aligned = ["w_ptr", "x_ptr", "part_ptr", "res_ptr", "res_out_ptr", "nw_ptr", "y_ptr", "N", "K", "KS",
+               "stride_wn", "stride_xm", "up_rows"]
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    compiled = triton.compile(ASTSource(dl._gemv_kernel, sig, constexprs=meta, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32), options=options)
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        return subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
+def spills(g: dict) -> dict:
+    """{"loads", "stores"} of local memory in the launch's SASS, compiled in a process of its own: with
+    TRITON_INTERPRET set (the CPU tests set it) the engine's kernels are interpreted functions Triton cannot
+    compile."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--sass-of", json.dumps(g)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}")
+    return {"loads": len(re.findall(r"\bLDL\b", res.stdout)), "stores": len(re.findall(r"\bSTL\b", res.stdout))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", default="1 16", help="batch sizes (1-16), space-separated")
+    ap.add_argument("--config", help="a Hugging Face config.json (default: Qwen3-0.6B's geometry)")
+    ap.add_argument("--max-spills", type=int, default=0, help="spill loads a GEMV may have (default 0)")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    ap.add_argument("--sass-of", help=argparse.SUPPRESS)  # (spills' own process)
+    args = ap.parse_args(argv)
+    if args.sass_of:
+        print(_sass_here(json.loads(args.sass_of)), end="")
+        return 0
+    try:
+        rows = [int(r) for r in args.rows.split()]
+        if not rows or any(not 1 <= r <= 16 for r in rows):
+            raise ValueError
+    except ValueError:
+        print(f"gemv_spills: --rows takes batch sizes 1-16, got {args.rows!r}", file=sys.stderr)
+        return 2
+    try:
+        cfg = json.loads(Path(args.config).read_text()) if args.config else QWEN3_06B
+        launches = [g for r in rows for g in layer_gemvs(cfg, r)]
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"gemv_spills: --config {args.config}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    results = []
+    for g in launches:
+        try:
+            results.append({"gemv": g["name"], "rows": g["M"], "split": g["split"], **spills(g)})
+        except Exception as exc:  # noqa: BLE001 - no sm_90 backend here, or the launch does not compile
+            print(f"gemv_spills: {g['name']} at {g['M']} rows: {type(exc).__name__}: {str(exc)[:300]}",
+                  file=sys.stderr)
+            return 2
+    bad = [r for r in results if r["loads"] > args.max_spills]
+    if args.json:
+        print(json.dumps({"max_spills": args.max_spills, "gemvs": results, "ok": not bad}, indent=1))
+    else:
+        print(f"{'gemv':<10} {'rows':>4} {'split':>5} {'spill loads':>11} {'spill stores':>12}")
+        for r in results:
+            print(f"{r['gemv']:<10} {r['rows']:>4} {r['split']:>5} {r['loads']:>11,} {r['stores']:>12,}")
+        print("no GEMV spills more than %d loads" % args.max_spills if not bad else
+              "SPILLS: " + ", ".join(f"{r['gemv']} at {r['rows']} rows ({r['loads']:,} loads)" for r in bad))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

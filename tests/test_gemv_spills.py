@@ -1,0 +1,68 @@
+"""scripts/gemv_spills.py: the fused decode GEMV as the engine launches it, compiled for sm_90 here (no GPU), must
+not spill. Session 15 moved one load in the kernel and the 16-row tiles spilled: batch 4 decoded 14x slower on the
+H200, and no CPU test noticed (docs/perf.md, session 16)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gemv_spills.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("gemv_spills", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gemv_spills"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _needs_sm90_tools():
+    triton = pytest.importorskip("triton")
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
+        pytest.skip("this Triton has no CUDA tools")
+
+
+def test_the_layer_gemvs_have_the_engines_shapes_and_splits():
+    gs = _load()
+    launches = {g["name"]: g for g in gs.layer_gemvs(gs.QWEN3_06B, 16)}
+    assert [n for n in launches] == ["q/k/v", "o_proj", "gate/up", "down_proj"]
+    assert (launches["q/k/v"]["N"], launches["q/k/v"]["K"]) == (4096, 1024)
+    assert (launches["gate/up"]["N"], launches["down_proj"]["K"]) == (3072, 3072)
+    # what reaches q/k/v and gate/up is the split GEMV before them: its partials
+    assert launches["q/k/v"]["s_in"] == launches["down_proj"]["split"] > 1
+    assert launches["gate/up"]["s_in"] == launches["o_proj"]["split"] > 1
+
+
+def test_bad_rows_or_config_are_refused(capsys, tmp_path):
+    gs = _load()
+    assert gs.main(["--rows", "0 17"]) == 2
+    assert "--rows takes batch sizes 1-16" in capsys.readouterr().err
+    (tmp_path / "c.json").write_text("{}")
+    assert gs.main(["--config", str(tmp_path / "c.json")]) == 2
+    assert "KeyError" in capsys.readouterr().err
+
+
+def test_no_gemv_of_a_layer_spills_at_one_or_sixteen_rows(capsys):
+    _needs_sm90_tools()
+    gs = _load()
+    rc = gs.main(["--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert [(g["gemv"], g["rows"]) for g in out["gemvs"]] == [
+        (n, r) for r in (1, 16) for n in ("q/k/v", "o_proj", "gate/up", "down_proj")]
+    assert rc == 0 and out["ok"], out["gemvs"]
+
+
+def test_a_sixteen_row_tile_over_its_whole_k_range_spills_and_is_named(capsys, monkeypatch):
+    """The check sees a spilling launch: K in one range at 16 rows (LABKIT_DECODE_K_CHUNK=0) spills in the
+    q/k/v and gate/up tiles."""
+    _needs_sm90_tools()
+    monkeypatch.setenv("LABKIT_DECODE_K_CHUNK", "0")
+    gs = _load()
+    assert gs.main(["--rows", "16"]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("SPILLS: ") and "gate/up at 16 rows" in last
