@@ -4,6 +4,7 @@
 # (engine/kernels/decode_layer.py, engine/graph_dispatch.py); each run is `labkit bench --workload batch1` with
 # the workload's requests and max_num_seqs set to the batch size (decode ms a token = step time / rows).
 #   VARIANTS="name:K=V,K=V ..."  (default below: base first, then the open candidates)
+#   WORKLOAD=workloads/bench/batch1.yaml (its requests and max_num_seqs set to each batch)
 #   BATCHES="1 4 16"  ROUNDS=3  DEADLINE=480 (seconds from the start; a round that would end after it is skipped)
 #   DEVICE=cuda (cpu: the script itself, on a tiny model); RUN_TIMEOUT=120 seconds a bench run
 #   OUT=folder (default runs/batch1-sweep): runs/*.json, logs/*.log, summary.md (medians and ratios to base)
@@ -21,7 +22,7 @@ VARIANTS=${VARIANTS:-"base: normchunk0:LABKIT_DECODE_NORM_CHUNK=0 normchunk64:LA
 BATCHES=${BATCHES:-"1 4 16"}; ROUNDS=${ROUNDS:-3}; DEADLINE=${DEADLINE:-480}
 for b in $BATCHES; do
   sed -e "s/^requests: 1$/requests: $b/" -e "s/^  max_num_seqs: 1$/  max_num_seqs: $b/" \
-    workloads/bench/batch1.yaml > $OUT/batch$b.yaml
+    ${WORKLOAD:-workloads/bench/batch1.yaml} > $OUT/batch$b.yaml
 done
 runs=$(( $(echo $BATCHES | wc -w) * $(echo $VARIANTS | wc -w) ))
 order=""; for b in $BATCHES; do for v in $VARIANTS; do order="$order $b/$v"; done; done
