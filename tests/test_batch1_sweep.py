@@ -88,29 +88,3 @@ def test_the_k_chunk_call_runs_its_sweep_and_the_lifecycle_lab(tiny_model, tmp_p
         names = tar.getnames()
     assert "./serve-lifecycle.json" in names and "./sweep/summary.md" in names
 
-
-@pytest.mark.slow
-def test_the_merge_inline_call_runs_its_sweep_and_both_nano_runs(tiny_model, tmp_path):
-    """scripts/merge_inline_call.sh (session 16's second device call) on the CPU: every variant at the batch
-    asked, both KV dtypes' throughput, and its archive."""
-    import re
-    import tarfile
-
-    out = tmp_path / "out"
-    out.mkdir()
-    env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "FAKE_MODEL": tiny_model, "RUN_TIMEOUT": "300",
-           "SECTIONS": "sweep long nano", "BATCHES": "1", "ROUNDS": "1", "LONG_ROUNDS": "1",
-           "LONG_PROMPT": "200", "WORK": str(tmp_path / "work"),
-           "NANO_BENCH": "--workload fixed --repeats 1"}  # (nano's 256 requests take minutes on 2 cores)
-    res = subprocess.run(["bash", "scripts/merge_inline_call.sh"], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-2000:]
-    summary = (out / "summary.txt").read_text()
-    assert all(re.search(rf"\| 1 \| {v} \| \d+\.\d+ \|", summary) for v in ("base", "inline64", "inline128"))
-    long = summary.split("long contexts:")[1]
-    assert re.search(r"\| 1 \| base \| \d", long) and re.search(r"\| 1 \| inline \| \d", long)
-    assert re.search(r"rc=0 @\d+ nano kv auto: \d+", summary) and re.search(r"rc=0 @\d+ nano kv fp8: \d+", summary)
-    assert summary.rstrip().splitlines()[-1].startswith("done")
-    with tarfile.open(out / "call.tgz") as tar:
-        names = tar.getnames()
-    assert "./nano-fp8.json" in names and "./sweep/summary.md" in names

@@ -27,7 +27,7 @@ def test_the_defaults_are_the_measured_ones():
         pytest.skip("a knob is set in this environment")
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT,
-            GRAPH_SAMPLE_BS, decode_layer.MERGE_INLINE) == (16, 8, 4, 128, "0", 128, 128, 512, 0, "0")
+            GRAPH_SAMPLE_BS) == (16, 8, 4, 128, "0", 128, 128, 512, 0)
 
 
 def test_each_knob_is_read_when_set():
@@ -42,9 +42,6 @@ def test_each_knob_is_read_when_set():
                        "print(d._BLOCK_N, d._WARPS, d._WARPS_ONE_ROW, d.NORM_CHUNK)")
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["64", "8", "2", "128"]
-    res = _import_with({"LABKIT_DECODE_MERGE_INLINE": "1"},
-                       "from engine.kernels import decode_layer as d; print(d.MERGE_INLINE)")
-    assert res.returncode == 0 and res.stdout.split() == ["1"], res.stderr
     res = _import_with({"LABKIT_GRAPH_SAMPLE_BS": "16"},
                        "from engine import graph_dispatch as g; print(g.GRAPH_SAMPLE_BS)")
     assert res.returncode == 0 and res.stdout.split() == ["16"], res.stderr
@@ -55,8 +52,7 @@ def test_each_knob_is_read_when_set():
                                         ("LABKIT_DECODE_NORM_CHUNK", "100"),
                                         ("LABKIT_DECODE_BLOCK_N", "48"), ("LABKIT_DECODE_MERGE_PDL", "yes"),
                                         ("LABKIT_DECODE_SHORT_CONTEXT", "-1"), ("LABKIT_GRAPH_SAMPLE_BS", "3"),
-                                        ("LABKIT_DECODE_K_CHUNK", "100"),
-                                        ("LABKIT_DECODE_MERGE_INLINE", "yes")])
+                                        ("LABKIT_DECODE_K_CHUNK", "100")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch")
     assert res.returncode != 0 and var in res.stderr

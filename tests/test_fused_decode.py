@@ -163,37 +163,6 @@ def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, s
     llm.exit()
 
 
-@pytest.mark.parametrize("rows, splits", [(1, 2), (3, 3), (3, 8)])
-def test_the_inline_merge_gives_the_merge_kernels_output_and_leaves_its_counts_at_zero(tiny_model, rows, splits,
-                                                                                      monkeypatch):
-    """LABKIT_DECODE_MERGE_INLINE: the last program of each (row, KV head) merges the splits itself, with the
-    merge kernel's arithmetic (the same bits), and zeroes its count for the next layer (8 splits: most empty)."""
-    monkeypatch.setattr(decode_layer, "ATTN_BLOCK_N", 16)  # the 21-34 token contexts in 2-3 tiles
-    llm, dec, pool = _prefilled(tiny_model, "float32")
-    empty = torch.empty
-
-    def poisoned(*args, **kwargs):  # a part read before its program wrote it shows as NaN, never as stale bits
-        t = empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", poisoned)
-    runner = llm.model_runner
-    model = runner.model.model
-    d = {k: v[:rows] for k, v in dec.items()}
-    outs = []
-    with torch.inference_mode():
-        for inline in ("0", "1", "1"):
-            monkeypatch.setattr(decode_layer, "MERGE_INLINE", inline)
-            runner.kv_cache.copy_(pool)
-            set_context(Context(d["slots"], DecodeMeta(rows, d["ctx"], d["tables"], num_splits=splits)))
-            outs.append(fused_decode.forward(model, d["ids"], d["pos"]))
-            reset_context()
-            counts = decode_layer._COUNTS.get(torch.device(DEVICE))
-            assert inline == "0" or (counts is not None and not counts.any()), counts
-    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
-    llm.exit()
-
-
 def test_a_fused_decode_step_writes_an_fp8_pool_as_the_kv_write_kernel_does(tiny_model):
     llm, dec, pool = _prefilled(tiny_model, "float32", "fp8")
     runner = llm.model_runner

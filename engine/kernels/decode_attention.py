@@ -182,27 +182,6 @@ def _decode_split_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
 
 
-@triton.jit
-def _merge_head(acc_ptr, ml_ptr, base, num_splits, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                CACHE: tl.constexpr = ""):
-    """One head's output (float32) from its splits' partials at base .. base + num_splits: the splits' sums
-    rescaled to the largest max, over the rescaled denominators. CACHE ".cg" reads them from L2 (another
-    program's writes, which this SM's L1 may hold stale from an earlier use of the buffer)."""
-    s = tl.arange(0, SPLITS_PAD)
-    smask = s < num_splits
-    d = tl.arange(0, HEAD_DIM)
-    m = tl.load(ml_ptr + (base + s) * 2, mask=smask, other=float("-inf"), cache_modifier=CACHE)
-    l = tl.load(ml_ptr + (base + s) * 2 + 1, mask=smask, other=0.0, cache_modifier=CACHE)
-    m_max = tl.max(m, axis=0)
-    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)  # a padded row (context 0) has no keys at all
-    w = tl.where(smask & (m > float("-inf")), tl.exp2(m - m_safe), 0.0)
-    acc = tl.load(acc_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=smask[:, None], other=0.0,
-                  cache_modifier=CACHE)
-    num = tl.sum(acc * w[:, None], axis=0)
-    den = tl.sum(l * w, axis=0)
-    return num / tl.where(den > 0, den, 1.0)
-
-
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_merge_kernel(acc_ptr, ml_ptr, out_ptr, num_splits, stride_ob, stride_oh,
                          NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
@@ -213,8 +192,19 @@ def _decode_merge_kernel(acc_ptr, ml_ptr, out_ptr, num_splits, stride_ob, stride
         tl.extra.cuda.gdc_wait()
         if EARLY:
             tl.extra.cuda.gdc_launch_dependents()
-    out = _merge_head(acc_ptr, ml_ptr, (b * NUM_HEADS + h) * num_splits, num_splits, SPLITS_PAD, HEAD_DIM)
+    s = tl.arange(0, SPLITS_PAD)
+    smask = s < num_splits
     d = tl.arange(0, HEAD_DIM)
+    base = (b * NUM_HEADS + h) * num_splits
+    m = tl.load(ml_ptr + (base + s) * 2, mask=smask, other=float("-inf"))
+    l = tl.load(ml_ptr + (base + s) * 2 + 1, mask=smask, other=0.0)
+    m_max = tl.max(m, axis=0)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)  # a padded row (context 0) has no keys at all
+    w = tl.where(smask & (m > float("-inf")), tl.exp2(m - m_safe), 0.0)
+    acc = tl.load(acc_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=smask[:, None], other=0.0)
+    num = tl.sum(acc * w[:, None], axis=0)
+    den = tl.sum(l * w, axis=0)
+    out = num / tl.where(den > 0, den, 1.0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
 

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from . import dot_precision
-from .decode_attention import _decode_merge_kernel, _merge_head
+from .decode_attention import _decode_merge_kernel
 from .kv_write import _e4m3
 
 # How the fused kernels use PDL on CUDA: "early" (wait, then let the successor launch at once), "late" (let it
@@ -50,11 +50,6 @@ if PDL_MODE not in ("early", "late", "off"):
 MERGE_PDL = os.environ.get("LABKIT_DECODE_MERGE_PDL", "0")
 if MERGE_PDL not in ("0", "1"):
     raise ValueError(f"LABKIT_DECODE_MERGE_PDL: must be 0 or 1, got {MERGE_PDL!r}")
-# "1": the split attention kernel merges its own parts: each (row, KV head)'s last program to finish (an atomic
-# count) merges that head group's splits, so no merge launch sits between attention and o_proj.
-MERGE_INLINE = os.environ.get("LABKIT_DECODE_MERGE_INLINE", "0")
-if MERGE_INLINE not in ("0", "1"):
-    raise ValueError(f"LABKIT_DECODE_MERGE_INLINE: must be 0 or 1, got {MERGE_INLINE!r}")
 ATTN_BLOCK_N = int(os.environ.get("LABKIT_DECODE_BLOCK_N", "128"))
 if ATTN_BLOCK_N not in (16, 32, 64, 128):
     raise ValueError(f"LABKIT_DECODE_BLOCK_N: must be 16, 32, 64 or 128, got {ATTN_BLOCK_N}")
@@ -358,12 +353,11 @@ def _online(q, k, v, nmask, m_i, l_i, acc, scale_log2, DT: tl.constexpr, DOT_PRE
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _qkv_attention_kernel(
     qkv_ptr, stride_qkv, pos_ptr, cs_ptr, cs_stride, qw_ptr, kw_ptr, eps, slot_ptr,
-    k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, acc_ptr, ml_ptr, count_ptr,
+    k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, acc_ptr, ml_ptr,
     num_splits, stride_bt, stride_block, stride_head, stride_row, scale_log2, v_scale, k_inv_scale, v_inv_scale,
     NQ: tl.constexpr, NK: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILES: tl.constexpr,
     PARTIALS: tl.constexpr, USE_PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    MERGE_INLINE: tl.constexpr, SPLITS_PAD: tl.constexpr,
 ):
     """decode_attention._decode_split_kernel with its inputs made here: q (this program's query heads) and this
     token's k normed and rotated from the qkv row. Keys and values of the older positions come from the pool;
@@ -447,36 +441,10 @@ def _qkv_attention_kernel(
         tl.store(acc_ptr + base[:, None] * HEAD_DIM + d[None, :], acc, mask=gmask[:, None])
         tl.store(ml_ptr + base * 2, m_i, mask=gmask)
         tl.store(ml_ptr + base * 2 + 1, l_i, mask=gmask)
-        if MERGE_INLINE:
-            # Every thread's partials are stored (the barrier) before the count is raised with release
-            # semantics; the program that raises it last acquires everyone's and merges the group's heads with
-            # the merge kernel's arithmetic, then zeroes the count for the next layer and step.
-            tl.debug_barrier()
-            count = count_ptr + b * NK + kvh
-            if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-                for gi in tl.static_range(GROUP):
-                    h = kvh * GROUP + gi
-                    o = _merge_head(acc_ptr, ml_ptr, (b * NQ + h) * num_splits, num_splits, SPLITS_PAD, HEAD_DIM,
-                                    ".cg")
-                    tl.store(out_ptr + b * (NQ * HEAD_DIM) + h * HEAD_DIM + d, o.to(DT))
-                tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
     else:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + b * (NQ * HEAD_DIM) + heads[:, None] * HEAD_DIM + d[None, :], out.to(DT),
                  mask=gmask[:, None])
-
-
-_COUNTS: dict[torch.device, torch.Tensor] = {}
-
-
-def _merge_counts(device: torch.device, n: int) -> torch.Tensor:
-    """The inline merge's counts, one per (row, KV head): zero between launches (the last program of each
-    zeroes its own), so one buffer a device serves every layer and every graph. Made (or grown) before a graph
-    is captured, by the warm-up step that compiles the kernels."""
-    counts = _COUNTS.get(device)
-    if counts is None or counts.numel() < n:
-        counts = _COUNTS[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return counts
 
 
 def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, q_norm: torch.Tensor,
@@ -501,18 +469,16 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
         acc = ml = out
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     use_pdl, early, launch = _pdl(qkv.device)
-    inline = partials and MERGE_INLINE == "1"
-    count = _merge_counts(qkv.device, batch * num_kv_heads) if inline else out
     _qkv_attention_kernel[(batch, num_kv_heads, num_splits)](
         qkv, qkv.stride(0), positions, cos_sin, cos_sin.stride(0), q_norm, k_norm, float(eps), slots,
-        k_cache, v_cache, block_tables, context_lens, out, acc, ml, count, num_splits, block_tables.stride(0),
+        k_cache, v_cache, block_tables, context_lens, out, acc, ml, num_splits, block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         scale * 1.4426950408889634 * (k_scale if fp8 else 1.0), v_scale, 1.0 / k_scale, 1.0 / v_scale,
         NQ=num_heads, NK=num_kv_heads, FP8=fp8, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILES=page_tiles, PARTIALS=partials,
-        USE_PDL=use_pdl, EARLY=early, DOT_PRECISION=dot_precision(qkv.dtype), MERGE_INLINE=inline,
-        SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=4, num_stages=2, enable_fp_fusion=False, **launch)
-    if partials and not inline:
+        USE_PDL=use_pdl, EARLY=early, DOT_PRECISION=dot_precision(qkv.dtype), num_warps=4, num_stages=2,
+        enable_fp_fusion=False, **launch)
+    if partials:
         o3 = out.view(batch, num_heads, head_dim)
         merge_pdl = use_pdl and MERGE_PDL == "1"
         _decode_merge_kernel[(batch, num_heads)](

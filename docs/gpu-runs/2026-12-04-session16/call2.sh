@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# A RECORD of session 16's second device call, as it ran from scripts/merge_inline_call.sh at 648c947
+# (`bash scripts/merge_inline_call.sh`). LABKIT_DECODE_MERGE_INLINE, which it measured, was removed after it (slower:
+# docs/perf.md, session 16, call 2), and this file no longer runs from here.
 # Issue 32's second device call of session 16, on one H200 with the fake Qwen3-0.6B in bf16 (~6 minutes;
 # DEVICE=cpu FAKE_MODEL=DIR runs it on the CPU, as its test does):
 #   tests   the fused decode's tests on the device (GEMVs, the inline merge among several real programs, a whole

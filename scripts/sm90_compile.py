@@ -1,0 +1,181 @@
+"""Every kernel a fused decode step launches, compiled for the H200 (sm_90) here, without a GPU.
+
+    python scripts/sm90_compile.py [--json] [--triton DIR]
+    (DIR: another Triton to compile with, from `pip install --target DIR triton==3.6.0`: the H200's)
+
+The CPU tests run the kernels in Triton's interpreter, which never compiles them: a kernel the device's Triton
+cannot compile passes every CPU test and fails on the device. Session 16 lost a device call that way (a helper's
+default string argument: Triton 3.9 here compiles it, the H200's 3.6 does not). This script runs a fused decode
+step of a tiny model on the CPU (interpreted), records every kernel launch it makes (one split and three, a bf16
+and an FP8 pool), and compiles each for sm_90 with the launch's constexprs, PDL on as on the device and the model
+dtype bfloat16. Run it with the device's Triton (--triton) before a device call; the step is recorded with the
+Triton installed here either way (3.6's interpreter cannot run it).
+
+Exit 0 when every launch compiles, 1 when one does not (named, with Triton's error), 2 when the step could not
+be recorded or Triton cannot compile for sm_90 here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CASES = [(1, "auto"), (3, "auto"), (3, "fp8")]  # (splits, KV cache dtype)
+TYPES = {"float16": "bf16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m3fn": "fp8e4nv", "int32": "i32",
+         "int64": "i64", "uint8": "u8"}  # (the interpreter's float16 stands for the device's bfloat16)
+OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion", "launch_pdl")
+
+
+def _record() -> list[dict]:
+    """The launches of fused decode steps, interpreted here (TRITON_INTERPRET=1 in this process)."""
+    sys.path.insert(0, str(REPO))
+    import inspect
+
+    import torch
+    import triton.language as tl
+
+    from engine import LLM, fused_decode
+    from engine.context import Context, DecodeMeta, reset_context, set_context
+    from engine.kernels import decode_attention, decode_layer, dot_precision
+    from labkit.fake_model import make_fake_model
+
+    launches: dict[str, dict] = {}
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+            self.fn = kernel.fn
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                params = inspect.signature(self.fn).parameters
+                sig, consts = {}, {}
+                bound = dict(zip(params, args)) | {k: v for k, v in kwargs.items() if k not in OPTIONS}
+                for name, p in params.items():
+                    value = bound.get(name, p.default)
+                    if p.annotation in (tl.constexpr, "tl.constexpr"):
+                        consts[name] = value
+                    elif isinstance(value, torch.Tensor):
+                        sig[name] = "*" + TYPES[str(value.dtype).removeprefix("torch.")]
+                    else:
+                        sig[name] = "fp32" if isinstance(value, float) else "i32"
+                if "USE_PDL" in consts:  # as on the device
+                    consts["USE_PDL"] = decode_layer.PDL_MODE != "off"
+                if "EARLY" in consts:
+                    consts["EARLY"] = decode_layer.PDL_MODE == "early"
+                if "DOT_PRECISION" in consts:
+                    consts["DOT_PRECISION"] = dot_precision(torch.bfloat16)
+                options = {k: kwargs[k] for k in OPTIONS[:3] if k in kwargs}
+                key = f"{self.fn.__name__} {sorted(consts.items())}"
+                launches.setdefault(key, {"kernel": self.fn.__name__, "module": self.fn.__module__, "sig": sig,
+                                          "constexprs": consts, "options": options})
+                return self.kernel[grid](*args, **kwargs)
+            return launch
+
+    for mod in (decode_layer, decode_attention):
+        for name, obj in list(vars(mod).items()):
+            if hasattr(obj, "fn") and name.endswith("_kernel"):  # (launched kernels; helpers are called inside them)
+                setattr(mod, name, Recorder(obj))
+    with tempfile.TemporaryDirectory() as tmp:
+        make_fake_model("tiny", Path(tmp) / "tiny", seed=0)
+        for splits, kv in CASES:
+            llm = LLM(str(Path(tmp) / "tiny"), device="cpu", attention_backend="triton", dtype="float16",
+                      enforce_eager=True, kvcache_block_size=16, num_kvcache_blocks=8, max_model_len=128,
+                      kv_cache_dtype=kv, custom_kernels=False)
+            model = llm.model_runner.model.model
+            ctx = torch.tensor([40, 7], dtype=torch.int32)
+            tables = torch.tensor([[0, 1, 2], [3, -1, -1]], dtype=torch.int32)
+            with torch.inference_mode():
+                set_context(Context(torch.tensor([39, 54], dtype=torch.int32), DecodeMeta(
+                    2, ctx, tables, num_splits=splits)))
+                fused_decode.forward(model, torch.tensor([5, 6]), ctx.long() - 1)
+                reset_context()
+            llm.exit()
+    return list(launches.values())
+
+
+def _compile_here(launches: list[dict]) -> list[dict]:
+    """Each launch compiled for sm_90 in this process (no interpreter): {"kernel", "ok", "error"}, then
+    {"triton": its version}."""
+    sys.path.insert(0, str(REPO))
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    out = []
+    for ln in launches:
+        fn = getattr(importlib.import_module(ln["module"]), ln["kernel"])
+        sig = {**ln["sig"], **{k: "constexpr" for k in ln["constexprs"]}}
+        sig = {name: sig[name] for name in fn.arg_names}
+        aligned = [i for i, name in enumerate(fn.arg_names) if sig[name].startswith("*")]
+        attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+        try:
+            triton.compile(ASTSource(fn, sig, constexprs=ln["constexprs"], attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32), options=ln["options"])
+            out.append({"kernel": ln["kernel"], "ok": True, "error": ""})
+        except Exception as exc:  # noqa: BLE001 - Triton's compile errors are of many kinds; each is reported
+            msg = str(exc).strip().splitlines()
+            out.append({"kernel": ln["kernel"], "ok": False, "error": f"{type(exc).__name__}: {msg[-1] if msg else ''}"})
+    return out + [{"triton": triton.__version__}]
+
+
+def _run(mode: str, payload: str, interpret: bool, triton_dir: str | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    if triton_dir:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [triton_dir, env.get("PYTHONPATH")]))
+    res = subprocess.run([sys.executable, str(Path(__file__).resolve()), mode, payload], env=env,
+                         capture_output=True, text=True, timeout=900)
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}")
+    return res.stdout.strip().splitlines()[-1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    ap.add_argument("--triton", help="a folder holding another Triton to compile with")
+    ap.add_argument("--record", action="store_true", help=argparse.SUPPRESS)   # (the recording process)
+    ap.add_argument("--compile", help=argparse.SUPPRESS)                       # (the compiling process)
+    args, _ = ap.parse_known_args(argv)
+    if args.record:
+        print(json.dumps(_record()))
+        return 0
+    if args.compile:
+        print(json.dumps(_compile_here(json.loads(Path(args.compile).read_text()))))
+        return 0
+    try:
+        launches = json.loads(_run("--record", "", interpret=True))
+    except Exception as exc:  # noqa: BLE001 - the recording step failed: say how
+        print(f"sm90_compile: recording the fused decode step failed: {exc}", file=sys.stderr)
+        return 2
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(launches, f)
+    try:
+        results = json.loads(_run("--compile", f.name, interpret=False, triton_dir=args.triton))
+    except Exception as exc:  # noqa: BLE001 - no sm_90 backend here
+        print(f"sm90_compile: cannot compile for sm_90 here: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        os.unlink(f.name)
+    version = results.pop()["triton"]
+    bad = [r for r in results if not r["ok"]]
+    if args.json:
+        print(json.dumps({"triton": version, "launches": results, "ok": not bad}, indent=1))
+    else:
+        print(f"Triton {version}, sm_90: {len(results) - len(bad)} of {len(results)} launches compile")
+        for r in results:
+            print(f"  {r['kernel']:<28} {'ok' if r['ok'] else 'FAILS: ' + r['error'][:200]}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

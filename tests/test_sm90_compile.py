@@ -1,0 +1,68 @@
+"""scripts/sm90_compile.py: every kernel a fused decode step launches, recorded on the CPU and compiled for sm_90
+here, with this Triton and with the H200's (3.6): the interpreter the CPU tests use never compiles a kernel, and
+session 16 lost a device call to a kernel that Triton 3.9 compiles and 3.6 does not."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "sm90_compile.py"
+DEVICE_TRITON = "3.6.0"  # the H200's (the device tool's README)
+KERNELS = {"_gemv_kernel", "_qkv_attention_kernel", "_decode_merge_kernel", "_partials_norm_kernel"}
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("sm90_compile", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["sm90_compile"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _needs_sm90_tools():
+    triton = pytest.importorskip("triton")
+    if not (Path(triton.__file__).parent / "backends" / "nvidia").exists():
+        pytest.skip("this Triton has no CUDA backend")
+
+
+def test_every_launch_of_a_fused_decode_step_compiles_for_sm90(capsys):
+    _needs_sm90_tools()
+    rc = _load().main(["--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert {r["kernel"] for r in out["launches"]} == KERNELS  # one split and three, bf16 and FP8 pools
+    assert len(out["launches"]) >= 8
+    assert rc == 0 and out["ok"], [r for r in out["launches"] if not r["ok"]]
+
+
+def test_a_launch_that_does_not_compile_is_named_with_its_error(tmp_path):
+    _needs_sm90_tools()
+    sm = _load()
+    launch = {"kernel": "_partials_norm_kernel", "module": "engine.kernels.decode_layer",
+              "sig": {"part_ptr": "*fp32", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32",
+                      "K": "i32", "eps": "fp32"},
+              "constexprs": {"S_IN": 2, "BLOCK": 100, "USE_PDL": True},  # tl.arange needs a power of two
+              "options": {"num_warps": 4}}
+    path = tmp_path / "launches.json"
+    path.write_text(json.dumps([launch, {**launch, "constexprs": {**launch["constexprs"], "BLOCK": 128}}]))
+    bad, good, version = json.loads(sm._run("--compile", str(path), interpret=False))
+    assert not bad["ok"] and "power of 2" in bad["error"] and good["ok"] and version["triton"]
+
+
+@pytest.mark.slow
+def test_every_launch_compiles_with_the_devices_triton(tmp_path_factory):
+    """Triton 3.6 (the H200's) installed into a folder of its own: the same launches must compile there."""
+    _needs_sm90_tools()
+    target = tmp_path_factory.mktemp("triton36")
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                          f"triton=={DEVICE_TRITON}"], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = subprocess.run([sys.executable, str(SCRIPT), "--json", "--triton", str(target)], capture_output=True,
+                         text=True, timeout=900)
+    out = json.loads(res.stdout)
+    assert out["triton"] == DEVICE_TRITON
+    assert res.returncode == 0 and out["ok"], [r for r in out["launches"] if not r["ok"]]
