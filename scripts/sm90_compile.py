@@ -121,8 +121,8 @@ def _compile_here(launches: list[dict]) -> list[dict]:
                            target=GPUTarget("cuda", 90, 32), options=ln["options"])
             out.append({"kernel": ln["kernel"], "ok": True, "error": ""})
         except Exception as exc:  # noqa: BLE001 - Triton's compile errors are of many kinds; each is reported
-            msg = str(exc).strip().splitlines()
-            out.append({"kernel": ln["kernel"], "ok": False, "error": f"{type(exc).__name__}: {msg[-1] if msg else ''}"})
+            last = (str(exc).strip().splitlines() or [""])[-1]
+            out.append({"kernel": ln["kernel"], "ok": False, "error": f"{type(exc).__name__}: {last}"})
     return out + [{"triton": triton.__version__}]
 
 
