@@ -88,3 +88,27 @@ def test_the_k_chunk_call_runs_its_sweep_and_the_lifecycle_lab(tiny_model, tmp_p
         names = tar.getnames()
     assert "./serve-lifecycle.json" in names and "./sweep/summary.md" in names
 
+
+@pytest.mark.slow
+def test_the_final_evidence_call_reports_each_figure(tiny_model, tmp_path):
+    """scripts/final_evidence_call.sh on the CPU (its evidence section needs CUDA): both nano runs, batch 1 and
+    4, and the Transformers reference reach the summary with their exit codes, and the archive holds their JSON."""
+    import re
+    import tarfile
+
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "FAKE_MODEL": tiny_model, "WORK": str(tmp_path / "w"),
+           "SECTIONS": "nano batch hf", "NANO_BENCH": "--workload fixed --repeats 1", "BATCHES": "4",
+           "HF_ARGS": "--no-compile --new-tokens 9"}
+    res = subprocess.run(["bash", "scripts/final_evidence_call.sh"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = (out / "summary.txt").read_text()
+    for pattern in (r"rc=0 @\d+ nano kv auto: \d+\.?\d* tok/s", r"rc=0 @\d+ nano kv fp8: \d+",
+                    r"rc=0 @\d+ batch1: \d+\.\d+ ms a token", r"\| 4 \| base \| \d+\.\d+ \|",
+                    r"rc=0 @\d+ Transformers batch1: \d+\.\d+ ms a token, cache static eager"):
+        assert re.search(pattern, summary), (pattern, summary)
+    with tarfile.open(out / "call.tgz") as tar:
+        names = tar.getnames()
+    assert {"./nano-fp8.json", "./batch1.json", "./hf-batch1.json"} <= set(names)
