@@ -1,7 +1,7 @@
 """The Transformers batch-1 reference for issue 32's bar: decode ms a token of `generate` on the same weights,
 with its static cache and the forward pass compiled (generate's own torch.compile on CUDA, reduce-overhead: CUDA
-graphs), as a user of Transformers would make it fast. Same shape as `labkit bench --workload batch1`: 128 prompt tokens, 256 decode
-steps; decode ms a token = (time of 257 new tokens - time of 1) / 256, median of --repeats.
+graphs), as a user of Transformers would make it fast. Same shape as `labkit bench --workload batch1`: 128
+prompt tokens, 256 decode steps; decode ms a token = (time of 257 new tokens - time of 1) / 256, median of --repeats.
 
     python3 scripts/hf_batch1.py --model DIR [--device cuda] [--no-compile] [--repeats 5] [--out FILE.json]"""
 from __future__ import annotations
@@ -56,7 +56,8 @@ def main() -> None:
         full, one = run(args.new_tokens), run(1)
         per_token.append((full - one) / (args.new_tokens - 1) * 1e3)
     result = {"decode_ms_per_token": statistics.median(per_token), "repeats": per_token, "warmup_s": warm,
-              "compiled": not args.no_compile and args.device == "cuda", "cache": "static", "dtype": str(dtype), "device": args.device,
+              "compiled": not args.no_compile and args.device == "cuda", "cache": "static", "dtype": str(dtype),
+              "device": args.device,
               "transformers": __import__("transformers").__version__, "torch": torch.__version__}
     print(json.dumps(result))
     if args.out:
