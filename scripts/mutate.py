@@ -54,6 +54,8 @@ FAST_TESTS = [
     "tests/test_fp8_dot.py", "tests/test_fused_decode.py",
     # (session 15)
     "tests/test_graph_sampling.py", "tests/test_gumbel_sampler.py",
+    # (session 16)
+    "tests/test_gemv_spills.py",
 ]
 CASES_TIMEOUT_S = 900
 TESTS_TIMEOUT_S = 1500
@@ -428,6 +430,12 @@ MUTATIONS = [
       "K in chunks: a range's last chunk reads into the next range's columns"),
     M("N79", "engine/kernels/decode_layer.py", "K_CHUNK=min(K_CHUNK, block_k) if M > 1 else 0,",
       "K_CHUNK=min(K_CHUNK, block_k),", "K in chunks at one row too (loses the loads before the PDL wait)"),
+    # (N80-N81 were LABKIT_GUMBEL_RNG's, retired with it in session 16)
+    M("N82", "engine/kernels/decode_layer.py", 'K_CHUNK = int(os.environ.get("LABKIT_DECODE_K_CHUNK", "128"))',
+      'K_CHUNK = int(os.environ.get("LABKIT_DECODE_K_CHUNK", "0"))',
+      "the 2-16 row GEMV back to its whole K range by default (the tiles spill: 14x slower on the H200)"),
+    M("N83", "engine/kernels/decode_layer.py", "K_CHUNK=min(K_CHUNK, block_k) if M > 1 else 0,",
+      "K_CHUNK=min(K_CHUNK, block_k) if M > 16 else 0,", "K in chunks never taken (a tile of rows spills)"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).
@@ -460,8 +468,8 @@ def build_tree(dest: Path) -> str:
     make_clean_tree(ROOT, dest, source)
     # The tests read the patch catalogue and a run's commit: the tree has no .git, so it carries the patches
     # and names its commit the way a `git archive` copy does.
-    # test_hostile_inputs also reads docs/serving.md and the notes templates.
-    for folder in ("patches", "docs", "notes"):
+    # test_hostile_inputs also reads docs/serving.md and the notes templates; test_gemv_spills runs a script.
+    for folder in ("patches", "docs", "notes", "scripts"):
         if (ROOT / folder).is_dir():
             shutil.copytree(ROOT / folder, dest / folder)
     if head:

@@ -21,13 +21,13 @@ def _import_with(env: dict, code: str) -> subprocess.CompletedProcess:
 
 def test_the_defaults_are_the_measured_ones():
     from engine.graph_dispatch import GRAPH_SAMPLE_BS, SHORT_CONTEXT
-    from engine.kernels import decode_layer
+    from engine.kernels import decode_layer, gumbel_sampler
 
-    if any(k.startswith(("LABKIT_DECODE", "LABKIT_GRAPH")) for k in os.environ):
+    if any(k.startswith(("LABKIT_DECODE", "LABKIT_GRAPH", "LABKIT_GUMBEL")) for k in os.environ):
         pytest.skip("a knob is set in this environment")
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT,
-            GRAPH_SAMPLE_BS) == (16, 8, 4, 128, "0", 128, 128, 512, 0)
+            GRAPH_SAMPLE_BS, gumbel_sampler.PROGRAMS_PER_SM) == (16, 8, 4, 128, "0", 128, 128, 512, 0, 2)
 
 
 def test_each_knob_is_read_when_set():
@@ -42,6 +42,9 @@ def test_each_knob_is_read_when_set():
                        "print(d._BLOCK_N, d._WARPS, d._WARPS_ONE_ROW, d.NORM_CHUNK)")
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["64", "8", "2", "128"]
+    res = _import_with({"LABKIT_GUMBEL_PER_SM": "8"},
+                       "from engine.kernels import gumbel_sampler as s; print(s.PROGRAMS_PER_SM)")
+    assert res.returncode == 0 and res.stdout.split() == ["8"], res.stderr
     res = _import_with({"LABKIT_GRAPH_SAMPLE_BS": "16"},
                        "from engine import graph_dispatch as g; print(g.GRAPH_SAMPLE_BS)")
     assert res.returncode == 0 and res.stdout.split() == ["16"], res.stderr
@@ -52,9 +55,11 @@ def test_each_knob_is_read_when_set():
                                         ("LABKIT_DECODE_NORM_CHUNK", "100"),
                                         ("LABKIT_DECODE_BLOCK_N", "48"), ("LABKIT_DECODE_MERGE_PDL", "yes"),
                                         ("LABKIT_DECODE_SHORT_CONTEXT", "-1"), ("LABKIT_GRAPH_SAMPLE_BS", "3"),
-                                        ("LABKIT_DECODE_K_CHUNK", "100")])
+                                        ("LABKIT_DECODE_K_CHUNK", "100"),
+                                        ("LABKIT_GUMBEL_PER_SM", "3")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
-    res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch")
+    res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
+                                     "engine.kernels.gumbel_sampler")
     assert res.returncode != 0 and var in res.stderr
 
 

@@ -52,3 +52,14 @@ def test_gumbel_argmax_all_minus_inf_row_gives_index_zero_like_torch():
     logits = torch.full((1, 300), float("-inf"), device=DEVICE)
     seeds = torch.ones(1, dtype=torch.int64, device=DEVICE)
     assert gumbel_argmax(logits, torch.zeros(1, device=DEVICE), seeds, block=64, num_chunks=4).tolist() == [0]
+
+
+def test_the_chunk_count_follows_the_programs_an_sm(monkeypatch):
+    """LABKIT_GUMBEL_PER_SM: a row's chunks cover every SM that many times (never a chunk under one block)."""
+    from engine.kernels import gumbel_sampler
+
+    assert gumbel_sampler.num_chunks_for(256, 151936, 1024, 132, per_sm=2) == 2
+    assert gumbel_sampler.num_chunks_for(256, 151936, 1024, 132, per_sm=16) == 9
+    assert gumbel_sampler.num_chunks_for(1, 151936, 1024, 132, per_sm=16) == 149  # one chunk a block at most
+    monkeypatch.setattr(gumbel_sampler, "PROGRAMS_PER_SM", 8)
+    assert gumbel_sampler.num_chunks_for(256, 151936, 1024, 132) == 5

@@ -8,11 +8,21 @@ noise depends only on (its row's seed, index), so the draw is the same whatever 
 draw does not depend on the other rows of the batch."""
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from ..device import num_sms
+
+# Programs a row's chunks aim for, per SM (2: the measured default). At batch 256 that is 2 chunks a row, 512
+# programs of ~76k logits, each with one 1,024-logit load in flight: few bytes in flight for the memory's latency.
+# Knob for the next device measurement (scripts/sampler_bench.py times the kernel alone); a draw does not depend
+# on it.
+PROGRAMS_PER_SM = int(os.environ.get("LABKIT_GUMBEL_PER_SM", "2"))
+if PROGRAMS_PER_SM not in (1, 2, 4, 8, 16, 32):
+    raise ValueError(f"LABKIT_GUMBEL_PER_SM: 1, 2, 4, 8, 16 or 32, got {PROGRAMS_PER_SM}")
 
 
 @triton.jit
@@ -79,15 +89,17 @@ def _pick_chunk_kernel(best_ptr, idx_ptr, out_ptr, num_chunks, BLOCK_C: tl.const
     tl.store(out_ptr + row, tl.min(tl.where(top == m, top_idx, 2147483647), axis=0).to(tl.int64))
 
 
-def num_chunks_for(rows: int, vocab: int, block: int, num_sms: int = 132) -> int:
-    """Enough programs to cover every SM about twice, never a chunk smaller than one BLOCK."""
-    return max(1, min(-(-2 * num_sms // max(rows, 1)), -(-vocab // block)))
+def num_chunks_for(rows: int, vocab: int, block: int, num_sms: int = 132, per_sm: int | None = None) -> int:
+    """Enough programs to cover every SM per_sm times (default PROGRAMS_PER_SM), never a chunk smaller than one
+    BLOCK."""
+    per_sm = per_sm or PROGRAMS_PER_SM
+    return max(1, min(-(-per_sm * num_sms // max(rows, 1)), -(-vocab // block)))
 
 
 def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, block: int = 1024,
-                  num_chunks: int | None = None) -> torch.Tensor:
+                  num_chunks: int | None = None, num_warps: int = 4) -> torch.Tensor:
     """logits [rows, vocab] (any float dtype), temperatures [rows] float32, seeds [rows] int64 (a row's
-    noise); returns int64 token ids."""
+    noise); returns int64 token ids. block, num_chunks and num_warps change the speed, never the draw."""
     rows, vocab = logits.shape
     assert logits.stride(-1) == 1
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
@@ -102,6 +114,6 @@ def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch
     best = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
     idx = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
     _gumbel_chunk_kernel[(rows, num_chunks)](logits, logits.stride(0), temperatures, seeds, best, idx, vocab, chunk,
-                                             num_chunks, BLOCK=block)
+                                             num_chunks, BLOCK=block, num_warps=num_warps)
     _pick_chunk_kernel[(rows,)](best, idx, out, num_chunks, BLOCK_C=64)
     return out
