@@ -1,15 +1,17 @@
-"""Every kernel a fused decode step launches, compiled for the H200 (sm_90) here, without a GPU.
+"""Every Triton kernel a step launches, compiled for the H200 (sm_90) here, without a GPU.
 
     python scripts/sm90_compile.py [--json] [--triton DIR]
     (DIR: another Triton to compile with, from `pip install --target DIR triton==3.6.0`: the H200's)
 
 The CPU tests run the kernels in Triton's interpreter, which never compiles them: a kernel the device's Triton
 cannot compile passes every CPU test and fails on the device. Session 16 lost a device call that way (a helper's
-default string argument: Triton 3.9 here compiles it, the H200's 3.6 does not). This script runs a fused decode
-step of a tiny model on the CPU (interpreted), records every kernel launch it makes (one split and three, a bf16
-and an FP8 pool), and compiles each for sm_90 with the launch's constexprs, PDL on as on the device and the model
-dtype bfloat16. Run it with the device's Triton (--triton) before a device call; the step is recorded with the
-Triton installed here either way (3.6's interpreter cannot run it).
+default string argument: Triton 3.9 here compiles it, the H200's 3.6 does not). This script runs, on the CPU
+(interpreted), a fused decode step of a tiny model (one split and three, a bf16 and an FP8 pool), prefills and
+decodes through the Triton attention backend (bf16 and FP8 pools, a prefix hit), and calls the elementwise
+kernels, q/k norm + RoPE, the small GEMM and the Gumbel sampler; it records every kernel launch and compiles each
+for sm_90 with the launch's constexprs, PDL on as on the device and the model dtype bfloat16. Run it with the
+device's Triton (--triton) before a device call; the launches are recorded with the Triton installed here either
+way (3.6's interpreter cannot run them).
 
 Exit 0 when every launch compiles, 1 when one does not (named, with Triton's error), 2 when the step could not
 be recorded or Triton cannot compile for sm_90 here.
@@ -39,9 +41,19 @@ def _record() -> list[dict]:
     import torch
     import triton.language as tl
 
-    from engine import LLM, fused_decode
+    from engine import LLM, SamplingParams, fused_decode
     from engine.context import Context, DecodeMeta, reset_context, set_context
-    from engine.kernels import decode_attention, decode_layer, dot_precision
+    from engine.kernels import (
+        decode_attention,
+        decode_layer,
+        dot_precision,
+        elementwise,
+        gumbel_sampler,
+        kv_write,
+        prefill_attention,
+        qk_norm_rope,
+        small_gemm,
+    )
     from labkit.fake_model import make_fake_model
 
     launches: dict[str, dict] = {}
@@ -77,7 +89,8 @@ def _record() -> list[dict]:
                 return self.kernel[grid](*args, **kwargs)
             return launch
 
-    for mod in (decode_layer, decode_attention):
+    for mod in (decode_layer, decode_attention, elementwise, gumbel_sampler, kv_write, prefill_attention,
+                qk_norm_rope, small_gemm):
         for name, obj in list(vars(mod).items()):
             if hasattr(obj, "fn") and name.endswith("_kernel"):  # (launched kernels; helpers are called inside them)
                 setattr(mod, name, Recorder(obj))
@@ -96,6 +109,24 @@ def _record() -> list[dict]:
                 fused_decode.forward(model, torch.tensor([5, 6]), ctx.long() - 1)
                 reset_context()
             llm.exit()
+        for kv in ("auto", "fp8"):  # the attention backend's prefill, decode and KV write; a prefix hit
+            llm = LLM(str(Path(tmp) / "tiny"), device="cpu", attention_backend="triton", dtype="float16",
+                      enforce_eager=True, kvcache_block_size=16, num_kvcache_blocks=8, max_model_len=128,
+                      kv_cache_dtype=kv)
+            prompt = list(range(100, 140))
+            llm.generate([prompt, prompt[:32] + [7, 8, 9]], SamplingParams(max_tokens=3, ignore_eos=True),
+                         use_tqdm=False)
+            llm.exit()
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 64, generator=g).half(), torch.randn(64, generator=g).half()
+    elementwise.rms_norm(x, w, 1e-6)
+    elementwise.add_rms_norm(x, x.clone(), w, 1e-6)
+    elementwise.silu_and_mul(torch.randn(3, 128, generator=g).half())
+    qk_norm_rope.qk_norm_rope(torch.randn(3, 4 * 16, generator=g).half(), torch.arange(3), torch.randn(8, 16),
+                              torch.ones(16).half(), torch.ones(16).half(), 1e-6, 2, 1, 16)
+    small_gemm.small_matmul(x, torch.randn(32, 64, generator=g).half())
+    gumbel_sampler.gumbel_argmax(torch.randn(2, 3000, generator=g).half(), torch.tensor([0.0, 0.8]),
+                                 torch.tensor([1, 2]))
     return list(launches.values())
 
 
