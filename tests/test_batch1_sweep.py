@@ -112,3 +112,24 @@ def test_the_final_evidence_call_reports_each_figure(tiny_model, tmp_path):
     with tarfile.open(out / "call.tgz") as tar:
         names = tar.getnames()
     assert {"./nano-fp8.json", "./batch1.json", "./hf-batch1.json"} <= set(names)
+
+
+@pytest.mark.slow
+def test_the_next_issue32_call_runs_each_section(tiny_model, tmp_path):
+    """scripts/issue32_next_call.sh on the CPU: the sampler bench (dry run), every GEMV variant at batch 1, and
+    nano at both sampler settings reach the summary."""
+    import re
+
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "FAKE_MODEL": tiny_model, "WORK": str(tmp_path / "w"),
+           "SECTIONS": "sampler gemv nano", "BATCHES": "1", "ROUNDS": "1", "RUN_TIMEOUT": "300",
+           "SAMPLER_ARGS": "--rows 2", "NANO_BENCH": "--workload fixed --repeats 1"}
+    res = subprocess.run(["bash", "scripts/issue32_next_call.sh"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = (out / "summary.txt").read_text()
+    assert "rc=0" in summary.split("sampler bench")[0].splitlines()[-1] and " yes " in summary
+    assert all(re.search(rf"\| 1 \| {v} \| \d+\.\d+ \|", summary) for v in ("base", "balance", "silu8", "both"))
+    assert len(re.findall(r"rc=0 @\d+ nano, sampler at (2|8) programs an SM, round \d: \d+ tok/s", summary)) == 4
+    assert summary.rstrip().splitlines()[-1].startswith("done")
