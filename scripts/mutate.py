@@ -55,7 +55,7 @@ FAST_TESTS = [
     # (session 15)
     "tests/test_graph_sampling.py", "tests/test_gumbel_sampler.py",
     # (session 16)
-    "tests/test_gemv_spills.py",
+    "tests/test_gemv_spills.py", "tests/test_sampler_bench.py",
 ]
 CASES_TIMEOUT_S = 900
 TESTS_TIMEOUT_S = 1500
@@ -436,6 +436,13 @@ MUTATIONS = [
       "the 2-16 row GEMV back to its whole K range by default (the tiles spill: 14x slower on the H200)"),
     M("N83", "engine/kernels/decode_layer.py", "K_CHUNK=min(K_CHUNK, block_k) if M > 1 else 0,",
       "K_CHUNK=min(K_CHUNK, block_k) if M > 16 else 0,", "K in chunks never taken (a tile of rows spills)"),
+    M("N84", "engine/kernels/decode_layer.py", "return next(s for s in filling if spread(s) >= best - 0.05)",
+      "return filling[0]", "LABKIT_DECODE_SPLIT=balance read and ignored"),
+    M("N85", "engine/kernels/decode_layer.py", "return (triton.cdiv(N, block_n), split), meta",
+      "return (triton.cdiv(N, _BLOCK_N), split), meta",
+      "the one-row gate/up GEMV at 8 rows a program launched with 16 rows' grid (half its rows never computed)"),
+    M("N86", "engine/kernels/gumbel_sampler.py", "per_sm = per_sm or PROGRAMS_PER_SM", "per_sm = per_sm or 2",
+      "LABKIT_GUMBEL_PER_SM read and ignored"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).
