@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -40,27 +39,6 @@ def parse_variant(text: str) -> tuple[int, int, int]:
     if per_sm < 1 or block < 16 or block & (block - 1) or warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"variant {text!r}: programs an SM >= 1, block a power of two >= 16, warps 1-16")
     return per_sm, block, warps
-
-
-def time_us(fn, iters: int, repeats: int) -> float:
-    """Median microseconds a call of fn, replayed in a CUDA graph of `iters` calls."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(iters):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / iters)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # (read when the kernels are defined: before the import)
     from engine.device import num_sms
     from engine.kernels.gumbel_sampler import gumbel_argmax, num_chunks_for
+    from engine.kernels.timing import graph_ms
 
     dev = torch.device("cuda" if cuda else "cpu")
     vocab = args.vocab if cuda else min(args.vocab, 3000)
@@ -105,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             same = torch.equal(call(), want)
             if not same:
                 wrong.append(f"{per_sm},{block},{warps} at {rows} rows")
-            us = time_us(call, args.iters, args.repeats) if cuda else None
+            us = graph_ms(call, args.iters, args.repeats) * 1e3 if cuda else None
             rows_out.append({"rows": rows, "per_sm": per_sm, "block": block, "warps": warps, "chunks": chunks,
                              "same_ids": same, "us": us,
                              "gb_per_s": None if us is None else rows * vocab * logits.element_size() / us / 1e3})
