@@ -28,7 +28,7 @@ def test_the_defaults_are_the_measured_ones():
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT,
             GRAPH_SAMPLE_BS, gumbel_sampler.PROGRAMS_PER_SM, decode_layer.SPLIT_RULE,
-            decode_layer.SILU_ROWS) == (16, 8, 4, 128, "0", 128, 128, 512, 0, 2, "fill", 16)
+            decode_layer.SILU_ROWS) == (16, 8, 4, 128, "0", 128, 128, 512, 0, 2, "fill", 0)
 
 
 def test_each_knob_is_read_when_set():
@@ -113,10 +113,11 @@ def test_an_fp8_pool_launches_with_the_fp8_knobs_and_a_bf16_pool_with_the_defaul
     assert [k["BLOCK_N"] for k in seen] == [da.DEFAULTS["block_n"], 64]
 
 
-@pytest.mark.parametrize("rows, silu, programs", [(1, True, 6), (1, False, 3), (4, True, 3)])
-def test_the_silu_rows_apply_to_the_one_row_gate_up_gemv_only(monkeypatch, rows, silu, programs):
+@pytest.mark.parametrize("knob, rows, silu, programs", [(8, 1, True, 6), (8, 1, False, 3), (8, 4, True, 3),
+                                                        (0, 1, True, 3)])
+def test_the_silu_rows_apply_to_the_one_row_gate_up_gemv_only(monkeypatch, knob, rows, silu, programs):
     """LABKIT_DECODE_SILU_ROWS=8: the one-row gate/up GEMV launches twice the programs (48 rows: 6 of 8); other
-    GEMVs, and gate/up on a tile of rows, keep the 16 rows a program."""
+    GEMVs, and gate/up on a tile of rows, keep the 16 rows a program; unset (0), it takes every GEMV's rows."""
     from engine.kernels import decode_layer as dl
 
     grids = []
@@ -131,7 +132,7 @@ def test_the_silu_rows_apply_to_the_one_row_gate_up_gemv_only(monkeypatch, rows,
             return launch
 
     monkeypatch.setattr(dl, "_gemv_kernel", Grid())
-    monkeypatch.setattr(dl, "SILU_ROWS", 8)
+    monkeypatch.setattr(dl, "SILU_ROWS", knob)
     with pytest.raises(_Launched):
         dl.gemv(torch.zeros(96 if silu else 48, 64), x=torch.zeros(rows, 64), silu=silu)
     assert grids == [(programs, 1), 48 // programs]

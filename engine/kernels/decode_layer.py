@@ -99,11 +99,11 @@ if K_CHUNK not in (0, 32, 64, 128, 256):
 SPLIT_RULE = os.environ.get("LABKIT_DECODE_SPLIT", "fill")
 if SPLIT_RULE not in ("fill", "balance"):
     raise ValueError(f"LABKIT_DECODE_SPLIT: fill or balance, got {SPLIT_RULE!r}")
-# Weight rows a program of the one-row gate/up GEMV (SiLU needs whole sums, so it is never split): 16 gives
-# Qwen3-0.6B's 3,072 rows 192 programs, 8 gives 384.
-SILU_ROWS = int(os.environ.get("LABKIT_DECODE_SILU_ROWS", "16"))
-if SILU_ROWS not in (8, 16, 32):
-    raise ValueError(f"LABKIT_DECODE_SILU_ROWS: 8, 16 or 32, got {SILU_ROWS}")
+# Weight rows a program of the one-row gate/up GEMV (SiLU needs whole sums, so it is never split): unset, the
+# rows every GEMV takes (LABKIT_DECODE_GEMV's, 16: Qwen3-0.6B's 3,072 rows in 192 programs); 8 gives 384.
+SILU_ROWS = int(os.environ.get("LABKIT_DECODE_SILU_ROWS", "0"))
+if SILU_ROWS not in (0, 8, 16, 32, 64, 128):
+    raise ValueError(f"LABKIT_DECODE_SILU_ROWS: 8, 16, 32, 64 or 128 (0: as every GEMV), got {SILU_ROWS}")
 
 
 def _pdl(device: torch.device) -> tuple[bool, bool, dict]:
@@ -270,7 +270,7 @@ def gemv_meta(M: int, N: int, K: int, split: int, *, s_in: int, residual: bool, 
     ks = triton.cdiv(K, split)
     k_full = triton.next_power_of_2(K)
     block_k = max(16, triton.next_power_of_2(ks))
-    block_n = SILU_ROWS if silu and M == 1 else _BLOCK_N
+    block_n = (SILU_ROWS or _BLOCK_N) if silu and M == 1 else _BLOCK_N
     meta = dict(
         S_IN=s_in, RESIDUAL=residual, NORM=norm, SILU=silu, PARTIALS=partials_out,
         EVEN=ks == triton.next_power_of_2(ks) and ks >= 16 and K % ks == 0,
