@@ -6,12 +6,12 @@
 The CPU tests run the kernels in Triton's interpreter, which never compiles them: a kernel the device's Triton
 cannot compile passes every CPU test and fails on the device. Session 16 lost a device call that way (a helper's
 default string argument: Triton 3.9 here compiles it, the H200's 3.6 does not). This script runs, on the CPU
-(interpreted), a fused decode step of a tiny model (one split and three, a bf16 and an FP8 pool), prefills and
-decodes through the Triton attention backend (bf16 and FP8 pools, a prefix hit), and calls the elementwise
-kernels, q/k norm + RoPE, the small GEMM and the Gumbel sampler; it records every kernel launch and compiles each
-for sm_90 with the launch's constexprs, PDL on as on the device and the model dtype bfloat16. Run it with the
-device's Triton (--triton) before a device call; the launches are recorded with the Triton installed here either
-way (3.6's interpreter cannot run them).
+(interpreted), a fused decode layer's kernels (one row and two, one split and three, a bf16 and an FP8 pool),
+prefills and decodes through the Triton attention backend (bf16 and FP8 pools, a prefix hit), and calls the
+elementwise kernels, q/k norm + RoPE, the small GEMM and the Gumbel sampler; it records every kernel launch and
+compiles each for sm_90 with the launch's constexprs, PDL on as on the device and the model dtype bfloat16. Run
+it with the device's Triton (--triton) before a device call; the launches are recorded with the Triton installed
+here either way (3.6's interpreter cannot run them).
 
 Exit 0 when every launch compiles, 1 when one does not (named, with Triton's error), 2 when the step could not
 be recorded or Triton cannot compile for sm_90 here.
@@ -41,8 +41,7 @@ def _record() -> list[dict]:
     import torch
     import triton.language as tl
 
-    from engine import LLM, SamplingParams, fused_decode
-    from engine.context import Context, DecodeMeta, reset_context, set_context
+    from engine import LLM, SamplingParams
     from engine.kernels import (
         decode_attention,
         decode_layer,
@@ -94,21 +93,33 @@ def _record() -> list[dict]:
         for name, obj in list(vars(mod).items()):
             if hasattr(obj, "fn") and name.endswith("_kernel"):  # (launched kernels; helpers are called inside them)
                 setattr(mod, name, Recorder(obj))
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).half()
+
+    # A fused decode layer's launches (engine/fused_decode.py's order) on a small geometry: hidden 64, 4 query
+    # and 2 KV heads of 16, intermediate 128, 16-token blocks; at one row and at a tile of two.
+    hidden, heads, kv_heads, head_dim, inter = 64, 4, 2, 16, 128
+    for splits, kv in CASES:
+        for rows in (1, 2):
+            pool = torch.zeros(8, kv_heads, 16, head_dim).to(torch.float8_e4m3fn if kv == "fp8" else torch.float16)
+            ctx = torch.tensor([40, 7][:rows], dtype=torch.int32)
+            tables = torch.tensor([[0, 1, 2], [3, -1, -1]][:rows], dtype=torch.int32)
+            down_parts = torch.randn(3, rows, hidden, generator=g)
+            qkv, residual = decode_layer.gemv(rand((heads + 2 * kv_heads) * head_dim, hidden), partials=down_parts,
+                                              residual=rand(rows, hidden), norm_weight=rand(hidden))
+            decode_layer.gemv(rand(8, hidden), x=rand(rows, hidden), norm_weight=rand(hidden))  # the first layer
+            o = decode_layer.qkv_attention(qkv, ctx.long() - 1, torch.randn(64, head_dim), rand(head_dim),
+                                           rand(head_dim), 1e-6, ctx - 1, pool, pool.clone(), tables, ctx, 0.25,
+                                           splits, heads, kv_heads)
+            o_parts = decode_layer.gemv(rand(hidden, heads * head_dim), x=o, split=2)
+            h, residual = decode_layer.gemv(rand(2 * inter, hidden), partials=o_parts, residual=residual,
+                                            norm_weight=rand(hidden), silu=True)
+            parts = decode_layer.gemv(rand(hidden, inter), x=h, split=2)
+            decode_layer.partials_norm(parts, residual, rand(hidden), 1e-6)
     with tempfile.TemporaryDirectory() as tmp:
         make_fake_model("tiny", Path(tmp) / "tiny", seed=0)
-        for splits, kv in CASES:
-            llm = LLM(str(Path(tmp) / "tiny"), device="cpu", attention_backend="triton", dtype="float16",
-                      enforce_eager=True, kvcache_block_size=16, num_kvcache_blocks=8, max_model_len=128,
-                      kv_cache_dtype=kv, custom_kernels=False)
-            model = llm.model_runner.model.model
-            ctx = torch.tensor([40, 7], dtype=torch.int32)
-            tables = torch.tensor([[0, 1, 2], [3, -1, -1]], dtype=torch.int32)
-            with torch.inference_mode():
-                set_context(Context(torch.tensor([39, 54], dtype=torch.int32), DecodeMeta(
-                    2, ctx, tables, num_splits=splits)))
-                fused_decode.forward(model, torch.tensor([5, 6]), ctx.long() - 1)
-                reset_context()
-            llm.exit()
         for kv in ("auto", "fp8"):  # the attention backend's prefill, decode and KV write; a prefix hit
             llm = LLM(str(Path(tmp) / "tiny"), device="cpu", attention_backend="triton", dtype="float16",
                       enforce_eager=True, kvcache_block_size=16, num_kvcache_blocks=8, max_model_len=128,
@@ -117,8 +128,7 @@ def _record() -> list[dict]:
             llm.generate([prompt, prompt[:32] + [7, 8, 9]], SamplingParams(max_tokens=3, ignore_eos=True),
                          use_tqdm=False)
             llm.exit()
-    g = torch.Generator().manual_seed(0)
-    x, w = torch.randn(3, 64, generator=g).half(), torch.randn(64, generator=g).half()
+    x, w = rand(3, 64), rand(64)
     elementwise.rms_norm(x, w, 1e-6)
     elementwise.add_rms_norm(x, x.clone(), w, 1e-6)
     elementwise.silu_and_mul(torch.randn(3, 128, generator=g).half())
