@@ -26,24 +26,6 @@ if PROGRAMS_PER_SM not in (1, 2, 4, 8, 16, 32):
 
 
 @triton.jit
-def _score(logits_ptr, stride_row, row, idx, hi, u, greedy, inv_t):
-    """Each element's Gumbel score (its logit when greedy), -inf past the chunk."""
-    mask = idx < hi
-    x = tl.load(logits_ptr + row * stride_row + idx, mask=mask, other=float("-inf")).to(tl.float32)
-    u = tl.minimum(tl.maximum(u, 1e-20), 1.0 - 1e-7)
-    score = tl.where(greedy, x, x * inv_t - tl.log(-tl.log(u)))
-    return tl.where(mask, score, float("-inf"))
-
-
-@triton.jit
-def _keep(score, idx, best, best_idx):
-    """The running best per lane: a later element only wins with a strictly larger score (the first index wins
-    ties, as torch.argmax's does), so each lane must see its elements in index order."""
-    better = score > best
-    return tl.where(better, score, best), tl.where(better, idx, best_idx)
-
-
-@triton.jit
 def _gumbel_chunk_kernel(logits_ptr, stride_row, temps_ptr, seeds_ptr, best_ptr, idx_ptr, vocab, chunk, num_chunks,
                          BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -60,8 +42,16 @@ def _gumbel_chunk_kernel(logits_ptr, stride_row, temps_ptr, seeds_ptr, best_ptr,
     hi = tl.minimum(lo + chunk, vocab)
     for start in range(lo, hi, BLOCK):
         idx = start + tl.arange(0, BLOCK)
-        best, best_idx = _keep(_score(logits_ptr, stride_row, row, idx, hi, tl.rand(seed, idx), greedy, inv_t),
-                               idx, best, best_idx)
+        mask = idx < hi
+        x = tl.load(logits_ptr + row * stride_row + idx, mask=mask, other=float("-inf")).to(tl.float32)
+        u = tl.rand(seed, idx)
+        u = tl.minimum(tl.maximum(u, 1e-20), 1.0 - 1e-7)
+        gumbel = -tl.log(-tl.log(u))
+        score = tl.where(greedy, x, x * inv_t + gumbel)
+        score = tl.where(mask, score, float("-inf"))
+        better = score > best  # a later element wins only when strictly larger: the first index wins ties
+        best = tl.where(better, score, best)
+        best_idx = tl.where(better, idx, best_idx)
     top = tl.max(best, axis=0)
     # The first index wins ties, as torch.argmax does (an all -inf chunk reports its first index).
     first = tl.min(tl.where(best == top, best_idx, 2147483647), axis=0)
