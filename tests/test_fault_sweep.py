@@ -7,10 +7,11 @@ docs/serving.md documents, no process, no /dev/shm segment and no socket folder 
 that replays it."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from .helpers import load_script
 
 pytest.importorskip("fastapi")
 pytest.importorskip("zmq")
@@ -21,10 +22,7 @@ GRACE_S = 10.0
 
 
 def _sweep():
-    spec = importlib.util.spec_from_file_location("labkit_fault_sweep", REPO / "scripts" / "fault_sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("fault_sweep", "labkit_fault_sweep")
 
 
 @pytest.mark.slow

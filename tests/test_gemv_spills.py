@@ -3,28 +3,13 @@ not spill. Session 15 moved one load in the kernel and the 16-row tiles spilled:
 H200, and no CPU test noticed (docs/perf.md, session 16)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-import pytest
-
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gemv_spills.py"
+from .helpers import load_script, needs_sm90_tools
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("gemv_spills", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gemv_spills"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _needs_sm90_tools():
-    triton = pytest.importorskip("triton")
-    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
-        pytest.skip("this Triton has no CUDA tools")
+    return load_script("gemv_spills")
 
 
 def test_the_layer_gemvs_have_the_engines_shapes_and_splits():
@@ -48,7 +33,7 @@ def test_bad_rows_or_config_are_refused(capsys, tmp_path):
 
 
 def test_no_gemv_of_a_layer_spills_at_one_or_sixteen_rows(capsys):
-    _needs_sm90_tools()
+    needs_sm90_tools()
     gs = _load()
     rc = gs.main(["--json"])
     out = json.loads(capsys.readouterr().out)
@@ -60,7 +45,7 @@ def test_no_gemv_of_a_layer_spills_at_one_or_sixteen_rows(capsys):
 def test_a_sixteen_row_tile_over_its_whole_k_range_spills_and_is_named(capsys, monkeypatch):
     """The check sees a spilling launch: K in one range at 16 rows (LABKIT_DECODE_K_CHUNK=0) spills in the
     q/k/v and gate/up tiles."""
-    _needs_sm90_tools()
+    needs_sm90_tools()
     monkeypatch.setenv("LABKIT_DECODE_K_CHUNK", "0")
     gs = _load()
     assert gs.main(["--rows", "16"]) == 1

@@ -2,11 +2,12 @@
 kernels, writes its JSON and Markdown, and its exit code follows its checks."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from .helpers import load_script
 
 pytest.importorskip("triton")
 
@@ -14,10 +15,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "kernel_bench.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("kernel_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("kernel_bench")
 
 
 def test_dry_run_checks_times_and_reports(tmp_path):

@@ -1,21 +1,11 @@
 """scripts/kernel_sass.py: the decode kernel compiled for sm_90 here (no GPU), its main loop found and counted."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-import pytest
-
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "kernel_sass.py"
+from .helpers import load_script, needs_sm90_tools
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("kernel_sass", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["kernel_sass"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("kernel_sass")
 
 
 SASS = """
@@ -48,9 +38,7 @@ def test_a_bad_variant_is_refused(capsys):
 
 
 def test_the_decode_kernel_compiles_for_sm90_and_its_loop_is_counted(tmp_path):
-    triton = pytest.importorskip("triton")
-    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
-        pytest.skip("this Triton has no CUDA tools")
+    needs_sm90_tools()
     ks = _load()
     out = tmp_path / "sass.md"
     assert ks.main(["--variants", "bf16 fp8 fp8:fp8_dot=swap", "--out", str(out)]) == 0

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from .helpers import load_script
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -29,13 +31,7 @@ def test_a_fixed_sample_of_mutations_is_caught_and_the_no_op_is_not(tmp_path):
 
 
 def _load_mutate():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("labkit_mutate_script", REPO / "scripts" / "mutate.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("mutate", "labkit_mutate_script")
 
 
 def test_every_mutation_applies_once_and_compiles_on_the_current_code(tmp_path):

@@ -2,23 +2,17 @@
 draw the default's ids, and one that does not is named and fails the run."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
+from .helpers import load_script
+
 pytest.importorskip("triton")
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "sampler_bench.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("sampler_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["sampler_bench"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("sampler_bench")
 
 
 def test_every_variant_draws_the_defaults_ids(tmp_path, capsys):

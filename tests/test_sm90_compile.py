@@ -3,13 +3,14 @@ with this Triton and with the H200's (3.6): the interpreter the CPU tests use ne
 session 16 lost a device call to a kernel that Triton 3.9 compiles and 3.6 does not."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from .helpers import load_script, needs_sm90_tools
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "sm90_compile.py"
 DEVICE_TRITON = "3.6.0"  # the H200's (the device tool's README)
@@ -20,21 +21,11 @@ KERNELS = {"_gemv_kernel", "_qkv_attention_kernel", "_decode_merge_kernel", "_pa
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("sm90_compile", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["sm90_compile"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _needs_sm90_tools():
-    triton = pytest.importorskip("triton")
-    if not (Path(triton.__file__).parent / "backends" / "nvidia").exists():
-        pytest.skip("this Triton has no CUDA backend")
+    return load_script("sm90_compile")
 
 
 def test_every_launch_of_a_step_compiles_for_sm90(capsys):
-    _needs_sm90_tools()
+    needs_sm90_tools()
     rc = _load().main(["--json"])
     out = json.loads(capsys.readouterr().out)
     assert {r["kernel"] for r in out["launches"]} == KERNELS
@@ -43,7 +34,7 @@ def test_every_launch_of_a_step_compiles_for_sm90(capsys):
 
 
 def test_a_launch_that_does_not_compile_is_named_with_its_error(tmp_path):
-    _needs_sm90_tools()
+    needs_sm90_tools()
     sm = _load()
     launch = {"kernel": "_partials_norm_kernel", "module": "engine.kernels.decode_layer",
               "sig": {"part_ptr": "*fp32", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32",
@@ -59,7 +50,7 @@ def test_a_launch_that_does_not_compile_is_named_with_its_error(tmp_path):
 @pytest.mark.slow
 def test_every_launch_compiles_with_the_devices_triton(tmp_path_factory):
     """Triton 3.6 (the H200's) installed into a folder of its own: the same launches must compile there."""
-    _needs_sm90_tools()
+    needs_sm90_tools()
     target = tmp_path_factory.mktemp("triton36")
     res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
                           f"triton=={DEVICE_TRITON}"], capture_output=True, text=True, timeout=600)

@@ -2,22 +2,16 @@
 they replace) end to end on the CPU (--dry-run: Triton's interpreter); its exit code follows its checks."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from .helpers import load_script
+
 pytest.importorskip("triton")
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "small_kernel_bench.py"
-
-
 def _load():
-    spec = importlib.util.spec_from_file_location("small_kernel_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("small_kernel_bench")
 
 
 def test_dry_run_checks_and_reports(tmp_path):
