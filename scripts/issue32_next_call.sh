@@ -9,6 +9,10 @@
 #            (LABKIT_DECODE_SILU_ROWS=8: the one-row gate/up GEMV in 384 programs instead of 192) and both
 #   nano     `bench --workload nano --repeats 3` with the sampler at 2 (the default) and PER_SM programs an SM
 #            (LABKIT_GUMBEL_PER_SM; default 8), in the order 2 X X 2
+#   noise    (session 17) the Gumbel kernel's uniforms from a keyed 32-bit hash and two hardware log2s
+#            (LABKIT_GUMBEL_NOISE=hash) against Philox and tl.log: its tests on the device (the draws equal a
+#            float64 reference's), sampler_bench.py over both noises, then nano bf16 (3 repeats) with philox at 2
+#            programs an SM (today's default) and hash at PER_SM (default 8), in the order A B B A (~5 minutes)
 # SECTIONS (default "sampler gemv": ~7 minutes; "nano" is a call of its own, ~4 minutes); WORK: its folder
 # (default: a new one under /tmp). Back: $OUT/call.tgz and $OUT/summary.txt.
 # Predictions (session 16, before any run; docs/perf.md, session 16, "PREDICTION"): batch 1 0.744 ms a token ->
@@ -42,6 +46,19 @@ both:LABKIT_DECODE_SPLIT=balance,LABKIT_DECODE_SILU_ROWS=8" bash scripts/batch1_
           ${NANO_BENCH:---workload nano --repeats 3} --out $W/nano-sm$p-r$r.json > $W/logs/nano-sm$p-r$r.log 2>&1
         echo "rc=$? @$SECONDS nano, sampler at $p programs an SM, round $r: $(tps $W/nano-sm$p-r$r.json) tok/s" >> $S
       done; done ;;
+    noise)
+      timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gumbel_sampler.py > $W/logs/gumbel-tests.log 2>&1
+      echo "rc=$? @$SECONDS gumbel tests: $(tail -1 $W/logs/gumbel-tests.log)" >> $S
+      timeout 240 python3 scripts/sampler_bench.py --noises philox hash ${SAMPLER_ARGS:-} $([ $D = cpu ] && echo --dry-run) \
+        --out $W/sampler-noise.json > $W/logs/sampler-noise.log 2>&1
+      echo "rc=$? @$SECONDS sampler bench, both noises" >> $S; cat $W/logs/sampler-noise.log >> $S
+      x=${PER_SM:-8}
+      for v in philox,2 hash,$x hash,$x philox,2; do
+        n=${v%,*}; p=${v#*,}; r=$([ -f $W/nano-$n-sm$p-r1.json ] && echo 2 || echo 1)
+        LABKIT_GUMBEL_NOISE=$n LABKIT_GUMBEL_PER_SM=$p timeout 200 python3 -m labkit bench --model $M --device $D \
+          ${NANO_BENCH:---workload nano --repeats 3} --out $W/nano-$n-sm$p-r$r.json > $W/logs/nano-$n-sm$p-r$r.log 2>&1
+        echo "rc=$? @$SECONDS nano, $n noise at $p programs an SM, round $r: $(tps $W/nano-$n-sm$p-r$r.json) tok/s" >> $S
+      done ;;
     *) echo "issue32_next_call.sh: unknown section $section" >> $S ;;
   esac
 done

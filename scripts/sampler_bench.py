@@ -10,7 +10,7 @@ before any run): 8-16 programs an SM take the kernel from ~0.2 to ~0.06-0.1 ms a
 default already has 17-264 chunks a row, and nothing moves by more than 10%.
 
     python scripts/sampler_bench.py [--rows 1 16 256] [--vocab 151936] [--variants "2,1024,4 8,1024,4 ..."]
-        [--out FILE.json] [--dry-run]
+        [--noises philox hash] [--out FILE.json] [--dry-run]
 
 Variant: "programs an SM,block,warps". Each time is the median of --repeats CUDA-graph replays of --iters
 calls (events around the replay), in microseconds a call. --dry-run: a small vocabulary on the CPU (Triton's
@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--noises", nargs="+", default=["philox"], choices=["philox", "hash"],
+                    help="where the uniforms come from (LABKIT_GUMBEL_NOISE); each variant is checked against the "
+                         "default variant of its own noise")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--dry-run", action="store_true", help="CPU, a small vocabulary, ids checked, nothing timed")
     args = ap.parse_args(argv)
@@ -74,25 +77,27 @@ def main(argv: list[str] | None = None) -> int:
         temps = (torch.rand(rows, generator=g) + 0.5).to(dev)
         temps[::7] = 0.0  # some greedy rows, as nano's mix has none but a server's may
         seeds = torch.randint(0, 2**62, (rows,), generator=g).to(dev)
-        want = gumbel_argmax(logits, temps, seeds)
-        for per_sm, block, warps in variants:
-            chunks = num_chunks_for(rows, vocab, min(block, vocab), sms, per_sm=per_sm)
+        for noise in args.noises:
+            want = gumbel_argmax(logits, temps, seeds, noise=noise)
+            for per_sm, block, warps in variants:
+                chunks = num_chunks_for(rows, vocab, min(block, vocab), sms, per_sm=per_sm)
 
-            def call(per_sm=per_sm, block=block, warps=warps, chunks=chunks):
-                return gumbel_argmax(logits, temps, seeds, block=block, num_chunks=chunks, num_warps=warps)
+                def call(per_sm=per_sm, block=block, warps=warps, chunks=chunks, noise=noise):
+                    return gumbel_argmax(logits, temps, seeds, block=block, num_chunks=chunks, num_warps=warps,
+                                         noise=noise)
 
-            same = torch.equal(call(), want)
-            if not same:
-                wrong.append(f"{per_sm},{block},{warps} at {rows} rows")
-            us = graph_ms(call, args.iters, args.repeats) * 1e3 if cuda else None
-            rows_out.append({"rows": rows, "per_sm": per_sm, "block": block, "warps": warps, "chunks": chunks,
-                             "same_ids": same, "us": us,
-                             "gb_per_s": None if us is None else rows * vocab * logits.element_size() / us / 1e3})
-    print(f"{'rows':>5} {'per SM':>6} {'block':>6} {'warps':>5} {'chunks':>6} {'same ids':>8} {'us':>9} {'GB/s':>7}")
+                same = torch.equal(call(), want)
+                if not same:
+                    wrong.append(f"{noise} {per_sm},{block},{warps} at {rows} rows")
+                us = graph_ms(call, args.iters, args.repeats) * 1e3 if cuda else None
+                rows_out.append({"rows": rows, "noise": noise, "per_sm": per_sm, "block": block, "warps": warps,
+                                 "chunks": chunks, "same_ids": same, "us": us,
+                                 "gb_per_s": None if us is None else rows * vocab * logits.element_size() / us / 1e3})
+    print(f"{'rows':>5} {'noise':>6} {'per SM':>6} {'block':>6} {'warps':>5} {'chunks':>6} {'same ids':>8} {'us':>9} {'GB/s':>7}")
     for r in rows_out:
         us = "-" if r["us"] is None else f"{r['us']:.1f}"
         gbs = "-" if r["gb_per_s"] is None else f"{r['gb_per_s']:.0f}"
-        print(f"{r['rows']:>5} {r['per_sm']:>6} {r['block']:>6} {r['warps']:>5} {r['chunks']:>6} "
+        print(f"{r['rows']:>5} {r['noise']:>6} {r['per_sm']:>6} {r['block']:>6} {r['warps']:>5} {r['chunks']:>6} "
               f"{'yes' if r['same_ids'] else 'NO':>8} {us:>9} {gbs:>7}")
     if args.out:
         args.out.write_text(json.dumps({"device": str(dev), "vocab": vocab, "variants": rows_out,

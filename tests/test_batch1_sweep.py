@@ -117,13 +117,14 @@ def test_the_final_evidence_call_reports_each_figure(tiny_model, tmp_path):
 @pytest.mark.slow
 def test_the_next_issue32_call_runs_each_section(tiny_model, tmp_path):
     """scripts/issue32_next_call.sh on the CPU: the sampler bench (dry run), every GEMV variant at batch 1, and
-    nano at both sampler settings reach the summary."""
+    nano at both sampler settings, and the noise section (the Gumbel tests, both noises benched, nano A B B A) reach
+    the summary."""
     import re
 
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "FAKE_MODEL": tiny_model, "WORK": str(tmp_path / "w"),
-           "SECTIONS": "sampler gemv nano", "BATCHES": "1", "ROUNDS": "1", "RUN_TIMEOUT": "300",
+           "SECTIONS": "sampler gemv nano noise", "BATCHES": "1", "ROUNDS": "1", "RUN_TIMEOUT": "300",
            "SAMPLER_ARGS": "--rows 2", "NANO_BENCH": "--workload fixed --repeats 1"}
     res = subprocess.run(["bash", "scripts/issue32_next_call.sh"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=900)
@@ -132,4 +133,8 @@ def test_the_next_issue32_call_runs_each_section(tiny_model, tmp_path):
     assert "rc=0" in summary.split("sampler bench")[0].splitlines()[-1] and " yes " in summary
     assert all(re.search(rf"\| 1 \| {v} \| \d+\.\d+ \|", summary) for v in ("base", "balance", "silu8", "both"))
     assert len(re.findall(r"rc=0 @\d+ nano, sampler at (2|8) programs an SM, round \d: \d+ tok/s", summary)) == 4
+    assert re.search(r"rc=0 @\d+ gumbel tests: \d+ passed", summary)
+    assert "rc=0" in summary.split("sampler bench, both noises")[0].splitlines()[-1] and "  hash " in summary
+    rounds = re.findall(r"rc=0 @\d+ nano, (philox|hash) noise at (2|8) programs an SM, round (\d): \d+ tok/s", summary)
+    assert rounds == [("philox", "2", "1"), ("hash", "8", "1"), ("hash", "8", "2"), ("philox", "2", "2")]
     assert summary.rstrip().splitlines()[-1].startswith("done")

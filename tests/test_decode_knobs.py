@@ -28,7 +28,8 @@ def test_the_defaults_are_the_measured_ones():
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT,
             GRAPH_SAMPLE_BS, gumbel_sampler.PROGRAMS_PER_SM, decode_layer.SPLIT_RULE,
-            decode_layer.SILU_ROWS) == (16, 8, 4, 128, "0", 128, 128, 512, 0, 2, "fill", 0)
+            decode_layer.SILU_ROWS, gumbel_sampler.NOISE) == (16, 8, 4, 128, "0", 128, 128, 512, 0, 2, "fill", 0,
+                                                              "philox")
 
 
 def test_each_knob_is_read_when_set():
@@ -46,9 +47,9 @@ def test_each_knob_is_read_when_set():
     res = _import_with({"LABKIT_DECODE_SPLIT": "balance", "LABKIT_DECODE_SILU_ROWS": "8"},
                        "from engine.kernels import decode_layer as d; print(d.SPLIT_RULE, d.SILU_ROWS)")
     assert res.returncode == 0 and res.stdout.split() == ["balance", "8"], res.stderr
-    res = _import_with({"LABKIT_GUMBEL_PER_SM": "8"},
-                       "from engine.kernels import gumbel_sampler as s; print(s.PROGRAMS_PER_SM)")
-    assert res.returncode == 0 and res.stdout.split() == ["8"], res.stderr
+    res = _import_with({"LABKIT_GUMBEL_PER_SM": "8", "LABKIT_GUMBEL_NOISE": "hash"},
+                       "from engine.kernels import gumbel_sampler as s; print(s.PROGRAMS_PER_SM, s.NOISE)")
+    assert res.returncode == 0 and res.stdout.split() == ["8", "hash"], res.stderr
     res = _import_with({"LABKIT_GRAPH_SAMPLE_BS": "16"},
                        "from engine import graph_dispatch as g; print(g.GRAPH_SAMPLE_BS)")
     assert res.returncode == 0 and res.stdout.split() == ["16"], res.stderr
@@ -61,7 +62,7 @@ def test_each_knob_is_read_when_set():
                                         ("LABKIT_DECODE_SHORT_CONTEXT", "-1"), ("LABKIT_GRAPH_SAMPLE_BS", "3"),
                                         ("LABKIT_DECODE_K_CHUNK", "100"),
                                         ("LABKIT_GUMBEL_PER_SM", "3"), ("LABKIT_DECODE_SPLIT", "even"),
-                                        ("LABKIT_DECODE_SILU_ROWS", "12")])
+                                        ("LABKIT_DECODE_SILU_ROWS", "12"), ("LABKIT_GUMBEL_NOISE", "xorshift")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
                                      "engine.kernels.gumbel_sampler")

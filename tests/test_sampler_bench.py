@@ -30,14 +30,24 @@ def test_a_variant_that_draws_other_ids_is_named(monkeypatch, capsys):
 
     real = gumbel_sampler.gumbel_argmax
 
-    def chunk_dependent(logits, temps, seeds, block=1024, num_chunks=None, num_warps=4):
-        ids = real(logits, temps, seeds, block=block, num_chunks=num_chunks, num_warps=num_warps)
+    def chunk_dependent(logits, temps, seeds, block=1024, num_chunks=None, num_warps=4, noise=None):
+        ids = real(logits, temps, seeds, block=block, num_chunks=num_chunks, num_warps=num_warps, noise=noise)
         return ids if block == 1024 else (ids + 1) % logits.shape[1]  # a draw that moves with the chunking
 
     monkeypatch.setattr(gumbel_sampler, "gumbel_argmax", chunk_dependent)
     assert _load().main(["--dry-run", "--rows", "2", "--variants", "2,1024,4 8,256,4"]) == 1
     captured = capsys.readouterr()
     assert "8,256,4 at 2 rows" in captured.err and " NO " in captured.out
+
+
+def test_each_noise_is_timed_and_checked_against_its_own_default(tmp_path):
+    out = tmp_path / "s.json"
+    assert _load().main(["--dry-run", "--rows", "2", "--variants", "2,1024,4 8,256,4", "--noises", "philox", "hash",
+                         "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert sorted((v["noise"], v["per_sm"]) for v in res["variants"]) == [("hash", 2), ("hash", 8), ("philox", 2),
+                                                                           ("philox", 8)]
+    assert all(v["same_ids"] for v in res["variants"])
 
 
 def test_a_bad_variant_is_refused(capsys):

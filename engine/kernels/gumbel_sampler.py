@@ -13,6 +13,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from ..device import num_sms
 
@@ -23,19 +24,55 @@ from ..device import num_sms
 PROGRAMS_PER_SM = int(os.environ.get("LABKIT_GUMBEL_PER_SM", "2"))
 if PROGRAMS_PER_SM not in (1, 2, 4, 8, 16, 32):
     raise ValueError(f"LABKIT_GUMBEL_PER_SM: 1, 2, 4, 8, 16 or 32, got {PROGRAMS_PER_SM}")
+# Where an element's uniform comes from. philox: tl.rand, one Philox4x32-10 call an element (~100 integer
+# instructions, 40 of them multiplies). hash: two rounds of a 32-bit multiply-xorshift mixer over the index, keyed
+# by the row's seed (~20 instructions, 4 multiplies). Knob for the next device measurement: at batch 256 the kernel
+# moves 0.4 TB/s (session 17), so its arithmetic, not the memory, is the bound.
+NOISES = ("philox", "hash")
+NOISE = os.environ.get("LABKIT_GUMBEL_NOISE", "philox")
+if NOISE not in NOISES:
+    raise ValueError(f"LABKIT_GUMBEL_NOISE: philox or hash, got {NOISE!r}")
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    @triton.jit
+    def _log2_approx(x):
+        # Triton's interpreter (the CPU tests) has no libdevice: numpy's exact log2 there.
+        return tl.math.log2(x)
+else:
+    @triton.jit
+    def _log2_approx(x):
+        # One MUFU.LG2 (~2^-22 relative error); tl.math.log2 compiles to a polynomial of ~13 FMAs.
+        return libdevice.fast_log2f(x)
+
+
+@triton.jit
+def _mix32(x):
+    # A 32-bit bijection with low bias (C. Wellons' "lowbias32" constants): every input bit moves every output
+    # bit with probability near 1/2, so consecutive indices give unrelated words.
+    x ^= x >> 16
+    x *= 0x7FEB352D
+    x ^= x >> 15
+    x *= 0x846CA68B
+    x ^= x >> 16
+    return x
 
 
 @triton.jit
 def _gumbel_chunk_kernel(logits_ptr, stride_row, temps_ptr, seeds_ptr, best_ptr, idx_ptr, vocab, chunk, num_chunks,
-                         BLOCK: tl.constexpr):
+                         BLOCK: tl.constexpr, HASH: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
     t = tl.load(temps_ptr + row)
     seed = tl.load(seeds_ptr + row)
     greedy = t <= 0.0
     inv_t = tl.where(greedy, 1.0, 1.0 / tl.where(greedy, 1.0, t))
-    # One Philox call an element (tl.rand). Four uniforms a call (tl.rand4x) drew nano no faster on the H200
-    # (docs/perf.md, session 16): the integer work does not bound this kernel.
+    # The row's two 32-bit keys (hash noise), so rows whose seeds differ in any bit hash every index differently.
+    # k2 must not be a function of k1 alone: with k2 = mix(k1 ^ hi), index 0 of every seed under 2^32 cancelled
+    # to the same word (the CPU test's distribution caught it).
+    seed_lo = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = _mix32(seed_lo ^ 0x9E3779B9)
+    k2 = _mix32(((seed >> 32) & 0xFFFFFFFF).to(tl.uint32) ^ _mix32(seed_lo ^ 0x85EBCA6B))
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_idx = tl.full([BLOCK], 2147483647, tl.int32)
     lo = c * chunk
@@ -44,10 +81,23 @@ def _gumbel_chunk_kernel(logits_ptr, stride_row, temps_ptr, seeds_ptr, best_ptr,
         idx = start + tl.arange(0, BLOCK)
         mask = idx < hi
         x = tl.load(logits_ptr + row * stride_row + idx, mask=mask, other=float("-inf")).to(tl.float32)
-        u = tl.rand(seed, idx)
-        u = tl.minimum(tl.maximum(u, 1e-20), 1.0 - 1e-7)
-        gumbel = -tl.log(-tl.log(u))
-        score = tl.where(greedy, x, x * inv_t + gumbel)
+        if HASH:
+            bits = _mix32(_mix32(idx.to(tl.uint32) ^ k1) ^ k2)
+            # v = (bits + 1/2) / 2^32: uniform on (0, 1), as fine as float32 allows near 0, where the winners'
+            # exponential E = -ln(1 - v) lies (E ~ 1e-5 at 152k logits), and E from a series there: a log of
+            # 1 - v would lose those digits (one near 1 is what rounds u to 1 in 24-bit uniforms).
+            v = tl.minimum(bits.to(tl.float32) * 2.3283064e-10 + 1.1641532e-10, 0.99999994)
+            # In base 2 (E / ln 2, and the noise -log2 E: the Gumbel score over ln 2 less a constant, so the same
+            # argmax), each log one MUFU.LG2.
+            e2 = tl.where(v < 0.0078125, v * (1.0 + v * (0.5 + v * 0.33333334)) * 1.4426950408889634,
+                          -_log2_approx(1.0 - v))
+            noise = -_log2_approx(e2)
+            score = tl.where(greedy, x, x * (inv_t * 1.4426950408889634) + noise)
+        else:
+            u = tl.rand(seed, idx)
+            u = tl.minimum(tl.maximum(u, 1e-20), 1.0 - 1e-7)
+            gumbel = -tl.log(-tl.log(u))
+            score = tl.where(greedy, x, x * inv_t + gumbel)
         score = tl.where(mask, score, float("-inf"))
         better = score > best  # a later element wins only when strictly larger: the first index wins ties
         best = tl.where(better, score, best)
@@ -87,9 +137,13 @@ def num_chunks_for(rows: int, vocab: int, block: int, num_sms: int = 132, per_sm
 
 
 def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor, block: int = 1024,
-                  num_chunks: int | None = None, num_warps: int = 4) -> torch.Tensor:
+                  num_chunks: int | None = None, num_warps: int = 4, noise: str | None = None) -> torch.Tensor:
     """logits [rows, vocab] (any float dtype), temperatures [rows] float32, seeds [rows] int64 (a row's
-    noise); returns int64 token ids. block, num_chunks and num_warps change the speed, never the draw."""
+    noise); returns int64 token ids. block, num_chunks and num_warps change the speed, never the draw; noise
+    (NOISES; default NOISE) is where the uniforms come from."""
+    noise = noise or NOISE
+    if noise not in NOISES:
+        raise ValueError(f"noise: one of {NOISES}, got {noise!r}")
     rows, vocab = logits.shape
     assert logits.stride(-1) == 1
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
@@ -104,6 +158,7 @@ def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch
     best = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
     idx = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
     _gumbel_chunk_kernel[(rows, num_chunks)](logits, logits.stride(0), temperatures, seeds, best, idx, vocab, chunk,
-                                             num_chunks, BLOCK=block, num_warps=num_warps)
+                                             num_chunks, BLOCK=block, HASH=noise == "hash",
+                                             num_warps=num_warps)
     _pick_chunk_kernel[(rows,)](best, idx, out, num_chunks, BLOCK_C=64)
     return out
