@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows_out.append({"rows": rows, "noise": noise, "per_sm": per_sm, "block": block, "warps": warps,
                                  "chunks": chunks, "same_ids": same, "us": us,
                                  "gb_per_s": None if us is None else rows * vocab * logits.element_size() / us / 1e3})
-    print(f"{'rows':>5} {'noise':>6} {'per SM':>6} {'block':>6} {'warps':>5} {'chunks':>6} {'same ids':>8} {'us':>9} {'GB/s':>7}")
+    print(f"{'rows':>5} {'noise':>6} {'per SM':>6} {'block':>6} {'warps':>5} {'chunks':>6} {'same ids':>8} "
+          f"{'us':>9} {'GB/s':>7}")
     for r in rows_out:
         us = "-" if r["us"] is None else f"{r['us']:.1f}"
         gbs = "-" if r["gb_per_s"] is None else f"{r['gb_per_s']:.0f}"

@@ -137,7 +137,8 @@ def test_hash_noise_uniforms_are_uniform_across_indices_and_across_seeds():
     seed under 2^32)."""
     import numpy as np
 
-    seeds = list(range(1000)) + [s << 32 for s in range(1, 501)] + [(s * 0x9E3779B97F4A7C15) % 2**62 for s in range(500)]
+    seeds = (list(range(1000)) + [s << 32 for s in range(1, 501)]
+             + [(s * 0x9E3779B97F4A7C15) % 2**62 for s in range(500)])
     g = np.stack([_hash_noise_reference(s, 256).numpy() for s in seeds])
     u = np.exp(-np.exp(-g))  # back to the uniforms
     bins = np.histogram(u, bins=16, range=(0, 1))[0]
