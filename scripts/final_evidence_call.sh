@@ -7,6 +7,9 @@
 #   nano      `bench --workload nano --repeats 3`, bf16 then FP8 KV
 #   batch     `bench --workload batch1`, its profile (kernels a token), then batches 4 and 16 (batch1_sweep.sh)
 #   hf        scripts/hf_batch1.py: Transformers' batch-1 decode, static cache, compiled (the reference)
+#   serve     (session 17) `bench load --workload nano`, a fresh server each: --kv-cache-dtype fp8 at rate inf
+#             against the offline FP8 median (the nano section's), and --scheduling-policy mixed at rates 16 and 32
+#             (ITL p99 over tpot median); needs the serving wheels on PYTHONPATH (/tmp/site) (~3 minutes)
 # SECTIONS (default "tests evidence nano batch hf"); WORK: its folder (default: a new one under /tmp). Back:
 # $OUT/call.tgz (logs, JSON and Markdown; no logits arrays or traces) and $OUT/summary.txt (each step's exit code
 # and the figures).
@@ -60,6 +63,25 @@ for section in ${SECTIONS:-tests evidence nano batch hf}; do
       echo "rc=$? @$SECONDS Transformers batch1: $(python3 -c "import json,sys; r = json.load(open(sys.argv[1])); \
 print(round(r['decode_ms_per_token'], 4), 'ms a token, cache', r['cache'], 'compiled' if r['compiled'] else 'eager')" \
         $W/hf-batch1.json 2>/dev/null)" >> $S ;;
+    serve)
+      # Issue 32's serving bars: FP8 at rate inf against its offline median (the nano section's, when it ran in
+      # this call), and mixed's ITL p99 against its tpot median at rates 16 and 32; a fresh server each load.
+      LOAD="python3 -m labkit bench load --model $M --device $D --workload ${LOAD_WORKLOAD:-nano}"
+      [ -f $W/nano-fp8.json ] || { timeout 200 python3 -m labkit bench --model $M --device $D \
+        ${NANO_BENCH:---workload nano --repeats 3} --kv-cache-dtype fp8 --out $W/nano-fp8.json > $W/logs/nano-fp8.log 2>&1
+        echo "rc=$? @$SECONDS nano kv fp8: $(med $W/nano-fp8.json output_throughput) tok/s (median)" >> $S; }
+      timeout 200 $LOAD --rate inf --kv-cache-dtype fp8 --out $W/load-fp8-inf.json > $W/logs/load-fp8-inf.log 2>&1
+      echo "rc=$? @$SECONDS serve fp8 at rate inf: $(python3 -c "import json,sys
+a = json.load(open(sys.argv[1]))['metrics']['output_throughput']; b = json.load(open(sys.argv[2]))['median']['output_throughput']
+print(f'{a:.0f} tok/s, {a / b:.1%} of offline {b:.0f}')" $W/load-fp8-inf.json $W/nano-fp8.json 2>/dev/null)" >> $S
+      for rate in 16 32; do
+        timeout 200 $LOAD --rate $rate --scheduling-policy mixed --seed $rate --out $W/load-mixed-r$rate.json \
+          > $W/logs/load-mixed-r$rate.log 2>&1
+        echo "rc=$? @$SECONDS serve mixed at rate $rate: $(python3 -c "import json,sys
+m = json.load(open(sys.argv[1]))['metrics']; i, t = m['itl_ms']['p99'], m['tpot_ms']['median']
+print(f'ITL p99 {i:.2f} ms, tpot median {t:.2f} ms: {i / t:.2f}x; {m[\"failed\"]} failed')" $W/load-mixed-r$rate.json \
+          2>/dev/null)" >> $S
+      done ;;
     *) echo "final_evidence_call.sh: unknown section $section" >> $S ;;
   esac
 done

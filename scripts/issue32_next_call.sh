@@ -1,24 +1,19 @@
 #!/usr/bin/env bash
-# Issue 32's next device calls (prepared in session 16, not yet run), on one H200 with the fake Qwen3-0.6B in bf16;
-# DEVICE=cpu FAKE_MODEL=DIR runs the plumbing on the CPU, as its test does. Run `python scripts/sm90_compile.py
-# --triton DIR` (DIR: `pip install --target DIR triton==3.6.0`) here first.
+# Issue 32's sampler experiments (sessions 16-17) on one H200 with the fake Qwen3-0.6B in bf16; DEVICE=cpu
+# FAKE_MODEL=DIR runs the plumbing on the CPU, as its test does. Run `python scripts/sm90_compile.py --triton DIR`
+# (DIR: `pip install --target DIR triton==3.6.0`) here first.
 #   sampler  scripts/sampler_bench.py: the Gumbel kernel alone at 1, 16 and 256 rows over chunkings, blocks and
 #            warps, each variant checked to draw the default's ids (~1 minute)
-#   gemv     scripts/batch1_sweep.sh at batches 1 and 16 (ROUNDS, default 3; DEADLINE 420 s): base, balance
-#            (LABKIT_DECODE_SPLIT=balance: down_proj in 6 splits, 384 programs, instead of 3), silu8
-#            (LABKIT_DECODE_SILU_ROWS=8: the one-row gate/up GEMV in 384 programs instead of 192) and both
-#   nano     `bench --workload nano --repeats 3` with the sampler at 2 (the default) and PER_SM programs an SM
-#            (LABKIT_GUMBEL_PER_SM; default 8), in the order 2 X X 2
-#   noise    (session 17) the Gumbel kernel's uniforms from a keyed 32-bit hash and two hardware log2s
-#            (LABKIT_GUMBEL_NOISE=hash) against Philox and tl.log: its tests on the device (the draws equal a
-#            float64 reference's), sampler_bench.py over both noises, then nano bf16 (3 repeats) with philox at 2
-#            programs an SM (today's default) and hash at PER_SM (default 8), in the order A B B A (~5 minutes)
-# SECTIONS (default "sampler gemv": ~7 minutes; "nano" is a call of its own, ~4 minutes); WORK: its folder
-# (default: a new one under /tmp). Back: $OUT/call.tgz and $OUT/summary.txt.
-# Predictions (session 16, before any run; docs/perf.md, session 16, "PREDICTION"): batch 1 0.744 ms a token ->
-# balance 0.72-0.74, silu8 0.70-0.72, both 0.68-0.71 (gate/up's 12 MB and down's 6 MB a layer are spread over
-# the SMs at 73%, q/k/v's and o_proj's at 97%); batch 16 within 3% of base for each. The sampler at 256 rows
-# ~0.2 ms -> 0.06-0.1 at 8-16 programs an SM; nano +1-2.5% with it.
+#   nano     `bench --workload nano --repeats 3` with the sampler at 2 and PER_SM programs an SM
+#            (LABKIT_GUMBEL_PER_SM; default 8), in the order 2 X X 2 (~4 minutes)
+#   noise    the Gumbel kernel's uniforms from a keyed 32-bit hash and two hardware log2s (LABKIT_GUMBEL_NOISE=hash)
+#            against Philox and tl.log: its tests on the device (the draws equal a float64 reference's),
+#            sampler_bench.py over both noises, then nano bf16 (3 repeats) with philox at 2 programs an SM and hash
+#            at PER_SM (default 8), in the order A B B A (~3 minutes)
+# SECTIONS (default "sampler noise"); WORK: its folder (default: a new one under /tmp). Back: $OUT/call.tgz and
+# $OUT/summary.txt. Session 17 ran "sampler" plus a GEMV section since removed with its knobs (call 1: the record
+# is docs/gpu-runs/2026-12-04-session17/call1.sh), then "noise" (call 2), whose hash noise at 8 programs an SM
+# became the default (docs/perf.md, session 17).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
@@ -28,17 +23,12 @@ pack() { tar czf $OUT/call.tgz -C $W . 2>/dev/null; }
 trap pack EXIT
 [ -f $M/config.json ] || python3 -m labkit model fake --preset qwen3-0.6b --out $M > /dev/null
 tps() { python3 -c "import json,sys;print(round(json.load(open(sys.argv[1]))['median']['output_throughput']))" "$1" 2>/dev/null; }
-for section in ${SECTIONS:-sampler gemv}; do
+for section in ${SECTIONS:-sampler noise}; do
   case $section in
     sampler)
       timeout 240 python3 scripts/sampler_bench.py ${SAMPLER_ARGS:-} $([ $D = cpu ] && echo --dry-run) \
         --out $W/sampler-bench.json > $W/logs/sampler.log 2>&1
       echo "rc=$? @$SECONDS sampler bench" >> $S; cat $W/logs/sampler.log >> $S ;;
-    gemv)
-      OUT=$W/sweep BATCHES=${BATCHES:-"1 16"} ROUNDS=${ROUNDS:-3} DEADLINE=${DEADLINE:-420} DEVICE=$D FAKE_MODEL=$M \
-        VARIANTS="base: balance:LABKIT_DECODE_SPLIT=balance silu8:LABKIT_DECODE_SILU_ROWS=8 \
-both:LABKIT_DECODE_SPLIT=balance,LABKIT_DECODE_SILU_ROWS=8" bash scripts/batch1_sweep.sh > $W/logs/sweep.log 2>&1
-      cat $W/sweep/summary.md >> $S 2>/dev/null ;;
     nano)
       x=${PER_SM:-8}
       for r in 1 2; do for p in $([ $r = 1 ] && echo "2 $x" || echo "$x 2"); do

@@ -436,13 +436,17 @@ MUTATIONS = [
       "the 2-16 row GEMV back to its whole K range by default (the tiles spill: 14x slower on the H200)"),
     M("N83", "engine/kernels/decode_layer.py", "K_CHUNK=min(K_CHUNK, block_k) if M > 1 else 0,",
       "K_CHUNK=min(K_CHUNK, block_k) if M > 16 else 0,", "K in chunks never taken (a tile of rows spills)"),
-    M("N84", "engine/kernels/decode_layer.py", "return next(s for s in filling if spread(s) >= best - 0.05)",
-      "return filling[0]", "LABKIT_DECODE_SPLIT=balance read and ignored"),
-    M("N85", "engine/kernels/decode_layer.py", "return (triton.cdiv(N, block_n), split), meta",
-      "return (triton.cdiv(N, _BLOCK_N), split), meta",
-      "the one-row gate/up GEMV at 8 rows a program launched with 16 rows' grid (half its rows never computed)"),
-    M("N86", "engine/kernels/gumbel_sampler.py", "per_sm = per_sm or PROGRAMS_PER_SM", "per_sm = per_sm or 2",
+    # (N84-N85 were LABKIT_DECODE_SPLIT=balance's and LABKIT_DECODE_SILU_ROWS', retired with them in session 17)
+    M("N86", "engine/kernels/gumbel_sampler.py", "per_sm = per_sm or PROGRAMS_PER_SM", "per_sm = per_sm or 8",
       "LABKIT_GUMBEL_PER_SM read and ignored"),
+    M("N87", "engine/kernels/gumbel_sampler.py",
+      "k2 = _mix32(((seed >> 32) & 0xFFFFFFFF).to(tl.uint32) ^ _mix32(seed_lo ^ 0x85EBCA6B))",
+      "k2 = _mix32(((seed >> 32) & 0xFFFFFFFF).to(tl.uint32) ^ k1)",
+      "hash noise: the second key a function of the first (index 0 one word for every seed under 2^32)"),
+    M("N88", "engine/kernels/gumbel_sampler.py", "-_log2_approx(1.0 - v))", "-_log2_approx(v))",
+      "hash noise: E from log(v) where v is not small (not an exponential draw)"),
+    M("N89", "engine/kernels/gumbel_sampler.py", 'BLOCK=block, HASH=noise == "hash",', 'BLOCK=block, HASH=False,',
+      "the noise asked for ignored: Philox always"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -27,9 +27,8 @@ def test_the_defaults_are_the_measured_ones():
         pytest.skip("a knob is set in this environment")
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT,
-            GRAPH_SAMPLE_BS, gumbel_sampler.PROGRAMS_PER_SM, decode_layer.SPLIT_RULE,
-            decode_layer.SILU_ROWS, gumbel_sampler.NOISE) == (16, 8, 4, 128, "0", 128, 128, 512, 0, 2, "fill", 0,
-                                                              "philox")
+            GRAPH_SAMPLE_BS, gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE) == (
+        16, 8, 4, 128, "0", 128, 128, 512, 0, 8, "hash")
 
 
 def test_each_knob_is_read_when_set():
@@ -44,12 +43,9 @@ def test_each_knob_is_read_when_set():
                        "print(d._BLOCK_N, d._WARPS, d._WARPS_ONE_ROW, d.NORM_CHUNK)")
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["64", "8", "2", "128"]
-    res = _import_with({"LABKIT_DECODE_SPLIT": "balance", "LABKIT_DECODE_SILU_ROWS": "8"},
-                       "from engine.kernels import decode_layer as d; print(d.SPLIT_RULE, d.SILU_ROWS)")
-    assert res.returncode == 0 and res.stdout.split() == ["balance", "8"], res.stderr
-    res = _import_with({"LABKIT_GUMBEL_PER_SM": "8", "LABKIT_GUMBEL_NOISE": "hash"},
+    res = _import_with({"LABKIT_GUMBEL_PER_SM": "2", "LABKIT_GUMBEL_NOISE": "philox"},
                        "from engine.kernels import gumbel_sampler as s; print(s.PROGRAMS_PER_SM, s.NOISE)")
-    assert res.returncode == 0 and res.stdout.split() == ["8", "hash"], res.stderr
+    assert res.returncode == 0 and res.stdout.split() == ["2", "philox"], res.stderr
     res = _import_with({"LABKIT_GRAPH_SAMPLE_BS": "16"},
                        "from engine import graph_dispatch as g; print(g.GRAPH_SAMPLE_BS)")
     assert res.returncode == 0 and res.stdout.split() == ["16"], res.stderr
@@ -61,8 +57,7 @@ def test_each_knob_is_read_when_set():
                                         ("LABKIT_DECODE_BLOCK_N", "48"), ("LABKIT_DECODE_MERGE_PDL", "yes"),
                                         ("LABKIT_DECODE_SHORT_CONTEXT", "-1"), ("LABKIT_GRAPH_SAMPLE_BS", "3"),
                                         ("LABKIT_DECODE_K_CHUNK", "100"),
-                                        ("LABKIT_GUMBEL_PER_SM", "3"), ("LABKIT_DECODE_SPLIT", "even"),
-                                        ("LABKIT_DECODE_SILU_ROWS", "12"), ("LABKIT_GUMBEL_NOISE", "xorshift")])
+                                        ("LABKIT_GUMBEL_PER_SM", "3"), ("LABKIT_GUMBEL_NOISE", "xorshift")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
                                      "engine.kernels.gumbel_sampler")
@@ -112,31 +107,6 @@ def test_an_fp8_pool_launches_with_the_fp8_knobs_and_a_bf16_pool_with_the_defaul
         with pytest.raises(_Launched):
             da.paged_decode(q, cache, cache, tables, lens, 1.0, 1)
     assert [k["BLOCK_N"] for k in seen] == [da.DEFAULTS["block_n"], 64]
-
-
-@pytest.mark.parametrize("knob, rows, silu, programs", [(8, 1, True, 6), (8, 1, False, 3), (8, 4, True, 3),
-                                                        (0, 1, True, 3)])
-def test_the_silu_rows_apply_to_the_one_row_gate_up_gemv_only(monkeypatch, knob, rows, silu, programs):
-    """LABKIT_DECODE_SILU_ROWS=8: the one-row gate/up GEMV launches twice the programs (48 rows: 6 of 8); other
-    GEMVs, and gate/up on a tile of rows, keep the 16 rows a program; unset (0), it takes every GEMV's rows."""
-    from engine.kernels import decode_layer as dl
-
-    grids = []
-
-    class Grid:
-        def __getitem__(self, grid):
-            grids.append(grid)
-
-            def launch(*args, **kwargs):
-                grids.append(kwargs["BLOCK_N"])
-                raise _Launched
-            return launch
-
-    monkeypatch.setattr(dl, "_gemv_kernel", Grid())
-    monkeypatch.setattr(dl, "SILU_ROWS", knob)
-    with pytest.raises(_Launched):
-        dl.gemv(torch.zeros(96 if silu else 48, 64), x=torch.zeros(rows, 64), silu=silu)
-    assert grids == [(programs, 1), 48 // programs]
 
 
 @pytest.mark.parametrize("rows, warps", [(1, 4), (2, 8), (16, 8)])

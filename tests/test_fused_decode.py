@@ -52,9 +52,8 @@ def test_gemv_with_partials_residual_and_norm_is_add_rms_norm_then_matmul(dtype,
 
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
 @pytest.mark.parametrize("M", [1, 5])
-@pytest.mark.parametrize("chunk, k_chunk, silu_rows", [(0, 0, 16), (16, 0, 16), (16, 32, 16), (0, 0, 8)])
-def test_gemv_silu_epilogue_is_silu_and_mul_of_gate_up(dtype, M, chunk, k_chunk, silu_rows, monkeypatch):
-    monkeypatch.setattr(decode_layer, "SILU_ROWS", silu_rows)  # 8: six one-row programs of 8 gate and 8 up rows
+@pytest.mark.parametrize("chunk, k_chunk", [(0, 0), (16, 0), (16, 32)])
+def test_gemv_silu_epilogue_is_silu_and_mul_of_gate_up(dtype, M, chunk, k_chunk, monkeypatch):
     monkeypatch.setattr(decode_layer, "NORM_CHUNK", chunk)
     monkeypatch.setattr(decode_layer, "K_CHUNK", k_chunk)  # K = 64: two chunks, gate and up each summed over both
     K, I = 64, 48
@@ -96,18 +95,6 @@ def test_split_for_fills_the_gpu_but_keeps_ranges_long():
     assert split_for(4096, 1024, 132) == 1   # 256 tiles already
     assert split_for(64, 300, 132) == 1      # too short to split
     assert split_for(64, 512, 132) == 2      # as many as there are: 2 x 256
-
-
-def test_split_for_balance_spreads_the_programs_over_the_sms(monkeypatch):
-    """LABKIT_DECODE_SPLIT=balance: down_proj's 3 splits (192 programs: 60 SMs with two, 72 with one) become 6
-    (384: 120 with three, 12 with two); o_proj's 256 programs already spread within 5% of the best."""
-    monkeypatch.setattr(decode_layer, "SPLIT_RULE", "balance")
-    assert split_for(1024, 3072, 132) == 6
-    assert split_for(1024, 2048, 132) == 4
-    assert split_for(4096, 1024, 132) == 1
-    assert split_for(64, 512, 132) == 2      # none fills the SMs: the most splits, as fill takes
-    monkeypatch.setattr(decode_layer, "SPLIT_RULE", "fill")
-    assert split_for(1024, 3072, 132) == 3
 
 
 def _prefilled(model_dir, dtype, kv_cache_dtype="auto"):

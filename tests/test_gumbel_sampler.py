@@ -61,8 +61,8 @@ def test_the_chunk_count_follows_the_programs_an_sm(monkeypatch):
     assert gumbel_sampler.num_chunks_for(256, 151936, 1024, 132, per_sm=2) == 2
     assert gumbel_sampler.num_chunks_for(256, 151936, 1024, 132, per_sm=16) == 9
     assert gumbel_sampler.num_chunks_for(1, 151936, 1024, 132, per_sm=16) == 149  # one chunk a block at most
-    monkeypatch.setattr(gumbel_sampler, "PROGRAMS_PER_SM", 8)
-    assert gumbel_sampler.num_chunks_for(256, 151936, 1024, 132) == 5
+    monkeypatch.setattr(gumbel_sampler, "PROGRAMS_PER_SM", 4)
+    assert gumbel_sampler.num_chunks_for(256, 151936, 1024, 132) == 3
 
 
 def _mix32_reference(x):

@@ -93,19 +93,6 @@ if K_CHUNK not in (0, 32, 64, 128, 256):
     raise ValueError(f"LABKIT_DECODE_K_CHUNK: 0, 32, 64, 128 or 256, got {K_CHUNK}")
 
 
-# How split_for cuts K (measurement knobs, session 16; docs/perf.md has the prediction): "fill", the fewest splits
-# that give every SM a program, or "balance", the fewest whose programs spread over the SMs within 5% of the best
-# spread (192 programs on 132 SMs leave 60 SMs with two and 72 with one: 73% of the work the busiest SMs do).
-SPLIT_RULE = os.environ.get("LABKIT_DECODE_SPLIT", "fill")
-if SPLIT_RULE not in ("fill", "balance"):
-    raise ValueError(f"LABKIT_DECODE_SPLIT: fill or balance, got {SPLIT_RULE!r}")
-# Weight rows a program of the one-row gate/up GEMV (SiLU needs whole sums, so it is never split): unset, the
-# rows every GEMV takes (LABKIT_DECODE_GEMV's, 16: Qwen3-0.6B's 3,072 rows in 192 programs); 8 gives 384.
-SILU_ROWS = int(os.environ.get("LABKIT_DECODE_SILU_ROWS", "0"))
-if SILU_ROWS not in (0, 8, 16, 32, 64, 128):
-    raise ValueError(f"LABKIT_DECODE_SILU_ROWS: 8, 16, 32, 64 or 128 (0: as every GEMV), got {SILU_ROWS}")
-
-
 def _pdl(device: torch.device) -> tuple[bool, bool, dict]:
     """(USE_PDL, EARLY constexprs, launch kwargs) for a launch on this device."""
     if device.type != "cuda" or PDL_MODE == "off":
@@ -254,13 +241,7 @@ def split_for(N: int, K: int, num_sms: int, block_n: int | None = None) -> int:
     even = [s for s in range(1, 17) if K % s == 0 and (K // s) & (K // s - 1) == 0 and K // s >= 256]
     if not even:
         return 1
-    filling = [s for s in even if tiles * s >= num_sms]
-    if SPLIT_RULE == "balance" and filling:
-        def spread(s):  # the mean SM's programs over the busiest SM's
-            return tiles * s / (triton.cdiv(tiles * s, num_sms) * num_sms)
-        best = max(spread(s) for s in filling)
-        return next(s for s in filling if spread(s) >= best - 0.05)
-    return filling[0] if filling else even[-1]
+    return next((s for s in even if tiles * s >= num_sms), even[-1])
 
 
 def gemv_meta(M: int, N: int, K: int, split: int, *, s_in: int, residual: bool, norm: bool, silu: bool,
@@ -270,16 +251,15 @@ def gemv_meta(M: int, N: int, K: int, split: int, *, s_in: int, residual: bool, 
     ks = triton.cdiv(K, split)
     k_full = triton.next_power_of_2(K)
     block_k = max(16, triton.next_power_of_2(ks))
-    block_n = (SILU_ROWS or _BLOCK_N) if silu and M == 1 else _BLOCK_N
     meta = dict(
         S_IN=s_in, RESIDUAL=residual, NORM=norm, SILU=silu, PARTIALS=partials_out,
         EVEN=ks == triton.next_power_of_2(ks) and ks >= 16 and K % ks == 0,
-        FULL_EVEN=K == triton.next_power_of_2(K), BLOCK_M=1 if M == 1 else 16, BLOCK_N=block_n,
+        FULL_EVEN=K == triton.next_power_of_2(K), BLOCK_M=1 if M == 1 else 16, BLOCK_N=_BLOCK_N,
         BLOCK_K=block_k, K_FULL=k_full, USE_PDL=use_pdl, EARLY=early, DOT_PRECISION=dot_precision(dtype),
         NORM_CHUNK=min(NORM_CHUNK or k_full, k_full) if M > 1 else k_full,
         K_CHUNK=min(K_CHUNK, block_k) if M > 1 else 0,
         num_warps=_WARPS_ONE_ROW if M == 1 else _WARPS, enable_fp_fusion=False)
-    return (triton.cdiv(N, block_n), split), meta
+    return (triton.cdiv(N, _BLOCK_N), split), meta
 
 
 def gemv(w: torch.Tensor, *, x: torch.Tensor | None = None, partials: torch.Tensor | None = None,

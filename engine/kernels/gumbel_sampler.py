@@ -17,21 +17,21 @@ from triton.language.extra import libdevice
 
 from ..device import num_sms
 
-# Programs a row's chunks aim for, per SM (2: the measured default). At batch 256 that is 2 chunks a row, 512
-# programs of ~76k logits, each with one 1,024-logit load in flight: few bytes in flight for the memory's latency.
-# Knob for the next device measurement (scripts/sampler_bench.py times the kernel alone); a draw does not depend
-# on it.
-PROGRAMS_PER_SM = int(os.environ.get("LABKIT_GUMBEL_PER_SM", "2"))
+# Programs a row's chunks aim for, per SM (LABKIT_GUMBEL_PER_SM). A draw does not depend on it. On one H200
+# (docs/perf.md, session 17) the hash noise at 256 rows took 71.6 us at 2, 63.4 at 8 and 61.6 at 16; 8 is what
+# nano was measured with.
+PROGRAMS_PER_SM = int(os.environ.get("LABKIT_GUMBEL_PER_SM", "8"))
 if PROGRAMS_PER_SM not in (1, 2, 4, 8, 16, 32):
     raise ValueError(f"LABKIT_GUMBEL_PER_SM: 1, 2, 4, 8, 16 or 32, got {PROGRAMS_PER_SM}")
-# Where an element's uniform comes from. philox: tl.rand, one Philox4x32-10 call an element (~100 integer
-# instructions, 40 of them multiplies). hash: two rounds of a 32-bit multiply-xorshift mixer over the index, keyed
-# by the row's seed (~20 instructions, 4 multiplies). Knob for the next device measurement: at batch 256 the kernel
-# moves 0.4 TB/s (session 17), so its arithmetic, not the memory, is the bound.
-NOISES = ("philox", "hash")
-NOISE = os.environ.get("LABKIT_GUMBEL_NOISE", "philox")
+# Where an element's uniform comes from (LABKIT_GUMBEL_NOISE). hash: two rounds of a 32-bit multiply-xorshift
+# mixer over the index, keyed by the row's seed, and two hardware log2s: 41 instructions an element on sm_90.
+# philox: tl.rand (one Philox4x32-10 call an element) and tl.log's polynomials: 118, the kernel before session 17.
+# On one H200 the kernel at 256 rows moved 0.4 TB/s with philox, bound by its arithmetic; hash took it from 217 to
+# 63 us and nano from 26,190 to 26,886 tok/s (+2.7%, two rounds each).
+NOISES = ("hash", "philox")
+NOISE = os.environ.get("LABKIT_GUMBEL_NOISE", "hash")
 if NOISE not in NOISES:
-    raise ValueError(f"LABKIT_GUMBEL_NOISE: philox or hash, got {NOISE!r}")
+    raise ValueError(f"LABKIT_GUMBEL_NOISE: hash or philox, got {NOISE!r}")
 
 
 if os.environ.get("TRITON_INTERPRET") == "1":
