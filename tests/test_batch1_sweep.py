@@ -110,14 +110,16 @@ def test_the_final_evidence_call_reports_each_figure(tiny_model, tmp_path):
     for pattern in (r"rc=0 @\d+ nano kv auto: \d+\.?\d* tok/s", r"rc=0 @\d+ nano kv fp8: \d+",
                     r"rc=0 @\d+ batch1: \d+\.\d+ ms a token", r"\| 4 \| base \| \d+\.\d+ \|",
                     r"rc=0 @\d+ Transformers batch1: \d+\.\d+ ms a token, cache static eager",
-                    r"rc=0 @\d+ serve fp8 at rate inf: \d+ tok/s, \d+\.\d% of offline \d+",
+                    r"rc=0 @\d+ serve fp8 at rate inf, load 1 on one server: \d+ tok/s, \d+\.\d% of offline \d+ "
+                    r"\(median\), \d+\.\d% of offline repeat 0 \d+",
+                    r"rc=0 @\d+ serve fp8 at rate inf, load 2 on one server: \d+ tok/s",
                     r"rc=0 @\d+ serve mixed at rate 16: ITL p99 \d+\.\d+ ms, tpot median \d+\.\d+ ms: \d+\.\d+x; "
                     r"0 failed",
                     r"rc=0 @\d+ serve mixed at rate 32: ITL p99 \d+\.\d+ ms"):
         assert re.search(pattern, summary), (pattern, summary)
     with tarfile.open(out / "call.tgz") as tar:
         names = tar.getnames()
-    assert {"./nano-fp8.json", "./batch1.json", "./hf-batch1.json", "./load-fp8-inf.json",
+    assert {"./nano-fp8.json", "./batch1.json", "./hf-batch1.json", "./load-fp8-inf-1.json", "./load-fp8-inf-2.json",
             "./load-mixed-r16.json", "./load-mixed-r32.json"} <= set(names)
     assert summary.count("nano kv fp8") == 1  # serve reuses the nano section's offline FP8 median
 
