@@ -12,13 +12,15 @@
 #             median (the nano section's) and its repeat 0; then (SERVE_MIXED=0: not) --scheduling-policy mixed at
 #             rates 16 and 32 on a fresh server each (ITL p99 over tpot median). Needs the serving wheels on
 #             PYTHONPATH (/tmp/site) (~3 minutes)
-# SECTIONS (default "tests evidence nano batch hf"); WORK: its folder (default: a new one under /tmp). Back:
+# SECTIONS (default "tests evidence nano batch hf"); WORK: where it makes a new folder (default /tmp). Back:
 # $OUT/call.tgz (logs, JSON and Markdown; no logits arrays or traces) and $OUT/summary.txt (each step's exit code
 # and the figures).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
-S=$OUT/summary.txt; W=${WORK:-$(mktemp -d /tmp/final-evidence.XXXXXX)}; mkdir -p $W/logs
+# A new folder every run: session 17's call 3 archived session 16's batch-1 and Transformers files beside its own
+# (the device had kept its working folder), though only this run's lines reach the summary.
+S=$OUT/summary.txt; mkdir -p ${WORK:-/tmp}; W=$(mktemp -d ${WORK:-/tmp}/final-evidence.XXXXXX); mkdir -p $W/logs
 M=${FAKE_MODEL:-/tmp/qwen3-fake}; D=${DEVICE:-cuda}
 pack() {
   (cd $W && find . -type f \( -name '*.json' -o -name '*.md' -o -name '*.log' -o -name '*.txt' \) \

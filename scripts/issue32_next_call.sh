@@ -10,14 +10,14 @@
 #            against Philox and tl.log: its tests on the device (the draws equal a float64 reference's),
 #            sampler_bench.py over both noises, then nano bf16 (3 repeats) with philox at 2 programs an SM and hash
 #            at PER_SM (default 8), in the order A B B A (~3 minutes)
-# SECTIONS (default "sampler noise"); WORK: its folder (default: a new one under /tmp). Back: $OUT/call.tgz and
+# SECTIONS (default "sampler noise"); WORK: where it makes a new folder (default /tmp). Back: $OUT/call.tgz and
 # $OUT/summary.txt. Session 17 ran "sampler" plus a GEMV section since removed with its knobs (call 1: the record
 # is docs/gpu-runs/2026-12-04-session17/call1.sh), then "noise" (call 2), whose hash noise at 8 programs an SM
 # became the default (docs/perf.md, session 17).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
-S=$OUT/summary.txt; W=${WORK:-$(mktemp -d /tmp/issue32-next.XXXXXX)}; mkdir -p $W/logs
+S=$OUT/summary.txt; mkdir -p ${WORK:-/tmp}; W=$(mktemp -d ${WORK:-/tmp}/issue32-next.XXXXXX); mkdir -p $W/logs
 M=${FAKE_MODEL:-/tmp/qwen3-fake}; D=${DEVICE:-cuda}
 pack() { tar czf $OUT/call.tgz -C $W . 2>/dev/null; }
 trap pack EXIT

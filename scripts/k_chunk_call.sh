@@ -7,7 +7,7 @@
 #   sweep      scripts/batch1_sweep.sh: base, kc64 and kc128 at batches 4 and 16 (ROUNDS, default 1)
 #   lifecycle  `labkit serve lifecycle --device cuda` (the service-lifecycle lab, run on the CPU so far; needs the
 #              server wheels: carry .whl, installed here into /tmp/site)
-# SECTIONS (default "tests sweep lifecycle"); WORK: its folder (default: a new one under /tmp). Back:
+# SECTIONS (default "tests sweep lifecycle"); WORK: where it makes a new folder (default /tmp). Back:
 # $OUT/k-chunk.tgz and $OUT/summary.txt.
 # Predictions (session 15, before the run): compiled for sm_90 here (local Triton 3.9), the 16-row q/k/v and
 # gate/up GEMVs spill (538 and 6,070 spill loads with the norm in 128-column chunks) and spill nothing at K_CHUNK
@@ -20,7 +20,7 @@
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
-S=$OUT/summary.txt; W=${WORK:-$(mktemp -d /tmp/k-chunk.XXXXXX)}; mkdir -p $W/logs; M=${FAKE_MODEL:-/tmp/qwen3-fake}
+S=$OUT/summary.txt; mkdir -p ${WORK:-/tmp}; W=$(mktemp -d ${WORK:-/tmp}/k-chunk.XXXXXX); mkdir -p $W/logs; M=${FAKE_MODEL:-/tmp/qwen3-fake}
 pack() { tar czf $OUT/k-chunk.tgz -C $W . 2>/dev/null; }
 trap pack EXIT
 [ -f $M/config.json ] || python3 -m labkit model fake --preset qwen3-0.6b --out $M > /dev/null

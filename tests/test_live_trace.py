@@ -191,6 +191,20 @@ def test_trace_url_without_a_live_trace_or_a_server_is_one_line_and_exit_2(tiny_
     assert both.returncode == 2 and "not both" in both.stderr
 
 
+def test_trace_url_over_an_idle_server_checks_nothing_and_says_so(tiny_model, tmp_path):
+    """A window in which no step ran is RECORDED with exit 2 and a line saying nothing was checked, never PASS."""
+    server = _serve(tiny_model, tmp_path)
+    try:
+        res = _trace_url(server.url, 1, tmp_path / "idle")
+    finally:
+        assert server.stop() == 0, server.log()
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout[-2000:] + res.stderr
+    assert "no engine step ran" in res.stderr and "nothing was checked" in res.stderr
+    result = json.loads(res.stdout[res.stdout.index("{"):])
+    assert result["verdict"] == "RECORDED" and result["steps"] == 0
+    assert json.loads((tmp_path / "idle" / "check.json").read_text())["verdict"] == "RECORDED"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("policy", ["prefill_first", "mixed"])

@@ -57,6 +57,7 @@ from labkit.options import (
     check_url,
 )
 from labkit.output import (
+    EXIT_CANNOT_RUN,
     EXIT_FAIL,
     EXIT_PASS,
     configuration_suffix,
@@ -415,6 +416,12 @@ def _trace_url(url: str, seconds: float, out: Path | None, console: Console, as_
     _print_report(report, console)
     console.print(f"{len(steps)} steps, {extra['live_at_open']} requests live when the window opened; wrote "
                   f"{_shown(out_dir)}/: events.jsonl, steps.tsv, check.json", markup=False, highlight=False)
+    if not steps:
+        # Nothing ran, so nothing was checked: a PASS here would vouch for steps no one saw.
+        Console(stderr=True).print(f"trace --url: no engine step ran in the {seconds:g} s window, so nothing was "
+                                   "checked; record while the server has requests to run (or a longer --seconds)",
+                                   markup=False, highlight=False)
+        raise typer.Exit(EXIT_CANNOT_RUN)
     raise typer.Exit(EXIT_PASS if report.passed else EXIT_FAIL)
 
 

@@ -124,8 +124,9 @@ class Report:
     @property
     def judged(self) -> bool:
         """Whether case expectations were compared (a case without `expect` is only recorded), or the log is a live
-        window, which its invariants judge (PASS or FAIL)."""
-        return self.live or any(c.kind == "expect" for c in self.checks)
+        window that holds steps, which its invariants judge (PASS or FAIL). A window with no step checked nothing:
+        RECORDED, never PASS."""
+        return (self.live and self.steps > 0) or any(c.kind == "expect" for c in self.checks)
 
     def counts(self) -> dict:
         out: dict[str, dict[str, int]] = {}
