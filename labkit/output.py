@@ -247,6 +247,23 @@ def set_command_line(argv: list[str] | None) -> None:
     _command_line = None if argv is None else [str(a) for a in argv]
 
 
+# The engine's tuning knobs: environment variables its kernels and graphs read once, at import (docs/perf.md names
+# each). A run made with one set computes along another path, so every result records the ones that were set.
+KNOB_PREFIXES = ("LABKIT_DECODE_", "LABKIT_GUMBEL_", "LABKIT_GRAPH_")
+
+
+def engine_knobs() -> dict[str, str]:
+    """The engine knobs set in this process's environment (none set: {}, the engine's defaults)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(KNOB_PREFIXES)}
+
+
+def knobs_text(knobs: dict | None) -> str:
+    """A result's engine knobs for a person: 'none set (the defaults)', or NAME=VALUE, ..., or unknown."""
+    if knobs is None:
+        return "unknown (a server that does not report them, or servers that differ)"
+    return ", ".join(f"{k}={v}" for k, v in knobs.items()) or "none set (the engine's defaults)"
+
+
 def envelope(command: str, *, device: Any, model_dir: str | Path | None, evidence: str,
              argv: list[str] | None = None) -> dict:
     """The provenance every JSON output starts with (SPEC section 7)."""
@@ -263,6 +280,7 @@ def envelope(command: str, *, device: Any, model_dir: str | Path | None, evidenc
         },
         "git_head": git_head(),
         "git_dirty": git_dirty(),
+        "knobs": engine_knobs(),
         "started_at": now_iso(),
         "evidence": evidence,
     }

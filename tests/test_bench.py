@@ -1,6 +1,7 @@
 """`labkit bench`: workload draws, the engine and HF runs end to end on the tiny model (compare:
 test_bench_compare.py)."""
 import json
+import os
 import random
 import statistics
 
@@ -144,6 +145,27 @@ def test_bench_fixed_end_to_end(tiny_model, runs, capsys):
     assert backend.startswith("engine: eager, attention torch, tp 1")      # nothing asked: no "(asked: eager)"
     data["config"]["engine"]["enforce_eager"] = data["engine"]["enforce_eager"] = False
     assert dict(_summary_rows(data))["backend"].startswith("engine: eager (asked: graph), attention torch")
+
+
+def test_a_bench_result_records_the_engine_knobs_set(tiny_model, runs, capsys, monkeypatch):
+    """A knob (LABKIT_GUMBEL_NOISE and the like) makes the engine compute along another path: the result says
+    which were set, in its JSON and its Markdown, and records none when none is."""
+    for k in [k for k in os.environ if k.startswith(("LABKIT_DECODE_", "LABKIT_GUMBEL_", "LABKIT_GRAPH_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("LABKIT_GUMBEL_NOISE", "philox")
+    monkeypatch.setenv("LABKIT_DEBUG", "0")  # not an engine knob
+    out = runs / "knob.json"
+    code, _, err = run_cli(["bench", "--workload", "fixed", "--num-requests", "2", "--model", tiny_model,
+                            "--device", "cpu", "--out", out], capsys)
+    assert code == 0, err
+    assert json.loads(out.read_text())["knobs"] == {"LABKIT_GUMBEL_NOISE": "philox"}
+    assert "Engine knobs: LABKIT_GUMBEL_NOISE=philox." in out.with_suffix(".md").read_text()
+    monkeypatch.delenv("LABKIT_GUMBEL_NOISE")
+    code, _, err = run_cli(["bench", "--workload", "fixed", "--num-requests", "2", "--model", tiny_model,
+                            "--device", "cpu", "--out", out], capsys)
+    assert code == 0, err
+    assert json.loads(out.read_text())["knobs"] == {}
+    assert "Engine knobs: none set (the engine's defaults)." in out.with_suffix(".md").read_text()
 
 
 def test_bench_run_subcommand_nano_scaled(tiny_model, runs, capsys):

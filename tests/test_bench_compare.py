@@ -140,6 +140,19 @@ def test_compare_variable_mapping():
         cmp.compare(a, other_model, "eager")
 
 
+def test_runs_with_different_engine_knobs_compare_only_on_the_knobs():
+    """A knob set on one side is a difference like any engine setting: refused under another --variable, the
+    comparison under --variable knobs; results written before knobs were recorded read as none set."""
+    a, b = _synthetic(100.0), _synthetic(103.0)
+    a["knobs"], b["knobs"] = {}, {"LABKIT_GUMBEL_NOISE": "philox"}
+    with pytest.raises(LabkitError, match="knobs.LABKIT_GUMBEL_NOISE"):
+        cmp.compare(a, b, "code")
+    res = cmp.compare(a, b, "knobs")
+    assert res["differing"] == ["knobs.LABKIT_GUMBEL_NOISE"] and res["ratio"] == pytest.approx(1.03)
+    old = _synthetic(100.0)  # no "knobs" key at all
+    assert cmp.compare(old, a, "code")["same_value"]
+
+
 def test_compare_allows_different_repeats_and_warmup_and_lists_them():
     a = _synthetic(700.0)
     a["config"]["workload"] = {"name": "nano", "repeats": 3, "warmup": {"rounds": 1, "requests": 8}}

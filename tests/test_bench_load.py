@@ -117,6 +117,7 @@ def test_metrics_follow_vllm_definitions():
 @pytest.mark.slow
 def test_bench_load_end_to_end_against_a_started_server(tiny_model, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("MODEL_DIR", tiny_model)
+    monkeypatch.setenv("LABKIT_GUMBEL_PER_SM", "4")  # an engine knob: the server it starts runs with it, and says so
     out = tmp_path / "load.json"
     code, stdout, err = run_cli(["bench", "load", "--workload", "fixed", "--num-requests", "4", "--rate", "50",
                                  "--device", "cpu", "--slo", "ttft:60000", "--no-async-scheduling", "--out", out],
@@ -136,6 +137,8 @@ def test_bench_load_end_to_end_against_a_started_server(tiny_model, tmp_path, ca
     assert len(lines) == 4 and all(json.loads(x)["output_tokens"] == 32 for x in lines)
     assert r["config"]["source"]["rate"] == 50.0 and out.with_suffix(".md").is_file()
     assert out.with_suffix(".server.log").is_file()
+    assert r["knobs"] == {"LABKIT_GUMBEL_PER_SM": "4"} == r["servers"][0]["health"]["knobs"]
+    assert "- engine knobs: LABKIT_GUMBEL_PER_SM=4" in out.with_suffix(".md").read_text()
 
 
 def test_bench_load_arrivals_file_and_bad_inputs(tmp_path, capsys):
@@ -146,8 +149,10 @@ def test_bench_load_arrivals_file_and_bad_inputs(tmp_path, capsys):
     code, stdout, err = run_cli(["bench", "load", "--arrivals", arr, "--url", fake.url, "--no-warmup", "--out", out],
                                 capsys)
     assert code == 0, err + stdout
-    m = json.loads(out.read_text())["metrics"]
+    r = json.loads(out.read_text())
+    m = r["metrics"]
     assert m["completed"] == 2 and m["output_tokens"] == 5 and fake.completions == 2
+    assert r["knobs"] is None and "- engine knobs: unknown" in out.with_suffix(".md").read_text()  # its /health: none
     # Server settings with --url: refused before anything runs.
     code, _, err = run_cli(["bench", "load", "--url", "http://127.0.0.1:9", "--max-num-seqs", "4"], capsys)
     assert code == 2 and "--max-num-seqs" in err and len(err.strip().splitlines()) == 1

@@ -65,6 +65,7 @@ from labkit.output import (
     envelope,
     evidence_for,
     finish,
+    knobs_text,
     print_json,
     resolve_device,
     runs_dir,
@@ -444,6 +445,7 @@ def markdown(r: dict) -> str:
 
     lines += ["", "## Config (what `labkit bench compare` checks)", "", "```json",
               json.dumps(r["config"], indent=2), "```",
+              "", f"Engine knobs: {knobs_text(r.get('knobs', {}))}.",
               "", f"git head {r.get('git_head')} (dirty: {r.get('git_dirty')}); started {r['started_at']}, "
                   f"ended {r['ended_at']}; command: `{' '.join(r['argv'])}`", ""]
     return "\n".join(lines)

@@ -2,7 +2,9 @@
 
 Two runs are comparable when their recorded `config` (workload name and parameters, model config
 sha256, device type and name, dtype, backend, engine kwargs or HF settings; for load runs the arrival
-source, concurrency and server settings) is identical except for the fields the named variable covers.
+source, concurrency and server settings) and engine knobs (the LABKIT_DECODE_*, LABKIT_GUMBEL_* and
+LABKIT_GRAPH_* variables set for the run, or for its server: `--variable knobs`) are identical except for the
+fields the named variable covers.
 Anything else differing is refused (LabkitError, exit 2, one line naming the fields): a ratio across
 two changes measures neither. The comparison reports, it does not judge: exit 0 whatever the ratio.
 
@@ -73,6 +75,7 @@ VARIABLES: dict[str, tuple[str, ...]] = {
     "repeats": ("workload.repeats",),
     "temperature": ("workload.temperature",),
     "hf_batch": ("hf.batch",),
+    "knobs": ("knobs.*",),
     "code": (),
 }
 
@@ -90,6 +93,7 @@ LOAD_VARIABLES: dict[str, tuple[str, ...]] = {
     "temperature": ("temperature",),
     "model": ("model_config_sha256", "server.--model"),
     "device": ("device.*", "server.--device"),
+    "knobs": ("knobs.*",),
     "code": (),
 }
 
@@ -212,11 +216,13 @@ def samples(data: dict) -> dict[str, list[float]]:
 
 
 def comparable_config(data: dict) -> dict:
-    """What must match between the two runs: the recorded config (a load run adds its model and device)."""
+    """What must match between the two runs: the recorded config and the engine knobs set (LABKIT_DECODE_* ...;
+    results from before they were recorded read as none set); a load run adds its model and device."""
+    knobs = {"knobs": data["knobs"]} if data.get("knobs") else {}
     if kind_of(data) == "offline":
-        return data["config"]
+        return {**data["config"], **knobs}
     model, dev = data.get("model") or {}, data.get("device") or {}
-    return {**data["config"], "model_config_sha256": model.get("config_sha256"),
+    return {**data["config"], **knobs, "model_config_sha256": model.get("config_sha256"),
             "device": {"type": dev.get("type"), "name": dev.get("name")}}
 
 

@@ -467,6 +467,7 @@ def server_provenance(healths: list[tuple[str, dict]], allow_mixed: bool = False
             raise LabkitError(f"the endpoints serve different models ({key}: {where}); pass --allow-mixed to load "
                               "them together anyway", 2)
     devices = [str(info.get("device") or "unknown") for _, info in healths]
+    knobs = [info.get("knobs") for _, info in healths]
     kinds = sorted({d.split(":")[0] for d in devices})
     unverified = [u for (u, _), m in zip(healths, models) if m["config_sha256"] is None]
     model = {k: _common([m[k] for m in models]) for k in ("name", "path", "config_sha256")}
@@ -478,6 +479,9 @@ def server_provenance(healths: list[tuple[str, dict]], allow_mixed: bool = False
                    "name": _common([info.get("device_name") for _, info in healths]),
                    "server": ", ".join(dict.fromkeys(devices)), "from": "server /health"},
         "model": model,
+        # The engine knobs the servers run with, from /health: None when one does not say (another server, or
+        # an older labkit) or when they differ.
+        "knobs": knobs[0] if all(k is not None and k == knobs[0] for k in knobs) else None,
         "unverified_model": unverified if len(healths) > 1 else [],
         "servers": [{"url": url, "health": info} for url, info in healths],
     }

@@ -59,6 +59,7 @@ from labkit.output import (
     dist_version,
     envelope,
     finish,
+    knobs_text,
     print_json,
     resolve_device,
     runs_dir,
@@ -170,6 +171,7 @@ def load(
         folded = _fold_prompts(reqs, [s["health"].get("vocab_size") for s in prov["servers"]])
         env = envelope("bench load", device="cpu", model_dir=model_dir, evidence=prov["evidence"])
         env["device"] = prov["device"]
+        env["knobs"] = prov["knobs"]  # the servers' (a server this command started has the client's environment)
         # The server's word on its model; a server this command started and whose /health is older falls back
         # to what the client read from the same folder.
         env["model"] = {**env["model"], **{k: v for k, v in prov["model"].items() if v is not None or k == "mixed"}}
@@ -375,7 +377,8 @@ def markdown(r: dict) -> str:
         h = srv["health"]
         lines.append(f"  - {srv['url']}: {h.get('device')}, tp {h.get('tp', '-')}, git head {h.get('git_head', '-')}, "
                      f"labkit {h.get('labkit_version', '-')}")
-    lines += [f"- client git head: {r.get('git_head')}", "", "| metric | value |", "| --- | --- |"]
+    lines += [f"- engine knobs: {knobs_text(r.get('knobs', {}))}",
+              f"- client git head: {r.get('git_head')}", "", "| metric | value |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in _rows(r)]
     if r["metrics"]["errors"]:
         lines += ["", "Errors:", ""] + [f"- {n} x {e}" for e, n in r["metrics"]["errors"].items()]

@@ -208,14 +208,14 @@ def serve(
     import asyncio
 
     from labkit import __version__
-    from labkit.output import config_sha256, git_head
+    from labkit.output import config_sha256, engine_knobs, git_head
     from labkit.serve.http import ServeSettings
     from labkit.serve.server import serve_async, setup_logging
 
     name = served_model_name or model_dir.name
     setup_logging()
     provenance = {"model": {"path": str(model_dir), "config_sha256": config_sha256(model_dir)},
-                  "git_head": git_head(), "labkit_version": __version__}
+                  "git_head": git_head(), "knobs": engine_knobs(), "labkit_version": __version__}
     settings = ServeSettings(model_name=name, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout,
                              header_timeout_s=header_timeout, health_extra=provenance)
 
