@@ -56,6 +56,8 @@ FAST_TESTS = [
     "tests/test_graph_sampling.py", "tests/test_gumbel_sampler.py",
     # (session 16)
     "tests/test_gemv_spills.py", "tests/test_sampler_bench.py",
+    # (session 17)
+    "tests/test_bench.py",
 ]
 CASES_TIMEOUT_S = 900
 TESTS_TIMEOUT_S = 1500
@@ -236,6 +238,13 @@ MUTATIONS = [
       "within noise excludes an interval ending at 1.0"),
     M("J6", "engine/request_limits.py", "        if n > self.max_model_len:", "        if n >= self.max_model_len:",
       "a prompt of exactly max_model_len tokens is refused"),
+    # (session 17) what a result records and what a live window may claim
+    M("J7", "labkit/bench/compare.py", '    knobs = {"knobs": data["knobs"]} if data.get("knobs") else {}',
+      "    knobs = {}", "bench compare ignores the engine knobs: runs on two code paths compared as one"),
+    M("J8", "labkit/output.py", '        "knobs": engine_knobs(),', '        "knobs": {},',
+      "a result says no knob was set whatever was"),
+    M("J9", "labkit/trace/validate.py", "return (self.live and self.steps > 0) or any(",
+      "return self.live or any(", "a live window in which no step ran says PASS"),
     # --- session 12: the new modules ------------------------------------------------------------------------
     # policies (engine/policies.py)
     M("N1", "engine/policies.py", "decodes = [] if prefills else s.take_decodes(preempted)",
