@@ -242,8 +242,10 @@ def test_a_live_windows_check_md_is_titled_by_its_server_and_a_cases_by_its_case
     read 'trace None' on the H200, session 13)."""
     from labkit.trace.command import check_markdown
     from labkit.trace.validate import Report
-    live = check_markdown({"case": None, "live": True, "url": "http://127.0.0.1:8907"}, Report(live=True))
+    live = check_markdown({"case": None, "live": True, "url": "http://127.0.0.1:8907"}, Report(live=True, steps=3))
     assert live.splitlines()[0] == "# trace --url http://127.0.0.1:8907: PASS"
+    empty = check_markdown({"case": None, "live": True, "url": "http://127.0.0.1:8907"}, Report(live=True))
+    assert empty.splitlines()[0] == "# trace --url http://127.0.0.1:8907: RECORDED"  # no step: nothing judged
     case = check_markdown({"case": "chunk"}, Report(case="chunk"))
     assert case.splitlines()[0].startswith("# trace chunk: ")
 
