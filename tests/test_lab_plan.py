@@ -221,7 +221,9 @@ def test_the_plan_runner_runs_a_server_lab_end_to_end(tiny_model, tmp_path, monk
     pytest.importorskip("httpx")
     command = ("labkit serve --device cpu --enforce-eager --max-model-len 1024 --max-num-batched-tokens 1024 "
                "--max-num-seqs 16 --live-trace --log-stats-interval 0   # URL_SERVER: where it listens\n"
-               "labkit bench load --workload fixed --num-requests 4 --rate inf --url URL_SERVER --out runs/x.json\n"
+               # 16 requests at 2 a second: still arriving when the trace's window opens 3 s in (at rate inf the
+               # load was over by then, and the empty window passed until session 17 made that exit 2)
+               "labkit bench load --workload fixed --num-requests 16 --rate 2 --url URL_SERVER --out runs/x.json\n"
                "labkit trace --url URL_SERVER --seconds 2 --out runs/trace-x   # while that load runs\n")
     lab = run_lab_plan.Lab(id="server-lab", title="t", command=command, evidence="cpu-executed", slots=[])
     monkeypatch.setattr(run_lab_plan, "load_plan", lambda: [lab])
@@ -239,10 +241,11 @@ def test_the_plan_runner_runs_a_server_lab_end_to_end(tiny_model, tmp_path, monk
     assert ran[2].startswith("labkit serve --device cpu") and " --host 127.0.0.1" in ran[2]
     assert ran[3].startswith("labkit report --runs")
     url = f"http://127.0.0.1:{ran[2].split('--port ')[1].split()[0]}"
-    assert load.startswith(f"labkit bench load --workload fixed --num-requests 4 --rate inf --url {url} ")
+    assert load.startswith(f"labkit bench load --workload fixed --num-requests 16 --rate 2 --url {url} ")
     assert trace.startswith(f"labkit trace --url {url} ")
     assert json.loads((runs / "x.json").read_text())["command"] == "bench load"
     assert (runs / "trace-x" / "events.jsonl").is_file()
+    assert json.loads((runs / "trace-x" / "check.json").read_text())["verdict"] == "PASS"  # steps, all checked
     assert (runs / "report" / "report.md").is_file()
     assert len(list(logs.glob("server-lab-*.log"))) == 3
     end = time.monotonic() + 10   # the server has been waited for; its core goes with it
