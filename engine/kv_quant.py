@@ -2,7 +2,10 @@
 vLLM's flag and Config field name).
 
 What attention computes with FP8, on every path (the Triton kernels, the torch reference, prefill and decode):
-a K or V row x is stored as q = e4m3(clamp(x * (1 / scale), -448, 448)), rounded to nearest even; attention
+a K or V row x is stored as q = e4m3(clamp(x * (1 / scale), -448, 448)), rounded to nearest even, a NaN as 0 (so
+the pool never holds a NaN: a finite stale row times a zero probability is zero, which the keys-contiguous V
+layout's unmasked tiles rely on, engine/kv_layout.py; the token's own output still carries the NaN through its
+residual stream); attention
 reads q exactly (every e4m3 value is exact in fp16 and fp32), multiplies the scale into the scores (K) and into
 the output (V), and takes the softmax probabilities into the value product in float16 for a 16-bit model (float32
 for a float32 one): e4m3 -> float16 is one Hopper instruction for two values, where bfloat16 needs a second
@@ -40,7 +43,8 @@ def cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
 def quantize(x: torch.Tensor, scale: float) -> torch.Tensor:
     """x (any float dtype) -> e4m3, as the KV-write kernel stores it."""
     inv = torch.tensor(1.0 / scale, dtype=torch.float32)
-    return (x.float() * inv).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    y = x.float() * inv
+    return torch.where(y.isnan(), 0.0, y).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
 def as_stored(x: torch.Tensor, cache: torch.Tensor, scale: float) -> torch.Tensor:

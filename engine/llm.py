@@ -128,7 +128,7 @@ class LLMEngine:
 
         runner = self.model_runner
         pool = runner.kv_cache
-        rows = read_slots(pool, torch.tensor(slots, dtype=torch.long, device=pool.device))
+        rows = read_slots(pool, torch.tensor(slots, dtype=torch.long, device=pool.device), runner.v_transposed)
         if pool.dtype != FP8:
             return rows
         scales = torch.tensor([[a.k_scale for a in runner.attn_layers], [a.v_scale for a in runner.attn_layers]],

@@ -16,8 +16,8 @@ from .device import num_sms, resolve_device, resolve_dtype
 from .distributed import all_reduce_min, broadcast_from_rank0, set_tp
 from .graph_dispatch import GRAPH_SAMPLE_BS, SHORT_CONTEXT, GraphDispatch, decode_buckets
 from .kernel_choice import choose_kernels
-from .kv_layout import pool_shape
-from .kv_quant import cache_dtype
+from .kv_layout import FP8_V_TRANSPOSED, layer_caches, pool_shape
+from .kv_quant import FP8, cache_dtype
 from .layers.attention import Attention
 from .loader import load_model
 from .models.qwen3 import Qwen3ForCausalLM
@@ -173,6 +173,7 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, hf)
         self.kv_dtype = cache_dtype(config.kv_cache_dtype, self.dtype)  # the pool's: an FP8 one halves a block
+        self.v_transposed = False  # (set with the pool: engine/kv_layout.py)
         # Every kernel decision (attention backend, our Triton kernels, sampler), made once here.
         self.kernels = choose_kernels(config, self.device)
         self.attention_backend = self.kernels.attention
@@ -278,10 +279,12 @@ class ModelRunner:
         # Head-major inside a block (engine/kv_layout.py): one head's rows of a block are contiguous.
         shape = pool_shape(hf.num_hidden_layers, cfg.num_kvcache_blocks, self.block_size, self.num_kv_heads,
                            self.head_dim)
+        # Zeros, not empty: every byte of an FP8 pool is a finite value (never NaN), which lets the keys-contiguous
+        # V layout's decode tiles read past a context's end unmasked (engine/kernels/decode_attention.py).
         self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+        self.v_transposed = FP8_V_TRANSPOSED and self.kv_dtype == FP8
         for i, layer in enumerate(self.attn_layers):
-            layer.k_cache = self.kv_cache[0, i]
-            layer.v_cache = self.kv_cache[1, i]
+            layer.k_cache, layer.v_cache = layer_caches(self.kv_cache, i, self.v_transposed)
 
     # --- inputs ---------------------------------------------------------------------------------
     @phase("engine::prepare")

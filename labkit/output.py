@@ -249,7 +249,7 @@ def set_command_line(argv: list[str] | None) -> None:
 
 # The engine's tuning knobs: environment variables its kernels and graphs read once, at import (docs/perf.md names
 # each). A run made with one set computes along another path, so every result records the ones that were set.
-KNOB_PREFIXES = ("LABKIT_DECODE_", "LABKIT_GUMBEL_", "LABKIT_GRAPH_")
+KNOB_PREFIXES = ("LABKIT_DECODE_", "LABKIT_GUMBEL_", "LABKIT_GRAPH_", "LABKIT_FP8_")
 
 
 def engine_knobs() -> dict[str, str]:

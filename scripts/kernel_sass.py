@@ -13,7 +13,10 @@ by ldmatrix. The counts come from the local Triton, which may differ from the de
 measure, never a measurement.
 
 Variant: "bf16" or "fp8", then ":key=value" pairs among block_n, warps, stages, fp8_dot (engine/kernels/
-decode_attention.py's names). Exit 0 with the table; 2 when Triton cannot compile for sm_90 here.
+decode_attention.py's names) and vt (1: V stored keys-contiguous, LABKIT_FP8_V_TRANSPOSED's layout, read in
+unmasked page tiles). The table also gives the registers a thread (cuobjdump -res-usage) and the programs an SM
+that registers and shared memory allow: a kernel that keeps few tiles in flight an SM cannot hide DRAM's latency.
+Exit 0 with the table; 2 when Triton cannot compile for sm_90 here.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_VARIANTS = "bf16 fp8 fp8:fp8_dot=qk fp8:fp8_dot=kq fp8:fp8_dot=qkpv"
+DEFAULT_VARIANTS = "bf16 fp8 fp8:vt=1 fp8:fp8_dot=qk fp8:fp8_dot=kq fp8:fp8_dot=qkpv fp8:vt=1,fp8_dot=qkpv"
 HEAD_DIM, GROUP, BLOCK_SIZE = 128, 2, 256   # Qwen3-0.6B's geometry, the engine's block
 
 
@@ -35,10 +38,10 @@ def parse_variant(text: str) -> dict:
     kind, _, rest = text.partition(":")
     if kind not in ("bf16", "fp8"):
         raise ValueError(f"variant {text!r}: starts with bf16 or fp8")
-    v = {"fp8": kind == "fp8", "block_n": 128, "warps": 4, "stages": 2, "fp8_dot": "off", "name": text}
+    v = {"fp8": kind == "fp8", "block_n": 128, "warps": 4, "stages": 2, "fp8_dot": "off", "vt": 0, "name": text}
     for pair in filter(None, rest.split(",")):
         key, _, value = pair.partition("=")
-        if key not in ("block_n", "warps", "stages", "fp8_dot"):
+        if key not in ("block_n", "warps", "stages", "fp8_dot", "vt"):
             raise ValueError(f"variant {text!r}: unknown key {key!r}")
         v[key] = value if key == "fp8_dot" else int(value)
     return v
@@ -69,8 +72,13 @@ def _sass_here(v: dict) -> str:
            "v_desc": f"*{kv}", "block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "out_ptr": "*bf16",
            "acc_ptr": "*fp32", "ml_ptr": "*fp32", **{k: "i32" for k in (
                "num_splits", "stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_bt", "stride_block",
-               "stride_head", "stride_row")}, "scale_log2": "fp32", "v_scale": "fp32"}
-    consts = {"FP8": v["fp8"], "GROUP": GROUP, "GROUP_PAD": 16, "HEAD_DIM": HEAD_DIM, "BLOCK_SIZE": BLOCK_SIZE,
+               "stride_head", "stride_row", "stride_v_row", "stride_v_d")}, "scale_log2": "fp32", "v_scale": "fp32"}
+    # A launch specialises an int argument equal to 1 to the constant: V's head-dimension stride, or with vt its
+    # row stride.
+    one = "stride_v_row" if v["vt"] else "stride_v_d"
+    sig[one] = "constexpr"
+    consts = {one: 1, "FP8": v["fp8"], "V_T": bool(v["vt"]), "GROUP": GROUP, "GROUP_PAD": 16, "HEAD_DIM": HEAD_DIM,
+              "BLOCK_SIZE": BLOCK_SIZE,
               "BLOCK_N": v["block_n"], "PAGE_TILES": True, "TMA": False, "PARTIALS": False,
               "DOT_PRECISION": "tf32", "FP8_DOT": FP8_DOTS.index(v["fp8_dot"])}
     sig.update({k: "constexpr" for k in consts})
@@ -78,7 +86,8 @@ def _sass_here(v: dict) -> str:
     # A launch specialises what is 16-divisible (pointers from torch, strides of these shapes); the kernel keeps
     # block_tables/context_lens (unaligned) and num_splits/stride_bt (do_not_specialize) general.
     aligned = ["q_ptr", "k_cache_ptr", "v_cache_ptr", "k_desc", "v_desc", "out_ptr", "acc_ptr", "ml_ptr",
-               "stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_block", "stride_head", "stride_row"]
+               "stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_block", "stride_head", "stride_row",
+               "stride_v_d" if v["vt"] else "stride_v_row"]
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     src = ASTSource(_decode_split_kernel, sig, constexprs=consts, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -87,7 +96,10 @@ def _sass_here(v: dict) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
-        return subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+        regs = re.search(r"REG:(\d+)", usage).group(1)
+        sass = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+        return f"// registers {regs} shared {compiled.metadata.shared}\n{sass}"
 
 
 def main_loop(sass: str) -> list[str]:
@@ -104,17 +116,30 @@ def main_loop(sass: str) -> list[str]:
     return [re.sub(r"^@!?U?P\w+\s+", "", t) for a, t in ins if lo <= a <= hi]
 
 
-def row(v: dict, loop: list[str]) -> dict:
+def programs_per_sm(registers: int, shared: int, warps: int) -> int:
+    """How many programs an H100/H200 SM holds at once: 64K registers (a thread's count rounded up to 8), 228 KiB
+    of shared memory (1 KiB of it reserved a program), 64 warps."""
+    by_regs = 65536 // (-(-registers // 8) * 8 * 32 * warps)
+    by_shared = 233472 // (shared + 1024)
+    return min(by_regs, by_shared, 64 // warps, 32)
+
+
+def row(v: dict, loop: list[str], sass: str = "") -> dict:
     ops = collections.Counter(t.split()[0].split(".")[0] for t in loop)
     tile_kb = 2 * v["block_n"] * HEAD_DIM * (1 if v["fp8"] else 2) / 1024
+    usage = re.search(r"// registers (\d+) shared (\d+)", sass)
+    regs, shared = (int(usage.group(1)), int(usage.group(2))) if usage else (0, 0)
     return {"variant": v["name"], "loop": len(loop), "per_kb": len(loop) * v["warps"] / tile_kb,
+            "registers": regs, "shared": shared,
+            "per_sm": programs_per_sm(regs, shared, v["warps"]) if usage else 0,
             "top": ", ".join(f"{k} {n}" for k, n in ops.most_common(6))}
 
 
 def markdown(rows: list[dict]) -> str:
-    out = ["| variant | loop instructions a warp | warp-instructions a KB of K/V | most frequent |",
-           "| --- | --- | --- | --- |"]
-    out += [f"| {r['variant']} | {r['loop']} | {r['per_kb']:.0f} | {r['top']} |" for r in rows]
+    out = ["| variant | loop instructions a warp | warp-instructions a KB of K/V | registers | shared KiB | "
+           "programs an SM | most frequent |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    out += [f"| {r['variant']} | {r['loop']} | {r['per_kb']:.0f} | {r['registers']} | {r['shared'] / 1024:.0f} | "
+            f"{r['per_sm']} | {r['top']} |" for r in rows]
     return "\n".join(out) + "\n"
 
 
@@ -139,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - no sm_90 backend here, or the variant does not compile
             print(f"kernel_sass: {v['name']}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
             return 2
-        rows.append(row(v, main_loop(sass)))
+        rows.append(row(v, main_loop(sass), sass))
     table = markdown(rows)
     print(table, end="")
     if args.out:

@@ -58,6 +58,8 @@ FAST_TESTS = [
     "tests/test_gemv_spills.py", "tests/test_sampler_bench.py",
     # (session 17)
     "tests/test_bench.py",
+    # (session 18)
+    "tests/test_fp8_v_transposed.py",
 ]
 CASES_TIMEOUT_S = 900
 TESTS_TIMEOUT_S = 1500
@@ -456,6 +458,31 @@ MUTATIONS = [
       "hash noise: E from log(v) where v is not small (not an exponential draw)"),
     M("N89", "engine/kernels/gumbel_sampler.py", 'BLOCK=block, HASH=noise == "hash",', 'BLOCK=block, HASH=False,',
       "the noise asked for ignored: Philox always"),
+    # (session 18: V keys-contiguous in an FP8 pool, LABKIT_FP8_V_TRANSPOSED)
+    M("N90", "engine/kernels/decode_attention.py", "v = tl.load(v_cache_ptr + v_off)",
+      "v = tl.load(v_cache_ptr + kv_off)",
+      "decode's unmasked V tile read with K's offsets (head_dim-contiguous) from a keys-contiguous pool"),
+    M("N91", "engine/kernels/decode_attention.py", "V_T=v_t, FP8_DOT", "V_T=False, FP8_DOT",
+      "decode never told that V is keys-contiguous (reads it as K is laid out)"),
+    M("N92", "engine/kernels/kv_write.py", "V_T=v_transposed(v_cache),", "V_T=False,",
+      "the KV write puts V head_dim-contiguous into a keys-contiguous pool"),
+    M("N93", "engine/kernels/kv_write.py", "tl.clamp(tl.where(x == x, x, 0.0), -448.0, 448.0)",
+      "tl.clamp(x, -448.0, 448.0)", "the kernel's quantiser keeps no NaN rule (clamp makes a NaN -448)"),
+    M("N94", "engine/kv_quant.py", "torch.where(y.isnan(), 0.0, y).clamp(", "y.clamp(",
+      "the torch quantiser stores a NaN (a stale NaN row then reaches the next owner's unmasked tiles)"),
+    M("N95", "engine/runner.py", "FP8_V_TRANSPOSED and self.kv_dtype == FP8", "FP8_V_TRANSPOSED",
+      "the knob transposes a model-dtype pool too (the knob is an FP8 pool's)"),
+    M("N96", "engine/kv_layout.py", "v = v.view(*v.shape[:-2], v.shape[-1], v.shape[-2]).transpose(-1, -2)", "v = v",
+      "read_kv reads a keys-contiguous V as head_dim-contiguous"),
+    M("N97", "engine/kernels/prefill_attention.py", "PAGE_TILE: tl.constexpr = V_T and BLOCK_SIZE % BLOCK_N == 0",
+      "PAGE_TILE: tl.constexpr = V_T", "prefill reads unmasked whole-page tiles where tiles straddle blocks"),
+    M("N98", "engine/kernels/decode_layer.py",
+      "(slot % BLOCK_SIZE) * stride_v_row + d[None, :] * stride_v_d, v_new)",
+      "(slot % BLOCK_SIZE) * stride_row + d[None, :], v_new)",
+      "the fused decode layer writes the newest V head_dim-contiguous into a keys-contiguous pool"),
+    M("N99", "engine/kernels/decode_layer.py", "v = tl.load(v_cache_ptr + v_off)",
+      "v = tl.load(v_cache_ptr + kv_off)",
+      "the fused decode layer's unmasked V tile read with K's offsets"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

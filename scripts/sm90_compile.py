@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CASES = [(1, "auto"), (3, "auto"), (3, "fp8")]  # (splits, KV cache dtype)
+CASES = [(1, "auto"), (3, "auto"), (3, "fp8"), (3, "fp8-vt")]  # (splits, KV cache dtype; -vt: V keys-contiguous)
 TYPES = {"float16": "bf16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m3fn": "fp8e4nv", "int32": "i32",
          "int64": "i64", "uint8": "u8"}  # (the interpreter's float16 stands for the device's bfloat16)
 OPTIONS = ("num_warps", "num_stages", "enable_fp_fusion", "launch_pdl")
@@ -73,6 +73,9 @@ def _record() -> list[dict]:
                         consts[name] = value
                     elif isinstance(value, torch.Tensor):
                         sig[name] = "*" + TYPES[str(value.dtype).removeprefix("torch.")]
+                    elif (value == 1 and not isinstance(value, (bool, float))
+                          and name not in (self.kernel.kwargs.get("do_not_specialize") or ())):
+                        consts[name] = 1  # a launch specialises an int equal to 1 (a keys-contiguous V's row stride)
                     else:
                         sig[name] = "fp32" if isinstance(value, float) else "i32"
                 if "USE_PDL" in consts:  # as on the device
@@ -103,7 +106,10 @@ def _record() -> list[dict]:
     hidden, heads, kv_heads, head_dim, inter = 64, 4, 2, 16, 128
     for splits, kv in CASES:
         for rows in (1, 2):
-            pool = torch.zeros(8, kv_heads, 16, head_dim).to(torch.float8_e4m3fn if kv == "fp8" else torch.float16)
+            pool = torch.zeros(8, kv_heads, 16, head_dim).to(torch.float8_e4m3fn if kv != "auto" else torch.float16)
+            v_pool = pool.clone()
+            if kv == "fp8-vt":  # V keys-contiguous (engine/kv_layout.py), its 16-token pages whole tiles (unmasked)
+                v_pool = v_pool.view(8, kv_heads, head_dim, 16).transpose(-1, -2)
             ctx = torch.tensor([40, 7][:rows], dtype=torch.int32)
             tables = torch.tensor([[0, 1, 2], [3, -1, -1]][:rows], dtype=torch.int32)
             down_parts = torch.randn(3, rows, hidden, generator=g)
@@ -111,8 +117,8 @@ def _record() -> list[dict]:
                                               residual=rand(rows, hidden), norm_weight=rand(hidden))
             decode_layer.gemv(rand(8, hidden), x=rand(rows, hidden), norm_weight=rand(hidden))  # the first layer
             o = decode_layer.qkv_attention(qkv, ctx.long() - 1, torch.randn(64, head_dim), rand(head_dim),
-                                           rand(head_dim), 1e-6, ctx - 1, pool, pool.clone(), tables, ctx, 0.25,
-                                           splits, heads, kv_heads)
+                                           rand(head_dim), 1e-6, ctx - 1, pool, v_pool, tables, ctx, 0.25,
+                                           splits, heads, kv_heads, block_n=16 if kv == "fp8-vt" else None)
             o_parts = decode_layer.gemv(rand(hidden, heads * head_dim), x=o, split=2)
             h, residual = decode_layer.gemv(rand(2 * inter, hidden), partials=o_parts, residual=residual,
                                             norm_weight=rand(hidden), silu=True)
@@ -120,10 +126,16 @@ def _record() -> list[dict]:
             decode_layer.partials_norm(parts, residual, rand(hidden), 1e-6)
     with tempfile.TemporaryDirectory() as tmp:
         make_fake_model("tiny", Path(tmp) / "tiny", seed=0)
-        for kv in ("auto", "fp8"):  # the attention backend's prefill, decode and KV write; a prefix hit
+        import engine.runner
+
+        # The attention backend's prefill, decode and KV write; a prefix hit. fp8-vt: V keys-contiguous in
+        # 128-token blocks, so prefill's and decode's tiles are whole pages (read unmasked).
+        for kv in ("auto", "fp8", "fp8-vt"):
+            engine.runner.FP8_V_TRANSPOSED = kv == "fp8-vt"
             llm = LLM(str(Path(tmp) / "tiny"), device="cpu", attention_backend="triton", dtype="float16",
-                      enforce_eager=True, kvcache_block_size=16, num_kvcache_blocks=8, max_model_len=128,
-                      kv_cache_dtype=kv)
+                      enforce_eager=True, kvcache_block_size=128 if kv == "fp8-vt" else 16,
+                      num_kvcache_blocks=8, max_model_len=128, kv_cache_dtype=kv.removesuffix("-vt"))
+            assert llm.model_runner.v_transposed == (kv == "fp8-vt")
             prompt = list(range(100, 140))
             llm.generate([prompt, prompt[:32] + [7, 8, 9]], SamplingParams(max_tokens=3, ignore_eos=True),
                          use_tqdm=False)

@@ -10,7 +10,11 @@ the device, so nothing syncs with the host.
 The caches are [num_blocks, kv_heads, block_size, head_dim] (engine/kv_layout.py): a tile of BLOCK_N rows of one
 head inside one block is one contiguous run of BLOCK_N * head_dim elements. The kernel takes the cache strides, so
 it reads any layout whose head_dim is contiguous (kernel_bench.py times the old token-major layout through the
-same code).
+same code), and V with its keys contiguous (an FP8 pool under LABKIT_FP8_V_TRANSPOSED=1). Then the tiles are read
+unmasked (page tiles only): a tile past the context's end stays inside its block, whose other rows are finite (an
+FP8 pool never holds a NaN: engine/kv_quant.py), and their scores are -inf, so they add zero. Masked, the keys-
+contiguous loads lose their vector width; unmasked, the e4m3 kernel compiles to ~100 registers a thread against
+~200 for head_dim-contiguous V (docs/perf.md, session 18).
 
 Launch knobs (see DEFAULTS and scripts/kernel_bench.py, which sweeps them on the device):
   block_n     rows of K/V per loop iteration (a power of two >= 16);
@@ -35,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..kv_layout import v_transposed
 from . import dot_precision, unaligned
 from .kv_write import _e4m3
 
@@ -78,8 +83,9 @@ FP8_KNOBS = _fp8_knobs(os.environ.get("LABKIT_FP8_DECODE"), os.environ.get("LABK
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_desc, v_desc, block_tables_ptr, context_lens_ptr, out_ptr, acc_ptr, ml_ptr,
     num_splits, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
-    stride_block, stride_head, stride_row, scale_log2, v_scale,
-    FP8: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    stride_block, stride_head, stride_row, stride_v_row, stride_v_d, scale_log2, v_scale,
+    FP8: tl.constexpr, V_T: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE_TILES: tl.constexpr, TMA: tl.constexpr, PARTIALS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, FP8_DOT: tl.constexpr = 0,
 ):
@@ -131,12 +137,21 @@ def _decode_split_kernel(
             if PAGE_TILES:
                 # The tile lies inside one block: one table read, then BLOCK_N consecutive rows of this head.
                 block = tl.load(table + n // BLOCK_SIZE).to(tl.int64)
-                row_off = block * stride_block + head_base + (n % BLOCK_SIZE + rows) * stride_row
+                tile_base = block * stride_block + head_base
+                in_block = n % BLOCK_SIZE + rows
             else:
                 block = tl.load(table + offs // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
-                row_off = block * stride_block + head_base + (offs % BLOCK_SIZE) * stride_row
-            kv_off = row_off[:, None] + d[None, :]
-            k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
+                tile_base = block * stride_block + head_base
+                in_block = offs % BLOCK_SIZE
+            kv_off = (tile_base + in_block * stride_row)[:, None] + d[None, :]
+            if V_T:
+                v_off = (tile_base + in_block * stride_v_row)[:, None] + d[None, :] * stride_v_d
+            else:  # (V's strides are K's)
+                v_off = kv_off
+            if PAGE_TILES and V_T:
+                k = tl.load(k_cache_ptr + kv_off)
+            else:
+                k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
         if FP8_DOT >= 3:
             # K.q^T: the keys as the MMA's rows (a 64-row warp-group MMA reads the e4m3 tile from shared memory
             # as loaded), the group's few query rows its columns, instead of 16 padded query rows.
@@ -155,8 +170,10 @@ def _decode_split_kernel(
         if TMA:
             v = v_desc.load([first_row, 0])
             v = tl.where(nmask[:, None], v, tl.zeros_like(v))  # p = 0 on those rows, but 0 * NaN is not 0
+        elif PAGE_TILES and V_T:
+            v = tl.load(v_cache_ptr + v_off)
         else:
-            v = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
+            v = tl.load(v_cache_ptr + v_off, mask=nmask[:, None], other=0.0)
         if FP8_DOT == 2:  # p in [0, 1]: e4m3 without a scale (below 2^-9 it rounds to zero)
             acc = acc * alpha[:, None] + tl.dot(_e4m3(p), v, out_dtype=tl.float32)
         elif FP8_DOT == 4:  # V^T.p^T: the same products as below, the head dimension as the MMA's rows
@@ -224,7 +241,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                  num_stages: int | None = None, tma: bool | None = None, k_scale: float = 1.0,
                  v_scale: float = 1.0, fp8_dot: str | None = None) -> torch.Tensor:
     """q: [batch, heads, head_dim]; caches [num_blocks, kv_heads, block_size, head_dim] with head_dim contiguous
-    (any other strides, equal for K and V), in q's dtype or float8_e4m3fn (read with k_scale / v_scale:
+    (any other strides, the block and head strides equal for K and V; V's keys may be contiguous instead:
+    engine/kv_layout.py), in q's dtype or float8_e4m3fn (read with k_scale / v_scale:
     engine/kv_quant.py); block_tables [batch, max_blocks] int32 (-1 padded); context_lens
     [batch] int32 (0 = padding row: its output is zeros). Knobs left None take DEFAULTS; page_tiles None means
     "whenever block_size % block_n == 0"; tma (page tiles of contiguous caches only) loads tiles through tensor
@@ -252,9 +270,10 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         raise ValueError("tma needs page tiles (block_size a multiple of block_n) and contiguous caches")
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be 1..{MAX_SPLITS}, got {num_splits}")
-    if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
-        raise ValueError(f"K and V caches need equal strides and a contiguous head_dim, got {k_cache.stride()} "
-                         f"and {v_cache.stride()}")
+    v_t = v_transposed(v_cache)
+    if k_cache.stride()[:2] != v_cache.stride()[:2] or k_cache.stride(-1) != 1 or not (v_t or v_cache.stride(-1) == 1):
+        raise ValueError(f"K and V caches need equal block and head strides, K a contiguous head_dim and V a "
+                         f"contiguous head_dim or keys, got {k_cache.stride()} and {v_cache.stride()}")
     assert q.stride(-1) == 1 and block_tables.stride(-1) == 1
     if out is None:
         out = torch.empty_like(q)
@@ -275,8 +294,9 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, k_desc, v_desc, block_tables, context_lens, out, acc, ml,
         num_splits, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale * log2e * k_scale, v_scale,
-        FP8=fp8, FP8_DOT=FP8_DOTS.index(fp8_dot), GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(2), v_cache.stride(3),
+        scale * log2e * k_scale, v_scale, FP8=fp8, V_T=v_t, FP8_DOT=FP8_DOTS.index(fp8_dot), GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_N=block_n, PAGE_TILES=page_tiles, TMA=tma, PARTIALS=partials, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,

@@ -33,9 +33,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..kv_layout import v_transposed
 from . import dot_precision
 from .decode_attention import _decode_merge_kernel
-from .kv_write import _e4m3
+from .kv_write import _quantize
 
 # How the fused kernels use PDL on CUDA: "early" (wait, then let the successor launch at once), "late" (let it
 # launch only at the end: PDL's prefetch without successors waiting on SMs), "off". The default is the one
@@ -317,22 +318,33 @@ def _norm_rope(src, w_ptr, cos, sin, eps, rows, rmask, D: tl.constexpr, DT: tl.c
 
 
 @triton.jit
-def _tile(k_cache_ptr, v_cache_ptr, table, head_base, n, end, stride_block, stride_row,
-          BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_TILES: tl.constexpr):
-    """The K and V rows [n, n + BLOCK_N) of one head, masked to positions < end (decode_attention's loads)."""
+def _tile(k_cache_ptr, v_cache_ptr, table, head_base, n, end, stride_block, stride_row, stride_v_row, stride_v_d,
+          BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_TILES: tl.constexpr,
+          V_T: tl.constexpr):
+    """The K and V rows [n, n + BLOCK_N) of one head, masked to positions < end (decode_attention's loads, also
+    unmasked for page tiles of a keys-contiguous V)."""
     rows = tl.arange(0, BLOCK_N)
     d = tl.arange(0, HEAD_DIM)
     offs = n + rows
     nmask = offs < end
     if PAGE_TILES:
         block = tl.load(table + n // BLOCK_SIZE).to(tl.int64)
-        row_off = block * stride_block + head_base + (n % BLOCK_SIZE + rows) * stride_row
+        in_block = n % BLOCK_SIZE + rows
     else:
         block = tl.load(table + offs // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
-        row_off = block * stride_block + head_base + (offs % BLOCK_SIZE) * stride_row
-    kv_off = row_off[:, None] + d[None, :]
-    k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
-    v = tl.load(v_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
+        in_block = offs % BLOCK_SIZE
+    tile_base = block * stride_block + head_base
+    kv_off = (tile_base + in_block * stride_row)[:, None] + d[None, :]
+    if V_T:
+        v_off = (tile_base + in_block * stride_v_row)[:, None] + d[None, :] * stride_v_d
+    else:  # (V's strides are K's)
+        v_off = kv_off
+    if PAGE_TILES and V_T:
+        k = tl.load(k_cache_ptr + kv_off)
+        v = tl.load(v_cache_ptr + v_off)
+    else:
+        k = tl.load(k_cache_ptr + kv_off, mask=nmask[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + v_off, mask=nmask[:, None], other=0.0)
     return k, v, nmask
 
 
@@ -354,8 +366,10 @@ def _online(q, k, v, nmask, m_i, l_i, acc, scale_log2, DT: tl.constexpr, DOT_PRE
 def _qkv_attention_kernel(
     qkv_ptr, stride_qkv, pos_ptr, cs_ptr, cs_stride, qw_ptr, kw_ptr, eps, slot_ptr,
     k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, acc_ptr, ml_ptr,
-    num_splits, stride_bt, stride_block, stride_head, stride_row, scale_log2, v_scale, k_inv_scale, v_inv_scale,
-    NQ: tl.constexpr, NK: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    num_splits, stride_bt, stride_block, stride_head, stride_row, stride_v_row, stride_v_d, scale_log2, v_scale,
+    k_inv_scale, v_inv_scale,
+    NQ: tl.constexpr, NK: tl.constexpr, FP8: tl.constexpr, V_T: tl.constexpr, GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILES: tl.constexpr,
     PARTIALS: tl.constexpr, USE_PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -389,7 +403,7 @@ def _qkv_attention_kernel(
     table = block_tables_ptr + b * stride_bt
     head_base = kvh * stride_head
     k0, v0, mask0 = _tile(k_cache_ptr, v_cache_ptr, table, head_base, start, old_end, stride_block, stride_row,
-                          BLOCK_SIZE, BLOCK_N, HEAD_DIM, PAGE_TILES)
+                          stride_v_row, stride_v_d, BLOCK_SIZE, BLOCK_N, HEAD_DIM, PAGE_TILES, V_T)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         if EARLY:
@@ -407,7 +421,7 @@ def _qkv_attention_kernel(
         m_i, l_i, acc = _online(q, k0, v0, mask0, m_i, l_i, acc, scale_log2, CD, DOT_PRECISION)
     for n in range(start + BLOCK_N, old_end, BLOCK_N):
         k, v, nmask = _tile(k_cache_ptr, v_cache_ptr, table, head_base, n, old_end, stride_block, stride_row,
-                            BLOCK_SIZE, BLOCK_N, HEAD_DIM, PAGE_TILES)
+                            stride_v_row, stride_v_d, BLOCK_SIZE, BLOCK_N, HEAD_DIM, PAGE_TILES, V_T)
         m_i, l_i, acc = _online(q, k, v, nmask, m_i, l_i, acc, scale_log2, CD, DOT_PRECISION)
 
     if (start <= newest) & (newest < end):
@@ -416,15 +430,18 @@ def _qkv_attention_kernel(
         k_new = tl.reshape(tl.permute(tl.join(k1, k2), (0, 2, 1)), (1, HEAD_DIM))
         v_new = tl.load(row + (NQ + NK + kvh) * HEAD_DIM + d)[None, :].to(tl.float32)
         if FP8:  # as stored: what every later step reads back
-            k_new = _e4m3(tl.clamp(k_new * k_inv_scale, -448.0, 448.0))
-            v_new = _e4m3(tl.clamp(v_new * v_inv_scale, -448.0, 448.0))
+            k_new = _quantize(k_new, k_inv_scale)
+            v_new = _quantize(v_new, v_inv_scale)
         else:
             k_new = k_new.to(DT)
             v_new = v_new.to(DT)
         if slot >= 0:
-            dst = (slot // BLOCK_SIZE) * stride_block + kvh * stride_head + (slot % BLOCK_SIZE) * stride_row
-            tl.store(k_cache_ptr + dst + d[None, :], k_new)
-            tl.store(v_cache_ptr + dst + d[None, :], v_new)
+            dst = (slot // BLOCK_SIZE) * stride_block + kvh * stride_head
+            tl.store(k_cache_ptr + dst + (slot % BLOCK_SIZE) * stride_row + d[None, :], k_new)
+            if V_T:
+                tl.store(v_cache_ptr + dst + (slot % BLOCK_SIZE) * stride_v_row + d[None, :] * stride_v_d, v_new)
+            else:
+                tl.store(v_cache_ptr + dst + (slot % BLOCK_SIZE) * stride_row + d[None, :], v_new)
         kf = k_new.to(CD).to(tl.float32)
         vf = v_new.to(CD).to(tl.float32)
         s_new = tl.sum(q.to(tl.float32) * kf, axis=1) * scale_log2
@@ -472,9 +489,10 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
     _qkv_attention_kernel[(batch, num_kv_heads, num_splits)](
         qkv, qkv.stride(0), positions, cos_sin, cos_sin.stride(0), q_norm, k_norm, float(eps), slots,
         k_cache, v_cache, block_tables, context_lens, out, acc, ml, num_splits, block_tables.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(2), v_cache.stride(3),
         scale * 1.4426950408889634 * (k_scale if fp8 else 1.0), v_scale, 1.0 / k_scale, 1.0 / v_scale,
-        NQ=num_heads, NK=num_kv_heads, FP8=fp8, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        NQ=num_heads, NK=num_kv_heads, FP8=fp8, V_T=v_transposed(v_cache), GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILES=page_tiles, PARTIALS=partials,
         USE_PDL=use_pdl, EARLY=early, DOT_PRECISION=dot_precision(qkv.dtype), num_warps=4, num_stages=2,
         enable_fp_fusion=False, **launch)

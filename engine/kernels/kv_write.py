@@ -1,14 +1,16 @@
 """Scatter this step's K/V rows into the paged pool: one program per token, slot -1 skipped. An FP8 pool gets
-each row quantised on the way (engine/kv_quant.py: x * (1 / scale), clamped to +-448, rounded to e4m3).
+each row quantised on the way (engine/kv_quant.py: x * (1 / scale), NaN to 0, clamped to +-448, rounded to e4m3).
 
 The pool is head-major inside a block (engine/kv_layout.py), so a token's kv_heads rows land block_size rows
-apart; the kernel takes the cache strides and writes whatever layout it is given."""
+apart; the kernel takes the cache strides (V's row and head-dimension strides its own: a keys-contiguous V puts a
+row's values block_size bytes apart) and writes whatever layout it is given."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
+from ..kv_layout import v_transposed
 from . import unaligned
 
 
@@ -28,11 +30,20 @@ def _e4m3(x):
     return rounded.to(tl.float32, bitcast=True).to(tl.float8e4nv)
 
 
+@triton.jit
+def _quantize(x, inv_scale):
+    """A row as an FP8 pool stores it (engine/kv_quant.py's quantize): NaN becomes 0, so the pool never holds one
+    (a stale row read past a context's end is then a finite value times a zero probability)."""
+    x = x.to(tl.float32) * inv_scale
+    return _e4m3(tl.clamp(tl.where(x == x, x, 0.0), -448.0, 448.0))
+
+
 # (slots not specialised on their alignment: decode_attention.py says why)
 @triton.jit(**unaligned("slot_ptr"))
 def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                      stride_kt, stride_kh, stride_vt, stride_vh, stride_block, stride_head, stride_row,
-                     k_inv_scale, v_inv_scale, QUANT: tl.constexpr, KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
+                     stride_v_row, stride_v_d, k_inv_scale, v_inv_scale, QUANT: tl.constexpr, V_T: tl.constexpr,
+                     KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
                      HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
                      BLOCK_SIZE: tl.constexpr):
     token = tl.program_id(0)
@@ -45,29 +56,35 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     k = tl.load(k_ptr + token * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
     v = tl.load(v_ptr + token * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
     if QUANT:
-        k = _e4m3(tl.clamp(k.to(tl.float32) * k_inv_scale, -448.0, 448.0))
-        v = _e4m3(tl.clamp(v.to(tl.float32) * v_inv_scale, -448.0, 448.0))
+        k = _quantize(k, k_inv_scale)
+        v = _quantize(v, v_inv_scale)
     else:
         k = k.to(k_cache_ptr.dtype.element_ty)
         v = v.to(v_cache_ptr.dtype.element_ty)
     dst = (slot // BLOCK_SIZE) * stride_block + (slot % BLOCK_SIZE) * stride_row + h[:, None] * stride_head + d[None, :]
     tl.store(k_cache_ptr + dst, k, mask=mask)
-    tl.store(v_cache_ptr + dst, v, mask=mask)
+    if V_T:
+        v_dst = (slot // BLOCK_SIZE) * stride_block + (slot % BLOCK_SIZE) * stride_v_row + h[:, None] * stride_head \
+            + d[None, :] * stride_v_d
+        tl.store(v_cache_ptr + v_dst, v, mask=mask)
+    else:  # (V's strides are K's)
+        tl.store(v_cache_ptr + dst, v, mask=mask)
 
 
 def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """k, v: [tokens, kv_heads, head_dim] (rows may be strided views of the qkv output); k_cache, v_cache:
-    [num_blocks, kv_heads, block_size, head_dim] with head_dim contiguous and equal strides; in the model's
-    dtype, or float8_e4m3fn (then quantised with the per-tensor scales)."""
+    [num_blocks, kv_heads, block_size, head_dim], K's head_dim contiguous, V's block and head strides K's (its
+    rows may be keys-contiguous: engine/kv_layout.py); in the model's dtype, or float8_e4m3fn (then quantised with
+    the per-tensor scales)."""
     tokens, heads, head_dim = k.shape
     assert k.stride(-1) == 1 and v.stride(-1) == 1 and slot_mapping.numel() == tokens
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    assert k_cache.stride()[:2] == v_cache.stride()[:2] and k_cache.stride(-1) == 1
     if tokens == 0:
         return
     _store_kv_kernel[(tokens,)](
         k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), 1.0 / k_scale, 1.0 / v_scale,
-        QUANT=k_cache.dtype == torch.float8_e4m3fn, enable_fp_fusion=False, KV_HEADS=heads,
-        HEADS_PAD=triton.next_power_of_2(heads), HEAD_DIM=head_dim,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(2), v_cache.stride(3),
+        1.0 / k_scale, 1.0 / v_scale, QUANT=k_cache.dtype == torch.float8_e4m3fn, V_T=v_transposed(v_cache),
+        enable_fp_fusion=False, KV_HEADS=heads, HEADS_PAD=triton.next_power_of_2(heads), HEAD_DIM=head_dim,
         DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=k_cache.shape[2])

@@ -5,13 +5,16 @@ Grid: (query tile, sequence, query head). Query rows of sequence i are this step
 prefix and a chunk's earlier part cost no recomputation. With PAGED false (warm-up, no pool yet) the keys
 are this step's own k/v rows.
 
-The pool is [num_blocks, kv_heads, block_size, head_dim] (engine/kv_layout.py); the kernel takes its strides."""
+The pool is [num_blocks, kv_heads, block_size, head_dim] (engine/kv_layout.py); the kernel takes its strides, V's
+row and head-dimension strides its own (a keys-contiguous V: then a tile that lies inside one block is read
+unmasked, as the decode kernel reads it, and decode_attention.py says why)."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
+from ..kv_layout import v_transposed
 from . import dot_precision, unaligned
 
 
@@ -22,8 +25,8 @@ from . import dot_precision, unaligned
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_q_ptr, cu_k_ptr, out_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_bt,
-    stride_block, stride_head, stride_row, scale_log2, v_scale,
-    FP8: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    stride_block, stride_head, stride_row, stride_v_row, stride_v_d, scale_log2, v_scale,
+    FP8: tl.constexpr, V_T: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
@@ -55,11 +58,26 @@ def _prefill_kernel(
     for n in range(0, k_end, BLOCK_N):
         n_idx = n + tl.arange(0, BLOCK_N)
         n_mask = n_idx < k_end
+        # A tile inside one block (tiles start at multiples of BLOCK_N): with a keys-contiguous V, read unmasked.
+        PAGE_TILE: tl.constexpr = V_T and BLOCK_SIZE % BLOCK_N == 0
         if PAGED:
-            block = tl.load(block_tables_ptr + seq * stride_bt + n_idx // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-            row_off = block * stride_block + kvh * stride_head + (n_idx % BLOCK_SIZE) * stride_row
-            kv_off = row_off[:, None] + d[None, :]
-            k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+            if PAGE_TILE:
+                block = tl.load(block_tables_ptr + seq * stride_bt + n // BLOCK_SIZE).to(tl.int64)
+                in_block = n % BLOCK_SIZE + tl.arange(0, BLOCK_N)
+            else:
+                block = tl.load(block_tables_ptr + seq * stride_bt + n_idx // BLOCK_SIZE, mask=n_mask,
+                                other=0).to(tl.int64)
+                in_block = n_idx % BLOCK_SIZE
+            tile_base = block * stride_block + kvh * stride_head
+            kv_off = (tile_base + in_block * stride_row)[:, None] + d[None, :]
+            if V_T:
+                v_off = (tile_base + in_block * stride_v_row)[:, None] + d[None, :] * stride_v_d
+            else:  # (V's strides are K's)
+                v_off = kv_off
+            if PAGE_TILE:
+                k = tl.load(k_cache_ptr + kv_off)
+            else:
+                k = tl.load(k_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
             if FP8:  # e4m3 is exact in float16; the scale goes on the scores
                 k = k.to(CD)
         else:
@@ -74,7 +92,10 @@ def _prefill_kernel(
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if PAGED:
-            v = tl.load(v_cache_ptr + kv_off, mask=n_mask[:, None], other=0.0)
+            if PAGE_TILE:
+                v = tl.load(v_cache_ptr + v_off)
+            else:
+                v = tl.load(v_cache_ptr + v_off, mask=n_mask[:, None], other=0.0)
             if FP8:
                 v = v.to(CD)
         else:
@@ -103,18 +124,20 @@ def varlen_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: t
     paged = block_tables is not None
     fp8 = paged and k_cache.dtype == torch.float8_e4m3fn  # (the K scale rides on the scores' scale)
     if paged:
-        assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+        assert k_cache.stride()[:2] == v_cache.stride()[:2] and k_cache.stride(-1) == 1
         block_size = k_cache.shape[2]
-        caches = (k_cache, v_cache, block_tables, block_tables.stride(0), *k_cache.stride()[:3])
+        caches = (k_cache, v_cache, block_tables, block_tables.stride(0), *k_cache.stride()[:3],
+                  *v_cache.stride()[2:])
     else:
         block_size = 1
-        caches = (k, v, cu_seqlens_q, 0, 0, 0, 0)  # placeholders: never read when PAGED is false
+        caches = (k, v, cu_seqlens_q, 0, 0, 0, 0, 0, 0)  # placeholders: never read when PAGED is false
     grid = (triton.cdiv(max_seqlen_q, block_m), num_seqs, num_heads)
     _prefill_kernel[grid](
         q, k, v, caches[0], caches[1], caches[2], cu_seqlens_q, cu_seqlens_k, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         *caches[3:], scale * 1.4426950408889634 * (k_scale if fp8 else 1.0), v_scale,
-        FP8=fp8, GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        FP8=fp8, V_T=paged and v_transposed(v_cache), GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, PAGED=paged, DOT_PRECISION=dot_precision(q.dtype),
     )
     return out
