@@ -23,7 +23,10 @@ from __future__ import annotations
 import os
 
 # Read once at import, like the kernels' knobs (labkit/output.py records it with them).
-FP8_V_TRANSPOSED = os.environ.get("LABKIT_FP8_V_TRANSPOSED", "0") == "1"
+_V_KNOB = os.environ.get("LABKIT_FP8_V_TRANSPOSED", "0")
+if _V_KNOB not in ("0", "1"):
+    raise ValueError(f"LABKIT_FP8_V_TRANSPOSED: 0 or 1, got {_V_KNOB!r}")
+FP8_V_TRANSPOSED = _V_KNOB == "1"
 
 
 def pool_shape(layers: int, blocks: int, block_size: int, kv_heads: int, head_dim: int) -> tuple[int, ...]:

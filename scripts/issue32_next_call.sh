@@ -10,6 +10,12 @@
 #            against Philox and tl.log: its tests on the device (the draws equal a float64 reference's),
 #            sampler_bench.py over both noises, then nano bf16 (3 repeats) with philox at 2 programs an SM and hash
 #            at PER_SM (default 8), in the order A B B A (~3 minutes)
+#   vt       V keys-contiguous in an FP8 pool (LABKIT_FP8_V_TRANSPOSED=1, session 18): its tests on the device,
+#            kernel_bench --fp8-layouts (the decode kernel alone, the default layout timed first and last), nano
+#            FP8 (3 repeats) with the layout off and on in the order 0 1 1 0, then the fp8-kv logits suite
+#            (graph) with it on (~6 minutes)
+#   ncu      Nsight Compute over one nano-mix decode launch: bf16, FP8, FP8 with V keys-contiguous (occupancy,
+#            DRAM throughput, warp stalls; ~1 minute; a machine whose ncu cannot read counters says so)
 # SECTIONS (default "sampler noise"); WORK: where it makes a new folder (default /tmp). Back: $OUT/call.tgz and
 # $OUT/summary.txt. Session 17 ran "sampler" plus a GEMV section since removed with its knobs (call 1: the record
 # is docs/gpu-runs/2026-12-04-session17/call1.sh), then "noise" (call 2), whose hash noise at 8 programs an SM
@@ -48,6 +54,40 @@ for section in ${SECTIONS:-sampler noise}; do
         LABKIT_GUMBEL_NOISE=$n LABKIT_GUMBEL_PER_SM=$p timeout 200 python3 -m labkit bench --model $M --device $D \
           ${NANO_BENCH:---workload nano --repeats 3} --out $W/nano-$n-sm$p-r$r.json > $W/logs/nano-$n-sm$p-r$r.log 2>&1
         echo "rc=$? @$SECONDS nano, $n noise at $p programs an SM, round $r: $(tps $W/nano-$n-sm$p-r$r.json) tok/s" >> $S
+      done ;;
+    vt)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_v_transposed.py tests/test_fp8_kv.py \
+        > $W/logs/vt-tests.log 2>&1
+      echo "rc=$? @$SECONDS V keys-contiguous tests: $(tail -1 $W/logs/vt-tests.log)" >> $S
+      timeout 240 python3 scripts/kernel_bench.py --kv-cache-dtype fp8 --fp8-layouts --skip-prefill \
+        $([ $D = cpu ] && echo --dry-run) --out $W/kb-fp8-layouts.json > $W/logs/kb-fp8-layouts.log 2>&1
+      echo "rc=$? @$SECONDS kernel_bench --fp8-layouts" >> $S; cat $W/kb-fp8-layouts.md >> $S 2>/dev/null
+      for v in 0 1 1 0; do
+        r=$([ -f $W/nano-fp8-vt$v-r1.json ] && echo 2 || echo 1)
+        LABKIT_FP8_V_TRANSPOSED=$v timeout 200 python3 -m labkit bench --model $M --device $D --kv-cache-dtype fp8 \
+          ${NANO_BENCH:---workload nano --repeats 3} --out $W/nano-fp8-vt$v-r$r.json > $W/logs/nano-fp8-vt$v-r$r.log 2>&1
+        echo "rc=$? @$SECONDS nano FP8, V keys-contiguous $v, round $r: $(tps $W/nano-fp8-vt$v-r$r.json) tok/s" >> $S
+      done
+      LABKIT_FP8_V_TRANSPOSED=1 timeout 300 python3 -m labkit logits-check run --suite fp8-kv \
+        --attention-backend triton $([ $D = cpu ] || echo --execution graph) --device $D \
+        --dtype $([ $D = cpu ] && echo float32 || echo bfloat16) --model $M --out $W/lc-fp8-kv-vt \
+        > $W/logs/lc-fp8-kv-vt.log 2>&1
+      echo "rc=$? @$SECONDS logits-check fp8-kv, V keys-contiguous: $(grep -m1 -o 'VERDICT: [A-Z]*' \
+$W/logs/lc-fp8-kv-vt.log); $(grep -m1 -o 'worst ratio [0-9.]*x' $W/logs/lc-fp8-kv-vt.log)" >> $S ;;
+    ncu)
+      for v in bf16,rows fp8,rows fp8,v-keys-contiguous; do
+        p=${v%,*}; l=${v#*,}
+        if [ $D = cpu ]; then
+          python3 scripts/decode_ncu.py --dry-run --pool $p --layout $l > $W/ncu-$p-$l.txt 2>&1
+        else
+          timeout 150 ncu --clock-control none -k regex:_decode_split --launch-skip 3 --launch-count 1 \
+            --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+            --section MemoryWorkloadAnalysis python3 scripts/decode_ncu.py --pool $p --layout $l \
+            > $W/ncu-$p-$l.txt 2>&1
+        fi
+        echo "rc=$? @$SECONDS ncu $p $l" >> $S
+        grep -E "decode_ncu:|Achieved Occupancy|Theoretical Occupancy|DRAM Throughput|Memory Throughput|Duration|\
+Registers Per Thread|Block Limit|Warp Cycles Per Issued|==PROF==|==ERROR==" $W/ncu-$p-$l.txt | head -20 >> $S
       done ;;
     *) echo "issue32_next_call.sh: unknown section $section" >> $S ;;
   esac

@@ -19,8 +19,9 @@ contexts of a full nano decode batch: prompt plus part of the output, mean 809, 
 Exit 0: every check within tolerance; 1: a check failed; 2: could not run.
 
 --kv-cache-dtype fp8 times decode over an FP8 pool (e4m3 K/V at scale 1.0, as the engine stores them; the
-reference reads the same e4m3 values), with wider tiles in the sweep (an e4m3 tile is half a bf16 tile's bytes);
-prefill is left out there.
+reference reads the same e4m3 values), with wider tiles in the sweep (an e4m3 tile is half a bf16 tile's bytes)
+and V keys-contiguous (LABKIT_FP8_V_TRANSPOSED's layout); prefill is left out there. --fp8-layouts times only
+that layout, at the default launch and around it, between the default's two timings.
 
 --dry-run runs the same code at tiny shapes in float32 on the CPU (Triton's interpreter): timings there mean
 nothing; it exists so the script itself is tested without a GPU.
@@ -67,13 +68,25 @@ def nano_decode_lengths() -> list[int]:
     return [len(p) + rng.randint(1, m) for p, m in zip(d.prompts, d.max_tokens)]
 
 
-def decode_configs(dry: bool, sweep: bool = True, fp8: bool = False, fp8_dot: bool = False) -> list[dict]:
+VT = "v-keys-contiguous"  # the layout LABKIT_FP8_V_TRANSPOSED=1 gives an FP8 pool's V (engine/kv_layout.py)
+
+
+def decode_configs(dry: bool, sweep: bool = True, fp8: bool = False, fp8_dot: bool = False,
+                   fp8_layouts: bool = False) -> list[dict]:
     """The default first; then the sweep. Each config: knobs for paged_decode plus splits / layout. fp8_dot: only
     the FP8 tensor-core variants (fp8_dot swap and kq at a few launch shapes, qk, qkpv), between the default's
-    two timings."""
+    two timings. fp8_layouts: only V keys-contiguous, at the default launch and around it."""
     default = {"name": "default"}
     if not sweep:
         return [default]
+    if fp8_layouts:
+        # (compiled for sm_90, session 18: 112 registers a thread, 4 programs an SM, against the default's 200
+        # and 2; scripts/kernel_sass.py)
+        around = [{}, {"num_stages": 3}, {"num_warps": 8}, {"block_n": 64}, {"splits": 2},
+                  {"fp8_dot": "qkpv"}, {"fp8_dot": "swap"}]
+        if dry:  # (32-row tiles: whole pages of the dry run's 64-token blocks, read unmasked; {}: masked)
+            around = [{"block_n": 32}, {"fp8_dot": "qkpv", "block_n": 32}, {}]
+        return [default, *[{"layout": VT, **a} for a in around], {"name": "default (again)"}]
     if fp8_dot:
         # (session 14 measured qk and qkpv at these shapes: neither beat the default; kq and swap take the MMAs
         # with the keys, then also the head dimension, as rows: 126 and 100 loop instructions a KB against the
@@ -95,7 +108,7 @@ def decode_configs(dry: bool, sweep: bool = True, fp8: bool = False, fp8_dot: bo
     grid = [g for g in grid if any(base.get(k) != v for k, v in g.items())]  # the default is timed anyway
     tma = [{"tma": True, "block_n": n, "num_stages": s} for n, s in ((64, 3), (64, 4), (128, 2))]
     return [default, *grid, *tma, {"splits": 2}, {"splits": 3}, {"page_tiles": False},
-            {"layout": "token-major"}, {"name": "default (again)"}]
+            {"layout": "token-major"}, *([{"layout": VT}] if fp8 else []), {"name": "default (again)"}]
 
 
 def config_name(cfg: dict) -> str:
@@ -177,7 +190,11 @@ def run_decode(torch, cfg: dict, inp: dict, splits: int, scale: float, old_layou
     knobs = {k: v for k, v in cfg.items()
              if k in ("block_n", "num_warps", "num_stages", "page_tiles", "tma", "fp8_dot")}
     n_splits = cfg.get("splits", splits)
-    if cfg.get("layout") == "token-major":
+    if cfg.get("layout") == VT:
+        if "v_t" not in old_layout:  # the same values, each block's head stored [head_dim, block_size]
+            old_layout["v_t"] = inp["v"].transpose(-1, -2).contiguous().transpose(-1, -2)
+        k, v = inp["k"], old_layout["v_t"]
+    elif cfg.get("layout") == "token-major":
         if "k" not in old_layout:  # the same values, stored [blocks, block_size, kv_heads, head_dim]
             from engine.kv_layout import token_major
 
@@ -208,7 +225,7 @@ def ceilings(torch, timer: Timer, nbytes: int, dtype, device) -> dict:
 
 
 def bench_decode(torch, timer: Timer, geo: dict, dtype, device, sms: int, dry: bool, sweep: bool,
-                 fp8: bool = False, fp8_dot: bool = False) -> dict:
+                 fp8: bool = False, fp8_dot: bool = False, fp8_layouts: bool = False) -> dict:
     from engine.backends import torch_ref
     from engine.kernels.decode_attention import DEFAULTS, num_splits_for
 
@@ -222,7 +239,7 @@ def bench_decode(torch, timer: Timer, geo: dict, dtype, device, sms: int, dry: b
                  "kv_bytes": inp["kv_bytes"], "heuristic_splits": splits,
                  "ceilings": ceilings(torch, timer, inp["kv_bytes"], dtype, device), "configs": []}
         old_layout: dict = {}
-        for cfg in decode_configs(dry, sweep, fp8, fp8_dot):
+        for cfg in decode_configs(dry, sweep, fp8, fp8_dot, fp8_layouts):
             row = {"config": config_name(cfg)}
             try:
                 call, row["splits"] = run_decode(torch, cfg, inp, splits, scale, old_layout)
@@ -516,9 +533,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fp8-dot", action="store_true",
                     help="with --kv-cache-dtype fp8: sweep only the FP8 tensor-core variants "
                          "(fp8_dot swap, kq, qk, qkpv)")
+    ap.add_argument("--fp8-layouts", action="store_true",
+                    help="with --kv-cache-dtype fp8: only V keys-contiguous (LABKIT_FP8_V_TRANSPOSED's layout) "
+                         "against the default")
     args = ap.parse_args(argv)
-    if args.fp8_dot and args.kv_cache_dtype != "fp8":
-        ap.error("--fp8-dot needs --kv-cache-dtype fp8")
+    if (args.fp8_dot or args.fp8_layouts) and args.kv_cache_dtype != "fp8":
+        ap.error("--fp8-dot and --fp8-layouts need --kv-cache-dtype fp8")
+    if args.fp8_dot and args.fp8_layouts:
+        ap.error("--fp8-dot and --fp8-layouts are two sweeps: one a run")
     out = Path(args.out)
     if args.dry_run:  # before `engine` is imported: importing it imports triton, which reads this once
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -548,7 +570,8 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         if not args.skip_decode:
             log["decode"] = bench_decode(torch, timer, geo, dtype, device, sms, args.dry_run, not args.no_sweep,
-                                         fp8=args.kv_cache_dtype == "fp8", fp8_dot=args.fp8_dot)
+                                         fp8=args.kv_cache_dtype == "fp8", fp8_dot=args.fp8_dot,
+                                         fp8_layouts=args.fp8_layouts)
         if not args.skip_prefill and args.kv_cache_dtype == "auto":
             log["prefill"] = bench_prefill(torch, timer, geo, dtype, device, args.dry_run)
     except Exception as exc:  # what ran so far still goes to --out, with the traceback

@@ -146,3 +146,33 @@ def test_the_next_issue32_call_runs_each_section(tiny_model, tmp_path):
     rounds = re.findall(r"rc=0 @\d+ nano, (philox|hash) noise at (2|8) programs an SM, round (\d): \d+ tok/s", summary)
     assert rounds == [("philox", "2", "1"), ("hash", "8", "1"), ("hash", "8", "2"), ("philox", "2", "2")]
     assert summary.rstrip().splitlines()[-1].startswith("done")
+
+
+@pytest.mark.slow
+def test_the_next_issue32_call_runs_its_fp8_layout_sections(tiny_model, tmp_path):
+    """scripts/issue32_next_call.sh's vt and ncu sections on the CPU: the layout's tests, kernel_bench
+    --fp8-layouts (dry run), nano FP8 with the layout off and on (0 1 1 0), the fp8-kv suite with it on, and the
+    launch ncu would profile, each pool and layout."""
+    import re
+    import tarfile
+
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "FAKE_MODEL": tiny_model, "WORK": str(tmp_path / "w"),
+           "SECTIONS": "vt ncu", "NANO_BENCH": "--workload fixed --repeats 1"}
+    res = subprocess.run(["bash", "scripts/issue32_next_call.sh"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=1500)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = (out / "summary.txt").read_text()
+    assert re.search(r"rc=0 @\d+ V keys-contiguous tests: \d+ passed", summary), summary
+    assert re.search(r"rc=0 @\d+ kernel_bench --fp8-layouts", summary) and "layout=v-keys-contiguous" in summary
+    rounds = re.findall(r"rc=0 @\d+ nano FP8, V keys-contiguous (\d), round (\d): \d+ tok/s", summary)
+    assert rounds == [("0", "1"), ("1", "1"), ("1", "2"), ("0", "2")]
+    assert re.search(r"rc=0 @\d+ logits-check fp8-kv, V keys-contiguous: VERDICT: PASS", summary), summary
+    for pool, layout in (("bf16", "rows"), ("fp8", "rows"), ("fp8", "v-keys-contiguous")):
+        assert re.search(rf"rc=0 @\d+ ncu {pool} {layout}\n", summary), summary
+        assert f"decode_ncu: {pool} pool, {layout}" in summary
+    with tarfile.open(out / "call.tgz") as tar:
+        names = set(tar.getnames())
+    assert {"./nano-fp8-vt1-r2.json", "./kb-fp8-layouts.json"} <= names
+    assert summary.rstrip().splitlines()[-1].startswith("done")

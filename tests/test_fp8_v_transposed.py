@@ -275,3 +275,31 @@ def test_a_trace_case_over_keys_contiguous_v_keeps_its_states(tiny_model, tmp_pa
                          capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "PASS" in res.stdout and "CHANGED" not in res.stdout
+
+
+def test_two_ranks_over_keys_contiguous_v_generate_one_ranks_tokens(tiny_model, monkeypatch):
+    """Tensor parallel (gloo), started with the knob set (rank 0's pool keys-contiguous; the workers inherit the
+    environment): the tokens are one rank's with the head_dim-contiguous pool."""
+    import json
+
+    prompts = [list(range(100, 400)), list(range(200, 296)) + [7, 8, 9], [42, 43, 44]]
+    args = dict(device="cpu", enforce_eager=True, max_model_len=512, max_num_batched_tokens=256, max_num_seqs=8,
+                kvcache_block_size=16, num_kvcache_blocks=64, kv_cache_dtype="fp8")
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    monkeypatch.setattr(engine.runner, "FP8_V_TRANSPOSED", False)
+    llm = LLM(tiny_model, **args)
+    want = [o["token_ids"] for o in llm.generate(prompts, sp, use_tqdm=False)]
+    llm.exit()
+    code = ("import json, sys; from engine import LLM, SamplingParams\n"
+            "args, prompts = json.loads(sys.argv[2]), json.loads(sys.argv[3])\n"
+            "llm = LLM(sys.argv[1], tensor_parallel_size=2, **args)\n"
+            "assert llm.model_runner.v_transposed\n"
+            "sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)\n"
+            "print(json.dumps([o['token_ids'] for o in llm.generate(prompts, sp, use_tqdm=False)]))\n"
+            "llm.exit()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LABKIT_")}
+    env["LABKIT_FP8_V_TRANSPOSED"] = "1"
+    res = subprocess.run([sys.executable, "-c", code, tiny_model, json.dumps(args), json.dumps(prompts)],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == want

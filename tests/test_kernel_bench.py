@@ -65,3 +65,32 @@ def test_the_script_run_as_a_user_runs_it_times_an_fp8_pool(tmp_path):
     assert log["decode"]["kv_cache_dtype"] == "fp8" and "prefill" not in log
     for shape in log["decode"]["shapes"].values():
         assert all(r["ok"] for r in shape["configs"]), shape["configs"]
+
+
+def test_fp8_layouts_times_v_keys_contiguous_against_the_default(tmp_path):
+    """--fp8-layouts: the default, V keys-contiguous around it (whole-page tiles read unmasked past each context's
+    end, where the pool holds other values), the default again; every launch within the check's tolerance."""
+    kb = _load()
+    out = tmp_path / "kb-layouts.json"
+    assert kb.main(["--dry-run", "--skip-prefill", "--kv-cache-dtype", "fp8", "--fp8-layouts", "--out", str(out)]) == 0
+    for shape in json.loads(out.read_text())["decode"]["shapes"].values():
+        names = [r["config"] for r in shape["configs"]]
+        assert names[0] == "default" and names[-1] == "default (again)"
+        assert "layout=v-keys-contiguous block_n=32" in names and len(names) == 5
+        assert all(r["ok"] for r in shape["configs"]), shape["configs"]
+    with pytest.raises(SystemExit):
+        kb.main(["--dry-run", "--fp8-layouts", "--out", str(out)])  # an FP8 pool's sweep
+
+
+def test_decode_ncu_launches_each_pool_and_layout_and_checks_it(monkeypatch, capsys):
+    """scripts/decode_ncu.py (the launch ncu profiles): exit 0 for a right kernel, 1 for one that drops a key."""
+    ncu = load_script("decode_ncu")
+    for pool, layout in (("bf16", "rows"), ("fp8", "rows"), ("fp8", "v-keys-contiguous")):
+        assert ncu.main(["--dry-run", "--pool", pool, "--layout", layout]) == 0
+        assert f"{pool} pool, {layout}" in capsys.readouterr().out
+    from engine.kernels import decode_attention
+
+    real = decode_attention.paged_decode
+    monkeypatch.setattr(decode_attention, "paged_decode",
+                        lambda q, k, v, t, lens, *a, **kw: real(q, k, v, t, lens - 1, *a, **kw))
+    assert ncu.main(["--dry-run", "--layout", "v-keys-contiguous"]) == 1
