@@ -10,6 +10,10 @@ that spills runs many times slower on the device: session 15's K_CHUNK change le
 tiles spilling (538 and 6,070 loads) and batch 4 decoded 14x slower on the H200. Counts come from the local
 Triton, which may differ from the device's; a tile that spills here is worth a device run before it lands.
 
+The table also gives each launch's registers a thread, the programs an SM those and its shared memory allow
+(scripts/kernel_sass.py's count) and the programs it launches: with 132 SMs, a launch of fewer programs than
+132 x that leaves SMs without a second program to overlap the next kernel's first loads under PDL.
+
 Exit 0 when no GEMV has more spill loads than --max-spills, 1 when one has (named), 2 when Triton cannot
 compile for sm_90 here.
 """
@@ -79,7 +83,14 @@ def _sass_here(g: dict) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
-        return subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+        grid, _ = dl.gemv_meta(g["M"], g["N"], g["K"], g["split"], s_in=g["s_in"], residual=g["residual"],
+                               norm=g["norm"], silu=g["silu"], partials_out=g["partials_out"], dtype=torch.bfloat16,
+                               use_pdl=False, early=False)
+        regs = re.search(r"REG:(\d+)", usage).group(1)
+        return (f"// registers {regs} shared {compiled.metadata.shared} warps {options['num_warps']} "
+                f"programs {grid[0] * grid[1]}\n{sass}")
 
 
 def spills(g: dict) -> dict:
@@ -91,7 +102,13 @@ def spills(g: dict) -> dict:
                          capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         raise RuntimeError(res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}")
-    return {"loads": len(re.findall(r"\bLDL\b", res.stdout)), "stores": len(re.findall(r"\bSTL\b", res.stdout))}
+    usage = re.search(r"// registers (\d+) shared (\d+) warps (\d+) programs (\d+)", res.stdout)
+    regs, shared, warps, programs = (int(x) for x in usage.groups())
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from kernel_sass import programs_per_sm
+
+    return {"loads": len(re.findall(r"\bLDL\b", res.stdout)), "stores": len(re.findall(r"\bSTL\b", res.stdout)),
+            "registers": regs, "per_sm": programs_per_sm(regs, shared, warps), "programs": programs}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,9 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"max_spills": args.max_spills, "gemvs": results, "ok": not bad}, indent=1))
     else:
-        print(f"{'gemv':<10} {'rows':>4} {'split':>5} {'spill loads':>11} {'spill stores':>12}")
+        print(f"{'gemv':<10} {'rows':>4} {'split':>5} {'spill loads':>11} {'spill stores':>12} {'registers':>9} "
+              f"{'an SM':>5} {'programs':>8}")
         for r in results:
-            print(f"{r['gemv']:<10} {r['rows']:>4} {r['split']:>5} {r['loads']:>11,} {r['stores']:>12,}")
+            print(f"{r['gemv']:<10} {r['rows']:>4} {r['split']:>5} {r['loads']:>11,} {r['stores']:>12,} "
+                  f"{r['registers']:>9} {r['per_sm']:>5} {r['programs']:>8}")
         print("no GEMV spills more than %d loads" % args.max_spills if not bad else
               "SPILLS: " + ", ".join(f"{r['gemv']} at {r['rows']} rows ({r['loads']:,} loads)" for r in bad))
     return 1 if bad else 0

@@ -40,6 +40,12 @@ def test_no_gemv_of_a_layer_spills_at_one_or_sixteen_rows(capsys):
     assert [(g["gemv"], g["rows"]) for g in out["gemvs"]] == [
         (n, r) for r in (1, 16) for n in ("q/k/v", "o_proj", "gate/up", "down_proj")]
     assert rc == 0 and out["ok"], out["gemvs"]
+    by = {(g["gemv"], g["rows"]): g for g in out["gemvs"]}
+    # the launch's programs (grid) and what an SM holds: q/k/v 4096 rows / 16 a program; gate/up's one-row tile
+    # holds both 16 x 1024 weight tiles in registers (the most a thread has), two programs an SM
+    assert by[("q/k/v", 1)]["programs"] == 256 and by[("down_proj", 1)]["programs"] == 64 * 3
+    assert all(1 <= g["per_sm"] <= 32 and 0 < g["registers"] <= 255 for g in out["gemvs"])
+    assert by[("gate/up", 1)]["per_sm"] < by[("o_proj", 1)]["per_sm"]
 
 
 def test_a_sixteen_row_tile_over_its_whole_k_range_spills_and_is_named(capsys, monkeypatch):
