@@ -8,9 +8,10 @@ block 256, one layer's pool, blocks placed at random in it), at 256 x 800, 256 x
 contexts of a full nano decode batch: prompt plus part of the output, mean 809, max 1,835):
   (a) every launch against the torch reference backend, max abs error (the default's decides the exit code);
   (b) a sweep of launch knobs, each timed as 20 calls in one CUDA graph (as the engine runs it); effective TB/s =
-      K+V bytes of the contexts / time. Ceilings on the same bytes: a device copy (bytes read + written / time,
-      PERF-NOTES' definition) and a read-only reduction. The same kernel on the old token-major pool is the
-      "before"; the default is timed first and last, so the spread between the two is the noise;
+      K+V bytes of the contexts / time. order=longest-first launches the programs of the longest contexts first
+      (paged_decode's order; unequal contexts only differ). Ceilings on the same bytes: a device copy (bytes read +
+      written / time, PERF-NOTES' definition) and a read-only reduction. The same kernel on the old token-major
+      pool is the "before"; the default is timed first and last, so the spread between the two is the noise;
   (c) prefill (engine/kernels/prefill_attention.py, reading keys through the pool as the engine does) on the nano
       workload's prefill batches (its 256 prompts, grouped as the scheduler does under a 16,384-token budget),
       against torch's SDPA (cuDNN and flash backends, right-padded dense batches, exact for the valid rows) and
@@ -72,20 +73,23 @@ VT = "v-keys-contiguous"  # the layout LABKIT_FP8_V_TRANSPOSED=1 gives an FP8 po
 
 
 def decode_configs(dry: bool, sweep: bool = True, fp8: bool = False, fp8_dot: bool = False,
-                   fp8_layouts: bool = False) -> list[dict]:
+                   fp8_layouts: bool = False, only: list[dict] | None = None) -> list[dict]:
     """The default first; then the sweep. Each config: knobs for paged_decode plus splits / layout. fp8_dot: only
     the FP8 tensor-core variants (fp8_dot swap and kq at a few launch shapes, qk, qkpv), between the default's
     two timings. fp8_layouts: only V keys-contiguous, at the default launch and around it."""
     default = {"name": "default"}
     if not sweep:
         return [default]
+    if only is not None:
+        return [default, *only, {"name": "default (again)"}]
     if fp8_layouts:
         # (compiled for sm_90, session 18: 112 registers a thread, 4 programs an SM, against the default's 200
         # and 2; scripts/kernel_sass.py)
-        around = [{}, {"num_stages": 3}, {"num_warps": 8}, {"block_n": 64}, {"splits": 2},
-                  {"fp8_dot": "qkpv"}, {"fp8_dot": "swap"}]
+        around = [{}, {"order": "longest-first"}, {"num_stages": 3}, {"num_warps": 8}, {"block_n": 64},
+                  {"splits": 2}, {"fp8_dot": "qkpv"}, {"fp8_dot": "swap"}]
         if dry:  # (32-row tiles: whole pages of the dry run's 64-token blocks, read unmasked; {}: masked)
-            around = [{"block_n": 32}, {"fp8_dot": "qkpv", "block_n": 32}, {}]
+            around = [{"block_n": 32}, {"block_n": 32, "order": "longest-first"}, {"fp8_dot": "qkpv", "block_n": 32},
+                      {}]
         return [default, *[{"layout": VT, **a} for a in around], {"name": "default (again)"}]
     if fp8_dot:
         # (session 14 measured qk and qkpv at these shapes: neither beat the default; kq and swap take the MMAs
@@ -96,7 +100,7 @@ def decode_configs(dry: bool, sweep: bool = True, fp8: bool = False, fp8_dot: bo
         return [default, *dots, {"fp8_dot": "qk"}, {"fp8_dot": "qkpv"}, {"name": "default (again)"}]
     if dry:
         return [default, {"block_n": 32, "splits": 2}, {"tma": True, "block_n": 32}, {"layout": "token-major"},
-                {"name": "default (again)"}]
+                {"order": "longest-first"}, {"name": "default (again)"}]
     # 128-row tiles at 4 stages want 256 KiB of shared memory (Hopper has 227): left out. An e4m3 tile is half
     # the bytes, so FP8 goes to 256-row tiles (the pool's whole block) and deeper pipelines.
     from engine.kernels.decode_attention import DEFAULTS, FP8_KNOBS
@@ -108,7 +112,8 @@ def decode_configs(dry: bool, sweep: bool = True, fp8: bool = False, fp8_dot: bo
     grid = [g for g in grid if any(base.get(k) != v for k, v in g.items())]  # the default is timed anyway
     tma = [{"tma": True, "block_n": n, "num_stages": s} for n, s in ((64, 3), (64, 4), (128, 2))]
     return [default, *grid, *tma, {"splits": 2}, {"splits": 3}, {"page_tiles": False},
-            {"layout": "token-major"}, *([{"layout": VT}] if fp8 else []), {"name": "default (again)"}]
+            {"layout": "token-major"}, {"order": "longest-first"}, {"order": "longest-first", "splits": 2},
+            *([{"layout": VT}, {"layout": VT, "order": "longest-first"}] if fp8 else []), {"name": "default (again)"}]
 
 
 def config_name(cfg: dict) -> str:
@@ -204,6 +209,10 @@ def run_decode(torch, cfg: dict, inp: dict, splits: int, scale: float, old_layou
     else:
         k, v = inp["k"], inp["v"]
     out = torch.empty_like(inp["q"])
+    if cfg.get("order") == "longest-first":
+        from engine.kernels.decode_attention import longest_first
+
+        knobs["order"] = longest_first(inp["lens"])
 
     def call():
         return paged_decode(inp["q"], k, v, inp["tables"], inp["lens"], scale, n_splits, out=out, **knobs)
@@ -225,7 +234,8 @@ def ceilings(torch, timer: Timer, nbytes: int, dtype, device) -> dict:
 
 
 def bench_decode(torch, timer: Timer, geo: dict, dtype, device, sms: int, dry: bool, sweep: bool,
-                 fp8: bool = False, fp8_dot: bool = False, fp8_layouts: bool = False) -> dict:
+                 fp8: bool = False, fp8_dot: bool = False, fp8_layouts: bool = False,
+                 only: list[dict] | None = None) -> dict:
     from engine.backends import torch_ref
     from engine.kernels.decode_attention import DEFAULTS, num_splits_for
 
@@ -239,7 +249,7 @@ def bench_decode(torch, timer: Timer, geo: dict, dtype, device, sms: int, dry: b
                  "kv_bytes": inp["kv_bytes"], "heuristic_splits": splits,
                  "ceilings": ceilings(torch, timer, inp["kv_bytes"], dtype, device), "configs": []}
         old_layout: dict = {}
-        for cfg in decode_configs(dry, sweep, fp8, fp8_dot, fp8_layouts):
+        for cfg in decode_configs(dry, sweep, fp8, fp8_dot, fp8_layouts, only):
             row = {"config": config_name(cfg)}
             try:
                 call, row["splits"] = run_decode(torch, cfg, inp, splits, scale, old_layout)
@@ -536,7 +546,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fp8-layouts", action="store_true",
                     help="with --kv-cache-dtype fp8: only V keys-contiguous (LABKIT_FP8_V_TRANSPOSED's layout) "
                          "against the default")
+    ap.add_argument("--configs", help='decode: only these configurations (a JSON list of objects, e.g. '
+                    '\'[{"order": "longest-first"}]\'; keys: block_n, num_warps, num_stages, page_tiles, tma, '
+                    'fp8_dot, splits, layout, order), between the default\'s two timings')
     args = ap.parse_args(argv)
+    only = None
+    if args.configs is not None:
+        keys = {"block_n", "num_warps", "num_stages", "page_tiles", "tma", "fp8_dot", "splits", "layout", "order"}
+        try:
+            only = json.loads(args.configs)
+            if not (isinstance(only, list) and all(isinstance(c, dict) and set(c) <= keys for c in only)):
+                raise ValueError(f"a list of objects with keys among {', '.join(sorted(keys))}")
+        except ValueError as exc:
+            ap.error(f"--configs: {exc}")
+        if args.fp8_dot or args.fp8_layouts:
+            ap.error("--configs replaces --fp8-dot and --fp8-layouts")
     if (args.fp8_dot or args.fp8_layouts) and args.kv_cache_dtype != "fp8":
         ap.error("--fp8-dot and --fp8-layouts need --kv-cache-dtype fp8")
     if args.fp8_dot and args.fp8_layouts:
@@ -571,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_decode:
             log["decode"] = bench_decode(torch, timer, geo, dtype, device, sms, args.dry_run, not args.no_sweep,
                                          fp8=args.kv_cache_dtype == "fp8", fp8_dot=args.fp8_dot,
-                                         fp8_layouts=args.fp8_layouts)
+                                         fp8_layouts=args.fp8_layouts, only=only)
         if not args.skip_prefill and args.kv_cache_dtype == "auto":
             log["prefill"] = bench_prefill(torch, timer, geo, dtype, device, args.dry_run)
     except Exception as exc:  # what ran so far still goes to --out, with the traceback

@@ -1,6 +1,6 @@
 """What the decode attention kernel's loop costs in instructions, compiled for the H200 (sm_90) here, without a GPU.
 
-    python scripts/kernel_sass.py [--out FILE.md] [--variants "fp8 fp8:fp8_dot=kq ..."]
+    python scripts/kernel_sass.py [--out FILE.md] [--variants "fp8 fp8:fp8_dot=kq ..."] [--triton DIR]
 
 Each variant is compiled ahead of time by Triton for sm_90 (the arguments specialised as a launch on the device
 specialises them: aligned pointers and strides, so the K/V loads are software-pipelined into shared memory as
@@ -9,13 +9,16 @@ branch) counted: instructions a warp issues for one tile of keys, the warp-instr
 (x warps / the tile's K+V bytes), and the opcodes that dominate. A kernel that moves its bytes near the memory's
 rate spends few instructions a byte; session 14 found the e4m3 kernel spending ~3x bf16's (docs/perf.md), its
 V tile read from shared memory a byte at a time (LDS, IMAD, F2FP) because an 8-bit operand cannot be transposed
-by ldmatrix. The counts come from the local Triton, which may differ from the device's: a guide for what to
-measure, never a measurement.
+by ldmatrix. The counts come from the local Triton, or with --triton DIR from another (`pip install --target
+DIR triton==3.6.0`, the H200's: the two compile differently, session 18 found the keys-contiguous V tile loaded
+byte by byte by 3.6 alone until the kernel stated its alignment): a guide for what to measure, never a
+measurement.
 
 Variant: "bf16" or "fp8", then ":key=value" pairs among block_n, warps, stages, fp8_dot (engine/kernels/
-decode_attention.py's names) and vt (1: V stored keys-contiguous, LABKIT_FP8_V_TRANSPOSED's layout, read in
-unmasked page tiles). The table also gives the registers a thread (cuobjdump -res-usage) and the programs an SM
-that registers and shared memory allow: a kernel that keeps few tiles in flight an SM cannot hide DRAM's latency.
+decode_attention.py's names), vt (1: V stored keys-contiguous, LABKIT_FP8_V_TRANSPOSED's layout, read in
+unmasked page tiles) and order (1: programs launched in a given order of the rows). The table also gives the
+registers a thread (cuobjdump -res-usage) and the programs an SM that registers and shared memory allow: a kernel
+that keeps few tiles in flight an SM cannot hide DRAM's latency.
 Exit 0 with the table; 2 when Triton cannot compile for sm_90 here.
 """
 from __future__ import annotations
@@ -38,19 +41,23 @@ def parse_variant(text: str) -> dict:
     kind, _, rest = text.partition(":")
     if kind not in ("bf16", "fp8"):
         raise ValueError(f"variant {text!r}: starts with bf16 or fp8")
-    v = {"fp8": kind == "fp8", "block_n": 128, "warps": 4, "stages": 2, "fp8_dot": "off", "vt": 0, "name": text}
+    v = {"fp8": kind == "fp8", "block_n": 128, "warps": 4, "stages": 2, "fp8_dot": "off", "vt": 0, "order": 0,
+         "name": text}
     for pair in filter(None, rest.split(",")):
         key, _, value = pair.partition("=")
-        if key not in ("block_n", "warps", "stages", "fp8_dot", "vt"):
+        if key not in ("block_n", "warps", "stages", "fp8_dot", "vt", "order"):
             raise ValueError(f"variant {text!r}: unknown key {key!r}")
         v[key] = value if key == "fp8_dot" else int(value)
     return v
 
 
-def compile_sass(v: dict) -> str:
+def compile_sass(v: dict, triton_dir: str | None = None) -> str:
     """The variant's SASS, from a process of its own: with TRITON_INTERPRET set (the CPU tests set it) the
-    engine's kernels are imported as interpreted functions, which Triton cannot compile."""
+    engine's kernels are imported as interpreted functions, which Triton cannot compile. triton_dir: another
+    Triton to compile with (first on the path)."""
     env = {k: val for k, val in os.environ.items() if k != "TRITON_INTERPRET"}
+    if triton_dir:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [triton_dir, env.get("PYTHONPATH")]))
     res = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--sass-of", v["name"]], env=env,
                          capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
@@ -69,7 +76,8 @@ def _sass_here(v: dict) -> str:
 
     kv = "fp8e4nv" if v["fp8"] else "bf16"
     sig = {"q_ptr": "*bf16", "k_cache_ptr": f"*{kv}", "v_cache_ptr": f"*{kv}", "k_desc": f"*{kv}",
-           "v_desc": f"*{kv}", "block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "out_ptr": "*bf16",
+           "v_desc": f"*{kv}", "block_tables_ptr": "*i32", "context_lens_ptr": "*i32", "order_ptr": "*i32",
+           "out_ptr": "*bf16",
            "acc_ptr": "*fp32", "ml_ptr": "*fp32", **{k: "i32" for k in (
                "num_splits", "stride_qb", "stride_qh", "stride_ob", "stride_oh", "stride_bt", "stride_block",
                "stride_head", "stride_row", "stride_v_row", "stride_v_d")}, "scale_log2": "fp32", "v_scale": "fp32"}
@@ -80,7 +88,7 @@ def _sass_here(v: dict) -> str:
     consts = {one: 1, "FP8": v["fp8"], "V_T": bool(v["vt"]), "GROUP": GROUP, "GROUP_PAD": 16, "HEAD_DIM": HEAD_DIM,
               "BLOCK_SIZE": BLOCK_SIZE,
               "BLOCK_N": v["block_n"], "PAGE_TILES": True, "TMA": False, "PARTIALS": False,
-              "DOT_PRECISION": "tf32", "FP8_DOT": FP8_DOTS.index(v["fp8_dot"])}
+              "DOT_PRECISION": "tf32", "FP8_DOT": FP8_DOTS.index(v["fp8_dot"]), "ORDERED": bool(v["order"])}
     sig.update({k: "constexpr" for k in consts})
     names = list(sig)
     # A launch specialises what is 16-divisible (pointers from torch, strides of these shapes); the kernel keeps
@@ -147,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
     ap.add_argument("--out", help="write the Markdown table here too")
+    ap.add_argument("--triton", help="a folder holding another Triton to compile with (pip install --target DIR "
+                                     "triton==3.6.0: the H200's)")
     ap.add_argument("--sass-of", help=argparse.SUPPRESS)  # (compile_sass's own process)
     args = ap.parse_args(argv)
     if args.sass_of:
@@ -160,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for v in variants:
         try:
-            sass = compile_sass(v)
+            sass = compile_sass(v, args.triton)
         except Exception as exc:  # noqa: BLE001 - no sm_90 backend here, or the variant does not compile
             print(f"kernel_sass: {v['name']}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
             return 2

@@ -76,7 +76,8 @@ def test_fp8_layouts_times_v_keys_contiguous_against_the_default(tmp_path):
     for shape in json.loads(out.read_text())["decode"]["shapes"].values():
         names = [r["config"] for r in shape["configs"]]
         assert names[0] == "default" and names[-1] == "default (again)"
-        assert "layout=v-keys-contiguous block_n=32" in names and len(names) == 5
+        assert "layout=v-keys-contiguous block_n=32" in names and len(names) == 6
+        assert "layout=v-keys-contiguous block_n=32 order=longest-first" in names
         assert all(r["ok"] for r in shape["configs"]), shape["configs"]
     with pytest.raises(SystemExit):
         kb.main(["--dry-run", "--fp8-layouts", "--out", str(out)])  # an FP8 pool's sweep
@@ -94,3 +95,18 @@ def test_decode_ncu_launches_each_pool_and_layout_and_checks_it(monkeypatch, cap
     monkeypatch.setattr(decode_attention, "paged_decode",
                         lambda q, k, v, t, lens, *a, **kw: real(q, k, v, t, lens - 1, *a, **kw))
     assert ncu.main(["--dry-run", "--layout", "v-keys-contiguous"]) == 1
+
+
+def test_configs_times_only_the_named_launches(tmp_path, capsys):
+    kb = _load()
+    out = tmp_path / "kb-order.json"
+    assert kb.main(["--dry-run", "--skip-prefill", "--configs", '[{"order": "longest-first"}, {"splits": 2}]',
+                    "--out", str(out)]) == 0
+    for shape in json.loads(out.read_text())["decode"]["shapes"].values():
+        assert [r["config"] for r in shape["configs"]] == ["default", "order=longest-first", "splits=2",
+                                                          "default (again)"]
+        assert all(r["ok"] for r in shape["configs"])
+    for bad in ('{"order": 1}', '[{"depth": 3}]', "not json"):
+        with pytest.raises(SystemExit):
+            kb.main(["--dry-run", "--configs", bad, "--out", str(out)])
+        assert "--configs" in capsys.readouterr().err

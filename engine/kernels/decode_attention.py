@@ -13,8 +13,8 @@ it reads any layout whose head_dim is contiguous (kernel_bench.py times the old 
 same code), and V with its keys contiguous (an FP8 pool under LABKIT_FP8_V_TRANSPOSED=1). Then the tiles are read
 unmasked (page tiles only): a tile past the context's end stays inside its block, whose other rows are finite (an
 FP8 pool never holds a NaN: engine/kv_quant.py), and their scores are -inf, so they add zero. Masked, the keys-
-contiguous loads lose their vector width; unmasked, the e4m3 kernel compiles to ~100 registers a thread against
-~200 for head_dim-contiguous V (docs/perf.md, session 18).
+contiguous loads lose their vector width; unmasked (and told the tile's alignment), the e4m3 kernel compiles to
+~120 registers a thread against ~200 for head_dim-contiguous V (docs/perf.md, session 18).
 
 Launch knobs (see DEFAULTS and scripts/kernel_bench.py, which sweeps them on the device):
   block_n     rows of K/V per loop iteration (a power of two >= 16);
@@ -79,18 +79,28 @@ FP8_KNOBS = _fp8_knobs(os.environ.get("LABKIT_FP8_DECODE"), os.environ.get("LABK
 # and separate uploads in an eager step: their addresses align differently, and Triton compiles a variant per
 # alignment. Not specialised, every step shares the variant compiled at start-up (docs/perf.md: the first eager
 # mixed step of a `--budget 8192` server compiled one mid-run, a 0.7 s stall).
-@triton.jit(do_not_specialize=["num_splits", "stride_bt"], **unaligned("block_tables_ptr", "context_lens_ptr"))
+@triton.jit(do_not_specialize=["num_splits", "stride_bt"],
+            **unaligned("block_tables_ptr", "context_lens_ptr", "order_ptr"))
 def _decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, k_desc, v_desc, block_tables_ptr, context_lens_ptr, out_ptr, acc_ptr, ml_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, k_desc, v_desc, block_tables_ptr, context_lens_ptr, order_ptr, out_ptr, acc_ptr,
+    ml_ptr,
     num_splits, stride_qb, stride_qh, stride_ob, stride_oh, stride_bt,
     stride_block, stride_head, stride_row, stride_v_row, stride_v_d, scale_log2, v_scale,
     FP8: tl.constexpr, V_T: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGE_TILES: tl.constexpr, TMA: tl.constexpr, PARTIALS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FP8_DOT: tl.constexpr = 0,
+    DOT_PRECISION: tl.constexpr, FP8_DOT: tl.constexpr = 0, ORDERED: tl.constexpr = False,
 ):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    if ORDERED:
+        # Programs launched KV heads first, the sequences in the order given (longest first: the long programs
+        # start in the first wave instead of anywhere, so fewer run on alone at the end).
+        kvh = tl.program_id(0)
+        b = tl.load(order_ptr + tl.program_id(1))
+        kv_heads = tl.num_programs(0)
+    else:
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        kv_heads = tl.num_programs(1)
     split = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + b)
     # Each split covers a whole number of BLOCK_N tiles (so with PAGE_TILES it starts on a tile boundary).
@@ -131,14 +141,17 @@ def _decode_split_kernel(
             # The pool as a 2-D [blocks * kv_heads * block_size, head_dim] tensor: the tile is one box of it,
             # copied by the tensor-memory engine. Rows past `end` hold other positions of this block.
             block = tl.load(table + n // BLOCK_SIZE)
-            first_row = (block * tl.num_programs(1) + kvh) * BLOCK_SIZE + n % BLOCK_SIZE
+            first_row = (block * kv_heads + kvh) * BLOCK_SIZE + n % BLOCK_SIZE
             k = k_desc.load([first_row, 0])
         else:
             if PAGE_TILES:
                 # The tile lies inside one block: one table read, then BLOCK_N consecutive rows of this head.
                 block = tl.load(table + n // BLOCK_SIZE).to(tl.int64)
                 tile_base = block * stride_block + head_base
-                in_block = n % BLOCK_SIZE + rows
+                if V_T:  # (the H200's Triton 3.6 does not see this alignment; without it V loads byte by byte)
+                    in_block = tl.multiple_of(n % BLOCK_SIZE, BLOCK_N) + rows
+                else:
+                    in_block = n % BLOCK_SIZE + rows
             else:
                 block = tl.load(table + offs // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
                 tile_base = block * stride_block + head_base
@@ -188,7 +201,7 @@ def _decode_split_kernel(
     if FP8:
         acc = acc * v_scale
     if PARTIALS:
-        base = (b * tl.num_programs(1) * GROUP + heads) * num_splits + split
+        base = (b * kv_heads * GROUP + heads) * num_splits + split
         tl.store(acc_ptr + base[:, None] * HEAD_DIM + d[None, :], acc, mask=gmask[:, None])
         tl.store(ml_ptr + base * 2, m_i, mask=gmask)
         tl.store(ml_ptr + base * 2 + 1, l_i, mask=gmask)
@@ -228,6 +241,12 @@ def _decode_merge_kernel(acc_ptr, ml_ptr, out_ptr, num_splits, stride_ob, stride
 MAX_SPLITS = 64
 
 
+def longest_first(context_lens: torch.Tensor) -> torch.Tensor:
+    """The rows by descending context length (int32), for paged_decode's order: with contexts of mixed lengths
+    the programs launched last set the kernel's end; launched first, the long ones end with the rest."""
+    return torch.argsort(context_lens, descending=True, stable=True).to(torch.int32)
+
+
 def num_splits_for(batch: int, num_kv_heads: int, max_context: int, num_sms: int,
                    block_n: int = DEFAULTS["block_n"]) -> int:
     """Enough programs to fill the GPU about twice, but never more splits than tiles of the longest context."""
@@ -239,7 +258,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
                  context_lens: torch.Tensor, scale: float, num_splits: int, out: torch.Tensor | None = None,
                  block_n: int | None = None, page_tiles: bool | None = None, num_warps: int | None = None,
                  num_stages: int | None = None, tma: bool | None = None, k_scale: float = 1.0,
-                 v_scale: float = 1.0, fp8_dot: str | None = None) -> torch.Tensor:
+                 v_scale: float = 1.0, fp8_dot: str | None = None, order: torch.Tensor | None = None) -> torch.Tensor:
     """q: [batch, heads, head_dim]; caches [num_blocks, kv_heads, block_size, head_dim] with head_dim contiguous
     (any other strides, the block and head strides equal for K and V; V's keys may be contiguous instead:
     engine/kv_layout.py), in q's dtype or float8_e4m3fn (read with k_scale / v_scale:
@@ -247,7 +266,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     [batch] int32 (0 = padding row: its output is zeros). Knobs left None take DEFAULTS; page_tiles None means
     "whenever block_size % block_n == 0"; tma (page tiles of contiguous caches only) loads tiles through tensor
     descriptors (Hopper's bulk tensor copies; Triton's interpreter emulates them); fp8_dot (FP8 pools only): one
-    of FP8_DOTS, None for FP8_KNOBS'."""
+    of FP8_DOTS, None for FP8_KNOBS'; order: int32 [batch], a permutation of the rows, the order in which their
+    programs are launched (longest_first gives one), all KV heads of a row together."""
     batch, num_heads, head_dim = q.shape
     _, num_kv_heads, block_size, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -291,13 +311,17 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     else:
         k_desc, v_desc = k_cache, v_cache  # never read when TMA is false
     log2e = 1.4426950408889634
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, k_desc, v_desc, block_tables, context_lens, out, acc, ml,
+    if order is not None:
+        assert order.shape == (batch,) and order.dtype == torch.int32
+    grid = (num_kv_heads, batch, num_splits) if order is not None else (batch, num_kv_heads, num_splits)
+    _decode_split_kernel[grid](
+        q, k_cache, v_cache, k_desc, v_desc, block_tables, context_lens,
+        order if order is not None else context_lens, out, acc, ml,
         num_splits, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(2), v_cache.stride(3),
         scale * log2e * k_scale, v_scale, FP8=fp8, V_T=v_t, FP8_DOT=FP8_DOTS.index(fp8_dot), GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, ORDERED=order is not None,
         BLOCK_N=block_n, PAGE_TILES=page_tiles, TMA=tma, PARTIALS=partials, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )

@@ -329,7 +329,10 @@ def _tile(k_cache_ptr, v_cache_ptr, table, head_base, n, end, stride_block, stri
     nmask = offs < end
     if PAGE_TILES:
         block = tl.load(table + n // BLOCK_SIZE).to(tl.int64)
-        in_block = n % BLOCK_SIZE + rows
+        if V_T:  # (the H200's Triton 3.6 does not see this alignment: decode_attention.py)
+            in_block = tl.multiple_of(n % BLOCK_SIZE, BLOCK_N) + rows
+        else:
+            in_block = n % BLOCK_SIZE + rows
     else:
         block = tl.load(table + offs // BLOCK_SIZE, mask=nmask, other=0).to(tl.int64)
         in_block = offs % BLOCK_SIZE

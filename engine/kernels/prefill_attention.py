@@ -63,7 +63,8 @@ def _prefill_kernel(
         if PAGED:
             if PAGE_TILE:
                 block = tl.load(block_tables_ptr + seq * stride_bt + n // BLOCK_SIZE).to(tl.int64)
-                in_block = n % BLOCK_SIZE + tl.arange(0, BLOCK_N)
+                # (the H200's Triton 3.6 does not see this alignment: decode_attention.py)
+                in_block = tl.multiple_of(n % BLOCK_SIZE, BLOCK_N) + tl.arange(0, BLOCK_N)
             else:
                 block = tl.load(block_tables_ptr + seq * stride_bt + n_idx // BLOCK_SIZE, mask=n_mask,
                                 other=0).to(tl.int64)
