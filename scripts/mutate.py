@@ -306,8 +306,8 @@ MUTATIONS = [
       "return self.mixed_key(nd, sum(plan.num_new), len(plan) - nd)",
       "a mixed step's prefill tokens count its decode rows too"),
     # FP8 KV (engine/kv_quant.py, its reader engine/backends/torch_ref.py)
-    M("N24", "engine/kv_quant.py", "return (x.float() * inv).clamp(-FP8_MAX, FP8_MAX).to(FP8)",
-      "return (x.float() * inv).to(FP8)", "quantize does not clamp to +-448 before the e4m3 cast"),
+    M("N24", "engine/kv_quant.py", "torch.where(y.isnan(), 0.0, y).clamp(-FP8_MAX, FP8_MAX).to(FP8)",
+      "torch.where(y.isnan(), 0.0, y).to(FP8)", "quantize does not clamp to +-448 before the e4m3 cast"),
     M("N25", "engine/kv_quant.py", "inv = torch.tensor(1.0 / scale, dtype=torch.float32)",
       "inv = torch.tensor(scale, dtype=torch.float32)", "quantize multiplies by the scale instead of dividing"),
     M("N26", "engine/kv_quant.py",

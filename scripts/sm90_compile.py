@@ -135,11 +135,13 @@ def _record() -> list[dict]:
             llm = LLM(str(Path(tmp) / "tiny"), device="cpu", attention_backend="triton", dtype="float16",
                       enforce_eager=True, kvcache_block_size=128 if kv == "fp8-vt" else 16,
                       num_kvcache_blocks=8, max_model_len=128, kv_cache_dtype=kv.removesuffix("-vt"))
-            assert llm.model_runner.v_transposed == (kv == "fp8-vt")
             prompt = list(range(100, 140))
             llm.generate([prompt, prompt[:32] + [7, 8, 9]], SamplingParams(max_tokens=3, ignore_eos=True),
                          use_tqdm=False)
             llm.exit()
+    engine.runner.FP8_V_TRANSPOSED = False
+    vt = {ln["kernel"] for ln in launches.values() if ln["constexprs"].get("V_T")}
+    assert {"_decode_split_kernel", "_prefill_kernel", "_store_kv_kernel", "_qkv_attention_kernel"} <= vt, vt
     x, w = rand(3, 64), rand(64)
     elementwise.rms_norm(x, w, 1e-6)
     elementwise.add_rms_norm(x, x.clone(), w, 1e-6)

@@ -223,17 +223,22 @@ def test_a_fused_decode_step_over_keys_contiguous_v_gives_the_other_layouts_numb
     assert torch.equal(results[1][1], results[0][1])  # every owned row, the decode's newest ones included
 
 
-@pytest.mark.parametrize("backend, block_size", [("triton", 16), ("triton", 256), ("torch", 16)])
-def test_an_engine_over_keys_contiguous_v_generates_the_same_tokens(tiny_model, backend, block_size, monkeypatch):
+@pytest.mark.parametrize("backend, block_size, policy", [
+    ("triton", 16, "prefill_first"), ("triton", 256, "prefill_first"), ("torch", 16, "prefill_first"),
+    ("triton", 256, "mixed")])
+def test_an_engine_over_keys_contiguous_v_generates_the_same_tokens(tiny_model, backend, block_size, policy,
+                                                                    monkeypatch):
     """Two waves of requests share the pool (the second reuses blocks the first freed, whose rows it does not
     overwrite), with chunked prefill and prefix-cache hits: the tokens match. 256-token blocks: decode and
-    prefill read whole tiles unmasked, past the context's end into the first wave's rows."""
+    prefill read whole tiles unmasked, past the context's end into the first wave's rows. mixed: prefill chunks
+    and decodes in one step."""
     prompts = [[100 + (7 * i + 13 * j) % 900 for i in range(40 + 23 * j)] for j in range(3)]
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     runs = []
     for v_t in (False, True):
         llm = _engine(tiny_model, v_t, monkeypatch, attention_backend=backend, max_num_batched_tokens=64,
-                      num_kvcache_blocks=24 if block_size == 16 else 4, kvcache_block_size=block_size)
+                      num_kvcache_blocks=24 if block_size == 16 else 4, kvcache_block_size=block_size,
+                      scheduling_policy=policy)
         first = [o["token_ids"] for o in llm.generate(prompts, sp, use_tqdm=False)]
         second = [o["token_ids"] for o in llm.generate([p[:30] + [7, 8, 9] for p in prompts], sp, use_tqdm=False)]
         runs.append((first, second))
