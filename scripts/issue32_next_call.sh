@@ -10,11 +10,12 @@
 #            against Philox and tl.log: its tests on the device (the draws equal a float64 reference's),
 #            sampler_bench.py over both noises, then nano bf16 (3 repeats) with philox at 2 programs an SM and hash
 #            at PER_SM (default 8), in the order A B B A (~3 minutes)
-#   vt       V keys-contiguous in an FP8 pool (LABKIT_FP8_V_TRANSPOSED=1, session 18): its tests on the device,
-#            kernel_bench --fp8-layouts (the decode kernel alone, the default layout timed first and last; with
-#            the programs of the longest contexts launched first too), the same order over the bf16 pool, nano
-#            FP8 (3 repeats) with the layout off and on in the order 0 1 1 0, then the fp8-kv logits suite
-#            (graph) with it on (~7 minutes)
+#   vt       V keys-contiguous in an FP8 pool (LABKIT_FP8_V_TRANSPOSED=1, session 18): both layouts as this
+#            machine's Triton compiles them, the layout's tests on the device, kernel_bench --fp8-layouts (the
+#            decode kernel alone, the default layout timed first and last; with the programs of the longest
+#            contexts launched first too), the same order over the bf16 pool (~5 minutes)
+#   vt-nano  nano FP8 (3 repeats) with the layout off and on in the order 0 1 1 0, then the fp8-kv logits suite
+#            (graph) with it on (~5.5 minutes; a call of its own: vt and vt-nano together pass 600 s)
 #   ncu      Nsight Compute over one nano-mix decode launch: bf16, FP8, FP8 with V keys-contiguous (occupancy,
 #            DRAM throughput, warp stalls; ~1 minute; a machine whose ncu cannot read counters says so)
 # SECTIONS (default "sampler noise"); WORK: where it makes a new folder (default /tmp). Back: $OUT/call.tgz and
@@ -56,7 +57,7 @@ for section in ${SECTIONS:-sampler noise}; do
           ${NANO_BENCH:---workload nano --repeats 3} --out $W/nano-$n-sm$p-r$r.json > $W/logs/nano-$n-sm$p-r$r.log 2>&1
         echo "rc=$? @$SECONDS nano, $n noise at $p programs an SM, round $r: $(tps $W/nano-$n-sm$p-r$r.json) tok/s" >> $S
       done ;;
-    vt)
+    vt)  # (the kernels; vt-nano: the engine)
       # the device's own Triton: registers a thread and programs an SM of both layouts, as compiled there
       timeout 200 python3 scripts/kernel_sass.py --variants "fp8 fp8:vt=1" > $W/logs/vt-sass.log 2>&1
       echo "rc=$? @$SECONDS kernel_sass (this machine's Triton)" >> $S; cat $W/logs/vt-sass.log >> $S
@@ -69,7 +70,8 @@ for section in ${SECTIONS:-sampler noise}; do
       timeout 200 python3 scripts/kernel_bench.py --skip-prefill $([ $D = cpu ] && echo --dry-run) \
         --configs '[{"order": "longest-first"}, {"order": "longest-first", "splits": 2}]' \
         --out $W/kb-bf16-order.json > $W/logs/kb-bf16-order.log 2>&1
-      echo "rc=$? @$SECONDS kernel_bench bf16, longest first" >> $S; cat $W/kb-bf16-order.md >> $S 2>/dev/null
+      echo "rc=$? @$SECONDS kernel_bench bf16, longest first" >> $S; cat $W/kb-bf16-order.md >> $S 2>/dev/null ;;
+    vt-nano)
       for v in 0 1 1 0; do
         r=$([ -f $W/nano-fp8-vt$v-r1.json ] && echo 2 || echo 1)
         LABKIT_FP8_V_TRANSPOSED=$v timeout 200 python3 -m labkit bench --model $M --device $D --kv-cache-dtype fp8 \

@@ -150,7 +150,7 @@ def test_the_next_issue32_call_runs_each_section(tiny_model, tmp_path):
 
 @pytest.mark.slow
 def test_the_next_issue32_call_runs_its_fp8_layout_sections(tiny_model, tmp_path):
-    """scripts/issue32_next_call.sh's vt and ncu sections on the CPU: the layout's tests, kernel_bench
+    """scripts/issue32_next_call.sh's vt, vt-nano and ncu sections on the CPU: the layout's tests, kernel_bench
     --fp8-layouts (dry run), nano FP8 with the layout off and on (0 1 1 0), the fp8-kv suite with it on, and the
     launch ncu would profile, each pool and layout."""
     import re
@@ -159,7 +159,7 @@ def test_the_next_issue32_call_runs_its_fp8_layout_sections(tiny_model, tmp_path
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "FAKE_MODEL": tiny_model, "WORK": str(tmp_path / "w"),
-           "SECTIONS": "vt ncu", "NANO_BENCH": "--workload fixed --repeats 1"}
+           "SECTIONS": "vt vt-nano ncu", "NANO_BENCH": "--workload fixed --repeats 1"}
     res = subprocess.run(["bash", "scripts/issue32_next_call.sh"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=1500)
     assert res.returncode == 0, res.stderr[-2000:]
