@@ -33,14 +33,17 @@ def pool_shape(layers: int, blocks: int, block_size: int, kv_heads: int, head_di
     return (2, layers, blocks, kv_heads, block_size, head_dim)
 
 
+def _keys_contiguous(v):
+    """V's memory (any leading dims, then [block_size, head_dim] as allocated) seen as the keys-contiguous view:
+    the same logical shape, each [head_dim, block_size] run transposed."""
+    return v.view(*v.shape[:-2], v.shape[-1], v.shape[-2]).transpose(-1, -2)
+
+
 def layer_caches(pool, layer: int, v_transposed: bool = False):
     """A layer's (k_cache, v_cache), each logically [blocks, kv_heads, block_size, head_dim]; with v_transposed, V is
     the keys-contiguous view described above."""
-    k, v = pool[0, layer], pool[1, layer]
-    if v_transposed:
-        blocks, heads, block_size, head_dim = v.shape
-        v = v.view(blocks, heads, head_dim, block_size).transpose(-1, -2)
-    return k, v
+    v = pool[1, layer]
+    return pool[0, layer], _keys_contiguous(v) if v_transposed else v
 
 
 def v_transposed(v_cache) -> bool:
@@ -60,7 +63,5 @@ def read_slots(pool, slots, v_transposed: bool = False):
 
     block_size = pool.shape[-2]
     blocks, offsets = slots // block_size, slots % block_size
-    v = pool[1]
-    if v_transposed:
-        v = v.view(*v.shape[:-2], v.shape[-1], v.shape[-2]).transpose(-1, -2)
+    v = _keys_contiguous(pool[1]) if v_transposed else pool[1]
     return torch.stack([token_major(pool[0])[:, blocks, offsets], token_major(v)[:, blocks, offsets]])

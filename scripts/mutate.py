@@ -472,7 +472,7 @@ MUTATIONS = [
       "the torch quantiser stores a NaN (a stale NaN row then reaches the next owner's unmasked tiles)"),
     M("N95", "engine/runner.py", "FP8_V_TRANSPOSED and self.kv_dtype == FP8", "FP8_V_TRANSPOSED",
       "the knob transposes a model-dtype pool too (the knob is an FP8 pool's)"),
-    M("N96", "engine/kv_layout.py", "v = v.view(*v.shape[:-2], v.shape[-1], v.shape[-2]).transpose(-1, -2)", "v = v",
+    M("N96", "engine/kv_layout.py", "v = _keys_contiguous(pool[1]) if v_transposed else pool[1]", "v = pool[1]",
       "read_kv reads a keys-contiguous V as head_dim-contiguous"),
     M("N97", "engine/kernels/prefill_attention.py", "PAGE_TILE: tl.constexpr = V_T and BLOCK_SIZE % BLOCK_N == 0",
       "PAGE_TILE: tl.constexpr = V_T", "prefill reads unmasked whole-page tiles where tiles straddle blocks"),
