@@ -27,7 +27,11 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 S=$OUT/summary.txt; mkdir -p ${WORK:-/tmp}; W=$(mktemp -d ${WORK:-/tmp}/issue32-next.XXXXXX); mkdir -p $W/logs
 M=${FAKE_MODEL:-/tmp/qwen3-fake}; D=${DEVICE:-cuda}
-pack() { tar czf $OUT/call.tgz -C $W . 2>/dev/null; }
+# (logs, JSON and Markdown: a logits suite's arrays put session 19's archive past what a call brings back)
+pack() {
+  (cd $W && find . -type f \( -name '*.json' -o -name '*.md' -o -name '*.log' -o -name '*.txt' \) -size -5M -print0 \
+     | tar czf $OUT/call.tgz --null -T -)
+}
 trap pack EXIT
 [ -f $M/config.json ] || python3 -m labkit model fake --preset qwen3-0.6b --out $M > /dev/null
 tps() { python3 -c "import json,sys;print(round(json.load(open(sys.argv[1]))['median']['output_throughput']))" "$1" 2>/dev/null; }

@@ -328,7 +328,10 @@ def _tile(k_cache_ptr, v_cache_ptr, table, head_base, n, end, stride_block, stri
     offs = n + rows
     nmask = offs < end
     if PAGE_TILES:
-        block = tl.load(table + n // BLOCK_SIZE).to(tl.int64)
+        # n < end in the loop; the first tile, loaded before the wait, may start past a row's end (a padding row,
+        # a split past a short context), where the table holds -1 or nothing: read block 0 there, which the
+        # unmasked keys-contiguous loads may touch (its values are never used: the caller skips that tile).
+        block = tl.load(table + n // BLOCK_SIZE, mask=n < end, other=0).to(tl.int64)
         if V_T:  # (the H200's Triton 3.6 does not see this alignment: decode_attention.py)
             in_block = tl.multiple_of(n % BLOCK_SIZE, BLOCK_N) + rows
         else:
