@@ -10,7 +10,7 @@ the device, so nothing syncs with the host.
 The caches are [num_blocks, kv_heads, block_size, head_dim] (engine/kv_layout.py): a tile of BLOCK_N rows of one
 head inside one block is one contiguous run of BLOCK_N * head_dim elements. The kernel takes the cache strides, so
 it reads any layout whose head_dim is contiguous (kernel_bench.py times the old token-major layout through the
-same code), and V with its keys contiguous (an FP8 pool under LABKIT_FP8_V_TRANSPOSED=1). Then the tiles are read
+same code), and V with its keys contiguous (an FP8 pool, unless LABKIT_FP8_V_TRANSPOSED=0). Then the tiles are read
 unmasked (page tiles only): a tile past the context's end stays inside its block, whose other rows are finite (an
 FP8 pool never holds a NaN: engine/kv_quant.py), and their scores are -inf, so they add zero. Masked, the keys-
 contiguous loads lose their vector width; unmasked (and told the tile's alignment), the e4m3 kernel compiles to
