@@ -19,6 +19,7 @@ class DecodeMeta:
     block_tables: torch.Tensor
     context_lens_host: list[int] | None = None   # for backends that size work on the host (no device sync)
     num_splits: int | None = None                # fixed by the runner when a CUDA graph is captured
+    order: torch.Tensor | None = None            # int32 [num_rows]: the programs' launch order (engine/decode_order.py)
 
 
 @dataclass(slots=True)

@@ -12,6 +12,7 @@ import torch
 from .batch_plan import BatchPlan
 from .config import Config
 from .context import Context, DecodeMeta, PrefillMeta, reset_context, set_context
+from .decode_order import DECODE_ORDER, longest_first
 from .device import num_sms, resolve_device, resolve_dtype
 from .distributed import all_reduce_min, broadcast_from_rank0, set_tp
 from .graph_dispatch import GRAPH_SAMPLE_BS, SHORT_CONTEXT, GraphDispatch, decode_buckets
@@ -94,7 +95,7 @@ def graph_input_size(max_bs: int, max_blocks: int) -> int:
 
 def graph_input_views(buf: torch.Tensor, max_bs: int, max_blocks: int) -> dict[str, torch.Tensor]:
     """The decode graphs' inputs as views of one flat int32 buffer: [ids | positions | slots | context
-    lengths | temperatures (float32) | . | seeds (int64) | . | block tables], each of max_bs rows (the last
+    lengths | temperatures (float32) | order | . | seeds (int64) | . | block tables], each of max_bs rows (the last
     three 16-byte aligned for any max_bs). The tables come last, so rows [:bs] of every input are covered by one
     prefix of the buffer (see fill_graph_inputs). Temperatures and seeds feed a graph that draws its tokens
     (GRAPH_SAMPLE_BS)."""
@@ -104,18 +105,20 @@ def graph_input_views(buf: torch.Tensor, max_bs: int, max_blocks: int) -> dict[s
         "slot_mapping": buf[2 * max_bs:3 * max_bs],
         "context_lens": buf[3 * max_bs:4 * max_bs],
         "temperatures": buf[4 * max_bs:5 * max_bs].view(torch.float32),
+        "order": buf[5 * max_bs:6 * max_bs],
         "seeds": buf[8 * max_bs:10 * max_bs].view(torch.int64),
         "block_tables": buf[12 * max_bs:12 * max_bs + max_bs * max_blocks].view(max_bs, max_blocks),
     }
 
 
 def fill_graph_inputs(a, inputs: StepInputs, max_bs: int, max_blocks: int,
-                      draw: tuple[list[float], list[int]] | None = None) -> int:
+                      draw: tuple[list[float], list[int]] | None = None, order: bool = False) -> int:
     """Write one decode step into `a` (a numpy int32 view of the host mirror, laid out as graph_input_views);
     return how many leading elements must reach the device. Padding rows up to the bucket read token 0 at
     position 0, write no KV (slot -1) and attend to nothing (context 0); table entries past a row's width
     and rows past the bucket are never read. draw: the rows' (temperatures, seeds) for a graph that samples;
-    its padding rows draw greedily from seed 0 (their ids are dropped)."""
+    its padding rows draw greedily from seed 0 (their ids are dropped). order: the bucket's rows longest first,
+    for a graph captured with an order (engine/decode_order.py; padding rows last)."""
     bs, bucket = len(inputs.input_ids), inputs.graph_batch
     a[0:bs] = inputs.input_ids
     a[bs:bucket] = 0  # the staging buffer is shared: padding rows must not keep another upload's bytes
@@ -130,6 +133,8 @@ def fill_graph_inputs(a, inputs: StepInputs, max_bs: int, max_blocks: int,
         temps[:bs], seeds[:bs] = draw
         temps[bs:bucket] = 0.0
         seeds[bs:bucket] = 0
+    if order:
+        a[5 * max_bs:5 * max_bs + bucket] = longest_first(inputs.context_lens, bucket)
     tables = inputs.block_tables
     t0 = 12 * max_bs
     a[t0:t0 + bs * max_blocks].reshape(bs, max_blocks)[:, :len(tables[0])] = tables
@@ -177,6 +182,8 @@ class ModelRunner:
         # Every kernel decision (attention backend, our Triton kernels, sampler), made once here.
         self.kernels = choose_kernels(config, self.device)
         self.attention_backend = self.kernels.attention
+        # Only our Triton decode kernel takes a launch order (engine/decode_order.py).
+        self.decode_order = DECODE_ORDER == "longest-first" and self.attention_backend == "triton"
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         lap("kernels and device")
@@ -403,8 +410,10 @@ class ModelRunner:
         nd = inputs.num_decodes
         rows = self.logits_rows(plan)
         dst, src = _id_patch(plan.from_previous) or (None, None)
+        order = longest_first(inputs.context_lens).tolist() if self.decode_order and nd > 1 else None
         t = self.staging.upload(input_ids=(inputs.input_ids, i64), positions=(inputs.positions, i64),
                                 slot_mapping=(inputs.slot_mapping, i32), context_lens=(inputs.context_lens, i32),
+                                order=(order, i32),
                                 cu_seqlens_q=(inputs.cu_seqlens_q, i32), cu_seqlens_k=(inputs.cu_seqlens_k, i32),
                                 block_tables=(inputs.block_tables, i32), logits_rows=(rows, i64),
                                 ids_dst=(dst, i64), ids_src=(src, i64))
@@ -413,7 +422,7 @@ class ModelRunner:
         tables = t.get("block_tables")
         decode = prefill = None
         if nd:
-            decode = DecodeMeta(nd, t["context_lens"], tables[:nd], inputs.context_lens)
+            decode = DecodeMeta(nd, t["context_lens"], tables[:nd], inputs.context_lens, order=t.get("order"))
         if nd < len(plan):
             prefill = PrefillMeta(t["cu_seqlens_q"], t["cu_seqlens_k"], inputs.max_seqlen_q, inputs.max_seqlen_k,
                                   None if tables is None else tables[nd:], inputs.cu_seqlens_q, inputs.cu_seqlens_k)
@@ -443,6 +452,7 @@ class ModelRunner:
         self.graph_vars = gv = graph_input_views(self._graph_inputs, max_bs, max_blocks)
         gv["outputs"] = torch.zeros(max_bs, hidden, dtype=self.dtype, device=dev)
         gv["slot_mapping"].fill_(-1)
+        gv["order"].copy_(torch.arange(max_bs, dtype=torch.int32))
         self.graph_max_bs, self.graph_max_blocks = max_bs, max_blocks
         self.graph_bs = decode_buckets(max_bs)
         sms = num_sms(dev, 0)
@@ -461,7 +471,8 @@ class ModelRunner:
                     continue
                 graph = torch.cuda.CUDAGraph()
                 set_context(Context(gv["slot_mapping"][:bs], DecodeMeta(
-                    bs, gv["context_lens"][:bs], gv["block_tables"][:bs], num_splits=splits)))
+                    bs, gv["context_lens"][:bs], gv["block_tables"][:bs], num_splits=splits,
+                    order=gv["order"][:bs] if self.decode_order else None)))
                 self._graph_body(bs, bs <= head_bs)  # warm-up (and compiles, outside the capture)
                 with torch.cuda.graph(graph, pool):
                     head = self._graph_body(bs, bs <= head_bs)
@@ -494,7 +505,7 @@ class ModelRunner:
         head = self.graph_heads.get(graph)
         draw = self.sampling.in_graph(plan) if head is not None and self.sampling is self._device_sampling else None
         self.staging.upload_into(self._graph_inputs, lambda host: fill_graph_inputs(
-            host, inputs, self.graph_max_bs, self.graph_max_blocks, draw))
+            host, inputs, self.graph_max_bs, self.graph_max_blocks, draw, self.decode_order))
         if previous is not None:
             dst, src = _id_patch(plan.from_previous) or (None, None)
             index = {} if dst is None else self.staging.upload(ids_dst=(dst, torch.int64), ids_src=(src, torch.int64))

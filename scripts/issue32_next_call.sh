@@ -16,6 +16,9 @@
 #            contexts launched first too), the same order over the bf16 pool (~5 minutes)
 #   vt-nano  nano FP8 (3 repeats) with the layout off and on in the order 0 1 1 0, then the fp8-kv logits suite
 #            (graph) with it on (~5.5 minutes; a call of its own: vt and vt-nano together pass 600 s)
+#   order    nano with the decode kernel's rows launched longest first (LABKIT_DECODE_ORDER, session 19): FP8 (3
+#            repeats) in the order launch, longest-first, longest-first, launch, then bf16 launch, longest-first
+#            (~5 minutes)
 #   ncu      Nsight Compute over one nano-mix decode launch: bf16, FP8, FP8 with V keys-contiguous (occupancy,
 #            DRAM throughput, warp stalls; ~1 minute; a machine whose ncu cannot read counters says so)
 # SECTIONS (default "sampler noise"); WORK: where it makes a new folder (default /tmp). Back: $OUT/call.tgz and
@@ -88,6 +91,20 @@ for section in ${SECTIONS:-sampler noise}; do
         > $W/logs/lc-fp8-kv-vt.log 2>&1
       echo "rc=$? @$SECONDS logits-check fp8-kv, V keys-contiguous: $(grep -m1 -o 'VERDICT: [A-Z]*' \
 $W/logs/lc-fp8-kv-vt.log); $(grep -m1 -o 'worst ratio [0-9.]*x' $W/logs/lc-fp8-kv-vt.log)" >> $S ;;
+    order)
+      # the engine's decode launched longest first (LABKIT_DECODE_ORDER, session 19): FP8 in the order L F F L,
+      # then bf16 L F (ORDER_BF16_ROUNDS=2: L F F L)
+      for kv in fp8 bf16; do
+        seq=$([ $kv = fp8 ] || [ ${ORDER_BF16_ROUNDS:-1} = 2 ] && echo "launch longest-first longest-first launch" \
+              || echo "launch longest-first")
+        for o in $seq; do
+          r=$([ -f $W/nano-$kv-$o-r1.json ] && echo 2 || echo 1)
+          LABKIT_DECODE_ORDER=$o timeout 200 python3 -m labkit bench --model $M --device $D \
+            $([ $kv = fp8 ] && echo --kv-cache-dtype fp8) ${NANO_BENCH:---workload nano --repeats 3} \
+            --out $W/nano-$kv-$o-r$r.json > $W/logs/nano-$kv-$o-r$r.log 2>&1
+          echo "rc=$? @$SECONDS nano $kv, decode order $o, round $r: $(tps $W/nano-$kv-$o-r$r.json) tok/s" >> $S
+        done
+      done ;;
     ncu)
       for v in bf16,rows fp8,rows fp8,v-keys-contiguous; do
         p=${v%,*}; l=${v#*,}

@@ -20,13 +20,14 @@ def _import_with(env: dict, code: str) -> subprocess.CompletedProcess:
 
 
 def test_the_defaults_are_the_measured_ones():
-    from engine import kv_layout
+    from engine import decode_order, kv_layout
     from engine.graph_dispatch import GRAPH_SAMPLE_BS, SHORT_CONTEXT
     from engine.kernels import decode_layer, gumbel_sampler
 
     if any(k.startswith(("LABKIT_DECODE", "LABKIT_GRAPH", "LABKIT_GUMBEL", "LABKIT_FP8")) for k in os.environ):
         pytest.skip("a knob is set in this environment")
     assert kv_layout.FP8_V_TRANSPOSED is True  # (nano FP8 +22% on the H200: docs/perf.md, session 19)
+    assert decode_order.DECODE_ORDER == "launch"  # (the engine not measured yet: docs/perf.md, session 19)
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT,
             GRAPH_SAMPLE_BS, gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE) == (
@@ -60,10 +61,11 @@ def test_each_knob_is_read_when_set():
                                         ("LABKIT_DECODE_SHORT_CONTEXT", "-1"), ("LABKIT_GRAPH_SAMPLE_BS", "3"),
                                         ("LABKIT_DECODE_K_CHUNK", "100"),
                                         ("LABKIT_GUMBEL_PER_SM", "3"), ("LABKIT_GUMBEL_NOISE", "xorshift"),
-                                        ("LABKIT_FP8_V_TRANSPOSED", "yes")])
+                                        ("LABKIT_FP8_V_TRANSPOSED", "yes"),
+                                        ("LABKIT_DECODE_ORDER", "longest")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
-                                     "engine.kernels.gumbel_sampler, engine.kv_layout")
+                                     "engine.kernels.gumbel_sampler, engine.kv_layout, engine.decode_order")
     assert res.returncode != 0 and var in res.stderr
 
 

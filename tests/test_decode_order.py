@@ -38,3 +38,53 @@ def test_an_ordered_launch_gives_each_row_its_own_output(splits, fp8, v_t):
     assert torch.equal(ordered, plain)
     assert plain[1].abs().sum() > 0 and torch.equal(plain[2], torch.zeros_like(plain[2]))
     assert longest_first(ctx).tolist() != list(range(len(lengths)))  # (a kernel mixing rank and row would show)
+
+
+def test_the_host_order_puts_a_buckets_padding_rows_last_and_refuses_too_few_rows():
+    from engine.decode_order import longest_first as host_order
+
+    assert host_order([5, 40, 0, 40, 7], 7).tolist() == [1, 3, 4, 0, 2, 5, 6]
+    assert host_order([3]).tolist() == [0]
+    with pytest.raises(ValueError, match="rows"):
+        host_order([1, 2, 3], 2)
+
+
+@pytest.mark.parametrize("policy", ["prefill_first", "mixed"])
+def test_the_engine_launches_decode_longest_first_when_asked_and_generates_the_same_tokens(tiny_model, policy,
+                                                                                        monkeypatch):
+    """LABKIT_DECODE_ORDER=longest-first: every decode launch of more than one row gets its rows by descending
+    context length (a spy on the kernel's entry); launch order gets none; the tokens are the same."""
+    import engine.runner
+    from engine import LLM, SamplingParams
+    from engine.backends import triton_attn
+
+    seen = []
+    real = triton_attn.paged_decode
+
+    def spy(q, k_cache, v_cache, block_tables, context_lens, *args, order=None, **kw):
+        seen.append((context_lens.tolist(), None if order is None else order.tolist()))
+        return real(q, k_cache, v_cache, block_tables, context_lens, *args, order=order, **kw)
+
+    monkeypatch.setattr(triton_attn, "paged_decode", spy)
+    prompts = [[100 + i] * n for i, n in enumerate([3, 41, 9, 26, 17])]
+    tokens = {}
+    for mode in ("launch", "longest-first"):
+        monkeypatch.setattr(engine.runner, "DECODE_ORDER", mode)
+        seen.clear()
+        llm = LLM(tiny_model, enforce_eager=True, device=DEVICE, attention_backend="triton", kvcache_block_size=16,
+                  max_model_len=256, scheduling_policy=policy, dtype="float32")
+        out = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+        llm.exit()
+        tokens[mode] = [o["token_ids"] for o in out]
+        multi = [(lens, order) for lens, order in seen if len(lens) > 1]
+        assert multi, "no decode step of more than one row"
+        for lens, order in multi:
+            if mode == "launch":
+                assert order is None
+            else:
+                assert sorted(order) == list(range(len(lens)))
+                assert [lens[i] for i in order] == sorted(lens, reverse=True)
+                assert order != list(range(len(lens))) or lens == sorted(lens, reverse=True)
+        if mode == "longest-first":
+            assert any(order != list(range(len(lens))) for lens, order in multi)
+    assert tokens["longest-first"] == tokens["launch"]

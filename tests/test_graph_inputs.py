@@ -88,3 +88,20 @@ def test_a_drawing_graphs_temperatures_and_seeds_reach_their_views_and_nothing_e
     staging.upload_into(dev, lambda host: fill_graph_inputs(host, _decode([9], [1], [5], [2], [[4]], bucket=1),
                                                             max_bs, max_blocks))
     assert v["input_ids"][0].item() == 9 and v["block_tables"][0, 0].item() == 4
+
+
+def test_a_graph_captured_with_an_order_reads_the_buckets_rows_longest_first():
+    """LABKIT_DECODE_ORDER=longest-first (engine/decode_order.py): the order view holds a permutation of the whole
+    bucket, the longest contexts first, ties in batch order, the padding rows last (rows past the bucket are never
+    read)."""
+    max_bs, max_blocks = 8, 3
+    staging = Staging(torch.device("cpu"))
+    dev = torch.full((graph_input_size(max_bs, max_blocks),), 7, dtype=torch.int32)
+    v = graph_input_views(dev, max_bs, max_blocks)
+    step = _decode([1, 2, 3, 4, 5], [9, 99, 4, 99, 30], [0] * 5, [10, 100, 5, 100, 31], [[0], [1], [2], [3], [4]],
+                   bucket=8)
+    staging.upload_into(dev, lambda host: fill_graph_inputs(host, step, max_bs, max_blocks, order=True))
+    assert v["order"].tolist() == [1, 3, 4, 0, 2, 5, 6, 7]
+    step = _decode([1, 2, 3], [0, 50, 9], [0] * 3, [1, 51, 10], [[0], [1], [2]], bucket=4)
+    staging.upload_into(dev, lambda host: fill_graph_inputs(host, step, max_bs, max_blocks, order=True))
+    assert v["order"][:4].tolist() == [1, 2, 0, 3]

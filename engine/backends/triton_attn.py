@@ -39,4 +39,4 @@ def decode(q, k_cache, v_cache, ctx: DecodeMeta, scale: float, k_scale: float = 
         longest = max(ctx.context_lens_host) if ctx.context_lens_host else num_blocks * block_size
         splits = num_splits_for(q.shape[0], num_kv_heads, longest, _sms(q.device))
     return paged_decode(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale, splits, k_scale=k_scale,
-                        v_scale=v_scale)
+                        v_scale=v_scale, order=ctx.order)

@@ -242,9 +242,11 @@ MAX_SPLITS = 64
 
 
 def longest_first(context_lens: torch.Tensor) -> torch.Tensor:
-    """The rows by descending context length (int32), for paged_decode's order: with contexts of mixed lengths
-    the programs launched last set the kernel's end; launched first, the long ones end with the rest."""
-    return torch.argsort(context_lens, descending=True, stable=True).to(torch.int32)
+    """The rows by descending context length (int32, on their device), for paged_decode's order
+    (engine/decode_order.py says why)."""
+    from ..decode_order import longest_first as host_order
+
+    return torch.from_numpy(host_order(context_lens.tolist())).to(context_lens.device)
 
 
 def num_splits_for(batch: int, num_kv_heads: int, max_context: int, num_sms: int,
