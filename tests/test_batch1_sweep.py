@@ -150,16 +150,17 @@ def test_the_next_issue32_call_runs_each_section(tiny_model, tmp_path):
 
 @pytest.mark.slow
 def test_the_next_issue32_call_runs_its_fp8_layout_sections(tiny_model, tmp_path):
-    """scripts/issue32_next_call.sh's vt, vt-nano and ncu sections on the CPU: the layout's tests, kernel_bench
-    --fp8-layouts (dry run), nano FP8 with the layout off and on (0 1 1 0), the fp8-kv suite with it on, and the
-    launch ncu would profile, each pool and layout."""
+    """scripts/issue32_next_call.sh's vt, vt-nano, order and ncu sections on the CPU: the layout's tests,
+    kernel_bench --fp8-layouts (dry run), nano FP8 with the layout off and on (0 1 1 0), the fp8-kv suite with it
+    on, nano with the decode order launch and longest-first, and the launch ncu would profile, each pool and
+    layout."""
     import re
     import tarfile
 
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "FAKE_MODEL": tiny_model, "WORK": str(tmp_path / "w"),
-           "SECTIONS": "vt vt-nano ncu", "NANO_BENCH": "--workload fixed --repeats 1"}
+           "SECTIONS": "vt vt-nano order ncu", "NANO_BENCH": "--workload fixed --repeats 1"}
     res = subprocess.run(["bash", "scripts/issue32_next_call.sh"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=1500)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -172,6 +173,9 @@ def test_the_next_issue32_call_runs_its_fp8_layout_sections(tiny_model, tmp_path
     rounds = re.findall(r"rc=0 @\d+ nano FP8, V keys-contiguous (\d), round (\d): \d+ tok/s", summary)
     assert rounds == [("0", "1"), ("1", "1"), ("1", "2"), ("0", "2")]
     assert re.search(r"rc=0 @\d+ logits-check fp8-kv, V keys-contiguous: VERDICT: PASS", summary), summary
+    orders = re.findall(r"rc=0 @\d+ nano (\w+), decode order ([\w-]+), round (\d): \d+ tok/s", summary)
+    assert orders == [("fp8", "launch", "1"), ("fp8", "longest-first", "1"), ("fp8", "longest-first", "2"),
+                      ("fp8", "launch", "2"), ("bf16", "launch", "1"), ("bf16", "longest-first", "1")], summary
     for pool, layout in (("bf16", "rows"), ("fp8", "rows"), ("fp8", "v-keys-contiguous")):
         assert re.search(rf"rc=0 @\d+ ncu {pool} {layout}\n", summary), summary
         assert f"decode_ncu: {pool} pool, {layout}" in summary
