@@ -60,6 +60,8 @@ FAST_TESTS = [
     "tests/test_bench.py",
     # (session 18)
     "tests/test_fp8_v_transposed.py",
+    # (session 19)
+    "tests/test_kernel_bounds.py", "tests/test_decode_order.py",
 ]
 CASES_TIMEOUT_S = 900
 TESTS_TIMEOUT_S = 1500
@@ -483,6 +485,18 @@ MUTATIONS = [
     M("N99", "engine/kernels/decode_layer.py", "v = tl.load(v_cache_ptr + v_off)",
       "v = tl.load(v_cache_ptr + kv_off)",
       "the fused decode layer's unmasked V tile read with K's offsets"),
+    # (session 19: the first tile past a row's end, and the decode launch order)
+    M("N100", "engine/kernels/decode_layer.py", "block = tl.load(table + n // BLOCK_SIZE, mask=n < end, other=0)",
+      "block = tl.load(table + n // BLOCK_SIZE)",
+      "the fused layer's first tile reads a padding row's table entry -1 (an illegal address on the GPU)"),
+    M("N101", "engine/runner.py", 'inputs.context_lens, order=t.get("order"))', "inputs.context_lens)",
+      "an eager step computes the longest-first order and never hands it to the kernel"),
+    M("N102", "engine/runner.py", "a[5 * max_bs:5 * max_bs + bucket] = longest_first(inputs.context_lens, bucket)",
+      "a[5 * max_bs:5 * max_bs + bucket] = np.arange(bucket)", "a graph's order left in batch order"),
+    M("N103", "engine/backends/triton_attn.py", "v_scale=v_scale, order=ctx.order)", "v_scale=v_scale)",
+      "the Triton backend drops the step's order"),
+    M("N104", "engine/decode_order.py", "np.argsort(-np.asarray(context_lens", "np.argsort(np.asarray(context_lens",
+      "shortest first"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).
