@@ -44,6 +44,7 @@ def _runner(head_bs: int, gumbel: bool = True):
     r.graph_vars["outputs"] = torch.zeros(MAX_BS, 2)
     r.model = types.SimpleNamespace(compute_logits=lambda hidden: torch.full((len(hidden), VOCAB), -1.0))
     r.graph_max_bs, r.graph_max_blocks = MAX_BS, MAX_BLOCKS
+    r.decode_order = False
     r.dispatch = GraphDispatch((1, 2, 4))
     r.graphs = {bs: _FakeGraph(r, bs) for bs in (1, 2, 4)}
     r.short_graphs = {}
