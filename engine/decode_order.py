@@ -15,8 +15,10 @@ import os
 import numpy as np
 
 ORDERS = ("launch", "longest-first")
-# Read once at import, like the kernels' knobs (labkit/output.py records it with them).
-DECODE_ORDER = os.environ.get("LABKIT_DECODE_ORDER", "launch")
+# Read once at import, like the kernels' knobs (labkit/output.py records it with them). longest-first since session
+# 19: nano FP8 36,173 / 36,180 against 33,278 / 34,742 tok/s in launch order, bf16 27,053 against 26,639, on the
+# H200 (docs/perf.md).
+DECODE_ORDER = os.environ.get("LABKIT_DECODE_ORDER", "longest-first")
 if DECODE_ORDER not in ORDERS:
     raise ValueError(f"LABKIT_DECODE_ORDER: one of {', '.join(ORDERS)}, got {DECODE_ORDER!r}")
 

@@ -27,7 +27,7 @@ def test_the_defaults_are_the_measured_ones():
     if any(k.startswith(("LABKIT_DECODE", "LABKIT_GRAPH", "LABKIT_GUMBEL", "LABKIT_FP8")) for k in os.environ):
         pytest.skip("a knob is set in this environment")
     assert kv_layout.FP8_V_TRANSPOSED is True  # (nano FP8 +22% on the H200: docs/perf.md, session 19)
-    assert decode_order.DECODE_ORDER == "launch"  # (the engine not measured yet: docs/perf.md, session 19)
+    assert decode_order.DECODE_ORDER == "longest-first"  # (nano FP8 +6% on the H200: docs/perf.md, session 19)
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT,
             GRAPH_SAMPLE_BS, gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE) == (
