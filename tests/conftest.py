@@ -64,3 +64,17 @@ def replay_graphs(monkeypatch, which: str) -> None:
     rule = {"every": lambda self, plan: True,
             "decodes": lambda self, plan: plan.num_decodes == len(plan)}[which]
     monkeypatch.setattr(Executor, "replays_graph", rule)
+
+
+@pytest.fixture(autouse=True)
+def _kernels_stay_inside_their_tensors():
+    """Every interpreted Triton launch of every test is checked for loads and stores outside its tensors
+    (tests/kernel_bounds.py): on a GPU such an access faults or reads another allocation, where the interpreter
+    reads host memory without complaint. LABKIT_TEST_BOUNDS=0 turns the check off (to time it)."""
+    if os.environ.get("TRITON_INTERPRET") != "1" or os.environ.get("LABKIT_TEST_BOUNDS", "1") == "0":
+        yield
+        return
+    from tests.kernel_bounds import bounds_checked
+
+    with bounds_checked():
+        yield
