@@ -470,9 +470,7 @@ class ModelRunner:
                 if splits is None:
                     continue
                 graph = torch.cuda.CUDAGraph()
-                set_context(Context(gv["slot_mapping"][:bs], DecodeMeta(
-                    bs, gv["context_lens"][:bs], gv["block_tables"][:bs], num_splits=splits,
-                    order=gv["order"][:bs] if self.decode_order else None)))
+                set_context(Context(gv["slot_mapping"][:bs], self.graph_decode_meta(bs, splits)))
                 self._graph_body(bs, bs <= head_bs)  # warm-up (and compiles, outside the capture)
                 with torch.cuda.graph(graph, pool):
                     head = self._graph_body(bs, bs <= head_bs)
@@ -484,6 +482,13 @@ class ModelRunner:
                 torch.cuda.synchronize()
                 reset_context()
         return pool
+
+    def graph_decode_meta(self, bs: int, splits: int) -> DecodeMeta:
+        """What a decode graph of bs rows captures as its attention's inputs: views of the graph input buffer
+        (lengths, tables and, with a launch order, the order fill_graph_inputs writes), and its split count."""
+        gv = self.graph_vars
+        return DecodeMeta(bs, gv["context_lens"][:bs], gv["block_tables"][:bs], num_splits=splits,
+                          order=gv["order"][:bs] if self.decode_order else None)
 
     def _graph_body(self, bs: int, head: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
         """What a decode graph of bs rows runs: the model into the outputs buffer; with head, then the LM head

@@ -497,6 +497,8 @@ MUTATIONS = [
       "the Triton backend drops the step's order"),
     M("N104", "engine/decode_order.py", "np.argsort(-np.asarray(context_lens", "np.argsort(np.asarray(context_lens",
       "shortest first"),
+    M("N105", "engine/runner.py", 'order=gv["order"][:bs] if self.decode_order else None)', "order=None)",
+      "a decode graph captured without its order (the step's permutation written and never read)"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -105,3 +105,26 @@ def test_a_graph_captured_with_an_order_reads_the_buckets_rows_longest_first():
     step = _decode([1, 2, 3], [0, 50, 9], [0] * 3, [1, 51, 10], [[0], [1], [2]], bucket=4)
     staging.upload_into(dev, lambda host: fill_graph_inputs(host, step, max_bs, max_blocks, order=True))
     assert v["order"][:4].tolist() == [1, 2, 0, 3]
+
+
+@pytest.mark.parametrize("decode_order", [True, False])
+def test_a_decode_graph_captures_its_order_from_the_buffer_the_step_fills(decode_order):
+    """The order a graph's attention reads is the graph input buffer's order view (what fill_graph_inputs writes
+    each replay), not a copy; without a launch order the graph captures none."""
+    from engine.runner import ModelRunner
+
+    max_bs, max_blocks = 8, 3
+    r = ModelRunner.__new__(ModelRunner)
+    buf = torch.zeros(graph_input_size(max_bs, max_blocks), dtype=torch.int32)
+    r.graph_vars = graph_input_views(buf, max_bs, max_blocks)
+    r.decode_order = decode_order
+    meta = r.graph_decode_meta(4, 2)
+    assert meta.num_rows == 4 and meta.num_splits == 2
+    step = _decode([1, 2, 3], [0, 50, 9], [0] * 3, [1, 51, 10], [[0], [1], [2]], bucket=4)
+    Staging(torch.device("cpu")).upload_into(
+        buf, lambda host: fill_graph_inputs(host, step, max_bs, max_blocks, order=decode_order))
+    assert meta.context_lens.tolist() == [1, 51, 10, 0]
+    if decode_order:
+        assert meta.order.tolist() == [1, 2, 0, 3]
+    else:
+        assert meta.order is None
