@@ -102,6 +102,7 @@ def test_metrics_follow_vllm_definitions():
     assert s["output_tokens"] == 22 and s["input_tokens"] == 30
     assert s["output_throughput"] == pytest.approx(22 / 0.28)
     assert s["request_throughput"] == pytest.approx(3 / 0.28)
+    assert s["total_token_throughput"] == pytest.approx((30 + 22) / 0.28)  # prompts of completed requests too
     assert s["tpot_ms"]["mean"] == pytest.approx(15.0) and s["tpot_ms"]["n"] == 2
     assert s["ttft_ms"]["median"] == pytest.approx(10.0) and s["itl_ms"]["n"] == 19
     assert s["e2el_ms"]["p99"] == pytest.approx(100 + 0.98 * 130)  # numpy's linear percentile
@@ -466,3 +467,31 @@ def test_request_classes_are_measured_apart(tmp_path, capsys):
     bad.write_text('{"t": 0, "prompt_len": 3, "max_tokens": 1, "class": ""}\n')
     with pytest.raises(LabkitError, match="class must be"):
         L.load_arrivals(bad)
+
+
+def test_a_request_at_its_slo_bound_is_good_and_a_failed_one_never_is():
+    """vLLM's goodput counts a request whose metric equals the bound (<=); a request that failed counts as bad
+    however quick its first token was (a mid-stream error after one token keeps its ttft)."""
+    at = _outcome(0, 20.0, 110.0, 10, itl=[10.0] * 9)                    # ttft 20 = bound, tpot 10 = bound
+    over = _outcome(1, 20.0 + 1e-9, 110.0, 10, itl=[10.0] * 9)
+    failed = _outcome(2, 1.0, 2.0, 1, error="mid-stream: boom")
+    s = M.summarize([at, over, failed], {"ttft": 20.0, "tpot": 10.0})
+    assert M.meets_slo(at, {"ttft": 20.0, "tpot": 10.0}) and not M.meets_slo(over, {"ttft": 20.0})
+    assert not M.meets_slo(failed, {"ttft": 20.0}) and failed.ttft_ms == 1.0
+    assert s["good_requests"] == 1
+
+
+def test_sse_reader_times_each_gap_from_the_previous_arrival(monkeypatch):
+    """ttft is sent -> first token event; each itl is the gap since the previous token event (not since the
+    request was sent); an event without tokens (the finish, usage) adds no gap."""
+    tok = {"id": "x", "choices": [{"index": 0, "finish_reason": None, "text": "a", "token_ids": [5]}]}
+    two = {"id": "x", "choices": [{"index": 0, "finish_reason": None, "text": "bc", "token_ids": [6, 7]}]}
+    fin = {"id": "x", "choices": [{"index": 0, "finish_reason": "stop", "text": "", "token_ids": []}]}
+    clock = iter([10, 25, 45, 60, 61])   # ms after the send, one per feed
+    monkeypatch.setattr(L.time, "monotonic_ns", lambda: next(clock) * 1_000_000)
+    o = L.Outcome(id="r", scheduled_s=0.0, sent_ns=0)
+    r = L._Stream(o)
+    for p in (tok, tok, two, fin, b"[DONE]"):
+        r.feed(_sse(p))
+    assert o.ttft_ms == pytest.approx(10.0) and o.itl_ms == pytest.approx([15.0, 20.0])
+    assert o.chunk_tokens == [1, 1, 2] and o.output_tokens == 4 and r.done

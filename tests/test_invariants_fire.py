@@ -72,6 +72,13 @@ def _pop_event(events, step, name):
     events.remove(at(events, step, name))
 
 
+def _pool_blocks(ev) -> int:
+    """The pool's block count as the log states it (run_start, else the config): one past the last valid id."""
+    n = ev[0].get("num_kvcache_blocks") or ev[0]["config"]["num_kvcache_blocks"]
+    assert isinstance(n, int) and n > 0
+    return n
+
+
 def _slots(ev):
     ev["slot_mapping"][0] += 1
 
@@ -145,6 +152,13 @@ OTHER_SIDE = {
     "budget": ("chunk", lambda ev: ev[0]["config"].update(max_num_batched_tokens=511)),
     # max_tokens reached but not finished (the edit above goes past max_tokens)
     "max_tokens": ("chunk", lambda ev: row(at(ev, 4, "after_postprocess"), "A").update(status="RUNNING")),
+    # one token scheduled, but not on top of all the others cached (the edit above schedules two)
+    "decode.shape": ("chunk", lambda ev: _bump(row(at(ev, 3, "scheduled"), "A"), "num_cached_tokens", -1)),
+    # an id one past the pool's last block (the edit above repeats an id)
+    "block_table.ids": ("chunk", lambda ev: row(at(ev, 1, "scheduled"), "A")["block_table"].__setitem__(
+        2, _pool_blocks(ev))),
+    # the key length (the edit above moves the query length)
+    "inputs.max_seqlen": ("chunk", lambda ev: _bump(at(ev, 1, "gpu_inputs"), "max_seqlen_k")),
 }
 CASES = [(name, *EDITS[name]) for name in sorted(EDITS)] + [(name, *OTHER_SIDE[name]) for name in sorted(OTHER_SIDE)]
 IDS = sorted(EDITS) + [f"{name}-other-side" for name in sorted(OTHER_SIDE)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from labkit.errors import LabkitError
 from labkit.logits import compare as cmp
 from labkit.logits.collect import Collection
 
@@ -104,6 +105,36 @@ def test_a_top1_flip_on_a_margin_just_over_twice_the_noise_fails():
     assert not row["top1_agree"] and row["ratio"] <= ROW_PASS
     assert row["status"] == "FAIL" and wide["verdict"] == "FAIL" and "is wide" in row["reason"]
 
+
+
+def test_rel_l2_is_measured_against_the_truths_norm():
+    """rel-L2 = ||x - t|| / ||t||: a path 1.25 off in one logit of [4, 0, 0, 0] is 1.25 / 4 away (not over its own
+    norm, sqrt(16 + 1.25**2)); the rows and the pooled figure both say so."""
+    result = _anchored([1.25, 0, 0, 0])
+    lhs = result["rows"][0]["to_truth"]["lhs"]
+    assert lhs["rel_l2"] == pytest.approx(1.25 / 4, rel=1e-12) and lhs["ratio_rel_l2"] == pytest.approx(2.5)
+    assert result["summary"]["overall"]["lhs"]["rel_l2"] == pytest.approx(1.25 / 8, rel=1e-12)  # ||t|| = 8
+
+
+def _fp8_col(logits, dtype, backend="engine"):
+    col = _col(logits, dtype, backend)
+    col.meta["kv_cache_dtype"] = "fp8"
+    return col
+
+
+def test_a_float32_path_with_an_fp8_kv_cache_is_measured_against_an_fp8_reference():
+    """An e4m3 KV cache rounds more than float32 at any model dtype: such a float32 path needs Transformers'
+    own float32 run with its K/V round-tripped through e4m3, and is measured against that reference's distance,
+    never against the float32 floor (which would fail every honest FP8 row)."""
+    truth = _col(TRUTH, "float32", "hf")
+    x = TRUTH.copy()
+    x[:, 1] = 1.0
+    with pytest.raises(LabkitError) as err:
+        cmp.compare(_fp8_col(x, "float32"), truth)
+    assert err.value.code == 2 and "--kv-cache-dtype fp8" in str(err.value)
+    result = cmp.compare(_fp8_col(x, "float32"), truth, reference=_fp8_col(REFERENCE, "float32", "hf"))
+    assert [r["to_truth"]["lhs"]["ratio"] for r in result["rows"]] == pytest.approx([2.0] * 4)
+    assert result["verdict"] == "REVIEW"   # rows 2.0 (PASS), pooled 2.0 (past 1.5)
 
 def test_non_finite_logits_fail_whatever_the_ratio():
     x = TRUTH.copy()

@@ -131,3 +131,18 @@ def test_a_huge_temperature_is_uniform_without_warnings(tiny_model):
     llm.exit()
     tokens = [t for o in outs for t in o["token_ids"]]
     assert len(set(tokens)) > 40  # 64 draws from a 2,048-token vocabulary, near uniform: few repeats
+
+
+def test_keyed_uniform_never_draws_zero_even_where_the_hash_is_zero():
+    """The row-seeded uniforms are (k + 0.5) / 2**24 for the hash's top 24 bits k: strictly inside (0, 1), so
+    -log(u) is finite for every token. Seed 1 hashes to k = 0 at index 1,744,052 (found by search): without the
+    half step that token's Gumbel noise would be infinite and the token never drawn."""
+    from engine.sampler import _shr, keyed_uniform
+
+    u = keyed_uniform(torch.tensor([1, 2]), 1_744_053)
+    assert u[0, 1_744_052].item() == pytest.approx(0.5 / (1 << 24), rel=1e-6)
+    assert 0 < u.min().item() and u.max().item() < 1
+    # Every value sits at the centre of its 2**-24 cell (the hash's top 24 bits, read back).
+    k = u * (1 << 24) - 0.5
+    assert torch.equal(k, k.round()) and int(k.min()) >= 0 and int(k.max()) < (1 << 24)
+    assert _shr(torch.tensor([-1]), 40).item() == (1 << 24) - 1   # the logical shift keeps 24 bits
