@@ -8,8 +8,9 @@ block 256, one layer's pool, blocks placed at random in it), at 256 x 800, 256 x
 contexts of a full nano decode batch: prompt plus part of the output, mean 809, max 1,835):
   (a) every launch against the torch reference backend, max abs error (the default's decides the exit code);
   (b) a sweep of launch knobs, each timed as 20 calls in one CUDA graph (as the engine runs it); effective TB/s =
-      K+V bytes of the contexts / time. order=longest-first launches the programs of the longest contexts first
-      (paged_decode's order; unequal contexts only differ). Ceilings on the same bytes: a device copy (bytes read +
+      K+V bytes of the contexts / time. The default launches the rows in the engine's order (LABKIT_DECODE_ORDER,
+      engine/decode_order.py: longest-first unless set); order=launch / order=longest-first name one (unequal
+      contexts only differ). Ceilings on the same bytes: a device copy (bytes read +
       written / time, PERF-NOTES' definition) and a read-only reduction. The same kernel on the old token-major
       pool is the "before"; the default is timed first and last, so the spread between the two is the noise;
   (c) prefill (engine/kernels/prefill_attention.py, reading keys through the pool as the engine does) on the nano
@@ -85,10 +86,10 @@ def decode_configs(dry: bool, sweep: bool = True, fp8: bool = False, fp8_dot: bo
     if fp8_layouts:
         # (compiled for sm_90, session 18: 112 registers a thread, 4 programs an SM, against the default's 200
         # and 2; scripts/kernel_sass.py)
-        around = [{}, {"order": "longest-first"}, {"num_stages": 3}, {"num_warps": 8}, {"block_n": 64},
+        around = [{}, {"order": "launch"}, {"num_stages": 3}, {"num_warps": 8}, {"block_n": 64},
                   {"splits": 2}, {"fp8_dot": "qkpv"}, {"fp8_dot": "swap"}]
         if dry:  # (32-row tiles: whole pages of the dry run's 64-token blocks, read unmasked; {}: masked)
-            around = [{"block_n": 32}, {"block_n": 32, "order": "longest-first"}, {"fp8_dot": "qkpv", "block_n": 32},
+            around = [{"block_n": 32}, {"block_n": 32, "order": "launch"}, {"fp8_dot": "qkpv", "block_n": 32},
                       {}]
         return [default, *[{"layout": VT, **a} for a in around], {"name": "default (again)"}]
     if fp8_dot:
@@ -100,7 +101,7 @@ def decode_configs(dry: bool, sweep: bool = True, fp8: bool = False, fp8_dot: bo
         return [default, *dots, {"fp8_dot": "qk"}, {"fp8_dot": "qkpv"}, {"name": "default (again)"}]
     if dry:
         return [default, {"block_n": 32, "splits": 2}, {"tma": True, "block_n": 32}, {"layout": "token-major"},
-                {"order": "longest-first"}, {"name": "default (again)"}]
+                {"order": "launch"}, {"name": "default (again)"}]
     # 128-row tiles at 4 stages want 256 KiB of shared memory (Hopper has 227): left out. An e4m3 tile is half
     # the bytes, so FP8 goes to 256-row tiles (the pool's whole block) and deeper pipelines.
     from engine.kernels.decode_attention import DEFAULTS, FP8_KNOBS
@@ -112,8 +113,8 @@ def decode_configs(dry: bool, sweep: bool = True, fp8: bool = False, fp8_dot: bo
     grid = [g for g in grid if any(base.get(k) != v for k, v in g.items())]  # the default is timed anyway
     tma = [{"tma": True, "block_n": n, "num_stages": s} for n, s in ((64, 3), (64, 4), (128, 2))]
     return [default, *grid, *tma, {"splits": 2}, {"splits": 3}, {"page_tiles": False},
-            {"layout": "token-major"}, {"order": "longest-first"}, {"order": "longest-first", "splits": 2},
-            *([{"layout": VT}, {"layout": VT, "order": "longest-first"}] if fp8 else []), {"name": "default (again)"}]
+            {"layout": "token-major"}, {"order": "launch"}, {"order": "launch", "splits": 2},
+            *([{"layout": VT}, {"layout": VT, "order": "launch"}] if fp8 else []), {"name": "default (again)"}]
 
 
 def config_name(cfg: dict) -> str:
@@ -209,7 +210,9 @@ def run_decode(torch, cfg: dict, inp: dict, splits: int, scale: float, old_layou
     else:
         k, v = inp["k"], inp["v"]
     out = torch.empty_like(inp["q"])
-    if cfg.get("order") == "longest-first":
+    from engine.decode_order import DECODE_ORDER
+
+    if cfg.get("order", DECODE_ORDER) == "longest-first":  # (the engine's order unless the config names one)
         from engine.kernels.decode_attention import longest_first
 
         knobs["order"] = longest_first(inp["lens"])
@@ -237,10 +240,11 @@ def bench_decode(torch, timer: Timer, geo: dict, dtype, device, sms: int, dry: b
                  fp8: bool = False, fp8_dot: bool = False, fp8_layouts: bool = False,
                  only: list[dict] | None = None) -> dict:
     from engine.backends import torch_ref
+    from engine.decode_order import DECODE_ORDER
     from engine.kernels.decode_attention import DEFAULTS, num_splits_for
 
     scale = geo["head_dim"] ** -0.5
-    out = {"defaults": dict(DEFAULTS), "kv_cache_dtype": "fp8" if fp8 else "auto", "shapes": {}}
+    out = {"defaults": dict(DEFAULTS), "order": DECODE_ORDER, "kv_cache_dtype": "fp8" if fp8 else "auto", "shapes": {}}
     for key, lengths in geo["shapes"].items():
         inp = decode_inputs(torch, geo, lengths, dtype, device, fp8=fp8)
         ref = torch_ref.decode(inp["q"], inp["k"], inp["v"], inp["ctx"], scale).float()
@@ -547,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --kv-cache-dtype fp8: only V keys-contiguous (LABKIT_FP8_V_TRANSPOSED's layout) "
                          "against the default")
     ap.add_argument("--configs", help='decode: only these configurations (a JSON list of objects, e.g. '
-                    '\'[{"order": "longest-first"}]\'; keys: block_n, num_warps, num_stages, page_tiles, tma, '
+                    '\'[{"order": "launch"}]\'; keys: block_n, num_warps, num_stages, page_tiles, tma, '
                     'fp8_dot, splits, layout, order), between the default\'s two timings')
     args = ap.parse_args(argv)
     only = None
@@ -557,6 +561,9 @@ def main(argv: list[str] | None = None) -> int:
             only = json.loads(args.configs)
             if not (isinstance(only, list) and all(isinstance(c, dict) and set(c) <= keys for c in only)):
                 raise ValueError(f"a list of objects with keys among {', '.join(sorted(keys))}")
+            bad = [c["order"] for c in only if "order" in c and c["order"] not in ("launch", "longest-first")]
+            if bad:
+                raise ValueError(f"order is launch or longest-first, got {bad[0]!r}")
         except ValueError as exc:
             ap.error(f"--configs: {exc}")
         if args.fp8_dot or args.fp8_layouts:

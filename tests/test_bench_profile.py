@@ -323,10 +323,11 @@ LAYER = ["_add_rms_norm_kernel", "_small_gemm_kernel", "_qk_norm_rope_kernel", "
          "_small_gemm_kernel", "_silu_and_mul_kernel", "_small_gemm_kernel"]
 
 
-def _decode_trace(steps: int = 3, layers: int = 4, gap: float = 1.0, kernel: float = 2.0, layer: list | None = None):
+def _decode_trace(steps: int = 3, layers: int = 4, gap: float = 1.0, kernel: float = 2.0, layer: list | None = None,
+                  batch: int = 1):
     """`steps` batch-1 decode steps of 200 us each; in each, an embedding kernel, `layers` layers of LAYER (the
     first starting with a plain RMSNorm, as layer 0 does), the final norm, the LM head and the sampler; every
-    kernel `kernel` us long, `gap` us after the previous one."""
+    kernel `kernel` us long, `gap` us after the previous one; `batch` rows a step (a token each)."""
     layer = layer or LAYER
     events, window = [], []
     for n in range(steps):
@@ -338,7 +339,7 @@ def _decode_trace(steps: int = 3, layers: int = 4, gap: float = 1.0, kernel: flo
         for name in names:
             events.append(_x(name, "kernel", t, kernel, tid=20))
             t += kernel + gap
-        window.append(StepTime(n + 2, "decode", 1, 1, 1, 2e-4))
+        window.append(StepTime(n + 2, "decode", batch, batch, batch, 2e-4))
     return {"traceEvents": events}, window
 
 
@@ -373,6 +374,26 @@ def test_kernels_per_token_idle_share_and_one_layer_in_time():
                         "kernel_families": [{"family": f, "pattern": p} for f, p in prof.KERNEL_FAMILIES]})
     assert "## One decoder layer in time" in md and "| 1 | 3.00 | 2.00 | 1.00 |" in md
 
+
+
+def test_a_decode_step_of_several_rows_shares_its_kernels_among_their_tokens():
+    """Kernels per token divide a step's kernels by the tokens it decoded (4 rows: a quarter of a step's), kernels
+    per step by the steps."""
+    t = prof.analyze(*_decode_trace(steps=2, layers=2, batch=4), cuda=True, layers=2)
+    per_step = 1 + 2 * len(LAYER) + 3
+    assert t["kernels_per_decode_step"] == pytest.approx(per_step)
+    assert t["kernels_per_decode_token"] == pytest.approx(per_step / 4)
+
+
+def test_overlapping_kernels_count_once_in_a_layers_busy_time():
+    """Under PDL a kernel starts before its predecessor ends: the layer's busy time is the union of the kernels'
+    spans (overlaps counted once), its gaps what the union leaves of the span."""
+    assert prof._union([(0.0, 4.0), (3.0, 6.0), (5.0, 7.0), (9.0, 10.0)]) == pytest.approx(8.0)
+    assert prof._union([(0.0, 10.0), (2.0, 3.0)]) == pytest.approx(10.0)   # one inside another
+    lt = prof.analyze(*_decode_trace(steps=1, layers=3, gap=-0.5, kernel=2.0), cuda=True)["layer_timeline"]
+    n = len(LAYER)
+    assert lt["found"] and lt["period"] == n
+    assert lt["busy_us"] == pytest.approx(1.5 * (n - 1) + 2.0) and lt["gap_us"] == pytest.approx(0.0)
 
 def test_fused_kernels_show_as_fewer_kernels_and_smaller_gaps():
     """What the batch1-kernels lab compares: the same layer in fewer, back-to-back kernels."""

@@ -77,7 +77,7 @@ def test_fp8_layouts_times_v_keys_contiguous_against_the_default(tmp_path):
         names = [r["config"] for r in shape["configs"]]
         assert names[0] == "default" and names[-1] == "default (again)"
         assert "layout=v-keys-contiguous block_n=32" in names and len(names) == 6
-        assert "layout=v-keys-contiguous block_n=32 order=longest-first" in names
+        assert "layout=v-keys-contiguous block_n=32 order=launch" in names
         assert all(r["ok"] for r in shape["configs"]), shape["configs"]
     with pytest.raises(SystemExit):
         kb.main(["--dry-run", "--fp8-layouts", "--out", str(out)])  # an FP8 pool's sweep
@@ -100,13 +100,35 @@ def test_decode_ncu_launches_each_pool_and_layout_and_checks_it(monkeypatch, cap
 def test_configs_times_only_the_named_launches(tmp_path, capsys):
     kb = _load()
     out = tmp_path / "kb-order.json"
-    assert kb.main(["--dry-run", "--skip-prefill", "--configs", '[{"order": "longest-first"}, {"splits": 2}]',
+    assert kb.main(["--dry-run", "--skip-prefill", "--configs", '[{"order": "launch"}, {"splits": 2}]',
                     "--out", str(out)]) == 0
     for shape in json.loads(out.read_text())["decode"]["shapes"].values():
-        assert [r["config"] for r in shape["configs"]] == ["default", "order=longest-first", "splits=2",
+        assert [r["config"] for r in shape["configs"]] == ["default", "order=launch", "splits=2",
                                                           "default (again)"]
         assert all(r["ok"] for r in shape["configs"])
-    for bad in ('{"order": 1}', '[{"depth": 3}]', "not json"):
+    for bad in ('{"order": 1}', '[{"depth": 3}]', "not json", '[{"order": "shortest-first"}]'):
         with pytest.raises(SystemExit):
             kb.main(["--dry-run", "--configs", bad, "--out", str(out)])
         assert "--configs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("engine_order", ["longest-first", "launch"])
+def test_the_default_row_launches_in_the_engines_order(tmp_path, monkeypatch, engine_order):
+    """"default" is the launch the engine makes: the rows in LABKIT_DECODE_ORDER's order (longest-first unless
+    set), so a row named order=... is the other one, and the JSON says which the default was."""
+    kb = _load()
+    from engine import decode_order
+    from engine.kernels import decode_attention
+
+    monkeypatch.setattr(decode_order, "DECODE_ORDER", engine_order)
+    real, seen = decode_attention.paged_decode, []
+
+    def spy(*a, **kw):
+        seen.append(kw.get("order"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(decode_attention, "paged_decode", spy)
+    out = tmp_path / "kb.json"
+    assert kb.main(["--dry-run", "--skip-prefill", "--no-sweep", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["decode"]["order"] == engine_order
+    assert seen and all((o is not None) == (engine_order == "longest-first") for o in seen)
