@@ -227,6 +227,9 @@ BAD = [
     ({"prompt": "hi", "top_p": 0}, "top_p"),
     ({"prompt": "hi", "temperature": -1}, "temperature"),
     ({"prompt": "hi", "n": 2}, "n"),
+    ({"prompt": "hi", "n": 0}, "n"),            # only n=1 is served: zero choices is no request either
+    ({"prompt": [1] * 1024}, "prompt"),         # at max_model_len: no room for one output token
+    ({"prompt": [1] * 1024, "max_tokens": 1}, "prompt"),
     ({"prompt": "hi", "stop": ["x"]}, "stop"),
     ({"prompt": "hi", "logprobs": 3}, "logprobs"),
     ({"prompt": ["a", "b"]}, "prompt"),
@@ -280,6 +283,20 @@ def test_bad_chat_input_is_a_400_naming_the_field(server, extra, field):
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"].startswith(field) and r.json()["error"]["param"] == field
 
+
+
+def test_without_max_tokens_completions_stop_at_16_and_chat_at_the_room_left(server):
+    """OpenAI's defaults: /v1/completions generates at most 16 tokens when max_tokens is unset, never more than
+    max_model_len leaves; chat completions run to max_model_len."""
+    r = server.post(json={"prompt": "hi", "ignore_eos": True, "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16, r.text
+    r = server.post(json={"prompt": [1] * 1021, "ignore_eos": True, "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+    r = server.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                   "ignore_eos": True, "temperature": 0})
+    assert r.status_code == 200, r.text
+    u = r.json()["usage"]
+    assert u["prompt_tokens"] + u["completion_tokens"] == 1024 and u["total_tokens"] == 1024
 
 def test_the_defaults_of_unimplemented_fields_are_served(server):
     # A client that spells out OpenAI's defaults asks for nothing this server lacks.
