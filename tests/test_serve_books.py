@@ -132,3 +132,37 @@ def _check_iteration_lines(steps: list[dict], arrivals: list) -> None:
         generation += g_tok
     assert context == sum(len(ids) for _, _, ids, _ in arrivals)
     assert generation == sum(m - 1 for _, _, _, m in arrivals)
+
+
+def _histogram(client, name: str) -> tuple[float, float]:
+    """(count, sum) of a histogram family."""
+    return _metric(client, f"{name}_count"), _metric(client, f"{name}_sum")
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_latency_histograms_add_up_request_by_request(tiny_model, policy, monkeypatch):
+    """Per request, time to first token plus its inter-token gaps is its end-to-end latency (the last token and
+    the finish arrive together), so the histograms' sums agree; one gap a token after each request's first. A
+    fake clock ticks once per reading, so every time is distinct and exact."""
+    from labkit.serve import engine_client
+    from labkit.serve.core import EngineCore
+    from labkit.serve.engine_client import EngineClient
+    from labkit.serve.metrics import ServerMetrics
+
+    ticks = iter(range(1, 10 ** 6))
+    monkeypatch.setattr(engine_client.time, "monotonic", lambda: float(next(ticks)))
+    llm = LLM(tiny_model, scheduling_policy=policy, **ENGINE)
+    try:
+        core = EngineCore(llm)
+        client = EngineClient("m", {}, metrics=ServerMetrics("m"))
+        arrivals = [(0, "a", list(range(100, 400)), 6), (0, "b", list(range(500, 540)), 8),
+                    (3, "c", list(range(600, 700)), 4), (4, "one", list(range(700, 730)), 1)]
+        _drive(core, client, arrivals)
+        n_ttft, ttft = _histogram(client, "labkit:time_to_first_token_seconds")
+        n_itl, itl = _histogram(client, "labkit:inter_token_latency_seconds")
+        n_e2el, e2el = _histogram(client, "labkit:e2e_request_latency_seconds")
+        assert n_ttft == n_e2el == len(arrivals)
+        assert n_itl == sum(m - 1 for *_, m in arrivals)
+        assert ttft + itl == pytest.approx(e2el) and itl >= n_itl  # each gap spans at least one clock reading
+    finally:
+        llm.exit()
