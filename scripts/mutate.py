@@ -74,10 +74,11 @@ class Mutation:
     old: str         # an exact piece of exactly one line of the file
     new: str
     what: str
+    tests: tuple = ()  # test files that guard this module beyond FAST_TESTS (run for this mutation only)
 
 
-def M(id_, file, old, new, what):
-    return Mutation(id_, file, old, new, what)
+def M(id_, file, old, new, what, tests=()):
+    return Mutation(id_, file, old, new, what, tuple(tests))
 
 
 MUTATIONS = [
@@ -499,10 +500,69 @@ MUTATIONS = [
       "shortest first"),
     M("N105", "engine/runner.py", 'order=gv["order"][:bs] if self.decode_order else None)', "order=None)",
       "a decode graph captured without its order (the step's permutation written and never read)"),
+    # --- session 20: the judges, the serving books, the bench's arithmetic (each first a survivor, then a test) ---
+    M("N106", "labkit/logits/gates.py", "np.linalg.norm(d, axis=1), np.linalg.norm(t, axis=1)",
+      "np.linalg.norm(d, axis=1), np.linalg.norm(x, axis=1)", "rel-L2 over the path's own norm, not the truth's"),
+    M("N107", "labkit/logits/anchored.py", "    return dtype_of(col) in gates.LOW_PRECISION or kv_fp8(col)",
+      "    return dtype_of(col) in gates.LOW_PRECISION",
+      "a float32 path with an FP8 KV cache judged against the float32 floor, without its e4m3 reference"),
+    M("N108", "labkit/bench/load_metrics.py", '"total_token_throughput": per_s(in_tokens + out_tokens),',
+      '"total_token_throughput": per_s(out_tokens),', "total token throughput leaves out the prompts",
+      ["tests/test_bench_load.py"]),
+    M("N109", "labkit/bench/load_metrics.py", "(values[k] is not None and values[k] <= ms)",
+      "(values[k] is not None and values[k] < ms)", "a request exactly at its SLO bound counted as bad (vLLM: <=)",
+      ["tests/test_bench_load.py"]),
+    M("N110", "labkit/bench/load_metrics.py", "    if not o.ok:", "    if o.ok is None:",
+      "a failed request with a quick first token counted as good", ["tests/test_bench_load.py"]),
+    M("N111", "labkit/bench/load.py", "            o.itl_ms.append((now - self.last_ns) / 1e6)",
+      "            o.itl_ms.append((now - o.sent_ns) / 1e6)", "bench load's itl measured from the send",
+      ["tests/test_bench_load.py"]),
+    M("N112", "engine/sampler.py", "    return (_shr(x, 40).float() + 0.5) * (1.0 / (1 << 24))",
+      "    return (_shr(x, 40).float()) * (1.0 / (1 << 24))", "a keyed uniform of 0 (infinite Gumbel noise) where the "
+      "hash's top bits are 0"),
+    M("N113", "labkit/trace/validate.py",
+      "        yield s.need(ns == 1 and is_int(nt) and is_int(nc) and nt == nc + 1, ",
+      "        yield s.need(ns == 1 and is_int(nt) and is_int(nc), ",
+      "decode.shape no longer checks total = cached + 1"),
+    M("N114", "labkit/trace/validate.py", "            yield s.need(mq == wq and mk == wk, ",
+      "            yield s.need(mq == wq, ", "inputs.max_seqlen no longer checks the key length"),
+    M("N115", "labkit/trace/validate.py", "(self.nb is not None and b >= self.nb)]",
+      "(self.nb is not None and b > self.nb)]", "a block id equal to the pool's size passes block_table.ids"),
+    M("N116", "labkit/bench/profile.py",
+      '"kernels_per_decode_token": by_phase["decode"] / tokens if tokens else None,',
+      '"kernels_per_decode_token": by_phase["decode"] / len(decode) if tokens else None,',
+      "kernels per decode token divided by the steps (equal at batch 1 only)", ["tests/test_bench_profile.py"]),
+    M("N117", "labkit/bench/profile.py", "            total += e - end", "            total += e - s",
+      "overlapping kernels (PDL) counted twice in a layer's busy time", ["tests/test_bench_profile.py"]),
+    M("N118", "labkit/serve/protocol.py", "    if room < 1:", "    if room < 0:",
+      "a prompt at max_model_len refused as a bad max_tokens, not as the prompt", ["tests/test_serve.py"]),
+    M("N119", "labkit/serve/protocol.py", "max_tokens = room if default_max is None else min(default_max, room)",
+      "max_tokens = room if default_max is None else max(default_max, room)",
+      "/v1/completions without max_tokens runs to max_model_len instead of 16", ["tests/test_serve.py"]),
+    M("N120", "labkit/serve/protocol.py", '("n", body.n != 1, ', '("n", body.n > 1, ', "n=0 served",
+      ["tests/test_serve.py"]),
+    M("N121", "labkit/serve/protocol.py", '"total_tokens": prompt + completion}', '"total_tokens": completion}',
+      "usage.total_tokens leaves out the prompt", ["tests/test_serve.py"]),
+    M("N122", "labkit/serve/engine_client.py", "                    itl(now - stream.t_last)",
+      "                    itl(now - stream.t_arrival)", "the server's inter-token histogram measured from arrival",
+      ["tests/test_serve_books.py"]),
+    M("N123", "labkit/serve/engine_client.py", "                m.e2el.observe(now - stream.t_arrival)",
+      "                m.e2el.observe(now - (stream.t_first or stream.t_arrival))",
+      "the server's e2e latency measured from the first token", ["tests/test_serve_books.py"]),
+    M("N124", "scripts/kernel_bench.py", '    if cfg.get("order", DECODE_ORDER) == "longest-first":',
+      '    if cfg.get("order") == "longest-first":', "kernel_bench's default row in launch order while the engine "
+      "launches longest first", ["tests/test_kernel_bench.py"]),
+    M("N125", "labkit/logits/gates.py", "    if not math.isfinite(ratio) or ratio > fail_at:",
+      "    if ratio > fail_at:", "grade without its non-finite test"),
+    M("N126", "labkit/logits/anchored.py", "                if not math.isfinite(r) or r > worst_ratio:",
+      "                if r > worst_ratio:", "the K/V step's worst layer without its non-finite test"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).
 EQUIVALENT = {
+    "N125": "a ratio is never NaN: row_distances gives inf (not NaN) for a non-finite row and every noise is floored "
+            "above 0, so a non-finite ratio is +inf, which ratio > fail_at already fails",
+    "N126": "as N125: a layer's ratio is finite or +inf, and +inf > worst_ratio holds for any finite worst",
     "S16": "adds 0 to a counter: the harness's control (it must come out EQUIVALENT, never caught)",
     "B10": "defence in depth: a block handed out for new content drops its old hash (_allocate_block), so a hash "
            "hit always has the same tokens; only B10 and that line together break it "
@@ -614,10 +674,11 @@ def cases_worker(out: Path, model: str) -> None:
     out.write_text(json.dumps(caught))
 
 
-def run_tests(tree: Path, work: Path, model: str) -> list[str]:
-    """The fast tests that failed (node ids), or one line saying why none could run."""
+def run_tests(tree: Path, work: Path, model: str, extra: tuple = ()) -> list[str]:
+    """The fast tests (and a mutation's own `extra` test files) that failed (node ids), or one line saying why none
+    could run."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "--timeout", "300",
-           *FAST_TESTS]
+           *FAST_TESTS, *[t for t in extra if t not in FAST_TESTS]]
     try:
         res = subprocess.run(cmd, cwd=tree, env=_env(tree, work / "runs", model), capture_output=True, text=True,
                              timeout=TESTS_TIMEOUT_S)
@@ -717,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             work = Path(tmp) / f"w-{m.id}"
             cases = run_cases(tree, work, model)
-            tests = run_tests(tree, work, model)
+            tests = run_tests(tree, work, model, m.tests)
             caught = bool(cases or tests)
             status = "CAUGHT" if caught else ("EQUIVALENT" if m.id in EQUIVALENT else "SURVIVED")
             results.append({"id": m.id, "file": m.file, "old": m.old, "new": m.new, "what": m.what,
