@@ -21,6 +21,9 @@
 #            (~5 minutes)
 #   ncu      Nsight Compute over one nano-mix decode launch: bf16, FP8, FP8 with V keys-contiguous (occupancy,
 #            DRAM throughput, warp stalls; ~1 minute; a machine whose ncu cannot read counters says so)
+#   gemv     batch 1's weight stream kernel by kernel (scripts/gemv_bench.py, session 20): each fused GEMV alone
+#            over the 28 layers' weights, the four chained, rows x warps x PDL around the default, a device copy's
+#            bandwidth; then `bench --workload batch1` on the same machine for the whole token (~3 minutes)
 # SECTIONS (default "sampler noise"); WORK: where it makes a new folder (default /tmp). Back: $OUT/call.tgz and
 # $OUT/summary.txt. Session 17 ran "sampler" plus a GEMV section since removed with its knobs (call 1: the record
 # is docs/gpu-runs/2026-12-04-session17/call1.sh), then "noise" (call 2), whose hash noise at 8 programs an SM
@@ -120,6 +123,14 @@ $W/logs/lc-fp8-kv-vt.log); $(grep -m1 -o 'worst ratio [0-9.]*x' $W/logs/lc-fp8-k
         grep -E "decode_ncu:|Achieved Occupancy|Theoretical Occupancy|DRAM Throughput|Memory Throughput|Duration|\
 Registers Per Thread|Block Limit|Warp Cycles Per Issued|==PROF==|==ERROR==" $W/ncu-$p-$l.txt | head -20 >> $S
       done ;;
+    gemv)
+      timeout 300 python3 scripts/gemv_bench.py --sweep $([ $D = cpu ] && echo --dry-run) --out $W/gemv.json \
+        > $W/logs/gemv.log 2>&1
+      echo "rc=$? @$SECONDS gemv_bench" >> $S; cat $W/gemv.md >> $S 2>/dev/null
+      timeout 200 python3 -m labkit bench --model $M --device $D ${BATCH1_BENCH:---workload batch1} \
+        --out $W/batch1.json > $W/logs/batch1.log 2>&1
+      echo "rc=$? @$SECONDS batch1: $(python3 -c "import json,sys;print(round(json.load(open(sys.argv[1]))['median']\
+['decode_ms_per_token'], 4))" $W/batch1.json 2>/dev/null) ms a token" >> $S ;;
     *) echo "issue32_next_call.sh: unknown section $section" >> $S ;;
   esac
 done

@@ -183,3 +183,26 @@ def test_the_next_issue32_call_runs_its_fp8_layout_sections(tiny_model, tmp_path
         names = set(tar.getnames())
     assert {"./nano-fp8-vt1-r2.json", "./kb-fp8-layouts.json"} <= names
     assert summary.rstrip().splitlines()[-1].startswith("done")
+
+
+@pytest.mark.slow
+def test_the_next_issue32_call_runs_its_gemv_section(tiny_model, tmp_path):
+    """scripts/issue32_next_call.sh's gemv section on the CPU: gemv_bench (dry run, with its sweep, every launch
+    checked) and the batch-1 bench reach the summary and the archive."""
+    import re
+    import tarfile
+
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "FAKE_MODEL": tiny_model, "WORK": str(tmp_path / "w"),
+           "SECTIONS": "gemv", "BATCH1_BENCH": "--workload batch1 --repeats 1 --warmup 0"}
+    res = subprocess.run(["bash", "scripts/issue32_next_call.sh"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = (out / "summary.txt").read_text()
+    assert re.search(r"rc=0 @\d+ gemv_bench\n", summary), summary
+    assert "| qkv + o_proj + gate_up + down |" in summary and "| NO |" not in summary
+    assert re.search(r"rc=0 @\d+ batch1: \d+\.\d+ ms a token", summary), summary
+    with tarfile.open(out / "call.tgz") as tar:
+        assert {"./gemv.json", "./batch1.json"} <= set(tar.getnames())
+    assert summary.rstrip().splitlines()[-1].startswith("done")
