@@ -275,6 +275,13 @@ def test_refuses_different_suite_path_or_weights(tiny_model, collections, hf_ref
     with pytest.raises(LabkitError) as err:
         cmp.compare(eng, other_weights)
     assert err.value.code == 2 and "weights differ: model.safetensors sha256" in str(err.value)
+    # The same weights read through another config (say, another rope_theta) are another model.
+    files = dict(hf.meta["model_files"])
+    assert "config.json" in files
+    files["config.json"] = "0" * 64
+    with pytest.raises(LabkitError) as err:
+        cmp.compare(eng, _with(hf, model_files=files))
+    assert err.value.code == 2 and "model config differs: config.json sha256" in str(err.value)
 
     # Same path but one side's recorded prompt changed: named down to the position.
     path = copy.deepcopy(hf.meta["inputs"])
