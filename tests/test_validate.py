@@ -279,6 +279,18 @@ def test_log_differing_from_expectation():
     assert "step 2, request A, scheduled.cached: expected 512, got 0" in msgs
 
 
+
+def test_an_expected_field_the_log_leaves_out_is_a_failed_expectation():
+    """A log that does not report what the case expects (a field dropped from an event) fails that expectation:
+    absent is not equal."""
+    log = chunk_log()
+    del step_event(log, 2, "scheduled")["seqs"][0]["num_cached_tokens"]
+    report = validate(log, load_case("chunk"))
+    bad = [c for c in report.failures if c.kind == "expect"]
+    got = [(c.step, c.request, c.field, c.expected, c.actual) for c in bad]
+    assert got == [(2, "A", "scheduled.cached", 512, None)]
+    assert report.verdict == "FAIL"
+
 def test_blocks_not_returned_fails():
     log = chunk_log()
     step_event(log, 4, "after_postprocess")["free_blocks"] = 63
