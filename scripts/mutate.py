@@ -556,6 +556,12 @@ MUTATIONS = [
       "    if ratio > fail_at:", "grade without its non-finite test"),
     M("N126", "labkit/logits/anchored.py", "                if not math.isfinite(r) or r > worst_ratio:",
       "                if r > worst_ratio:", "the K/V step's worst layer without its non-finite test"),
+    M("N127", "labkit/logits/compare.py", "        elif fa[name] != fb[name]:",
+      '        elif fa[name] != fb[name] and name != "config.json":',
+      "collections read through different config.json files compared as one model", ["tests/test_logits_check.py"]),
+    M("N128", "labkit/trace/validate.py", "        where, ok = _where(step, request), expected == actual",
+      "        where, ok = _where(step, request), expected == actual or actual is None",
+      "an expected field the log leaves out counts as met", ["tests/test_validate.py"]),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).
