@@ -142,8 +142,9 @@ def _histogram(client, name: str) -> tuple[float, float]:
 @pytest.mark.parametrize("policy", POLICIES)
 def test_latency_histograms_add_up_request_by_request(tiny_model, policy, monkeypatch):
     """Per request, time to first token plus its inter-token gaps is its end-to-end latency (the last token and
-    the finish arrive together), so the histograms' sums agree; one gap a token after each request's first. A
-    fake clock ticks once per reading, so every time is distinct and exact."""
+    the finish arrive together), so the histograms' sums agree; one gap a token after each request's first; the
+    queue-time histogram holds what the core measured. A fake clock ticks once per reading, so every time is
+    distinct and exact."""
     from labkit.serve import engine_client
     from labkit.serve.core import EngineCore
     from labkit.serve.engine_client import EngineClient
@@ -157,7 +158,10 @@ def test_latency_histograms_add_up_request_by_request(tiny_model, policy, monkey
         client = EngineClient("m", {}, metrics=ServerMetrics("m"))
         arrivals = [(0, "a", list(range(100, 400)), 6), (0, "b", list(range(500, 540)), 8),
                     (3, "c", list(range(600, 700)), 4), (4, "one", list(range(700, 730)), 1)]
-        _drive(core, client, arrivals)
+        steps = _drive(core, client, arrivals)
+        waited = [q[1] for st in steps for q in st["queued"]]
+        assert len(waited) == len(arrivals) and min(waited) > 0   # every request waited some ticks to be scheduled
+        assert _histogram(client, "labkit:request_queue_time_seconds") == (len(arrivals), pytest.approx(sum(waited)))
         n_ttft, ttft = _histogram(client, "labkit:time_to_first_token_seconds")
         n_itl, itl = _histogram(client, "labkit:inter_token_latency_seconds")
         n_e2el, e2el = _histogram(client, "labkit:e2e_request_latency_seconds")
