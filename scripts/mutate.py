@@ -562,6 +562,9 @@ MUTATIONS = [
     M("N128", "labkit/trace/validate.py", "        where, ok = _where(step, request), expected == actual",
       "        where, ok = _where(step, request), expected == actual or actual is None",
       "an expected field the log leaves out counts as met", ["tests/test_validate.py"]),
+    M("N129", "labkit/serve/engine_client.py", "            m.queue_time.observe(waited)",
+      "            m.queue_time.observe(0.0)", "the server's queue-time histogram drops the core's measurement",
+      ["tests/test_serve_books.py"]),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).
