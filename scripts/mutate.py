@@ -565,6 +565,14 @@ MUTATIONS = [
     M("N129", "labkit/serve/engine_client.py", "            m.queue_time.observe(waited)",
       "            m.queue_time.observe(0.0)", "the server's queue-time histogram drops the core's measurement",
       ["tests/test_serve_books.py"]),
+    M("N130", "engine/config.py",
+      "        self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)",
+      "        self.max_model_len = self.max_model_len", "max_model_len past the model's positions (its RoPE table)"),
+    M("N131", "engine/config.py", "        if not 0.0 < float(self.gpu_memory_utilization) <= 1.0:",
+      "        if not 0.0 <= float(self.gpu_memory_utilization) <= 1.0:", "gpu_memory_utilization 0 accepted"),
+    M("N132", "engine/config.py", "            if isinstance(value, int) and value % tp:",
+      '            if isinstance(value, int) and value % tp and name != "vocab_size":',
+      "a vocabulary two ranks cannot split evenly accepted"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

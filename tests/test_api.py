@@ -86,6 +86,7 @@ def test_request_larger_than_the_pool(tiny_model):
     ({"max_num_batched_tokens": -5}, "max_num_batched_tokens"),
     ({"num_kvcache_blocks": 0}, "num_kvcache_blocks"),
     ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
     ({"device": "tpu"}, "device"),
     ({"attention_backend": "magic"}, "attention_backend"),
     ({"scheduling_policy": "fifo"}, "scheduling_policy"),
@@ -97,6 +98,31 @@ def test_bad_engine_arguments_raise_value_error(tiny_model, kwargs, name):
     with pytest.raises(ValueError, match=name):
         LLM(tiny_model, **kwargs)
 
+
+
+def test_max_model_len_is_capped_at_the_models_positions(tiny_model):
+    """The RoPE table and the model know max_position_embeddings positions (the tiny model's 4,096): a longer
+    max_model_len is cut to it, a shorter one kept."""
+    from engine.config import Config
+
+    assert Config(tiny_model, max_model_len=1 << 20).max_model_len == 4096
+    assert Config(tiny_model, max_model_len=100).max_model_len == 100
+
+
+@pytest.mark.parametrize("name", ["num_attention_heads", "num_key_value_heads", "vocab_size", "intermediate_size"])
+def test_tensor_parallel_needs_each_sharded_dimension_divisible(tiny_model, name):
+    """Two ranks split the heads, the KV heads, the vocabulary (embedding and LM head) and the MLP: each must
+    divide evenly, or the refusal names it."""
+    from types import SimpleNamespace
+
+    from engine.config import Config
+    from engine.model_config import load_model_config
+
+    hf = load_model_config(tiny_model)
+    assert Config(tiny_model, tensor_parallel_size=2, hf_config=hf).tensor_parallel_size == 2
+    odd = SimpleNamespace(**{**vars(hf), name: getattr(hf, name) + 1})
+    with pytest.raises(ValueError, match=f"tensor_parallel_size: {name}"):
+        Config(tiny_model, tensor_parallel_size=2, hf_config=odd)
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_cuda_without_gpu_is_a_clear_error(tiny_model):
