@@ -573,6 +573,17 @@ MUTATIONS = [
     M("N132", "engine/config.py", "            if isinstance(value, int) and value % tp:",
       '            if isinstance(value, int) and value % tp and name != "vocab_size":',
       "a vocabulary two ranks cannot split evenly accepted"),
+    M("N133", "labkit/report/verify.py", "        if name in listed:", "        if name in listed and False:",
+      "report verify passes a manifest that lists a file twice"),
+    M("N134", "labkit/report/verify.py", "        if stated != again:",
+      '        if stated != again and again != "PASS":',
+      "report verify passes a check.json that claims FAIL over a log that passes"),
+    M("N135", "labkit/report/verify.py", "        elif _row_verdicts(again) != _row_verdicts(d):",
+      "        elif len(_row_verdicts(again)) != len(_row_verdicts(d)):",
+      "report verify compares the count of row statuses, not the statuses"),
+    M("N136", "labkit/report/verify.py",
+      "math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12))", "math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-12))",
+      "report verify's re-judged figures agree to 3 digits instead of 9"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

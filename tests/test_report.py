@@ -311,6 +311,43 @@ def test_verify_rejudges_a_logits_check_from_its_arrays(archive, tmp_path, capsy
     assert "runs/logits-prefix/check.json differs: re-judged from its arrays: FAIL, the file says PASS" in err
 
 
+
+def _edited_json(archive: Path, name: str, edit) -> bytes:
+    d = json.loads(_members(archive)[f"evidence/{name}"])
+    edit(d)
+    return json.dumps(d).encode()
+
+
+def test_verify_notices_a_check_file_that_claims_worse_than_its_log(archive, tmp_path, capsys):
+    """Re-validation compares both ways: a check.json that says FAIL over a log that passes differs too."""
+    name = "runs/trace-chunk/check.json"
+    data = _edited_json(archive, name, lambda d: d.update(verdict="FAIL"))
+    bad = _rewrite(archive, tmp_path / "bad.tar.gz", {name: data}, update_manifest=True)
+    code, _, err = run_cli(["report", "verify", str(bad)], capsys)
+    assert code == 1 and "re-validated against case chunk: PASS, its check.json says FAIL" in err, err
+
+
+def test_verify_rejudges_each_rows_status_and_the_figures_to_nine_digits(archive, tmp_path, capsys):
+    """A logits check.json whose verdict stands but one row's status, or its worst rel-L2 in the fifth digit, was
+    edited is not what its arrays give."""
+    name = "runs/logits-prefix/check.json"
+
+    def one_row(d):
+        row = next(r for r in d["rows"] if (r.get("verdict") or r.get("status")) == "PASS")
+        row["status" if "status" in row else "verdict"] = "REVIEW"
+
+    bad = _rewrite(archive, tmp_path / "rows.tar.gz", {name: _edited_json(archive, name, one_row)},
+                   update_manifest=True)
+    code, _, err = run_cli(["report", "verify", str(bad)], capsys)
+    assert code == 1 and "row statuses differ from the file's" in err, err
+
+    def figure(d):
+        d["summary"]["worst_rel_l2"]["value"] *= 1 + 1e-5
+
+    bad = _rewrite(archive, tmp_path / "fig.tar.gz", {name: _edited_json(archive, name, figure)}, update_manifest=True)
+    code, _, err = run_cli(["report", "verify", str(bad)], capsys)
+    assert code == 1 and "worst_rel_l2" in err, err
+
 # Every rule of `report verify`, each against an archive that breaks only that rule (issue 23: a verifier that
 # accepted an archive missing a listed file used to pass every test).
 def _tar(dest: Path, members: list[tuple[tarfile.TarInfo, bytes]]) -> Path:
@@ -368,6 +405,14 @@ def test_verify_fails_a_size_the_manifest_misstates(archive, tmp_path, capsys):
     code, _, err = _verify(_tar(tmp_path / "bad.tar.gz", _with_manifest(_as_written(archive), edit)), capsys)
     assert code == 1 and "runs/bench-eager.json differs: " in err and "bytes, the manifest says" in err
 
+
+
+def test_verify_fails_a_manifest_that_lists_a_file_twice(archive, tmp_path, capsys):
+    def edit(manifest):
+        manifest["files"].append(dict(next(e for e in manifest["files"] if e["file"] == "runs/bench-eager.json")))
+
+    code, _, err = _verify(_tar(tmp_path / "bad.tar.gz", _with_manifest(_as_written(archive), edit)), capsys)
+    assert code == 1 and "runs/bench-eager.json differs: listed in the manifest more than once" in err, err
 
 @pytest.mark.parametrize("how", ["absolute", "dotdot"])
 def test_verify_never_reads_a_manifest_name_from_its_own_disk(archive, tmp_path, capsys, how):
