@@ -168,8 +168,8 @@ def test_the_next_issue32_call_runs_its_fp8_layout_sections(tiny_model, tmp_path
     assert re.search(r"rc=0 @\d+ kernel_sass \(this machine's Triton\)", summary) and "| fp8:vt=1 |" in summary
     assert re.search(r"rc=0 @\d+ V keys-contiguous tests: \d+ passed", summary), summary
     assert re.search(r"rc=0 @\d+ kernel_bench --fp8-layouts", summary) and "layout=v-keys-contiguous" in summary
-    assert re.search(r"rc=0 @\d+ kernel_bench bf16, longest first", summary)
-    assert "| order=longest-first splits=2 |" in summary
+    assert re.search(r"rc=0 @\d+ kernel_bench bf16, longest first \(the default\) against launch order", summary)
+    assert "| order=launch splits=2 |" in summary
     rounds = re.findall(r"rc=0 @\d+ nano FP8, V keys-contiguous (\d), round (\d): \d+ tok/s", summary)
     assert rounds == [("0", "1"), ("1", "1"), ("1", "2"), ("0", "2")]
     assert re.search(r"rc=0 @\d+ logits-check fp8-kv, V keys-contiguous: VERDICT: PASS", summary), summary
