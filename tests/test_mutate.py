@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # three mutations, each every trace case and FAST_TESTS: ~15 minutes beside other tests
 def test_a_fixed_sample_of_mutations_is_caught_and_the_no_op_is_not(tmp_path):
     out = tmp_path / "mutate.json"
     res = subprocess.run([sys.executable, str(REPO / "scripts" / "mutate.py"), "--only", "B7", "J1", "S16",
