@@ -19,7 +19,8 @@ split-K partials) with the engine's PDL:
               (what chaining different kernels costs) and the engine's 26.5 us a layer with attention
   copy        a device copy of 256 MB: the bandwidth a kernel can reach here ((read + written) / time)
 --sweep adds, for each stream, rows a program (16, 32, 64) x warps (2, 4, 8) x PDL (early, off) around the
-engine's default (16 rows, 4 warps, early), the launch knobs LABKIT_DECODE_GEMV and LABKIT_DECODE_PDL set.
+engine's default (16 rows, 4 warps, early), the launch knobs LABKIT_DECODE_GEMV and LABKIT_DECODE_PDL set; and
+the layer's chain under each other PDL mode (first, early, late, off: where a kernel lets its successor launch).
 
 The check: every launch of layer 0 in every variant against a float32 torch reference of the same arithmetic
 (partials summed, residual added, RMSNorm, the product, SiLU(gate) * up): relative L2 error within 1e-2 in bf16
@@ -46,9 +47,10 @@ def geometry(dry: bool) -> dict:
     """hidden, q+kv heads' width, intermediate, layers, sweep values."""
     if dry:
         return {"hidden": 64, "q": 64, "kv": 32, "inter": 128, "layers": 2,
-                "sweep": {"rows": (16, 32), "warps": (4,), "pdl": ("early",)}}
+                "sweep": {"rows": (16, 32), "warps": (4,), "pdl": ("early",), "layer_pdl": ("first", "early")}}
     return {"hidden": 1024, "q": 2048, "kv": 1024, "inter": 3072, "layers": 28,
-            "sweep": {"rows": (16, 32, 64), "warps": (2, 4, 8), "pdl": ("early", "off")}}
+            "sweep": {"rows": (16, 32, 64), "warps": (2, 4, 8), "pdl": ("early", "off"),
+                      "layer_pdl": ("first", "early", "late", "off")}}
 
 
 def shapes(geo: dict) -> dict:
@@ -208,6 +210,11 @@ def sweep_points(geo: dict, default: tuple) -> list[tuple[int, int, str]]:
     return [(r, w, p) for r in s["rows"] for w in s["warps"] for p in s["pdl"] if (r, w, p) != default]
 
 
+def layer_pdl_modes(geo: dict, default_pdl: str) -> list[str]:
+    """The PDL modes the layer's chain is also timed under, the default's left out (timed as "layer")."""
+    return [p for p in geo["sweep"]["layer_pdl"] if p != default_pdl]
+
+
 def measure(torch, device: str, dry: bool, sweep: bool) -> dict:
     from engine.device import num_sms
     from engine.kernels import decode_layer as dl
@@ -240,6 +247,9 @@ def measure(torch, device: str, dry: bool, sweep: bool) -> dict:
                 except Exception as e:  # noqa: BLE001 - a launch that does not compile is a result
                     out["sweep"].append({"projections": [p], "rows": rows, "warps": warps, "pdl": pdl, "ok": False,
                                          "error": f"{type(e).__name__}: {str(e)[:120]}"})
+        for pdl in layer_pdl_modes(geo, default[2]):
+            out["sweep"].append(run_variant(torch, timed, geo, data, sms, device, PROJECTIONS, default[0],
+                                            default[1], pdl, tol))
     runs = out["streams"] + [out["layer"]] + out["sweep"]
     out["ok"] = all(r["ok"] for r in runs if "error" not in r)
     return out

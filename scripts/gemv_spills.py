@@ -65,7 +65,7 @@ def _sass_here(g: dict) -> str:
 
     _, meta = dl.gemv_meta(g["M"], g["N"], g["K"], g["split"], s_in=g["s_in"], residual=g["residual"],
                            norm=g["norm"], silu=g["silu"], partials_out=g["partials_out"], dtype=torch.bfloat16,
-                           use_pdl=dl.PDL_MODE != "off", early=dl.PDL_MODE == "early")
+                           use_pdl=dl.PDL_MODE != "off", trigger=dl.PDL_TRIGGER.get(dl.PDL_MODE, 0))
     options = {"num_warps": meta.pop("num_warps"), "num_stages": 2, "enable_fp_fusion": meta.pop("enable_fp_fusion")}
     sig = {"w_ptr": "*bf16", "x_ptr": "*bf16", "part_ptr": "*fp32", "res_ptr": "*bf16", "res_out_ptr": "*bf16",
            "nw_ptr": "*bf16", "y_ptr": "*fp32" if g["partials_out"] else "*bf16", **{k: "i32" for k in (
@@ -87,7 +87,7 @@ def _sass_here(g: dict) -> str:
         sass = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
         grid, _ = dl.gemv_meta(g["M"], g["N"], g["K"], g["split"], s_in=g["s_in"], residual=g["residual"],
                                norm=g["norm"], silu=g["silu"], partials_out=g["partials_out"], dtype=torch.bfloat16,
-                               use_pdl=False, early=False)
+                               use_pdl=False, trigger=0)
         regs = re.search(r"REG:(\d+)", usage).group(1)
         return (f"// registers {regs} shared {compiled.metadata.shared} warps {options['num_warps']} "
                 f"programs {grid[0] * grid[1]}\n{sass}")

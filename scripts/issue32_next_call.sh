@@ -23,7 +23,10 @@
 #            DRAM throughput, warp stalls; ~1 minute; a machine whose ncu cannot read counters says so)
 #   gemv     batch 1's weight stream kernel by kernel (scripts/gemv_bench.py, session 20): each fused GEMV alone
 #            over the 28 layers' weights, the four chained, rows x warps x PDL around the default, a device copy's
-#            bandwidth; then `bench --workload batch1` on the same machine for the whole token (~3 minutes)
+#            bandwidth, the layer's chain under each PDL mode; then `bench --workload batch1` on the same machine
+#            for the whole token with the kernels letting their successors launch after their wait (early, the
+#            default) and at their start (first, session 21), in the order PDL_MODES (default "early first first
+#            early"; ~5 minutes)
 # SECTIONS (default "sampler noise"); WORK: where it makes a new folder (default /tmp). Back: $OUT/call.tgz and
 # $OUT/summary.txt. Session 17 ran "sampler" plus a GEMV section since removed with its knobs (call 1: the record
 # is docs/gpu-runs/2026-12-04-session17/call1.sh), then "noise" (call 2), whose hash noise at 8 programs an SM
@@ -127,10 +130,14 @@ Registers Per Thread|Block Limit|Warp Cycles Per Issued|==PROF==|==ERROR==" $W/n
       timeout 300 python3 scripts/gemv_bench.py --sweep $([ $D = cpu ] && echo --dry-run) --out $W/gemv.json \
         > $W/logs/gemv.log 2>&1
       echo "rc=$? @$SECONDS gemv_bench" >> $S; cat $W/gemv.md >> $S 2>/dev/null
-      timeout 200 python3 -m labkit bench --model $M --device $D ${BATCH1_BENCH:---workload batch1} \
-        --out $W/batch1.json > $W/logs/batch1.log 2>&1
-      echo "rc=$? @$SECONDS batch1: $(python3 -c "import json,sys;print(round(json.load(open(sys.argv[1]))['median']\
-['decode_ms_per_token'], 4))" $W/batch1.json 2>/dev/null) ms a token" >> $S ;;
+      r=0
+      for mode in ${PDL_MODES:-early first first early}; do
+        r=$((r + 1))
+        LABKIT_DECODE_PDL=$mode timeout 200 python3 -m labkit bench --model $M --device $D \
+          ${BATCH1_BENCH:---workload batch1} --out $W/batch1-$mode-r$r.json > $W/logs/batch1-$mode-r$r.log 2>&1
+        echo "rc=$? @$SECONDS batch1, PDL $mode, round $r: $(python3 -c "import json,sys;print(round(json.load(\
+open(sys.argv[1]))['median']['decode_ms_per_token'], 4))" $W/batch1-$mode-r$r.json 2>/dev/null) ms a token" >> $S
+      done ;;
     *) echo "issue32_next_call.sh: unknown section $section" >> $S ;;
   esac
 done

@@ -80,8 +80,10 @@ def _record() -> list[dict]:
                         sig[name] = "fp32" if isinstance(value, float) else "i32"
                 if "USE_PDL" in consts:  # as on the device
                     consts["USE_PDL"] = decode_layer.PDL_MODE != "off"
-                if "EARLY" in consts:
-                    consts["EARLY"] = decode_layer.PDL_MODE == "early"
+                if "TRIGGER" in consts:
+                    consts["TRIGGER"] = decode_layer.PDL_TRIGGER.get(decode_layer.PDL_MODE, 0)
+                if "EARLY" in consts:  # (decode_attention's merge kernel)
+                    consts["EARLY"] = decode_layer.PDL_MODE in ("early", "first")
                 if "DOT_PRECISION" in consts:
                     consts["DOT_PRECISION"] = dot_precision(torch.bfloat16)
                 options = {k: kwargs[k] for k in OPTIONS[:3] if k in kwargs}

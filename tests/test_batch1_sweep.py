@@ -195,14 +195,15 @@ def test_the_next_issue32_call_runs_its_gemv_section(tiny_model, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "FAKE_MODEL": tiny_model, "WORK": str(tmp_path / "w"),
-           "SECTIONS": "gemv", "BATCH1_BENCH": "--workload batch1 --repeats 1 --warmup 0"}
+           "SECTIONS": "gemv", "BATCH1_BENCH": "--workload batch1 --repeats 1 --warmup 0", "PDL_MODES": "early first"}
     res = subprocess.run(["bash", "scripts/issue32_next_call.sh"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-2000:]
     summary = (out / "summary.txt").read_text()
     assert re.search(r"rc=0 @\d+ gemv_bench\n", summary), summary
     assert "| qkv + o_proj + gate_up + down |" in summary and "| NO |" not in summary
-    assert re.search(r"rc=0 @\d+ batch1: \d+\.\d+ ms a token", summary), summary
+    for r, mode in enumerate(("early", "first"), 1):
+        assert re.search(rf"rc=0 @\d+ batch1, PDL {mode}, round {r}: \d+\.\d+ ms a token", summary), summary
     with tarfile.open(out / "call.tgz") as tar:
-        assert {"./gemv.json", "./batch1.json"} <= set(tar.getnames())
+        assert {"./gemv.json", "./batch1-early-r1.json", "./batch1-first-r2.json"} <= set(tar.getnames())
     assert summary.rstrip().splitlines()[-1].startswith("done")

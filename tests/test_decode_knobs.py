@@ -27,6 +27,7 @@ def test_the_defaults_are_the_measured_ones():
     if any(k.startswith(("LABKIT_DECODE", "LABKIT_GRAPH", "LABKIT_GUMBEL", "LABKIT_FP8")) for k in os.environ):
         pytest.skip("a knob is set in this environment")
     assert kv_layout.FP8_V_TRANSPOSED is True  # (nano FP8 +22% on the H200: docs/perf.md, session 19)
+    assert decode_layer.PDL_MODE == "early"  # (batch 1 0.84 ms against late's 0.95: docs/perf.md, session 11)
     assert decode_order.DECODE_ORDER == "longest-first"  # (nano FP8 +6% on the H200: docs/perf.md, session 19)
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT,
@@ -54,6 +55,20 @@ def test_each_knob_is_read_when_set():
     assert res.returncode == 0 and res.stdout.split() == ["16"], res.stderr
 
 
+@pytest.mark.parametrize("mode, trigger", [("first", 2), ("early", 1), ("late", 0), ("off", None)])
+def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monkeypatch, mode, trigger):
+    """LABKIT_DECODE_PDL picks where the fused kernels let their successor launch (tests/test_pdl_trigger.py reads
+    the compiled code); a launch off CUDA never uses PDL."""
+    res = _import_with({"LABKIT_DECODE_PDL": mode}, "from engine.kernels import decode_layer as d; print(d.PDL_MODE)")
+    assert res.returncode == 0 and res.stdout.split() == [mode], res.stderr
+    from engine.kernels import decode_layer as dl
+
+    monkeypatch.setattr(dl, "PDL_MODE", mode)
+    cuda = dl._pdl(torch.device("cuda"))
+    assert cuda == ((True, trigger, {"launch_pdl": True}) if trigger is not None else (False, 0, {}))
+    assert dl._pdl(torch.device("cpu")) == (False, 0, {})
+
+
 @pytest.mark.parametrize("var, value", [("LABKIT_DECODE_GEMV", "24,8"), ("LABKIT_DECODE_GEMV", "32"),
                                         ("LABKIT_DECODE_GEMV", "16,8,3"), ("LABKIT_DECODE_GEMV", "16,8,4,4"),
                                         ("LABKIT_DECODE_NORM_CHUNK", "100"),
@@ -62,7 +77,7 @@ def test_each_knob_is_read_when_set():
                                         ("LABKIT_DECODE_K_CHUNK", "100"),
                                         ("LABKIT_GUMBEL_PER_SM", "3"), ("LABKIT_GUMBEL_NOISE", "xorshift"),
                                         ("LABKIT_FP8_V_TRANSPOSED", "yes"),
-                                        ("LABKIT_DECODE_ORDER", "longest")])
+                                        ("LABKIT_DECODE_ORDER", "longest"), ("LABKIT_DECODE_PDL", "start")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
                                      "engine.kernels.gumbel_sampler, engine.kv_layout, engine.decode_order")

@@ -22,6 +22,9 @@ def test_dry_run_checks_every_stream_the_layer_and_the_sweep(tmp_path):
     assert [s["projections"] for s in log["streams"]] == [["qkv"], ["o_proj"], ["gate_up"], ["down"]]
     assert log["layer"]["projections"] == ["qkv", "o_proj", "gate_up", "down"] and log["layer"]["launches"] == 8
     assert log["sweep"] and {r["rows"] for r in log["sweep"]} == {16, 32}
+    # the layer's chain under the other PDL modes (the default's is "layer"; on the CPU PDL is off)
+    chains = [r for r in log["sweep"] if len(r["projections"]) == 4]
+    assert [r["pdl"] for r in chains] == ["first", "early"] and all(r["launches"] == 8 for r in chains)
     for r in log["streams"] + [log["layer"]] + log["sweep"]:
         assert r["ok"] and max(r["rel_err"].values()) < 1e-4 and r["us_per_launch"] > 0, r
     # o_proj and down hand partials on (the engine's split), the norm-GEMVs read them

@@ -16,8 +16,9 @@ own). At batch 1 every kernel costs a launch, the previous kernel's stragglers a
 
 Programmatic dependent launch (PDL, Hopper): each kernel loads what does not depend on the previous kernel (its
 weight tile, norm weights) before `gdc_wait()`, so those loads overlap the previous kernel's tail, and lets its
-successor launch (`gdc_launch_dependents()`) as soon as it has waited. A kernel writes nothing before it has
-waited, so a successor started early never races a write. Off CUDA (Triton's interpreter) PDL is compiled out.
+successor launch (`gdc_launch_dependents()`) as soon as it has waited (LABKIT_DECODE_PDL picks another point:
+at its start, at its end). A kernel writes nothing before it has waited, so a successor started early never
+races a write. Off CUDA (Triton's interpreter) PDL is compiled out.
 
 Numerics follow the unfused path (engine/layers/fused.py and the kernels it replaces): the partials summed in
 split order in float32 and rounded to the model dtype, the residual sum rounded, RMSNorm's rounding points,
@@ -39,11 +40,16 @@ from .decode_attention import _decode_merge_kernel
 from .kv_write import _quantize
 
 # How the fused kernels use PDL on CUDA: "early" (wait, then let the successor launch at once), "late" (let it
-# launch only at the end: PDL's prefetch without successors waiting on SMs), "off". The default is the one
-# measured best on the H200 (docs/perf.md); the variable exists for that measurement.
+# launch only at the end: PDL's prefetch without successors waiting on SMs), "first" (let it launch before this
+# kernel's own loads: a chain of kernels, each holding its weight tile while it waits, runs as far ahead as the
+# SMs have room for), "off". The default is the one measured best on the H200 (docs/perf.md); the variable exists
+# for that measurement. "first" is safe for the same reason "early" is: what a kernel loads before its wait was
+# written before the step's chain began (weights, the step's inputs, older KV rows), and it writes only after.
 PDL_MODE = os.environ.get("LABKIT_DECODE_PDL", "early")
-if PDL_MODE not in ("early", "late", "off"):
-    raise ValueError(f"LABKIT_DECODE_PDL: must be early, late or off, got {PDL_MODE!r}")
+# Where a kernel lets its successor launch (the TRIGGER constexpr): at its end, after its wait, or at its start.
+PDL_TRIGGER = {"late": 0, "early": 1, "first": 2}
+if PDL_MODE not in (*PDL_TRIGGER, "off"):
+    raise ValueError(f"LABKIT_DECODE_PDL: must be first, early, late or off, got {PDL_MODE!r}")
 
 # The merge of a split context's parts (a kernel between attention and o_proj) in the PDL chain ("1") or
 # launched plainly ("0", as measured so far), and the keys an attention program loads at a time: knobs for the
@@ -94,11 +100,11 @@ if K_CHUNK not in (0, 32, 64, 128, 256):
     raise ValueError(f"LABKIT_DECODE_K_CHUNK: 0, 32, 64, 128 or 256, got {K_CHUNK}")
 
 
-def _pdl(device: torch.device) -> tuple[bool, bool, dict]:
-    """(USE_PDL, EARLY constexprs, launch kwargs) for a launch on this device."""
+def _pdl(device: torch.device) -> tuple[bool, int, dict]:
+    """(USE_PDL, TRIGGER constexprs, launch kwargs) for a launch on this device."""
     if device.type != "cuda" or PDL_MODE == "off":
-        return False, False, {}
-    return True, PDL_MODE == "early", {"launch_pdl": True}
+        return False, 0, {}
+    return True, PDL_TRIGGER[PDL_MODE], {"launch_pdl": True}
 
 
 @triton.jit
@@ -131,7 +137,7 @@ def _gemv_kernel(
     S_IN: tl.constexpr, RESIDUAL: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, PARTIALS: tl.constexpr,
     EVEN: tl.constexpr, FULL_EVEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_FULL: tl.constexpr,
-    USE_PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM_CHUNK: tl.constexpr,
+    USE_PDL: tl.constexpr, TRIGGER: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM_CHUNK: tl.constexpr,
     K_CHUNK: tl.constexpr,
 ):
     """y = W @ f(x) for M <= 16 rows. Program (n tile, k split) owns BLOCK_N rows of W and one KS-wide range of
@@ -139,6 +145,9 @@ def _gemv_kernel(
     whole range spills). PARTIALS stores float32 partials [splits, M, N]; else model-dtype y [M, N]
     (SILU: W holds gate rows then up rows, up_rows apart, and y = SiLU(gate) * up, N = up_rows)."""
     DT: tl.constexpr = x_ptr.dtype.element_ty if PARTIALS else y_ptr.dtype.element_ty
+    if USE_PDL:
+        if TRIGGER == 2:
+            tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -159,7 +168,7 @@ def _gemv_kernel(
                   tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0)).to(tl.float32)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-        if EARLY:
+        if TRIGGER == 1:
             tl.extra.cuda.gdc_launch_dependents()
 
     offs_m = tl.arange(0, BLOCK_M)
@@ -219,7 +228,7 @@ def _gemv_kernel(
             if SILU:
                 acc_u = tl.dot(wu, xt, input_precision=DOT_PRECISION)
     if USE_PDL:
-        if not EARLY:
+        if TRIGGER == 0:
             tl.extra.cuda.gdc_launch_dependents()
 
     out_mask = n_mask[:, None] & m_mask[None, :]
@@ -246,7 +255,7 @@ def split_for(N: int, K: int, num_sms: int, block_n: int | None = None) -> int:
 
 
 def gemv_meta(M: int, N: int, K: int, split: int, *, s_in: int, residual: bool, norm: bool, silu: bool,
-              partials_out: bool, dtype: torch.dtype, use_pdl: bool, early: bool) -> tuple[tuple, dict]:
+              partials_out: bool, dtype: torch.dtype, use_pdl: bool, trigger: int) -> tuple[tuple, dict]:
     """The fused GEMV's grid and compile-time arguments (num_warps among them) for an M x K input to N outputs
     in `split` K ranges: what gemv launches, and what tests/test_gemv_spills.py compiles for sm_90."""
     ks = triton.cdiv(K, split)
@@ -256,7 +265,7 @@ def gemv_meta(M: int, N: int, K: int, split: int, *, s_in: int, residual: bool, 
         S_IN=s_in, RESIDUAL=residual, NORM=norm, SILU=silu, PARTIALS=partials_out,
         EVEN=ks == triton.next_power_of_2(ks) and ks >= 16 and K % ks == 0,
         FULL_EVEN=K == triton.next_power_of_2(K), BLOCK_M=1 if M == 1 else 16, BLOCK_N=_BLOCK_N,
-        BLOCK_K=block_k, K_FULL=k_full, USE_PDL=use_pdl, EARLY=early, DOT_PRECISION=dot_precision(dtype),
+        BLOCK_K=block_k, K_FULL=k_full, USE_PDL=use_pdl, TRIGGER=trigger, DOT_PRECISION=dot_precision(dtype),
         NORM_CHUNK=min(NORM_CHUNK or k_full, k_full) if M > 1 else k_full,
         K_CHUNK=min(K_CHUNK, block_k) if M > 1 else 0,
         num_warps=_WARPS_ONE_ROW if M == 1 else _WARPS, enable_fp_fusion=False)
@@ -286,10 +295,10 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | None = None, partials: torch.Tens
     y = torch.empty(M, N, dtype=dtype, device=dev) if not partials_out else \
         torch.empty(split, M, N, dtype=torch.float32, device=dev)
     res_out = torch.empty(M, K, dtype=dtype, device=dev) if residual is not None else y
-    use_pdl, early, launch = _pdl(dev)
+    use_pdl, trigger, launch = _pdl(dev)
     grid, meta = gemv_meta(M, N, K, split, s_in=0 if partials is None else partials.shape[0],
                            residual=residual is not None, norm=norm_weight is not None, silu=silu,
-                           partials_out=partials_out, dtype=dtype, use_pdl=use_pdl, early=early)
+                           partials_out=partials_out, dtype=dtype, use_pdl=use_pdl, trigger=trigger)
     _gemv_kernel[grid](
         w, x if x is not None else w, partials if partials is not None else w,
         residual if residual is not None else w, res_out, norm_weight if norm_weight is not None else w, y,
@@ -377,7 +386,7 @@ def _qkv_attention_kernel(
     NQ: tl.constexpr, NK: tl.constexpr, FP8: tl.constexpr, V_T: tl.constexpr, GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILES: tl.constexpr,
-    PARTIALS: tl.constexpr, USE_PDL: tl.constexpr, EARLY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PARTIALS: tl.constexpr, USE_PDL: tl.constexpr, TRIGGER: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """decode_attention._decode_split_kernel with its inputs made here: q (this program's query heads) and this
     token's k normed and rotated from the qkv row. Keys and values of the older positions come from the pool;
@@ -385,6 +394,9 @@ def _qkv_attention_kernel(
     holds it, which also writes them to the pool for later steps. Everything but the qkv row was written two
     or more kernels back (the step's inputs, the pool's older rows), so the first tile is loaded before the
     wait, under the previous kernel's tail."""
+    if USE_PDL:
+        if TRIGGER == 2:
+            tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -412,7 +424,7 @@ def _qkv_attention_kernel(
                           stride_v_row, stride_v_d, BLOCK_SIZE, BLOCK_N, HEAD_DIM, PAGE_TILES, V_T)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-        if EARLY:
+        if TRIGGER == 1:
             tl.extra.cuda.gdc_launch_dependents()
 
     row = qkv_ptr + b.to(tl.int64) * stride_qkv
@@ -491,7 +503,7 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
     else:
         acc = ml = out
     fp8 = k_cache.dtype == torch.float8_e4m3fn
-    use_pdl, early, launch = _pdl(qkv.device)
+    use_pdl, trigger, launch = _pdl(qkv.device)
     _qkv_attention_kernel[(batch, num_kv_heads, num_splits)](
         qkv, qkv.stride(0), positions, cos_sin, cos_sin.stride(0), q_norm, k_norm, float(eps), slots,
         k_cache, v_cache, block_tables, context_lens, out, acc, ml, num_splits, block_tables.stride(0),
@@ -500,7 +512,7 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
         NQ=num_heads, NK=num_kv_heads, FP8=fp8, V_T=v_transposed(v_cache), GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILES=page_tiles, PARTIALS=partials,
-        USE_PDL=use_pdl, EARLY=early, DOT_PRECISION=dot_precision(qkv.dtype), num_warps=4, num_stages=2,
+        USE_PDL=use_pdl, TRIGGER=trigger, DOT_PRECISION=dot_precision(qkv.dtype), num_warps=4, num_stages=2,
         enable_fp_fusion=False, **launch)
     if partials:
         o3 = out.view(batch, num_heads, head_dim)
@@ -508,7 +520,7 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
         _decode_merge_kernel[(batch, num_heads)](
             acc, ml, o3, num_splits, o3.stride(0), o3.stride(1),
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits),
-            USE_PDL=merge_pdl, EARLY=early and merge_pdl, **(launch if merge_pdl else {}))
+            USE_PDL=merge_pdl, EARLY=trigger >= 1 and merge_pdl, **(launch if merge_pdl else {}))
     return out
 
 
