@@ -39,6 +39,39 @@ def test_step_api(llm):
     assert results[-1].finished[0].seq_id == seq_id and results[-1].num_running == 0
 
 
+def test_stats_count_waiting_running_and_free_blocks_between_steps(llm):
+    before = llm.stats()
+    assert before["waiting"] == before["running"] == 0 and before["free_blocks"] == before["num_blocks"] == 32
+    ids = [llm.add_request([100 + i] * 20, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+           for i in range(3)]
+    assert llm.stats() == {"waiting": 3, "running": 0, "free_blocks": 32, "num_blocks": 32}
+    llm.step()  # one prefill of all three (20 tokens each, 2 blocks of 16 each)
+    assert llm.stats() == {"waiting": 0, "running": 3, "free_blocks": 32 - 6, "num_blocks": 32}
+    while not llm.is_finished():
+        llm.step()
+    assert llm.stats() == before
+    for i in ids:
+        llm.forget(i)
+
+
+def test_a_text_prompt_longer_in_characters_than_max_model_len_is_read_when_its_tokens_fit(llm):
+    text = "the cat sat on the mat. " * 20
+    assert len(text) > 256 > len(llm.tokenizer.encode(text))  # (max_model_len 256: characters are not tokens)
+    out = llm.generate([text], SamplingParams(max_tokens=1, ignore_eos=True), use_tqdm=False)
+    assert len(out[0]["token_ids"]) == 1
+
+
+def test_steps_keep_counting_when_the_sampling_strategy_is_set(llm):
+    llm.generate([[100, 101]], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
+    done = llm.step_count
+    assert done >= 2
+    llm.sampling = llm.sampling  # (a new step loop: its numbering goes on)
+    seq = llm.add_request([102], SamplingParams(max_tokens=1, ignore_eos=True))
+    result = llm.step()
+    assert result.step == done + 1 and llm.step_count == done + 1
+    llm.forget(seq)
+
+
 def test_per_prompt_sampling_params(llm):
     outs = llm.generate([[100, 101], [102, 103]], [SamplingParams(max_tokens=1, ignore_eos=True),
                                                    SamplingParams(max_tokens=4, ignore_eos=True)], use_tqdm=False)
@@ -63,6 +96,7 @@ def test_eos_stops_unless_ignored(tiny_model):
     ([[]], None, "prompt"),
     ([[100, 10**7]], None, "prompt"),
     ([[100] * 300], None, "max_model_len"),
+    ([[100], [101]], [SamplingParams(), SamplingParams(top_k=10**6)], "top_k"),  # the first fits: not queued either
     ([[100], [101]], [SamplingParams()], "sampling_params"),
     ([], None, "prompts"),
     ([[100]], "fast", "sampling_params"),

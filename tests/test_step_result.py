@@ -35,10 +35,22 @@ def test_chunked_prefill_then_decode_as_the_scheduler_did_it(llm):
     assert first.token_ids == [None] and first.num_cached_tokens == [64] and first.request_ids == ["A"]
     assert second.phase == "prefill" and second.seq_ids == [a, b] and second.num_scheduled_tokens == [16, 10]
     assert all(t is not None for t in second.token_ids)
+    # The step's totals (what bench's step timing and the progress bar read): a chunk computes tokens and adds
+    # none; each sampled row adds one.
+    assert (first.batch_size, first.num_computed_tokens, first.num_new_tokens) == (1, 64, 0)
+    assert (second.batch_size, second.num_computed_tokens, second.num_new_tokens) == (2, 26, 2)
     decodes = [r for r in results if r.phase == "decode"]
     assert decodes and all(r.num_scheduled_tokens == [1] * r.batch_size for r in decodes)
     finished = {s.request_id: s.finish_reason for r in results for s in r.finished}
     assert finished == {"A": "length", "B": "length"}
+    # A finished sequence's blocks are back in the pool: none of its KV counts as written any more, while a
+    # running one's counts every token but the one it just sampled.
+    for r in results:
+        for s in r.seqs:
+            if s.finish_reason is not None:
+                assert s.num_cached_tokens == 0, (r.step, s)
+            elif s.token_id is not None:
+                assert s.num_cached_tokens == s.num_tokens - 1, (r.step, s)
     assert results[-1].num_free_blocks == results[-1].num_blocks == 12 and results[-1].kv_cache_usage == 0.0
     # The tokens a StepResult reports are exactly what the sequences hold.
     for seq_id in (a, b):
