@@ -38,9 +38,9 @@ def load_model(model: nn.Module, path: str) -> None:
                     loaded_names.add(name)
     missing = []
     for name, _ in model.named_parameters():
-        if name.endswith("qkv_proj.weight"):
+        if name.endswith(("qkv_proj.weight", "qkv_proj.bias")):  # (a bias arrives in shards too)
             need = [f"{name}:{s}" for s in "qkv"]
-        elif name.endswith("gate_up_proj.weight"):
+        elif name.endswith(("gate_up_proj.weight", "gate_up_proj.bias")):
             need = [f"{name}:{s}" for s in (0, 1)]
         else:
             need = [name]
