@@ -87,3 +87,25 @@ def test_attention_biases_give_transformers_logits_on_one_rank_and_on_two(tiny_m
     assert len(logits[2]) == len(logits[1])
     for a, b in zip(logits[1], logits[2]):
         assert (a - b).abs().max().item() < 1e-4
+
+
+def _without_rope_theta(tensors, cfg):
+    cfg.pop("rope_theta", None)
+    cfg.pop("rope_parameters", None)
+    cfg.pop("rope_scaling", None)
+
+
+def test_a_config_without_rope_theta_takes_transformers_default(tiny_model, tmp_path):
+    from transformers import Qwen3ForCausalLM
+
+    path = _copy_with(tiny_model, tmp_path / "m", _without_rope_theta)
+    prompt = list(range(100, 160))  # (long enough for the rotation's base to show in the logits)
+    hf = Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        want = hf(torch.tensor([prompt]), use_cache=False).logits[0, -1]
+    llm = LLM(str(path), **SMALL)
+    try:
+        got = _first_logits(llm, [prompt])[0][0]
+    finally:
+        llm.exit()
+    assert (got - want).abs().max().item() < 1e-4

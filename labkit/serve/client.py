@@ -2,7 +2,8 @@
 
 JSONL (schema v1, observer "client", monotonic t_ns): client_start, token (index, text, token_ids,
 ttft_ms on the first, itl_ms after), finished (finish_reason, usage, ttft_ms, tpot_ms, e2el_ms,
-num_tokens), or error (status, message).
+num_tokens; ttft_ms and tpot_ms None without --stream, which does not see the first token), or error (status,
+message).
 """
 from __future__ import annotations
 
@@ -78,9 +79,10 @@ def request(url: str, prompt: str, max_tokens: int = 16, stream: bool = False, o
                 data = resp.json()
                 choice = data["choices"][0]
                 text = choice["message"]["content"] if chat else choice["text"]
-                t = time.monotonic_ns()
+                # Unstreamed, the first token's time is not seen: ttft_ms and tpot_ms stay None (the whole
+                # answer's time as a TTFT would make TPOT ~0), e2el_ms is the figure.
                 result.update(text=text, finish_reason=choice["finish_reason"], usage=data.get("usage"),
-                              token_ids=choice.get("token_ids", []), ttft_ms=(t - t0) / 1e6)
+                              token_ids=choice.get("token_ids", []))
                 echo(text)
             else:
                 with http.stream("POST", base + endpoint, json=body) as resp:

@@ -102,8 +102,10 @@ def baseline_problems(h: dict) -> list[str]:
         if h.get(key):
             out.append(f"{h[key]} request(s) {what}")
     free, total = h.get("free_blocks"), h.get("num_blocks")
-    if free != total:
-        out.append(f"{'?' if free is None or total is None else total - free} of {total} KV blocks in use")
+    if free is None or total is None:  # (nothing to hold the pool to: not a baseline reached)
+        out.append("/health gives no KV block counts (free_blocks, num_blocks)")
+    elif free != total:
+        out.append(f"{total - free} of {total} KV blocks in use")
     return out
 
 
