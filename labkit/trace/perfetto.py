@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .tables import row_kind
+
 _REQUESTS_PID, _ENGINE_PID = 1, 2
 
 
@@ -22,6 +24,7 @@ def to_trace_events(events: list[dict]) -> dict:
         {"ph": "M", "pid": _ENGINE_PID, "tid": 0, "name": "thread_name", "args": {"name": "steps"}},
     ]
     label: dict[int, str] = {}
+    prompt_len: dict[int, int] = {}
     tid: dict[int, int] = {}
     queued_since: dict[int, int] = {}
     steps: dict[int, dict[str, dict]] = {}
@@ -31,6 +34,7 @@ def to_trace_events(events: list[dict]) -> dict:
         if e["event"] == "request_added":
             sid = e["seq_id"]
             label[sid] = str(e.get("request_id", sid))
+            prompt_len[sid] = e.get("prompt_len")
             tid[sid] = len(tid) + 1
             queued_since[sid] = e["t_ns"]
             out.append({"ph": "M", "pid": _REQUESTS_PID, "tid": tid[sid], "name": "thread_name",
@@ -63,7 +67,12 @@ def to_trace_events(events: list[dict]) -> dict:
                 out.append({"ph": "X", "pid": _REQUESTS_PID, "tid": tid.get(sid, 0), "ts": _us(q0, t0),
                             "dur": max(ts - _us(q0, t0), 0.001), "name": "queued"})
             a = after.get(sid, {})
-            name = phase if phase == "decode" else ("prefill" if a.get("accepted") else "prefill chunk")
+            # A mixed step's decode rows are told apart by their own counts (tables.row_kind); a prefill row is a
+            # chunk when its candidate token was not accepted.
+            if row_kind(s, phase, prompt_len.get(sid)) == "decode":
+                name = "decode"
+            else:
+                name = "prefill" if a.get("accepted") else "prefill chunk"
             out.append({"ph": "X", "pid": _REQUESTS_PID, "tid": tid.get(sid, 0), "ts": ts, "dur": dur, "name": name,
                         "args": {"step": step, "scheduled": s["num_scheduled_tokens"],
                                  "cached": s["num_cached_tokens"], "token_id": a.get("token_id"),
