@@ -361,6 +361,38 @@ def test_model_info(tiny_dir):
     assert err.value.code == 2
 
 
+def _config_only(tmp_path: Path, cfg: dict, **files: bytes) -> Path:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for name, content in files.items():
+        (folder / name.replace("_", ".")).write_bytes(content)
+    return folder
+
+
+def test_model_info_reads_what_a_config_leaves_out_as_transformers_defaults_it(tmp_path):
+    """No num_key_value_heads: as many KV heads as heads (MHA); no rope_theta: rope_parameters' one; no dtype: the
+    one dtype the safetensors files hold, and no KV size when they hold several."""
+    cfg = {"num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 4,
+           "rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}}
+    one = _safetensors({"a": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]}}) + bytes(12)
+    info = model.model_info(_config_only(tmp_path, cfg, model_safetensors=one))
+    assert info["num_key_value_heads"] == 4 and info["head_dim"] == 16 and info["rope_theta"] == 5e5
+    assert info["num_parameters"] == 6 and info["kv_bytes_per_token"] == 2 * 3 * 4 * 16 * 2
+    two = _safetensors({"a": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]},
+                        "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}) + bytes(8)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    info = model.model_info(_config_only(mixed, cfg, model_safetensors=two))
+    assert info["safetensors_dtypes"] == ["BF16", "F32"] and info["kv_bytes_per_token"] is None
+
+
+def test_model_info_lists_no_hidden_files(tiny_dir, tmp_path):
+    folder = _broken_copy(tiny_dir, tmp_path, ".labkit-lock", b"")
+    names = {f["name"] for f in model.model_info(folder)["files"]}
+    assert "config.json" in names and ".labkit-lock" not in names
+
+
 def test_cli_info(tiny_dir, cache):
     runner = CliRunner()
     res = runner.invoke(model.app, ["info", str(tiny_dir), "--json"])
@@ -456,7 +488,12 @@ def _safetensors(header) -> bytes:
     ("model.safetensors", lambda d: _safetensors([1, 2]), "the header is a JSON list, not an object"),
     ("model.safetensors", lambda d: _safetensors({"w": {"dtype": "F32", "shape": ["a", 10 ** 8]}}),
      "tensor 'w' needs a dtype string and a shape of non-negative integers"),
-], ids=["layers-str", "kv-heads-float", "hidden-bool", "config-list", "header-list", "shape-str"])
+    ("model.safetensors", lambda d: _safetensors({"w": {"dtype": "F32", "shape": [-4, 10]}}),
+     "tensor 'w' needs a dtype string and a shape of non-negative integers"),
+    ("model.safetensors", lambda d: (0).to_bytes(8, "little"), "not a safetensors file (header size 0)"),
+    ("config.json", lambda d: _config_with(d, num_hidden_layers=0), "num_hidden_layers must be a positive integer"),
+], ids=["layers-str", "kv-heads-float", "hidden-bool", "config-list", "header-list", "shape-str", "shape-negative",
+        "header-size-0", "layers-zero"])
 def test_model_info_refuses_what_it_cannot_compute_with(tiny_dir, tmp_path, name, content, message):
     folder = _broken_copy(tiny_dir, tmp_path, name, content(tiny_dir))
     res = CliRunner().invoke(model.app, ["info", str(folder)])
