@@ -81,19 +81,30 @@ def machine() -> str:
 
 
 def _nvidia_smi_names() -> list[str]:
+    """The names of the GPUs this process may use: nvidia-smi's, narrowed to CUDA_VISIBLE_DEVICES where it is set
+    (entries by index or by UUID or a UUID's prefix, as CUDA takes them; an entry nvidia-smi cannot resolve, such
+    as a MIG instance's, leaves the list whole: the GPUs are still these)."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return []
     try:
-        done = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
-                              timeout=10)
+        done = subprocess.run([exe, "--query-gpu=index,uuid,name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return []
+    rows = [[part.strip() for part in line.split(",", 2)] for line in done.stdout.splitlines() if line.strip()] \
+        if done.returncode == 0 else []
+    rows = [r for r in rows if len(r) == 3]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    names = [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
-    if visible is not None and names:
-        keep = [int(i) for i in visible.split(",") if i.strip().isdigit() and int(i) < len(names)]
-        names = [names[i] for i in keep]
+    if visible is None or not rows:
+        return [name for _, _, name in rows]
+    names = []
+    for entry in filter(None, (e.strip() for e in visible.split(","))):
+        found = [name for index, uuid, name in rows if entry == index or (entry.startswith("GPU-")
+                                                                          and uuid.startswith(entry))]
+        if len(found) != 1:
+            return [name for _, _, name in rows] if entry.startswith("MIG-") else names
+        names.append(found[0])
     return names
 
 

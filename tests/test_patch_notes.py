@@ -126,13 +126,23 @@ def test_notes_machine_line_names_the_visible_gpus_without_torch(tmp_path, monke
     from labkit.notes import machine
 
     smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\nprintf 'NVIDIA H200\\nNVIDIA H100\\n'\n")
+    smi.write_text("#!/bin/sh\nprintf '0, GPU-aa11-22, NVIDIA H200\\n1, GPU-bb33-44, NVIDIA H100\\n'\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert machine() == "NVIDIA H200 x2"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     assert machine() == "NVIDIA H100 x1"
+    # by UUID, whole or a unique prefix, as CUDA reads them; a MIG instance is a slice of these GPUs
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bb33-44")
+    assert machine() == "NVIDIA H100 x1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aa,1")
+    assert machine() == "NVIDIA H200 x2"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-0123-4567")
+    assert machine() == "NVIDIA H200 x2"
+    # CUDA stops at the first entry it cannot read: nothing before it, nothing visible
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    assert machine().startswith("CPU (")
     monkeypatch.setenv("PATH", "/nonexistent")
     assert machine().startswith("CPU (")
 
