@@ -228,4 +228,4 @@ def test_a_bad_decode_pdl_mode_is_one_line(tiny_model):
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr
-    assert "LABKIT_DECODE_PDL: must be early, late or off, got 'sideways'" in p.stderr
+    assert "LABKIT_DECODE_PDL: must be first, early, late or off, got 'sideways'" in p.stderr
