@@ -93,21 +93,28 @@ def _sass_here(g: dict) -> str:
                 f"programs {grid[0] * grid[1]}\n{sass}")
 
 
-def spills(g: dict) -> dict:
-    """{"loads", "stores"} of local memory in the launch's SASS, compiled in a process of its own: with
+def sass_of(g: dict, env_changes: dict | None = None) -> str:
+    """The launch's SASS (after a "// registers ..." line), compiled in a process of its own: with
     TRITON_INTERPRET set (the CPU tests set it) the engine's kernels are interpreted functions Triton cannot
-    compile."""
+    compile. env_changes: variables for that process (the LABKIT_DECODE_* knobs are read at import)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(env_changes or {})
     res = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--sass-of", json.dumps(g)], env=env,
                          capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         raise RuntimeError(res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}")
-    usage = re.search(r"// registers (\d+) shared (\d+) warps (\d+) programs (\d+)", res.stdout)
+    return res.stdout
+
+
+def spills(g: dict) -> dict:
+    """{"loads", "stores"} of local memory in the launch's SASS, its registers, programs an SM and programs."""
+    sass = sass_of(g)
+    usage = re.search(r"// registers (\d+) shared (\d+) warps (\d+) programs (\d+)", sass)
     regs, shared, warps, programs = (int(x) for x in usage.groups())
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from kernel_sass import programs_per_sm
 
-    return {"loads": len(re.findall(r"\bLDL\b", res.stdout)), "stores": len(re.findall(r"\bSTL\b", res.stdout)),
+    return {"loads": len(re.findall(r"\bLDL\b", sass)), "stores": len(re.findall(r"\bSTL\b", sass)),
             "registers": regs, "per_sm": programs_per_sm(regs, shared, warps), "programs": programs}
 
 

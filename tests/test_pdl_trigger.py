@@ -6,34 +6,19 @@ weight loads (the successor's programs land while this kernel streams), "early" 
 the product (its stores and exit last), and "off" neither waits nor triggers."""
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from .helpers import needs_sm90_tools
-
-REPO = Path(__file__).resolve().parent.parent
+from .helpers import load_script, needs_sm90_tools
 
 GATE_UP = {"name": "gate/up", "M": 1, "N": 3072, "K": 1024, "s_in": 4, "residual": True, "norm": True,
            "silu": True, "partials_out": False, "split": 1}
 
 
 def _sass(mode: str) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["LABKIT_DECODE_PDL"] = mode
-    res = subprocess.run([sys.executable, str(REPO / "scripts" / "gemv_spills.py"), "--sass-of", json.dumps(GATE_UP)],
-                         env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-2000:]
-    return [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", res.stdout)]
-
-
-def _first(ops: list[str], name: str) -> int:
-    return next(i for i, op in enumerate(ops) if op == name or op.startswith(name + "."))
+    sass = load_script("gemv_spills").sass_of(GATE_UP, {"LABKIT_DECODE_PDL": mode})
+    return [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)]
 
 
 @pytest.mark.parametrize("mode", ["first", "early", "late", "off"])
