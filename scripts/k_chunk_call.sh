@@ -39,7 +39,11 @@ for section in ${SECTIONS:-tests sweep lifecycle}; do
         --no-compile --target /tmp/site .whl/*.whl > /dev/null 2>&1 || echo "wheels: install failed (carry .whl)" >> $S
       timeout 300 python3 -m labkit serve lifecycle --model $M --device ${DEVICE:-cuda} --out $W/serve-lifecycle.json \
         > $W/logs/lifecycle.log 2>&1
-      echo "rc=$? @$SECONDS lifecycle" >> $S; grep -h "scenarios hold" $W/logs/lifecycle.log >> $S ;;
+      echo "rc=$? @$SECONDS lifecycle" >> $S; grep -h "scenarios hold" $W/logs/lifecycle.log >> $S
+      # a failed scenario's problems, so a summary says why (session 22's CI saw "overload FAIL" and no more)
+      python3 -c "import json,sys
+for c in json.load(open(sys.argv[1]))['scenarios']:
+    for p in c['problems']: print(c['name'] + ': ' + p)" $W/serve-lifecycle.json >> $S 2>/dev/null ;;
     *) echo "k_chunk_call.sh: unknown section $section" >> $S ;;
   esac
 done
