@@ -17,18 +17,10 @@ from labkit.logits import compare as cmp
 from labkit.logits.collect import Collection
 
 from .test_bench_compare import _load_result, _synthetic
+from .test_judges_at_edges import REFERENCE, TRUTH, _col
 
-# Truth rows [4, 0, 0, 0]; the bf16 reference is 0.5 off in logit 1: noise rel-L2 0.125, max-abs 0.5 per row.
-TRUTH = np.array([[4.0, 0, 0, 0]] * 4)
-REFERENCE = TRUTH + np.array([0, 0.5, 0, 0])
-
-
-def _col(logits, dtype="bfloat16", backend="engine") -> Collection:
-    logits = np.asarray(logits, dtype=np.float32)
-    rows = [{"index": i, "request_id": "R", "output_index": i, "case": "edge", "context_len": i + 1}
-            for i in range(len(logits))]
-    return Collection({"suite": {"name": "edge"}, "model_files": {}, "token_path_sha256": "p", "rows": rows,
-                       "dtype": dtype, "backend": backend}, {"logits": logits})
+# Truth rows [4, 0, 0, 0]; the bf16 reference is 0.5 off in logit 1: noise rel-L2 0.125, max-abs 0.5 per row
+# (test_judges_at_edges' collections).
 
 
 def _off(offsets, logit=1) -> np.ndarray:
