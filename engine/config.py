@@ -155,11 +155,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def split_host_port(addr) -> tuple[str, int]:
     """("host", port) from "HOST:PORT" or "[IPv6]:PORT"; port 0 means any free port."""
-    host, sep, port = str(addr).rpartition(":")
+    bad = ValueError(f"dist_init_addr: expected HOST:PORT or [IPv6]:PORT, got {addr!r}")
+    if not isinstance(addr, str):
+        raise bad
+    host, sep, port = addr.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not isinstance(addr, str) or not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"dist_init_addr: expected HOST:PORT, got {addr!r}")
+    elif ":" in host:  # a bare "::1:1234" reads as ::1 port 1234 and as ::1:1234 with no port: brackets decide
+        raise bad
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise bad
     return host, int(port)
 
 

@@ -11,6 +11,7 @@ import time
 import uuid
 from typing import IO
 
+_STAMPS = frozenset(("v", "run", "t_ns", "step"))  # ("event" is emit's own parameter)
 
 class Tracer:
     """Base tracer: stamps events; subclasses decide where they go (`record`)."""
@@ -21,6 +22,8 @@ class Tracer:
         self.shapes = False  # ask the model for model_shape events
 
     def emit(self, event: str, **fields) -> None:
+        if _STAMPS.intersection(fields):  # the validator trusts these stamps: a field must not overwrite one
+            raise TypeError(f"Tracer.emit({event!r}): {sorted(_STAMPS.intersection(fields))} are the tracer's stamps")
         record = {"v": 1, "event": event, "run": self.run, "t_ns": time.monotonic_ns(), "step": self.step}
         record.update(fields)
         self.record(record)

@@ -129,7 +129,7 @@ def sse_events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
         elif line.startswith("event:"):
             event = line[6:].strip()
         elif line.startswith("data:"):
-            data.append(line[5:].lstrip(" "))
+            data.append(line[5:].removeprefix(" "))  # the SSE spec drops one space, not all
 
 
 def stream(url: str, timeout_s: float = 10.0) -> Iterator[tuple[str, dict]]:

@@ -371,3 +371,11 @@ def test_bench_load_refuses_zero_requests_from_an_arrivals_file(tmp_path, capsys
                                  "--no-warmup", "--out", tmp_path / "zero.json"], capsys)
     assert code == 2 and "--num-requests" in err, err + stdout
     assert not (tmp_path / "zero.json").exists()
+
+
+def test_sse_events_drop_one_space_after_the_colon_not_all():
+    from labkit.watch import sse_events
+
+    # The SSE spec removes a single leading space: the rest is the data (a token that starts with spaces).
+    lines = ["data:   two spaces kept", "", "data: one", "data:none", ""]
+    assert list(sse_events(iter(lines))) == [("message", "  two spaces kept"), ("message", "one\nnone")]

@@ -161,3 +161,12 @@ def test_the_collectives_between_two_ranks(monkeypatch):
     assert theirs_got["gather"] is None  # only rank 0 gets the whole
     assert gathered.shape == (2, 6) and gathered[:, :3].eq(0).all() and gathered[:, 3:].eq(1).all()
     assert peer.exitcode == 0
+
+
+@pytest.mark.parametrize("addr", ["::1:1234", "fe80::1:80", "[::1]", "[::1]:", "::1"])
+def test_a_bare_ipv6_address_is_refused_not_split_at_its_last_colon(addr):
+    # "::1:1234" is ::1 port 1234 or ::1:1234 with no port: only brackets say which, as in a URL.
+    with pytest.raises(ValueError, match=r"expected HOST:PORT or \[IPv6\]:PORT"):
+        split_host_port(addr)
+    assert split_host_port("[::1]:1234") == ("::1", 1234)
+    assert split_host_port("[fe80::1]:80") == ("fe80::1", 80)

@@ -287,8 +287,10 @@ def test_schema_failures_are_listed_up_to_fifty_and_none_passes():
     junk = [{"v": 2, "event": "junk", "run": "hand", "t_ns": 0, "step": None} for _ in range(60)]
     report = validate(a_log() + junk)
     schema = report.of_kind("schema")
-    assert len(schema) == 50 and not any(c.ok for c in schema)
-    assert report.counts()["schema"] == {"passed": 0, "failed": 50, "skipped": 0}
+    assert len(schema) == 51 and not any(c.ok for c in schema)
+    assert all(c.message.startswith("event #") for c in schema[:50])
+    assert schema[-1].message == "schema: 10 more events fail the schema, not listed (60 of 78 in all)"
+    assert report.counts()["schema"] == {"passed": 0, "failed": 51, "skipped": 0}
     one = validate(a_log() + junk[:1]).of_kind("schema")
     assert [c.ok for c in one] == [False]
     assert [c.ok for c in validate(a_log()).of_kind("schema")] == [True]
@@ -432,3 +434,13 @@ def test_a_window_closing_with_other_free_blocks_fails_window_end():
     report = validate(window)
     assert names(report) == ["window.end"]
     assert report.first_failure.message == "window end: free_blocks 7, the window's last step left 8"
+
+
+def test_a_tracer_field_cannot_overwrite_the_stamps_the_validator_trusts():
+    t = ListTracer(run="r")
+    t.step = 3
+    for field in ("step", "t_ns", "run", "v"):
+        with pytest.raises(TypeError, match=f"'{field}'"):
+            t.emit("kv_alloc", **{field: 9})
+    t.emit("kv_alloc", seq_id=1)
+    assert len(t.events) == 1 and t.events[0]["step"] == 3 and t.events[0]["run"] == "r" and t.events[0]["v"] == 1

@@ -1291,6 +1291,9 @@ def validate(events: list[dict], case: Case | None = None, *, block_size: int | 
                 schema.append(Check("schema", False, st if is_int(st) else None, message=f"event #{i + 1} "
                                     f"({e.get('event') if isinstance(e, dict) else '?'}): {'; '.join(probs)}",
                                     kind="schema"))
+    if bad > _MAX_FAILURES_PER_NAME:
+        schema.append(Check("schema", False, message=f"schema: {bad - _MAX_FAILURES_PER_NAME} more events fail the "
+                            f"schema, not listed ({bad} of {len(events)} in all)", kind="schema"))
     if not bad:
         schema.append(Check("schema", True, message=f"schema: {len(events)} events are v1", kind="schema"))
     log = EventLog(events)
