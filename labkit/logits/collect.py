@@ -438,8 +438,11 @@ def _strict_float32():
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(before[0])
+        # The flags first, the precision last: under "medium", setting cuda.matmul.allow_tf32 after the precision
+        # leaves torch in a mixed state whose get_float32_matmul_precision() raises (torch 2.13 here), and so the next
+        # collection with it.
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[1], before[2]
+        torch.set_float32_matmul_precision(before[0])
 
 
 def _hf_kv(model, ids: list[int], device, kv: dict) -> None:
