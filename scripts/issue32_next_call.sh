@@ -91,7 +91,9 @@ for section in ${SECTIONS:-sampler noise}; do
           ${NANO_BENCH:---workload nano --repeats 3} --out $W/nano-fp8-vt$v-r$r.json > $W/logs/nano-fp8-vt$v-r$r.log 2>&1
         echo "rc=$? @$SECONDS nano FP8, V keys-contiguous $v, round $r: $(tps $W/nano-fp8-vt$v-r$r.json) tok/s" >> $S
       done
-      LABKIT_FP8_V_TRANSPOSED=1 timeout 300 python3 -m labkit logits-check run --suite fp8-kv \
+      # (the CPU plumbing run interprets every kernel: minutes alone, past 5 on a loaded 2-core machine)
+      lc_s=$([ $D = cpu ] && echo 900 || echo 300)
+      LABKIT_FP8_V_TRANSPOSED=1 timeout $lc_s python3 -m labkit logits-check run --suite fp8-kv \
         --attention-backend triton $([ $D = cpu ] || echo --execution graph) --device $D \
         --dtype $([ $D = cpu ] && echo float32 || echo bfloat16) --model $M --out $W/lc-fp8-kv-vt \
         > $W/logs/lc-fp8-kv-vt.log 2>&1
