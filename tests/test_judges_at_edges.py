@@ -217,9 +217,13 @@ def test_fixed_top1_flip_reviews_a_margin_the_error_can_explain_and_fails_a_wide
 
 # --- new K/V (the kv suite): per step with the row factors, pooled with the overall ones; fixed kv-max-abs -----
 
-def _with_kv(col: Collection, k: np.ndarray, steps) -> Collection:
-    """col plus new K/V: one token per step (request R, positions 0..), 1 layer, 1 head; V equals K."""
-    k = np.asarray(k, dtype=np.float32).reshape(len(steps), 1, 1, -1)
+def _with_kv(col: Collection, k: np.ndarray, steps, layers: int = 1) -> Collection:
+    """col plus new K/V: one token per step (request R, positions 0..), `layers` layers of one head of k's last
+    dimension (k: [steps, dim] for every layer, or [steps, layers, dim]); V equals K."""
+    k = np.asarray(k, dtype=np.float32)
+    if k.ndim == 2:
+        k = np.repeat(k[:, None, :], layers, axis=1)
+    k = k.reshape(len(steps), k.shape[1], 1, -1)
     n = len(steps)
     meta = {**col.meta, "kv": {"requests": ["R"], "cases": ["edge"]},
             "steps": [{"case": "edge", "step": s, "phase": "decode"} for s in steps]}

@@ -14,10 +14,9 @@ import pytest
 
 from labkit.bench import compare as bench
 from labkit.logits import compare as cmp
-from labkit.logits.collect import Collection
 
 from .test_bench_compare import _load_result, _synthetic
-from .test_judges_at_edges import REFERENCE, TRUTH, _col
+from .test_judges_at_edges import REFERENCE, TRUTH, _col, _with_kv
 
 # Truth rows [4, 0, 0, 0]; the bf16 reference is 0.5 off in logit 1: noise rel-L2 0.125, max-abs 0.5 per row
 # (test_judges_at_edges' collections).
@@ -165,21 +164,6 @@ def test_lhs_to_rhs_distance_is_over_the_rhs_norm():
 
 
 # --- new K/V ----------------------------------------------------------------------------------------------
-
-
-def _with_kv(col: Collection, k: np.ndarray, steps, layers: int = 1) -> Collection:
-    """col plus new K/V: one token per step (request R, positions 0..), `layers` layers of one head of k's last
-    dimension (k: [steps, dim] for every layer, or [steps, layers, dim]); V equals K."""
-    k = np.asarray(k, dtype=np.float32)
-    if k.ndim == 2:
-        k = np.repeat(k[:, None, :], layers, axis=1)
-    k = k.reshape(len(steps), k.shape[1], 1, -1)
-    n = len(steps)
-    meta = {**col.meta, "kv": {"requests": ["R"], "cases": ["edge"]},
-            "steps": [{"case": "edge", "step": s, "phase": "decode"} for s in steps]}
-    return Collection(meta, {**col.arrays, "kv_k": k, "kv_v": k.copy(), "kv_request": np.zeros(n, np.int32),
-                             "kv_position": np.arange(n, dtype=np.int32), "kv_step": np.asarray(steps, np.int32),
-                             "kv_case": np.zeros(n, np.int32)})
 
 
 def test_a_kv_step_is_judged_by_the_larger_of_its_two_ratios():
