@@ -3,9 +3,9 @@
 (ModelRunner.capture_cudagraph, engine/mixed_graphs.py) and then holds a GraphDispatch of what it captured.
 
 - A decode step of n rows replays the smallest decode bucket >= n: nano's [1, 2, 4, 8] + multiples of 16 up to
-  max_num_seqs (decode_buckets); a larger batch runs eagerly. Small buckets also have a graph of one split, replayed
-  while every context is at most SHORT_CONTEXT tokens (one program per head reading it all beats the split and the
-  merge launch there).
+  max_num_seqs (decode_buckets); a larger batch runs eagerly. Small buckets also have a graph of fewer splits
+  (short_splits: one by default), replayed while every context is at most SHORT_CONTEXT tokens (one program per
+  head reading it all beats the split and the merge launch there).
 - A step with prefill rows replays a mixed graph (only a policy that mixes phases has them: engine/policies.py):
   the smallest (decode rows, prefill tokens) pair that holds it, in at most mixed_graphs.ROWS prefill rows; else
   it runs eagerly.
@@ -20,6 +20,12 @@ from dataclasses import dataclass
 SHORT_CONTEXT = int(os.environ.get("LABKIT_DECODE_SHORT_CONTEXT", "512"))
 if SHORT_CONTEXT < 0:
     raise ValueError(f"LABKIT_DECODE_SHORT_CONTEXT: must be >= 0, got {SHORT_CONTEXT}")
+# The splits of that short-context graph at batch 1, fewer as rows add programs (short_splits; 1: one program a KV
+# head walks the context). More splits only pay where nothing stands between attention and o_proj
+# (LABKIT_DECODE_MERGE_IN_GEMV=1): a knob for that measurement (docs/perf.md, session 24).
+SHORT_SPLITS = int(os.environ.get("LABKIT_DECODE_SHORT_SPLITS", "1"))
+if SHORT_SPLITS not in (1, 2, 4, 8, 16, 32):
+    raise ValueError(f"LABKIT_DECODE_SHORT_SPLITS: 1, 2, 4, 8, 16 or 32, got {SHORT_SPLITS}")
 # Decode graphs of at most this many rows also run the LM head and draw the tokens (the Gumbel kernel), so a small
 # batch's step launches one graph instead of the graph, the LM head and two sampling kernels from Python (0: none).
 # Off: on one H200 (docs/perf.md, session 15) 16 drew the same ids and took batch 1 from 0.746 to 0.740 ms a token,
@@ -29,6 +35,12 @@ if GRAPH_SAMPLE_BS not in (0, 1, 2, 4, 8, 16, 32):
     raise ValueError(f"LABKIT_GRAPH_SAMPLE_BS: 0, 1, 2, 4, 8, 16 or 32, got {GRAPH_SAMPLE_BS}")
 # A mixed graph holds at most this many prefill rows (its cu_seqlens are this long).
 MIXED_PREFILL_ROWS = 16
+
+
+def short_splits(bs: int) -> int:
+    """The splits of bucket bs's short-context graph: SHORT_SPLITS at one row, divided by the rows (the programs
+    a KV head gets stay about the same), at least one."""
+    return max(1, SHORT_SPLITS // bs)
 
 
 def decode_buckets(max_bs: int) -> list[int]:

@@ -15,7 +15,7 @@ from .context import Context, DecodeMeta, PrefillMeta, reset_context, set_contex
 from .decode_order import DECODE_ORDER, longest_first
 from .device import num_sms, resolve_device, resolve_dtype
 from .distributed import all_reduce_min, broadcast_from_rank0, set_tp
-from .graph_dispatch import GRAPH_SAMPLE_BS, SHORT_CONTEXT, GraphDispatch, decode_buckets
+from .graph_dispatch import GRAPH_SAMPLE_BS, SHORT_CONTEXT, GraphDispatch, decode_buckets, short_splits
 from .kernel_choice import choose_kernels
 from .kv_layout import FP8_V_TRANSPOSED, layer_caches, pool_shape
 from .kv_quant import FP8, cache_dtype
@@ -465,8 +465,10 @@ class ModelRunner:
         # (one process only: under tensor parallel the LM head's gather is a collective of its own)
         head_bs = GRAPH_SAMPLE_BS if self.world_size == 1 and self.kernels.gumbel_sampler else 0
         for bs in reversed(self.graph_bs):
+            short = short_splits(bs)
             for graphs, splits in ((self.graphs, self.graph_splits[bs]),
-                                   (self.short_graphs, 1 if self.graph_splits[bs] > 1 and SHORT_CONTEXT else None)):
+                                   (self.short_graphs, short if self.graph_splits[bs] > short and SHORT_CONTEXT
+                                    else None)):
                 if splits is None:
                     continue
                 graph = torch.cuda.CUDAGraph()

@@ -35,7 +35,8 @@ NUM_SMS = 132  # the H200's, which split_for cuts K for
 
 
 def layer_gemvs(cfg: dict, rows: int) -> list[dict]:
-    """The four launches of a middle layer (its inputs are the previous layer's partials) at `rows` rows."""
+    """The four launches of a middle layer (its inputs are the previous layer's partials) at `rows` rows, and
+    o_proj merging attention's split parts as it reads them."""
     sys.path.insert(0, str(REPO))
     from engine.kernels.decode_layer import split_for
 
@@ -50,6 +51,9 @@ def layer_gemvs(cfg: dict, rows: int) -> list[dict]:
         {**base, "name": "gate/up", "N": inter, "K": h, "s_in": o_split, "residual": True, "norm": True,
          "silu": True},
         {**base, "name": "down_proj", "N": h, "K": inter, "split": down_split, "partials_out": True},
+        # o_proj merging 8 attention splits of 64-key tiles as it reads them (LABKIT_DECODE_MERGE_IN_GEMV=1)
+        {**base, "name": "o+merge", "N": h, "K": q, "split": o_split, "partials_out": True,
+         "attn": [8, head_dim, 64]},
     ]
 
 
@@ -65,17 +69,19 @@ def _sass_here(g: dict) -> str:
 
     _, meta = dl.gemv_meta(g["M"], g["N"], g["K"], g["split"], s_in=g["s_in"], residual=g["residual"],
                            norm=g["norm"], silu=g["silu"], partials_out=g["partials_out"], dtype=torch.bfloat16,
-                           use_pdl=dl.PDL_MODE != "off", trigger=dl.PDL_TRIGGER.get(dl.PDL_MODE, 0))
+                           use_pdl=dl.PDL_MODE != "off", trigger=dl.PDL_TRIGGER.get(dl.PDL_MODE, 0),
+                           attn=tuple(g.get("attn", (0, 0, 0))))
     options = {"num_warps": meta.pop("num_warps"), "num_stages": 2, "enable_fp_fusion": meta.pop("enable_fp_fusion")}
     sig = {"w_ptr": "*bf16", "x_ptr": "*bf16", "part_ptr": "*fp32", "res_ptr": "*bf16", "res_out_ptr": "*bf16",
-           "nw_ptr": "*bf16", "y_ptr": "*fp32" if g["partials_out"] else "*bf16", **{k: "i32" for k in (
+           "nw_ptr": "*bf16", "y_ptr": "*fp32" if g["partials_out"] else "*bf16", "ml_ptr": "*fp32",
+           "ctx_ptr": "*i32", **{k: "i32" for k in (
                "M", "N", "K", "KS", "stride_wn", "stride_xm", "up_rows")}, "eps": "fp32"}
     sig.update({k: "constexpr" for k in meta})
     names = list(sig)
     # A launch specialises what is 16-divisible: torch's pointers, and these shapes' sizes and strides (M, the
     # batch, is not).
-    aligned = ["w_ptr", "x_ptr", "part_ptr", "res_ptr", "res_out_ptr", "nw_ptr", "y_ptr", "N", "K", "KS",
-               "stride_wn", "stride_xm", "up_rows"]
+    aligned = ["w_ptr", "x_ptr", "part_ptr", "res_ptr", "res_out_ptr", "nw_ptr", "y_ptr", "ml_ptr", "ctx_ptr", "N",
+               "K", "KS", "stride_wn", "stride_xm", "up_rows"]
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     compiled = triton.compile(ASTSource(dl._gemv_kernel, sig, constexprs=meta, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options=options)

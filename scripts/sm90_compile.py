@@ -122,6 +122,12 @@ def _record() -> list[dict]:
                                            rand(head_dim), 1e-6, ctx - 1, pool, v_pool, tables, ctx, 0.25,
                                            splits, heads, kv_heads, block_n=16 if kv == "fp8-vt" else None)
             o_parts = decode_layer.gemv(rand(hidden, heads * head_dim), x=o, split=2)
+            if splits > 1:  # the parts merged by o_proj's GEMV instead (LABKIT_DECODE_MERGE_IN_GEMV=1)
+                parts = decode_layer.qkv_attention(qkv, ctx.long() - 1, torch.randn(64, head_dim), rand(head_dim),
+                                                   rand(head_dim), 1e-6, ctx - 1, pool, v_pool, tables, ctx, 0.25,
+                                                   splits, heads, kv_heads, block_n=16 if kv == "fp8-vt" else None,
+                                                   merge=False)
+                decode_layer.gemv(rand(hidden, heads * head_dim), x=parts, split=2)
             h, residual = decode_layer.gemv(rand(2 * inter, hidden), partials=o_parts, residual=residual,
                                             norm_weight=rand(hidden), silu=True)
             parts = decode_layer.gemv(rand(hidden, inter), x=h, split=2)

@@ -21,7 +21,7 @@ def _import_with(env: dict, code: str) -> subprocess.CompletedProcess:
 
 def test_the_defaults_are_the_measured_ones():
     from engine import decode_order, kv_layout
-    from engine.graph_dispatch import GRAPH_SAMPLE_BS, SHORT_CONTEXT
+    from engine.graph_dispatch import GRAPH_SAMPLE_BS, SHORT_CONTEXT, SHORT_SPLITS
     from engine.kernels import decode_layer, gumbel_sampler
 
     if any(k.startswith(("LABKIT_DECODE", "LABKIT_GRAPH", "LABKIT_GUMBEL", "LABKIT_FP8")) for k in os.environ):
@@ -30,9 +30,9 @@ def test_the_defaults_are_the_measured_ones():
     assert decode_layer.PDL_MODE == "early"  # (batch 1 0.84 ms against late's 0.95: docs/perf.md, session 11)
     assert decode_order.DECODE_ORDER == "longest-first"  # (nano FP8 +6% on the H200: docs/perf.md, session 19)
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
-            decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT,
-            GRAPH_SAMPLE_BS, gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE) == (
-        16, 8, 4, 128, "0", 128, 128, 512, 0, 8, "hash")
+            decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT, SHORT_SPLITS,
+            decode_layer.MERGE_IN_GEMV, GRAPH_SAMPLE_BS, gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE) == (
+        16, 8, 4, 128, "0", 128, 128, 512, 1, "0", 0, 8, "hash")
 
 
 def test_each_knob_is_read_when_set():
@@ -53,6 +53,11 @@ def test_each_knob_is_read_when_set():
     res = _import_with({"LABKIT_GRAPH_SAMPLE_BS": "16"},
                        "from engine import graph_dispatch as g; print(g.GRAPH_SAMPLE_BS)")
     assert res.returncode == 0 and res.stdout.split() == ["16"], res.stderr
+    res = _import_with({"LABKIT_DECODE_SHORT_SPLITS": "8", "LABKIT_DECODE_MERGE_IN_GEMV": "1"},
+                       "from engine import graph_dispatch as g; from engine.kernels import decode_layer as d; "
+                       "print(g.SHORT_SPLITS, d.MERGE_IN_GEMV, [g.short_splits(b) for b in (1, 2, 4, 8, 16)])")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().split(maxsplit=2) == ["8", "1", "[8, 4, 2, 1, 1]"]  # (fewer splits as rows add programs)
 
 
 @pytest.mark.parametrize("mode, trigger", [("first", 2), ("early", 1), ("late", 0), ("off", None)])
@@ -77,7 +82,8 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
                                         ("LABKIT_DECODE_K_CHUNK", "100"),
                                         ("LABKIT_GUMBEL_PER_SM", "3"), ("LABKIT_GUMBEL_NOISE", "xorshift"),
                                         ("LABKIT_FP8_V_TRANSPOSED", "yes"),
-                                        ("LABKIT_DECODE_ORDER", "longest"), ("LABKIT_DECODE_PDL", "start")])
+                                        ("LABKIT_DECODE_ORDER", "longest"), ("LABKIT_DECODE_PDL", "start"),
+                                        ("LABKIT_DECODE_SHORT_SPLITS", "3"), ("LABKIT_DECODE_MERGE_IN_GEMV", "2")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
                                      "engine.kernels.gumbel_sampler, engine.kv_layout, engine.decode_order")

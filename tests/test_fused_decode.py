@@ -81,6 +81,55 @@ def test_gemv_split_k_partials_sum_to_the_product(split, M, rows, k_chunk, monke
     _close(y, x @ w.T, torch.float32)
 
 
+def _attention_parts(B, H, S, D, ctx, block_n, seed=0):
+    """Split parts as the attention kernel leaves them: a split past its row's context holds no keys (max -inf,
+    sum 0, acc 0); the others random."""
+    g = torch.Generator().manual_seed(seed)
+    acc = torch.randn(B, H, S, D, generator=g) * 3
+    ml = torch.randn(B, H, S, 2, generator=g) * 4
+    ml[..., 1] = ml[..., 1].abs() + 0.25
+    for b, n in enumerate(ctx):
+        tiles = -(-n // block_n)
+        span = -(-tiles // S) * block_n  # keys a split covers
+        for s in range(S):
+            if not s * span < n:
+                acc[b, :, s], ml[b, :, s, 0], ml[b, :, s, 1] = 0.0, float("-inf"), 0.0
+    return acc.to(DEVICE), ml.to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, HALF])
+@pytest.mark.parametrize("M, S, block_n, ctx", [(1, 5, 16, [40]), (3, 4, 16, [40, 7, 0]), (2, 3, 32, [100, 33]),
+                                               (3, 8, 64, [129, 64, 1])])
+def test_gemv_merging_attention_parts_is_the_merge_kernel_then_the_gemv(dtype, M, S, block_n, ctx):
+    from engine.kernels.decode_attention import _decode_merge_kernel
+    H, D = 4, 16
+    acc, ml = _attention_parts(M, H, S, D, ctx, block_n)
+    lens = torch.tensor(ctx, dtype=torch.int32, device=DEVICE)
+    o = torch.empty(M, H, D, dtype=dtype, device=DEVICE)
+    _decode_merge_kernel[(M, H)](acc, ml, o, S, o.stride(0), o.stride(1), NUM_HEADS=H, HEAD_DIM=D,
+                                 SPLITS_PAD=triton.next_power_of_2(S))
+    w = _rand(40, H * D, dtype=dtype, seed=1)
+    for split in (1, 2):
+        want = gemv(w, x=o.view(M, H * D), split=split)
+        got = gemv(w, x=decode_layer.AttnParts(acc, ml, lens, block_n), split=split)
+        _close(got, want, torch.float32)  # the same merged inputs (sums of the parts in another order at most)
+
+
+def test_gemv_merge_reads_only_the_splits_that_hold_keys():
+    # A split past its row's context is never read (its acc and max are poison here): the bounds come from the
+    # context length, as the attention kernel draws them (32 and 16: the first dead split starts at the end).
+    M, H, S, D, block_n, ctx = 2, 2, 4, 16, 16, [32, 16]
+    acc, ml = _attention_parts(M, H, S, D, ctx, block_n)
+    clean = gemv(_rand(8, H * D, seed=2), x=decode_layer.AttnParts(acc, ml, torch.tensor(ctx, dtype=torch.int32,
+                                                                   device=DEVICE), block_n))
+    dead = ml[..., 0] == float("-inf")
+    assert dead.any() and not dead.all()
+    acc[dead], ml[dead] = float("nan"), float("nan")
+    poisoned = gemv(_rand(8, H * D, seed=2), x=decode_layer.AttnParts(acc, ml, torch.tensor(
+        ctx, dtype=torch.int32, device=DEVICE), block_n))
+    assert torch.equal(poisoned, clean)
+
+
 def test_partials_norm_is_the_final_add_rms_norm():
     parts, residual, w = _rand(4, 2, 96, seed=10), _rand(2, 96, dtype=HALF, seed=11), _rand(96, dtype=HALF, seed=12)
     out = partials_norm(parts, residual, w, 1e-6)
@@ -129,13 +178,16 @@ def _prefilled(model_dir, dtype, kv_cache_dtype="auto"):
 
 
 @pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("merge_in_gemv", ["0", "1"])
 @pytest.mark.parametrize("dtype, splits, block_n, gemv_rows", [
     ("float32", 1, 128, 16), ("float32", 2, 128, 16), ("float16", 1, 128, 16), ("float16", 3, 128, 16),
     ("float32", 3, 16, 16), ("float16", 2, 16, 16), ("float32", 2, 64, 32), ("float16", 1, 128, 64)])
 def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, splits, block_n, gemv_rows,
-                                                      monkeypatch):
+                                                      merge_in_gemv, monkeypatch):
     # block_n 16: the pool's 16-token pages are whole tiles, and a split walks several of them; gemv_rows > 16:
-    # the GEMVs' programs own more weight rows (LABKIT_DECODE_GEMV), the last tile part masked
+    # the GEMVs' programs own more weight rows (LABKIT_DECODE_GEMV), the last tile part masked; merge_in_gemv:
+    # a split context's parts merged by o_proj's GEMV, not the merge kernel (LABKIT_DECODE_MERGE_IN_GEMV)
+    monkeypatch.setattr(fused_decode, "MERGE_IN_GEMV", merge_in_gemv)
     monkeypatch.setattr(decode_layer, "ATTN_BLOCK_N", block_n)
     monkeypatch.setattr(decode_layer, "_BLOCK_N", gemv_rows)
     llm, dec, pool = _prefilled(tiny_model, dtype)

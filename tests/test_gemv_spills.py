@@ -15,7 +15,12 @@ def _load():
 def test_the_layer_gemvs_have_the_engines_shapes_and_splits():
     gs = _load()
     launches = {g["name"]: g for g in gs.layer_gemvs(gs.QWEN3_06B, 16)}
-    assert [n for n in launches] == ["q/k/v", "o_proj", "gate/up", "down_proj"]
+    assert [n for n in launches] == ["q/k/v", "o_proj", "gate/up", "down_proj", "o+merge"]
+    # o_proj merging attention's parts: o_proj's shape, split and output, its input attention's split parts
+    merged = launches["o+merge"]
+    assert {k: merged[k] for k in ("N", "K", "split", "partials_out")} == \
+        {k: launches["o_proj"][k] for k in ("N", "K", "split", "partials_out")}
+    assert merged["attn"][0] > 1 and merged["attn"][1] == 128
     assert (launches["q/k/v"]["N"], launches["q/k/v"]["K"]) == (4096, 1024)
     assert (launches["gate/up"]["N"], launches["down_proj"]["K"]) == (3072, 3072)
     # what reaches q/k/v and gate/up is the split GEMV before them: its partials
@@ -38,7 +43,7 @@ def test_no_gemv_of_a_layer_spills_at_one_or_sixteen_rows(capsys):
     rc = gs.main(["--json"])
     out = json.loads(capsys.readouterr().out)
     assert [(g["gemv"], g["rows"]) for g in out["gemvs"]] == [
-        (n, r) for r in (1, 16) for n in ("q/k/v", "o_proj", "gate/up", "down_proj")]
+        (n, r) for r in (1, 16) for n in ("q/k/v", "o_proj", "gate/up", "down_proj", "o+merge")]
     assert rc == 0 and out["ok"], out["gemvs"]
     by = {(g["gemv"], g["rows"]): g for g in out["gemvs"]}
     # the launch's programs (grid) and what an SM holds: q/k/v 4096 rows / 16 a program; gate/up's one-row tile

@@ -5,7 +5,7 @@ batches of decode CUDA graphs (<= 16 rows):
                 then the merged q/k/v projection
     attention   q/k RMSNorm + RoPE from the qkv rows, this token's K/V written to the pool (quantised for an FP8
                 pool), then paged decode attention over the context (plus decode_attention's merge kernel
-                when the context is split)
+                when the context is split, unless o_proj merges the parts: LABKIT_DECODE_MERGE_IN_GEMV)
     gemv        o_proj, split over K: float32 partials, never summed by a kernel of their own
     gemv(norm)  o_proj's partials summed, residual, RMSNorm, gate/up, SiLU(gate) * up in the epilogue
     gemv        down_proj, split over K: partials for the next layer's first kernel
@@ -29,6 +29,7 @@ float32 accumulations of the same products, a last-bit matter that logits-check 
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -60,6 +61,12 @@ if MERGE_PDL not in ("0", "1"):
 ATTN_BLOCK_N = int(os.environ.get("LABKIT_DECODE_BLOCK_N", "128"))
 if ATTN_BLOCK_N not in (16, 32, 64, 128):
     raise ValueError(f"LABKIT_DECODE_BLOCK_N: must be 16, 32, 64 or 128, got {ATTN_BLOCK_N}")
+# Where a split context's parts are merged: "1" inside o_proj's GEMV, as it reads its input (no kernel between
+# attention and o_proj, so o_proj launches while attention runs and streams its weights in under it), "0" in
+# decode_attention's merge kernel. A knob for the session-24 measurement (docs/perf.md).
+MERGE_IN_GEMV = os.environ.get("LABKIT_DECODE_MERGE_IN_GEMV", "0")
+if MERGE_IN_GEMV not in ("0", "1"):
+    raise ValueError(f"LABKIT_DECODE_MERGE_IN_GEMV: must be 0 or 1, got {MERGE_IN_GEMV!r}")
 
 MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core tile of rows)
 
@@ -113,11 +120,60 @@ def _rnd(x, DT: tl.constexpr):
 
 
 @triton.jit
-def _x_rows(x_ptr, part_ptr, res_ptr, offs_m, offs_k, mask, M, K, stride_xm,
-            S_IN: tl.constexpr, RESIDUAL: tl.constexpr, DT: tl.constexpr):
+def _merged_rows(acc_ptr, ml_ptr, ctx_ptr, offs_m, offs_k, mask, M, K,
+                 S: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr, UNROLL: tl.constexpr):
+    """Attention's output at columns offs_k (head offs_k // D) merged from its S split parts, acc [M, H, S, D]
+    and (max, sum) pairs ml [M, H, S, 2]: decode_attention's merge kernel arithmetic, the parts summed in split
+    order. A part is read only where its split holds keys, known from the context length (the attention
+    kernel's own bounds: BN-key tiles, cdiv(tiles, S) of them a split), so no load waits for another.
+    UNROLL (one row): every part's loads issued at once; a tile of rows loops (unrolled, its loads spill)."""
+    ctx = tl.load(ctx_ptr + offs_m, mask=offs_m < M, other=0)
+    span = tl.cdiv(tl.cdiv(ctx, BN), S) * BN                        # keys a split covers, per row
+    row = (offs_m[:, None] * (K // D) + (offs_k // D)[None, :]) * S  # [rows, cols]: the (row, head)'s first part
+    col = (offs_k % D)[None, :]
+    m_max = tl.full(row.shape, float("-inf"), tl.float32)
+    num = tl.zeros(row.shape, tl.float32)
+    den = tl.zeros(row.shape, tl.float32)
+    if UNROLL:
+        for s in tl.static_range(S):
+            m_max = tl.maximum(m_max, _part_max(ml_ptr, row, s, mask & (s * span < ctx)[:, None]))
+        for s in tl.static_range(S):
+            num, den = _part_add(acc_ptr, ml_ptr, row, col, s, mask & (s * span < ctx)[:, None], m_max, num, den, D)
+    else:
+        for s in range(S):
+            m_max = tl.maximum(m_max, _part_max(ml_ptr, row, s, mask & (s * span < ctx)[:, None]))
+        for s in range(S):
+            num, den = _part_add(acc_ptr, ml_ptr, row, col, s, mask & (s * span < ctx)[:, None], m_max, num, den, D)
+    return _rnd(num / tl.where(den > 0, den, 1.0), DT)             # (the merge kernel stores the model dtype)
+
+
+@triton.jit
+def _part_max(ml_ptr, row, s, live):
+    return tl.load(ml_ptr + (row + s) * 2, mask=live, other=float("-inf"))
+
+
+@triton.jit
+def _part_add(acc_ptr, ml_ptr, row, col, s, live, m_max, num, den, D: tl.constexpr):
+    """Part s weighted by exp2(its max - the max): added to the numerator and the denominator (a part with no
+    keys, or a padding row's, weighs 0)."""
+    m = tl.load(ml_ptr + (row + s) * 2, mask=live, other=float("-inf"))
+    w = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)
+    num += tl.load(acc_ptr + (row + s) * D + col, mask=live, other=0.0) * w
+    den += tl.load(ml_ptr + (row + s) * 2 + 1, mask=live, other=0.0) * w
+    return num, den
+
+
+@triton.jit
+def _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, offs_k, mask, M, K, stride_xm,
+            S_IN: tl.constexpr, RESIDUAL: tl.constexpr, DT: tl.constexpr,
+            ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr):
     """Rows of the GEMV's input at columns offs_k, float32 holding model-dtype values: x itself, or S_IN
-    float32 partials summed in order (the unfused reduce kernel's sum), plus the residual (add_rms_norm's sum)."""
-    if S_IN == 0:
+    float32 partials summed in order (the unfused reduce kernel's sum), or attention's ATTN_S split parts
+    merged (part_ptr: their acc), plus the residual (add_rms_norm's sum)."""
+    if ATTN_S > 0:
+        x = _merged_rows(part_ptr, ml_ptr, ctx_ptr, offs_m, offs_k, mask, M, K, ATTN_S, ATTN_D, ATTN_BN, DT,
+                         offs_m.shape[0] == 1)
+    elif S_IN == 0:
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
     else:
         rows = part_ptr + offs_m[:, None].to(tl.int64) * K + offs_k[None, :]
@@ -133,12 +189,13 @@ def _x_rows(x_ptr, part_ptr, res_ptr, offs_m, offs_k, mask, M, K, stride_xm,
 
 @triton.jit
 def _gemv_kernel(
-    w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_ptr, M, N, K, KS, stride_wn, stride_xm, up_rows, eps,
+    w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_ptr, ml_ptr, ctx_ptr, M, N, K, KS, stride_wn,
+    stride_xm, up_rows, eps,
     S_IN: tl.constexpr, RESIDUAL: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, PARTIALS: tl.constexpr,
     EVEN: tl.constexpr, FULL_EVEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_FULL: tl.constexpr,
     USE_PDL: tl.constexpr, TRIGGER: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM_CHUNK: tl.constexpr,
-    K_CHUNK: tl.constexpr,
+    K_CHUNK: tl.constexpr, ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr,
 ):
     """y = W @ f(x) for M <= 16 rows. Program (n tile, k split) owns BLOCK_N rows of W and one KS-wide range of
     K, loaded whole before the wait (K_CHUNK 0), or K_CHUNK columns at a time after it (a tile of rows: its
@@ -177,7 +234,8 @@ def _gemv_kernel(
         # Loaded before the statistics, as before K_CHUNK existed: loaded after them, the 16-row q/k/v and gate/up
         # tiles spill (538 and 6,070 spill loads against 2 and 84, compiled for sm_90; 14x slower on the H200).
         x_mask = m_mask[:, None] if EVEN else m_mask[:, None] & k_mask[None, :]
-        x = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, offs_k, x_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
+        x = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, offs_k, x_mask, M, K, stride_xm, S_IN,
+                    RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN)
     if NORM:
         # The statistics need whole rows: every program reads them (a few KiB, from L2) and gets the same sums,
         # NORM_CHUNK columns at a time (K_FULL: all at once; fewer at 2-16 rows, whose 16 x K float32 would spill).
@@ -185,7 +243,8 @@ def _gemv_kernel(
         for c in tl.static_range(0, K_FULL, NORM_CHUNK):
             kf = c + tl.arange(0, NORM_CHUNK)
             full_mask = m_mask[:, None] if FULL_EVEN else m_mask[:, None] & (kf < K)[None, :]
-            h = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, kf, full_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
+            h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, kf, full_mask, M, K, stride_xm, S_IN,
+                        RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN)
             if RESIDUAL:
                 if (pid_n == 0) & (pid_k == 0):  # the new residual stream, written once
                     tl.store(res_out_ptr + offs_m[:, None] * K + kf[None, :], h.to(DT), mask=full_mask)
@@ -206,7 +265,8 @@ def _gemv_kernel(
             wc_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_kc[None, :]
             wc = tl.load(wc_rows, mask=wc_mask, other=0.0)
             xc_mask = m_mask[:, None] if EVEN else m_mask[:, None] & kc_mask[None, :]
-            xc = _x_rows(x_ptr, part_ptr, res_ptr, offs_m, offs_kc, xc_mask, M, K, stride_xm, S_IN, RESIDUAL, DT)
+            xc = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, offs_kc, xc_mask, M, K, stride_xm, S_IN,
+                         RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN)
             if NORM:
                 nwc = tl.load(nw_ptr + offs_kc, mask=kc_mask, other=0.0).to(tl.float32)
                 xc = _rnd(_rnd(xc * rstd[:, None], DT) * nwc[None, :], DT)
@@ -255,9 +315,11 @@ def split_for(N: int, K: int, num_sms: int, block_n: int | None = None) -> int:
 
 
 def gemv_meta(M: int, N: int, K: int, split: int, *, s_in: int, residual: bool, norm: bool, silu: bool,
-              partials_out: bool, dtype: torch.dtype, use_pdl: bool, trigger: int) -> tuple[tuple, dict]:
+              partials_out: bool, dtype: torch.dtype, use_pdl: bool, trigger: int,
+              attn: tuple[int, int, int] = (0, 0, 0)) -> tuple[tuple, dict]:
     """The fused GEMV's grid and compile-time arguments (num_warps among them) for an M x K input to N outputs
-    in `split` K ranges: what gemv launches, and what tests/test_gemv_spills.py compiles for sm_90."""
+    in `split` K ranges: what gemv launches, and what tests/test_gemv_spills.py compiles for sm_90.
+    attn: (splits, head_dim, block_n) of attention parts merged as the input (0s: none)."""
     ks = triton.cdiv(K, split)
     k_full = triton.next_power_of_2(K)
     block_k = max(16, triton.next_power_of_2(ks))
@@ -268,20 +330,38 @@ def gemv_meta(M: int, N: int, K: int, split: int, *, s_in: int, residual: bool, 
         BLOCK_K=block_k, K_FULL=k_full, USE_PDL=use_pdl, TRIGGER=trigger, DOT_PRECISION=dot_precision(dtype),
         NORM_CHUNK=min(NORM_CHUNK or k_full, k_full) if M > 1 else k_full,
         K_CHUNK=min(K_CHUNK, block_k) if M > 1 else 0,
+        ATTN_S=attn[0], ATTN_D=attn[1], ATTN_BN=attn[2],
         num_warps=_WARPS_ONE_ROW if M == 1 else _WARPS, enable_fp_fusion=False)
     return (triton.cdiv(N, _BLOCK_N), split), meta
 
 
-def gemv(w: torch.Tensor, *, x: torch.Tensor | None = None, partials: torch.Tensor | None = None,
+class AttnParts(NamedTuple):
+    """A split attention's output before its merge (qkv_attention with merge=False): acc [M, H, S, D] and
+    ml [M, H, S, 2] float32, and what says which splits hold keys (the context lengths, the key tile)."""
+    acc: torch.Tensor
+    ml: torch.Tensor
+    context_lens: torch.Tensor
+    block_n: int
+
+
+def gemv(w: torch.Tensor, *, x: torch.Tensor | AttnParts | None = None, partials: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
          silu: bool = False, split: int | None = None, dtype: torch.dtype | None = None):
-    """The fused decode GEMV. Input: x [M, K] in the model dtype, or partials [S, M, K] float32 (summed, rounded
-    to `dtype`); plus residual [M, K] (then returns (y, new residual)); RMSNorm with norm_weight [K] first.
-    w [N', K] (SILU: [2N, K], gate then up). Returns y [M, N] in the model dtype; with `split` given, float32
-    partials [split, M, N] for the next kernel to sum (one split included)."""
+    """The fused decode GEMV. Input: x [M, K] in the model dtype, or attention's split parts (AttnParts, merged
+    as decode_attention's merge kernel merges them and rounded to the model dtype), or partials [S, M, K]
+    float32 (summed, rounded to `dtype`); plus residual [M, K] (then returns (y, new residual)); RMSNorm with
+    norm_weight [K] first. w [N', K] (SILU: [2N, K], gate then up). Returns y [M, N] in the model dtype; with
+    `split` given, float32 partials [split, M, N] for the next kernel to sum (one split included)."""
     assert (x is None) != (partials is None)
-    src = x if x is not None else partials
-    M, K = src.shape[-2], src.shape[-1]
+    parts = x if isinstance(x, AttnParts) else None
+    if parts is not None:
+        M, H, S, D = parts.acc.shape
+        assert parts.acc.is_contiguous() and parts.ml.is_contiguous() and parts.ml.shape == (M, H, S, 2)
+        x, partials, K = None, parts.acc, H * D
+        src = parts.acc
+    else:
+        src = x if x is not None else partials
+        M, K = src.shape[-2], src.shape[-1]
     dtype = dtype or w.dtype
     assert M <= MAX_ROWS and w.shape[1] == K and w.stride(1) == 1 and src.stride(-1) == 1
     assert partials is None or partials.is_contiguous()
@@ -296,12 +376,14 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | None = None, partials: torch.Tens
         torch.empty(split, M, N, dtype=torch.float32, device=dev)
     res_out = torch.empty(M, K, dtype=dtype, device=dev) if residual is not None else y
     use_pdl, trigger, launch = _pdl(dev)
-    grid, meta = gemv_meta(M, N, K, split, s_in=0 if partials is None else partials.shape[0],
+    grid, meta = gemv_meta(M, N, K, split, s_in=0 if partials is None or parts else partials.shape[0],
                            residual=residual is not None, norm=norm_weight is not None, silu=silu,
-                           partials_out=partials_out, dtype=dtype, use_pdl=use_pdl, trigger=trigger)
+                           partials_out=partials_out, dtype=dtype, use_pdl=use_pdl, trigger=trigger,
+                           attn=(S, D, parts.block_n) if parts else (0, 0, 0))
     _gemv_kernel[grid](
         w, x if x is not None else w, partials if partials is not None else w,
         residual if residual is not None else w, res_out, norm_weight if norm_weight is not None else w, y,
+        parts.ml if parts else w, parts.context_lens if parts else w,
         M, N, K, ks, w.stride(0), x.stride(0) if x is not None else K, N, float(eps), **meta, **launch)
     return (y, res_out) if residual is not None else y
 
@@ -486,9 +568,10 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
                   k_norm: torch.Tensor, eps: float, slots: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                   num_splits: int, num_heads: int, num_kv_heads: int, k_scale: float = 1.0, v_scale: float = 1.0,
-                  block_n: int | None = None) -> torch.Tensor:
+                  block_n: int | None = None, merge: bool = True) -> torch.Tensor | AttnParts:
     """qkv [B, (heads + 2 kv_heads) * head_dim] -> attention output [B, heads * head_dim]; writes each row's K/V
-    at its slot (-1: none). Context lengths include the newest token (the one written here)."""
+    at its slot (-1: none). Context lengths include the newest token (the one written here). A split context
+    (num_splits > 1) without merge: its parts unmerged, for gemv to merge as it reads them."""
     batch = qkv.shape[0]
     head_dim = k_cache.shape[-1]
     block_size = k_cache.shape[2]
@@ -514,6 +597,8 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILES=page_tiles, PARTIALS=partials,
         USE_PDL=use_pdl, TRIGGER=trigger, DOT_PRECISION=dot_precision(qkv.dtype), num_warps=4, num_stages=2,
         enable_fp_fusion=False, **launch)
+    if partials and not merge:
+        return AttnParts(acc, ml, context_lens, block_n)
     if partials:
         o3 = out.view(batch, num_heads, head_dim)
         merge_pdl = use_pdl and MERGE_PDL == "1"
