@@ -12,7 +12,7 @@ import torch
 
 from .context import get_context
 from .device import num_sms
-from .kernels.decode_layer import MAX_ROWS, MERGE_IN_GEMV, gemv, partials_norm, qkv_attention, split_for
+from .kernels.decode_layer import MAX_ROWS, gemv, merges_in_gemv, partials_norm, qkv_attention, split_for
 
 
 def applies(ctx, rows: int) -> bool:
@@ -39,7 +39,7 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Te
         o = qkv_attention(qkv, positions, attn.rotary_emb.cos_sin_cache, attn.q_norm.weight, attn.k_norm.weight,
                           attn.q_norm.eps, ctx.slot_mapping, a.k_cache, a.v_cache, dec.block_tables,
                           dec.context_lens, a.scale, dec.num_splits, attn.num_heads, attn.num_kv_heads,
-                          a.k_scale, a.v_scale, merge=MERGE_IN_GEMV == "0")
+                          a.k_scale, a.v_scale, merge=not merges_in_gemv(len(input_ids), dec.num_splits))
         w_o = attn.o_proj.weight
         partials = gemv(w_o, x=o, split=split_for(w_o.shape[0], w_o.shape[1], sms))
         ln = layer.post_attention_layernorm

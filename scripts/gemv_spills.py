@@ -38,7 +38,7 @@ def layer_gemvs(cfg: dict, rows: int) -> list[dict]:
     """The four launches of a middle layer (its inputs are the previous layer's partials) at `rows` rows, and
     o_proj merging attention's split parts as it reads them."""
     sys.path.insert(0, str(REPO))
-    from engine.kernels.decode_layer import split_for
+    from engine.kernels.decode_layer import GEMV_MERGE_SPLITS, split_for
 
     h, inter = cfg["hidden_size"], cfg["intermediate_size"]
     head_dim = cfg.get("head_dim") or h // cfg["num_attention_heads"]
@@ -51,9 +51,10 @@ def layer_gemvs(cfg: dict, rows: int) -> list[dict]:
         {**base, "name": "gate/up", "N": inter, "K": h, "s_in": o_split, "residual": True, "norm": True,
          "silu": True},
         {**base, "name": "down_proj", "N": h, "K": inter, "split": down_split, "partials_out": True},
-        # o_proj merging 8 attention splits of 64-key tiles as it reads them (LABKIT_DECODE_MERGE_IN_GEMV=1)
+        # o_proj merging the most attention splits it merges (64-key tiles) as it reads them
+        # (LABKIT_DECODE_MERGE_IN_GEMV=1)
         {**base, "name": "o+merge", "N": h, "K": q, "split": o_split, "partials_out": True,
-         "attn": [8, head_dim, 64]},
+         "attn": [GEMV_MERGE_SPLITS, head_dim, 64]},
     ]
 
 

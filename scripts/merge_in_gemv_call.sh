@@ -8,7 +8,9 @@
 #      kernel table says whether a merge kernel ran (the knobs took) and the kernels a token
 #   3. scripts/batch1_sweep.sh over VARIANTS at batches 1, 4 and 16, three rounds, interleaved
 #   4. (if time is left) the graph logits suite under the GEMV's merge
-# DEVICE=cpu FAKE_MODEL=DIR runs the plumbing on the CPU. Back: $OUT/call.tgz and $OUT/summary.txt.
+# VARIANTS, PROFILES ("name:KNOB=V,KNOB=V ..."), LC_KNOBS (the logits suite's), BATCHES, ROUNDS, BUDGET (seconds
+# the call may take) override the defaults (call 1's). DEVICE=cpu FAKE_MODEL=DIR runs the plumbing on the CPU.
+# Back: $OUT/call.tgz and $OUT/summary.txt.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -33,7 +35,7 @@ if [ $D = cuda ]; then
     > $W/logs/tests.log 2>&1
   echo "rc=$? @$SECONDS tests: $(tail -1 $W/logs/tests.log)" >> $S
 fi
-for v in s8k:$S8K s8m:$S8M; do
+for v in ${PROFILES:-s8k:$S8K s8m:$S8M}; do
   name=${v%%:*}; knobs=${v#*:}
   env ${knobs//,LABKIT/ LABKIT} timeout 150 python3 -m labkit bench --workload workloads/bench/batch1.yaml --model $M \
     --device $D --repeats 3 --profile --profile-steps 64 --out $W/profile-$name.json > $W/logs/profile-$name.log 2>&1
@@ -44,9 +46,10 @@ OUT=$W/sweep VARIANTS="$VARIANTS" BATCHES=${BATCHES:-"1 4 16"} ROUNDS=${ROUNDS:-
   DEADLINE=$(( ${BUDGET:-540} - SECONDS - 60 )) DEVICE=$D FAKE_MODEL=$M bash scripts/batch1_sweep.sh > $W/logs/sweep.log 2>&1
 echo "rc=$? @$SECONDS sweep" >> $S; cat $W/sweep/summary.md >> $S 2>/dev/null
 if [ $D = cuda ] && [ $SECONDS -lt $(( ${BUDGET:-540} - 70 )) ]; then
-  env ${S8M//,LABKIT/ LABKIT} timeout $(( ${BUDGET:-540} - SECONDS )) python3 -m labkit logits-check run --suite graph \
+  LC=${LC_KNOBS:-$S8M}
+  env ${LC//,LABKIT/ LABKIT} timeout $(( ${BUDGET:-540} - SECONDS )) python3 -m labkit logits-check run --suite graph \
     --attention-backend triton --execution graph --device $D --dtype bfloat16 --model $M --out $W/lc-graph-s8m \
     > $W/logs/lc-graph-s8m.log 2>&1
-  echo "rc=$? @$SECONDS logits-check graph under s8m: $(grep -m1 -o 'VERDICT: [A-Z]*' $W/logs/lc-graph-s8m.log)" >> $S
+  echo "rc=$? @$SECONDS logits-check graph under $LC: $(grep -m1 -o 'VERDICT: [A-Z]*' $W/logs/lc-graph-s8m.log)" >> $S
 fi
 echo "done @$SECONDS" >> $S

@@ -31,8 +31,8 @@ def test_the_defaults_are_the_measured_ones():
     assert decode_order.DECODE_ORDER == "longest-first"  # (nano FP8 +6% on the H200: docs/perf.md, session 19)
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT, SHORT_SPLITS,
-            decode_layer.MERGE_IN_GEMV, GRAPH_SAMPLE_BS, gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE) == (
-        16, 8, 4, 128, "0", 128, 128, 512, 1, "0", 0, 8, "hash")
+            decode_layer.MERGE_IN_GEMV, decode_layer.SPLIT_BLOCK_N, GRAPH_SAMPLE_BS, gumbel_sampler.PROGRAMS_PER_SM,
+            gumbel_sampler.NOISE) == (16, 8, 4, 128, "0", 128, 128, 512, 1, "0", 128, 0, 8, "hash")
 
 
 def test_each_knob_is_read_when_set():
@@ -53,11 +53,17 @@ def test_each_knob_is_read_when_set():
     res = _import_with({"LABKIT_GRAPH_SAMPLE_BS": "16"},
                        "from engine import graph_dispatch as g; print(g.GRAPH_SAMPLE_BS)")
     assert res.returncode == 0 and res.stdout.split() == ["16"], res.stderr
-    res = _import_with({"LABKIT_DECODE_SHORT_SPLITS": "8", "LABKIT_DECODE_MERGE_IN_GEMV": "1"},
+    res = _import_with({"LABKIT_DECODE_SHORT_SPLITS": "8", "LABKIT_DECODE_MERGE_IN_GEMV": "1",
+                        "LABKIT_DECODE_BLOCK_N": "32"},
                        "from engine import graph_dispatch as g; from engine.kernels import decode_layer as d; "
-                       "print(g.SHORT_SPLITS, d.MERGE_IN_GEMV, [g.short_splits(b) for b in (1, 2, 4, 8, 16)])")
+                       "print(g.SHORT_SPLITS, d.MERGE_IN_GEMV, d.SPLIT_BLOCK_N, "
+                       "[g.short_splits(b) for b in (1, 2, 4, 8, 16)])")
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip().split(maxsplit=2) == ["8", "1", "[8, 4, 2, 1, 1]"]  # (fewer splits as rows add programs)
+    # (fewer splits as rows add programs; a split's tile is the one-split tile unless set apart)
+    assert res.stdout.strip().split(maxsplit=3) == ["8", "1", "32", "[8, 4, 2, 1, 1]"]
+    res = _import_with({"LABKIT_DECODE_SPLIT_BLOCK_N": "64"},
+                       "from engine.kernels import decode_layer as d; print(d.ATTN_BLOCK_N, d.SPLIT_BLOCK_N)")
+    assert res.returncode == 0 and res.stdout.split() == ["128", "64"], res.stderr
 
 
 @pytest.mark.parametrize("mode, trigger", [("first", 2), ("early", 1), ("late", 0), ("off", None)])
@@ -83,7 +89,8 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
                                         ("LABKIT_GUMBEL_PER_SM", "3"), ("LABKIT_GUMBEL_NOISE", "xorshift"),
                                         ("LABKIT_FP8_V_TRANSPOSED", "yes"),
                                         ("LABKIT_DECODE_ORDER", "longest"), ("LABKIT_DECODE_PDL", "start"),
-                                        ("LABKIT_DECODE_SHORT_SPLITS", "3"), ("LABKIT_DECODE_MERGE_IN_GEMV", "2")])
+                                        ("LABKIT_DECODE_SHORT_SPLITS", "3"), ("LABKIT_DECODE_MERGE_IN_GEMV", "2"),
+                                        ("LABKIT_DECODE_SPLIT_BLOCK_N", "48")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
                                      "engine.kernels.gumbel_sampler, engine.kv_layout, engine.decode_order")
@@ -171,3 +178,18 @@ def test_the_k_chunk_applies_to_a_tile_of_rows_only(monkeypatch, knob, rows, chu
     with pytest.raises(_Launched):
         dl.gemv(torch.zeros(32, 1024), x=torch.zeros(rows, 1024), split=4)  # a range of 256 columns
     assert [k["K_CHUNK"] for k in seen] == [chunk]
+
+
+@pytest.mark.parametrize("splits, block_n", [(1, 128), (2, 32), (8, 32)])
+def test_a_split_attention_launches_with_the_split_tile(monkeypatch, splits, block_n):
+    """LABKIT_DECODE_SPLIT_BLOCK_N is a split context's key tile; one split keeps LABKIT_DECODE_BLOCK_N's."""
+    from engine.kernels import decode_layer as dl
+
+    seen = _launches(monkeypatch, dl, "_qkv_attention_kernel")
+    monkeypatch.setattr(dl, "SPLIT_BLOCK_N", 32)
+    pool = torch.zeros(2, 1, 128, 16)
+    ones = torch.ones(1, dtype=torch.int32)
+    with pytest.raises(_Launched):
+        dl.qkv_attention(torch.zeros(1, 64), ones, torch.zeros(8, 16), torch.ones(16), torch.ones(16), 1e-6, ones,
+                         pool, pool, torch.zeros(1, 1, dtype=torch.int32), ones, 1.0, splits, 2, 1)
+    assert [k["BLOCK_N"] for k in seen] == [block_n]

@@ -130,6 +130,15 @@ def test_gemv_merge_reads_only_the_splits_that_hold_keys():
     assert torch.equal(poisoned, clean)
 
 
+def test_the_gemv_merges_only_one_row_of_a_few_splits(monkeypatch):
+    monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", "1")
+    most = decode_layer.GEMV_MERGE_SPLITS
+    assert [decode_layer.merges_in_gemv(1, s) for s in (1, 2, most, most + 1)] == [False, True, True, False]
+    assert not decode_layer.merges_in_gemv(2, 2)
+    monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", "0")
+    assert not decode_layer.merges_in_gemv(1, 2)
+
+
 def test_partials_norm_is_the_final_add_rms_norm():
     parts, residual, w = _rand(4, 2, 96, seed=10), _rand(2, 96, dtype=HALF, seed=11), _rand(96, dtype=HALF, seed=12)
     out = partials_norm(parts, residual, w, 1e-6)
@@ -187,8 +196,17 @@ def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, s
     # block_n 16: the pool's 16-token pages are whole tiles, and a split walks several of them; gemv_rows > 16:
     # the GEMVs' programs own more weight rows (LABKIT_DECODE_GEMV), the last tile part masked; merge_in_gemv:
     # a split context's parts merged by o_proj's GEMV, not the merge kernel (LABKIT_DECODE_MERGE_IN_GEMV)
-    monkeypatch.setattr(fused_decode, "MERGE_IN_GEMV", merge_in_gemv)
+    monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", merge_in_gemv)
     monkeypatch.setattr(decode_layer, "ATTN_BLOCK_N", block_n)
+    monkeypatch.setattr(decode_layer, "SPLIT_BLOCK_N", block_n)
+    merges = []
+    merge_kernel = decode_layer._decode_merge_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            merges.append(grid)
+            return merge_kernel[grid]
+    monkeypatch.setattr(decode_layer, "_decode_merge_kernel", Spy())
     monkeypatch.setattr(decode_layer, "_BLOCK_N", gemv_rows)
     llm, dec, pool = _prefilled(tiny_model, dtype)
     runner = llm.model_runner
@@ -205,6 +223,9 @@ def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, s
                                     rows)
         got = fused_decode.forward(model, d["ids"], d["pos"])
         reset_context()
+    # the merge kernel ran for each layer's split attention, unless o_proj's GEMV merged (one row only)
+    in_gemv = merge_in_gemv == "1" and rows == 1 and splits > 1
+    assert len(merges) == (0 if splits == 1 or in_gemv else len(model.layers))
     torch_dtype = getattr(torch, dtype)
     _close(got, want, torch_dtype)
     # The newest token's K/V written where the unfused KV-write puts them, nothing else touched.

@@ -61,12 +61,19 @@ if MERGE_PDL not in ("0", "1"):
 ATTN_BLOCK_N = int(os.environ.get("LABKIT_DECODE_BLOCK_N", "128"))
 if ATTN_BLOCK_N not in (16, 32, 64, 128):
     raise ValueError(f"LABKIT_DECODE_BLOCK_N: must be 16, 32, 64 or 128, got {ATTN_BLOCK_N}")
-# Where a split context's parts are merged: "1" inside o_proj's GEMV, as it reads its input (no kernel between
-# attention and o_proj, so o_proj launches while attention runs and streams its weights in under it), "0" in
-# decode_attention's merge kernel. A knob for the session-24 measurement (docs/perf.md).
+# The keys an attention program loads at a time when the context is split (default: LABKIT_DECODE_BLOCK_N's).
+SPLIT_BLOCK_N = int(os.environ.get("LABKIT_DECODE_SPLIT_BLOCK_N", str(ATTN_BLOCK_N)))
+if SPLIT_BLOCK_N not in (16, 32, 64, 128):
+    raise ValueError(f"LABKIT_DECODE_SPLIT_BLOCK_N: must be 16, 32, 64 or 128, got {SPLIT_BLOCK_N}")
+# Where a split context's parts are merged at one row: "1" inside o_proj's GEMV, as it reads its input (no kernel
+# between attention and o_proj, so o_proj launches while attention runs and streams its weights in under it), "0"
+# in decode_attention's merge kernel. Only at one row and at most GEMV_MERGE_SPLITS splits: a tile of rows merges
+# chunk by chunk, a chain of dependent loads (batch 4 +10% on an H100, session 24), and 32 splits unrolled take
+# o_proj to 255 registers. A knob for the session-24 measurement (docs/perf.md).
 MERGE_IN_GEMV = os.environ.get("LABKIT_DECODE_MERGE_IN_GEMV", "0")
 if MERGE_IN_GEMV not in ("0", "1"):
     raise ValueError(f"LABKIT_DECODE_MERGE_IN_GEMV: must be 0 or 1, got {MERGE_IN_GEMV!r}")
+GEMV_MERGE_SPLITS = 8
 
 MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core tile of rows)
 
@@ -344,6 +351,11 @@ class AttnParts(NamedTuple):
     block_n: int
 
 
+def merges_in_gemv(rows: int, num_splits: int) -> bool:
+    """Does o_proj's GEMV merge a split attention's parts (MERGE_IN_GEMV), or the merge kernel?"""
+    return MERGE_IN_GEMV == "1" and rows == 1 and 1 < num_splits <= GEMV_MERGE_SPLITS
+
+
 def gemv(w: torch.Tensor, *, x: torch.Tensor | AttnParts | None = None, partials: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
          silu: bool = False, split: int | None = None, dtype: torch.dtype | None = None):
@@ -576,7 +588,7 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
     head_dim = k_cache.shape[-1]
     block_size = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    block_n = block_n or ATTN_BLOCK_N
+    block_n = block_n or (SPLIT_BLOCK_N if num_splits > 1 else ATTN_BLOCK_N)
     page_tiles = block_size % block_n == 0
     out = torch.empty(batch, num_heads * head_dim, dtype=qkv.dtype, device=qkv.device)
     partials = num_splits > 1
