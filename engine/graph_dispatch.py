@@ -4,8 +4,8 @@
 
 - A decode step of n rows replays the smallest decode bucket >= n: nano's [1, 2, 4, 8] + multiples of 16 up to
   max_num_seqs (decode_buckets); a larger batch runs eagerly. Small buckets also have a graph of fewer splits
-  (short_splits: one by default), replayed while every context is at most SHORT_CONTEXT tokens (one program per
-  head reading it all beats the split and the merge launch there).
+  (short_splits: four at one row, two at two, one from four rows on), replayed while every context is at most
+  SHORT_CONTEXT tokens (a few programs per head beat the long contexts' split count there).
 - A step with prefill rows replays a mixed graph (only a policy that mixes phases has them: engine/policies.py):
   the smallest (decode rows, prefill tokens) pair that holds it, in at most mixed_graphs.ROWS prefill rows; else
   it runs eagerly.
@@ -21,9 +21,10 @@ SHORT_CONTEXT = int(os.environ.get("LABKIT_DECODE_SHORT_CONTEXT", "512"))
 if SHORT_CONTEXT < 0:
     raise ValueError(f"LABKIT_DECODE_SHORT_CONTEXT: must be >= 0, got {SHORT_CONTEXT}")
 # The splits of that short-context graph at batch 1, fewer as rows add programs (short_splits; 1: one program a KV
-# head walks the context). More splits only pay where nothing stands between attention and o_proj
-# (LABKIT_DECODE_MERGE_IN_GEMV=1): a knob for that measurement (docs/perf.md, session 24).
-SHORT_SPLITS = int(os.environ.get("LABKIT_DECODE_SHORT_SPLITS", "1"))
+# head walks the context). On an H100 (docs/perf.md, session 24, three rounds) 4 took batch 1 to 0.877x the
+# one-split time with o_proj merging the parts (LABKIT_DECODE_MERGE_IN_GEMV), and batch 2 (two splits, the merge
+# kernel in the PDL chain) to 0.957x; 2 splits 0.950x at one row, 8 0.915x and 16 0.980x (64- and 32-key tiles).
+SHORT_SPLITS = int(os.environ.get("LABKIT_DECODE_SHORT_SPLITS", "4"))
 if SHORT_SPLITS not in (1, 2, 4, 8, 16, 32):
     raise ValueError(f"LABKIT_DECODE_SHORT_SPLITS: 1, 2, 4, 8, 16 or 32, got {SHORT_SPLITS}")
 # Decode graphs of at most this many rows also run the LM head and draw the tokens (the Gumbel kernel), so a small

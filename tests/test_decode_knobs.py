@@ -32,16 +32,16 @@ def test_the_defaults_are_the_measured_ones():
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT, SHORT_SPLITS,
             decode_layer.MERGE_IN_GEMV, decode_layer.SPLIT_BLOCK_N, GRAPH_SAMPLE_BS, gumbel_sampler.PROGRAMS_PER_SM,
-            gumbel_sampler.NOISE) == (16, 8, 4, 128, "0", 128, 128, 512, 1, "0", 128, 0, 8, "hash")
+            gumbel_sampler.NOISE) == (16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, 0, 8, "hash")
 
 
 def test_each_knob_is_read_when_set():
-    res = _import_with({"LABKIT_DECODE_GEMV": "32,4", "LABKIT_DECODE_BLOCK_N": "64", "LABKIT_DECODE_MERGE_PDL": "1",
+    res = _import_with({"LABKIT_DECODE_GEMV": "32,4", "LABKIT_DECODE_BLOCK_N": "64", "LABKIT_DECODE_MERGE_PDL": "0",
                         "LABKIT_DECODE_SHORT_CONTEXT": "0"},
                        "from engine.kernels import decode_layer as d; from engine import graph_dispatch as g; "
                        "print(d._BLOCK_N, d._WARPS, d._WARPS_ONE_ROW, d.ATTN_BLOCK_N, d.MERGE_PDL, g.SHORT_CONTEXT)")
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["32", "4", "4", "64", "1", "0"]  # (two values: batch 1 takes the same warps)
+    assert res.stdout.split() == ["32", "4", "4", "64", "0", "0"]  # (two values: batch 1 takes the same warps)
     res = _import_with({"LABKIT_DECODE_GEMV": "64,8,2", "LABKIT_DECODE_NORM_CHUNK": "128"},
                        "from engine.kernels import decode_layer as d; "
                        "print(d._BLOCK_N, d._WARPS, d._WARPS_ONE_ROW, d.NORM_CHUNK)")
@@ -53,14 +53,14 @@ def test_each_knob_is_read_when_set():
     res = _import_with({"LABKIT_GRAPH_SAMPLE_BS": "16"},
                        "from engine import graph_dispatch as g; print(g.GRAPH_SAMPLE_BS)")
     assert res.returncode == 0 and res.stdout.split() == ["16"], res.stderr
-    res = _import_with({"LABKIT_DECODE_SHORT_SPLITS": "8", "LABKIT_DECODE_MERGE_IN_GEMV": "1",
+    res = _import_with({"LABKIT_DECODE_SHORT_SPLITS": "8", "LABKIT_DECODE_MERGE_IN_GEMV": "0",
                         "LABKIT_DECODE_BLOCK_N": "32"},
                        "from engine import graph_dispatch as g; from engine.kernels import decode_layer as d; "
                        "print(g.SHORT_SPLITS, d.MERGE_IN_GEMV, d.SPLIT_BLOCK_N, "
                        "[g.short_splits(b) for b in (1, 2, 4, 8, 16)])")
     assert res.returncode == 0, res.stderr
     # (fewer splits as rows add programs; a split's tile is the one-split tile unless set apart)
-    assert res.stdout.strip().split(maxsplit=3) == ["8", "1", "32", "[8, 4, 2, 1, 1]"]
+    assert res.stdout.strip().split(maxsplit=3) == ["8", "0", "32", "[8, 4, 2, 1, 1]"]
     res = _import_with({"LABKIT_DECODE_SPLIT_BLOCK_N": "64"},
                        "from engine.kernels import decode_layer as d; print(d.ATTN_BLOCK_N, d.SPLIT_BLOCK_N)")
     assert res.returncode == 0 and res.stdout.split() == ["128", "64"], res.stderr

@@ -52,10 +52,10 @@ PDL_TRIGGER = {"late": 0, "early": 1, "first": 2}
 if PDL_MODE not in (*PDL_TRIGGER, "off"):
     raise ValueError(f"LABKIT_DECODE_PDL: must be first, early, late or off, got {PDL_MODE!r}")
 
-# The merge of a split context's parts (a kernel between attention and o_proj) in the PDL chain ("1") or
-# launched plainly ("0", as measured so far), and the keys an attention program loads at a time: knobs for the
-# session-13 measurement (docs/perf.md) too.
-MERGE_PDL = os.environ.get("LABKIT_DECODE_MERGE_PDL", "0")
+# The merge kernel of a split context's parts (between attention and o_proj, where o_proj does not merge them) in
+# the PDL chain ("1") or launched plainly ("0"); and the keys an attention program loads at a time. The chain
+# saved 1.1% on the split path (one H200, session 13) and is part of session 24's measured default (docs/perf.md).
+MERGE_PDL = os.environ.get("LABKIT_DECODE_MERGE_PDL", "1")
 if MERGE_PDL not in ("0", "1"):
     raise ValueError(f"LABKIT_DECODE_MERGE_PDL: must be 0 or 1, got {MERGE_PDL!r}")
 ATTN_BLOCK_N = int(os.environ.get("LABKIT_DECODE_BLOCK_N", "128"))
@@ -69,8 +69,9 @@ if SPLIT_BLOCK_N not in (16, 32, 64, 128):
 # between attention and o_proj, so o_proj launches while attention runs and streams its weights in under it), "0"
 # in decode_attention's merge kernel. Only at one row and at most GEMV_MERGE_SPLITS splits: a tile of rows merges
 # chunk by chunk, a chain of dependent loads (batch 4 +10% on an H100, session 24), and 32 splits unrolled take
-# o_proj to 255 registers. A knob for the session-24 measurement (docs/perf.md).
-MERGE_IN_GEMV = os.environ.get("LABKIT_DECODE_MERGE_IN_GEMV", "0")
+# o_proj to 255 registers. With 4 splits of 128 keys at one row (engine/graph_dispatch.py) batch 1 took 0.877x
+# the one-split engine's time on an H100, the same split with the merge kernel 0.951x (docs/perf.md, session 24).
+MERGE_IN_GEMV = os.environ.get("LABKIT_DECODE_MERGE_IN_GEMV", "1")
 if MERGE_IN_GEMV not in ("0", "1"):
     raise ValueError(f"LABKIT_DECODE_MERGE_IN_GEMV: must be 0 or 1, got {MERGE_IN_GEMV!r}")
 GEMV_MERGE_SPLITS = 8
