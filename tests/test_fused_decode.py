@@ -115,10 +115,12 @@ def test_gemv_merging_attention_parts_is_the_merge_kernel_then_the_gemv(dtype, M
         _close(got, want, torch.float32)  # the same merged inputs (sums of the parts in another order at most)
 
 
-def test_gemv_merge_reads_only_the_splits_that_hold_keys():
+@pytest.mark.parametrize("ctx", [[32], [32, 16]])
+def test_gemv_merge_reads_only_the_splits_that_hold_keys(ctx):
     # A split past its row's context is never read (its acc and max are poison here): the bounds come from the
     # context length, as the attention kernel draws them (32 and 16: the first dead split starts at the end).
-    M, H, S, D, block_n, ctx = 2, 2, 4, 16, 16, [32, 16]
+    # One row merges its parts unrolled, a tile of rows in a loop: both.
+    M, H, S, D, block_n = len(ctx), 2, 4, 16, 16
     acc, ml = _attention_parts(M, H, S, D, ctx, block_n)
     clean = gemv(_rand(8, H * D, seed=2), x=decode_layer.AttnParts(acc, ml, torch.tensor(ctx, dtype=torch.int32,
                                                                    device=DEVICE), block_n))
