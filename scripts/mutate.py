@@ -2786,10 +2786,10 @@ MUTATIONS = [
       "o_proj's merge draws split bounds unlike the attention kernel (keys, not whole tiles)",
       ['tests/test_fused_decode.py']),
     M("N595", 'engine/kernels/decode_layer.py',
-      '            num, den = _part_add(acc_ptr, ml_ptr, row, col, s, mask & (s * span < ctx)[:, None], m_max, num, den, D)\n'
-      '    else:',
-      '            num, den = _part_add(acc_ptr, ml_ptr, row, col, s, mask & (s * span <= ctx)[:, None], m_max, num, den, D)\n'
-      '    else:',
+      '            num, den = _part_add(acc_ptr, ml_ptr, row, col, s, mask & (s * span < ctx)[:, None], m_max, '
+      'num, den, D)\n    else:',
+      '            num, den = _part_add(acc_ptr, ml_ptr, row, col, s, mask & (s * span <= ctx)[:, None], m_max, '
+      'num, den, D)\n    else:',
       "o_proj's merge reads the first split past a row's context (one row)", ['tests/test_fused_decode.py']),
     M("N596", 'engine/kernels/decode_layer.py',
       'w = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)',
