@@ -90,7 +90,7 @@ def small_gemm_config(M: int, N: int, K: int, num_sms: int) -> dict:
     and cost its extra reduce launch where they do not (N = 4096: 64 tiles, split 1 best).
 
     - block_k: 128, or the next power of two >= K (at least 16); block_n: 64, or less for a narrow N.
-    - split_k: 1 when cdiv(N, block_n) >= num_sms / 4; else the largest power of two <= 8 with
+    - split_k: 1 when cdiv(N, block_n) >= num_sms // 4; else the largest power of two <= 8 with
       tiles * split_k <= num_sms, capped at the number of K tiles so no split is empty.
     M does not change the choice (every M <= MAX_SMALL_M is one BLOCK_M tile).
     """
