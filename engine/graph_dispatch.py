@@ -44,6 +44,13 @@ def short_splits(bs: int) -> int:
     return max(1, SHORT_SPLITS // bs)
 
 
+def short_graph_splits(bs: int, long_splits: int) -> int | None:
+    """The split count of bucket bs's short-context graph, or None when it has none: SHORT_CONTEXT is 0, or its
+    long-context graph (long_splits) has no more splits than the short one would."""
+    splits = short_splits(bs)
+    return splits if SHORT_CONTEXT and long_splits > splits else None
+
+
 def decode_buckets(max_bs: int) -> list[int]:
     """The decode batch sizes captured for at most `max_bs` rows (nano's list)."""
     return [b for b in [1, 2, 4, 8] if b <= max_bs] + list(range(16, max_bs + 1, 16))

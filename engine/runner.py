@@ -15,7 +15,7 @@ from .context import Context, DecodeMeta, PrefillMeta, reset_context, set_contex
 from .decode_order import DECODE_ORDER, longest_first
 from .device import num_sms, resolve_device, resolve_dtype
 from .distributed import all_reduce_min, broadcast_from_rank0, set_tp
-from .graph_dispatch import GRAPH_SAMPLE_BS, SHORT_CONTEXT, GraphDispatch, decode_buckets, short_splits
+from .graph_dispatch import GRAPH_SAMPLE_BS, GraphDispatch, decode_buckets, short_graph_splits
 from .kernel_choice import choose_kernels
 from .kv_layout import FP8_V_TRANSPOSED, layer_caches, pool_shape
 from .kv_quant import FP8, cache_dtype
@@ -458,17 +458,15 @@ class ModelRunner:
         sms = num_sms(dev, 0)
         self.graph_splits = {bs: num_splits_for(bs, self.num_kv_heads, cfg.max_model_len, sms) for bs in self.graph_bs}
         pool = None
-        # Small buckets split each context across programs (and merge the parts in a second kernel) so that
-        # long contexts fill the GPU; while every context is short, one program per head reading it all is
-        # faster than the split and the merge launch. Those buckets get a second graph of one split.
+        # Small buckets split each context across programs (and merge the parts) so that long contexts fill the
+        # GPU; while every context is short, fewer splits are faster (a few programs a head at one row, one from
+        # four rows on: engine/graph_dispatch.py). Those buckets get a second graph of that split count.
         self.short_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # (one process only: under tensor parallel the LM head's gather is a collective of its own)
         head_bs = GRAPH_SAMPLE_BS if self.world_size == 1 and self.kernels.gumbel_sampler else 0
         for bs in reversed(self.graph_bs):
-            short = short_splits(bs)
             for graphs, splits in ((self.graphs, self.graph_splits[bs]),
-                                   (self.short_graphs, short if self.graph_splits[bs] > short and SHORT_CONTEXT
-                                    else None)):
+                                   (self.short_graphs, short_graph_splits(bs, self.graph_splits[bs]))):
                 if splits is None:
                     continue
                 graph = torch.cuda.CUDAGraph()

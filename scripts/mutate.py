@@ -2834,6 +2834,14 @@ MUTATIONS = [
       'merge=not merges_in_gemv(len(input_ids), dec.num_splits))',
       'merge=True)',
       "the fused step launches the merge kernel where o_proj would merge", ['tests/test_fused_decode.py']),
+    M("N606", 'engine/graph_dispatch.py',
+      'return splits if SHORT_CONTEXT and long_splits > splits else None',
+      'return splits if SHORT_CONTEXT and long_splits >= splits else None',
+      'a bucket captures a short-context graph identical to its long-context one', ['tests/test_decode_knobs.py']),
+    M("N607", 'engine/graph_dispatch.py',
+      'return splits if SHORT_CONTEXT and long_splits > splits else None',
+      'return splits if long_splits > splits else None',
+      'short-context graphs captured with LABKIT_DECODE_SHORT_CONTEXT=0', ['tests/test_decode_knobs.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

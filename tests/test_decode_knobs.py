@@ -193,3 +193,17 @@ def test_a_split_attention_launches_with_the_split_tile(monkeypatch, splits, blo
         dl.qkv_attention(torch.zeros(1, 64), ones, torch.zeros(8, 16), torch.ones(16), torch.ones(16), 1e-6, ones,
                          pool, pool, torch.zeros(1, 1, dtype=torch.int32), ones, 1.0, splits, 2, 1)
     assert [k["BLOCK_N"] for k in seen] == [block_n]
+
+
+@pytest.mark.parametrize("short, context, bs, long_splits, want", [
+    (4, 512, 1, 32, 4), (4, 512, 2, 17, 2), (4, 512, 4, 9, 1), (4, 512, 16, 3, 1), (4, 512, 1, 4, None),
+    (4, 512, 1, 5, 4), (1, 512, 16, 1, None), (1, 512, 16, 3, 1), (4, 0, 1, 32, None), (8, 512, 2, 17, 4)])
+def test_a_bucket_gets_a_short_context_graph_only_with_fewer_splits_than_its_long_one(monkeypatch, short, context, bs,
+                                                                                       long_splits, want):
+    """ModelRunner.capture_cudagraph captures a second, short-context graph of short_graph_splits' count: none
+    when SHORT_CONTEXT is 0 or the long-context graph has no more splits (it would be the same graph)."""
+    from engine import graph_dispatch
+
+    monkeypatch.setattr(graph_dispatch, "SHORT_SPLITS", short)
+    monkeypatch.setattr(graph_dispatch, "SHORT_CONTEXT", context)
+    assert graph_dispatch.short_graph_splits(bs, long_splits) == want
