@@ -2842,6 +2842,14 @@ MUTATIONS = [
       'return splits if SHORT_CONTEXT and long_splits > splits else None',
       'return splits if long_splits > splits else None',
       'short-context graphs captured with LABKIT_DECODE_SHORT_CONTEXT=0', ['tests/test_decode_knobs.py']),
+    M("N608", 'engine/kernels/decode_layer.py',
+      '    if FP8:\n        acc = acc * v_scale\n    if PARTIALS:',
+      '    if FP8 and not PARTIALS:\n        acc = acc * v_scale\n    if PARTIALS:',
+      "a split context's parts over an FP8 pool left unscaled by V's scale", ['tests/test_fused_decode.py']),
+    M("N609", 'engine/kernels/decode_layer.py',
+      'scale * 1.4426950408889634 * (k_scale if fp8 else 1.0), v_scale, 1.0 / k_scale, 1.0 / v_scale,',
+      'scale * 1.4426950408889634, v_scale, 1.0 / k_scale, 1.0 / v_scale,',
+      "the fused attention's scores over an FP8 pool not scaled by K's scale", ['tests/test_fused_decode.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

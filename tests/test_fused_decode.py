@@ -238,12 +238,20 @@ def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, s
     llm.exit()
 
 
-def test_a_fused_decode_step_writes_an_fp8_pool_as_the_kv_write_kernel_does(tiny_model):
+@pytest.mark.parametrize("rows, splits", [(3, 1), (1, 3)])
+def test_a_fused_decode_step_writes_an_fp8_pool_as_the_kv_write_kernel_does(tiny_model, rows, splits, monkeypatch):
+    # (1, 3): one row of a split context, its parts merged inside o_proj (the default at one row)
+    monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", "1")
+    monkeypatch.setattr(decode_layer, "SPLIT_BLOCK_N", 16)
     llm, dec, pool = _prefilled(tiny_model, "float32", "fp8")
     runner = llm.model_runner
     model = runner.model.model
+    dec = {k: v[:rows] for k, v in dec.items()}
+    for layer in model.layers:  # scales other than 1 (the engine's), so a path that drops one differs
+        layer.self_attn.attn.k_scale, layer.self_attn.attn.v_scale = 0.5, 2.0
     with torch.inference_mode():
-        set_context(Context(dec["slots"], DecodeMeta(3, dec["ctx"], dec["tables"], dec["ctx"].tolist(), num_splits=1)))
+        set_context(Context(dec["slots"], DecodeMeta(rows, dec["ctx"], dec["tables"], dec["ctx"].tolist(),
+                                                     num_splits=splits)))
         want = model(dec["ids"], dec["pos"])
         want_pool = runner.kv_cache.clone()
         runner.kv_cache.copy_(pool)

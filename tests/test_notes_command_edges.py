@@ -105,7 +105,7 @@ def test_notes_init_names_up_to_eight_kept_notes_and_marks_more(project, capsys,
     code, out, err = run_cli(args, capsys)
     assert code == 0, err
     flat = " ".join(out.split())
-    assert f"wrote 0 note(s)" in flat and f"kept {n_kept} that exist" in flat
+    assert "wrote 0 note(s)" in flat and f"kept {n_kept} that exist" in flat
     assert ("..." in flat) == ellipsis, flat
 
 
