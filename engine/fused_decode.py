@@ -12,7 +12,7 @@ import torch
 
 from .context import get_context
 from .device import num_sms
-from .kernels.decode_layer import MAX_ROWS, gemv, merges_in_gemv, partials_norm, qkv_attention, split_for
+from .kernels.decode_layer import MAX_ROWS, O_PROJ_PDL, gemv, merges_in_gemv, partials_norm, qkv_attention, split_for
 
 
 def applies(ctx, rows: int) -> bool:
@@ -41,7 +41,7 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Te
                           dec.context_lens, a.scale, dec.num_splits, attn.num_heads, attn.num_kv_heads,
                           a.k_scale, a.v_scale, merge=not merges_in_gemv(len(input_ids), dec.num_splits))
         w_o = attn.o_proj.weight
-        partials = gemv(w_o, x=o, split=split_for(w_o.shape[0], w_o.shape[1], sms))
+        partials = gemv(w_o, x=o, split=split_for(w_o.shape[0], w_o.shape[1], sms), pdl=O_PROJ_PDL)
         ln = layer.post_attention_layernorm
         h, residual = gemv(mlp.gate_up_proj.weight, partials=partials, residual=residual, norm_weight=ln.weight,
                            eps=ln.eps, silu=True)

@@ -2850,6 +2850,14 @@ MUTATIONS = [
       'scale * 1.4426950408889634 * (k_scale if fp8 else 1.0), v_scale, 1.0 / k_scale, 1.0 / v_scale,',
       'scale * 1.4426950408889634, v_scale, 1.0 / k_scale, 1.0 / v_scale,',
       "the fused attention's scores over an FP8 pool not scaled by K's scale", ['tests/test_fused_decode.py']),
+    M("N610", 'engine/fused_decode.py',
+      'split=split_for(w_o.shape[0], w_o.shape[1], sms), pdl=O_PROJ_PDL)',
+      'split=split_for(w_o.shape[0], w_o.shape[1], sms))',
+      'LABKIT_DECODE_O_PROJ_PDL never reaches o_proj (the knob measures nothing)', ['tests/test_fused_decode.py']),
+    M("N611", 'engine/kernels/decode_layer.py',
+      'return True, PDL_TRIGGER[mode or PDL_MODE], {"launch_pdl": True}',
+      'return True, PDL_TRIGGER[PDL_MODE], {"launch_pdl": True}',
+      "a launch's own PDL point ignored", ['tests/test_decode_knobs.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

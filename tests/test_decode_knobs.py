@@ -31,8 +31,9 @@ def test_the_defaults_are_the_measured_ones():
     assert decode_order.DECODE_ORDER == "longest-first"  # (nano FP8 +6% on the H200: docs/perf.md, session 19)
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT, SHORT_SPLITS,
-            decode_layer.MERGE_IN_GEMV, decode_layer.SPLIT_BLOCK_N, GRAPH_SAMPLE_BS, gumbel_sampler.PROGRAMS_PER_SM,
-            gumbel_sampler.NOISE) == (16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, 0, 8, "hash")
+            decode_layer.MERGE_IN_GEMV, decode_layer.SPLIT_BLOCK_N, decode_layer.O_PROJ_PDL, GRAPH_SAMPLE_BS,
+            gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE) == (
+        16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash")
 
 
 def test_each_knob_is_read_when_set():
@@ -61,6 +62,9 @@ def test_each_knob_is_read_when_set():
     assert res.returncode == 0, res.stderr
     # (fewer splits as rows add programs; a split's tile is the one-split tile unless set apart)
     assert res.stdout.strip().split(maxsplit=3) == ["8", "0", "32", "[8, 4, 2, 1, 1]"]
+    res = _import_with({"LABKIT_DECODE_O_PROJ_PDL": "first"},
+                       "from engine.kernels import decode_layer as d; print(d.O_PROJ_PDL or '-', d.PDL_MODE)")
+    assert res.returncode == 0 and res.stdout.split() == ["first", "early"], res.stderr
     res = _import_with({"LABKIT_DECODE_SPLIT_BLOCK_N": "64"},
                        "from engine.kernels import decode_layer as d; print(d.ATTN_BLOCK_N, d.SPLIT_BLOCK_N)")
     assert res.returncode == 0 and res.stdout.split() == ["128", "64"], res.stderr
@@ -78,6 +82,9 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
     cuda = dl._pdl(torch.device("cuda"))
     assert cuda == ((True, trigger, {"launch_pdl": True}) if trigger is not None else (False, 0, {}))
     assert dl._pdl(torch.device("cpu")) == (False, 0, {})
+    # one launch's own point (LABKIT_DECODE_O_PROJ_PDL) where PDL is on; none where it is off
+    assert dl._pdl(torch.device("cuda"), "first")[:2] == ((True, 2) if trigger is not None else (False, 0))
+    assert dl._pdl(torch.device("cpu"), "first") == (False, 0, {})
 
 
 @pytest.mark.parametrize("var, value", [("LABKIT_DECODE_GEMV", "24,8"), ("LABKIT_DECODE_GEMV", "32"),
@@ -90,7 +97,7 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
                                         ("LABKIT_FP8_V_TRANSPOSED", "yes"),
                                         ("LABKIT_DECODE_ORDER", "longest"), ("LABKIT_DECODE_PDL", "start"),
                                         ("LABKIT_DECODE_SHORT_SPLITS", "3"), ("LABKIT_DECODE_MERGE_IN_GEMV", "2"),
-                                        ("LABKIT_DECODE_SPLIT_BLOCK_N", "48")])
+                                        ("LABKIT_DECODE_SPLIT_BLOCK_N", "48"), ("LABKIT_DECODE_O_PROJ_PDL", "off")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
                                      "engine.kernels.gumbel_sampler, engine.kv_layout, engine.decode_order")

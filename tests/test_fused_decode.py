@@ -286,3 +286,24 @@ def test_gemv_norm_over_split_k_ranges_normalises_each_range_with_its_own_weight
     w = _rand(N, K, scale=K ** -0.5, seed=23)
     y = gemv(w, x=x, norm_weight=nw, eps=1e-6, split=split).sum(0)
     _close(y, fused.rms_norm(x, nw, 1e-6) @ w.T, torch.float32)
+
+
+def test_only_o_proj_takes_its_own_pdl_point(tiny_model, monkeypatch):
+    """LABKIT_DECODE_O_PROJ_PDL reaches o_proj's launch in every layer and no other GEMV's."""
+    llm, dec, _ = _prefilled(tiny_model, "float32")
+    model = llm.model_runner.model.model
+    seen = []
+
+    def spy(w, **kw):
+        seen.append((w.shape, kw.get("pdl", "")))
+        return gemv(w, **kw)
+    monkeypatch.setattr(fused_decode, "gemv", spy)
+    monkeypatch.setattr(fused_decode, "O_PROJ_PDL", "first")
+    with torch.inference_mode():
+        set_context(Context(dec["slots"], DecodeMeta(3, dec["ctx"], dec["tables"], num_splits=1)))
+        fused_decode.forward(model, dec["ids"], dec["pos"])
+        reset_context()
+    o_proj = tuple(model.layers[0].self_attn.o_proj.weight.shape)
+    assert [p for _, p in seen] == ["first" if tuple(s) == o_proj else "" for s, _ in seen]
+    assert [p for _, p in seen].count("first") == len(model.layers)
+    llm.exit()

@@ -51,6 +51,12 @@ PDL_MODE = os.environ.get("LABKIT_DECODE_PDL", "early")
 PDL_TRIGGER = {"late": 0, "early": 1, "first": 2}
 if PDL_MODE not in (*PDL_TRIGGER, "off"):
     raise ValueError(f"LABKIT_DECODE_PDL: must be first, early, late or off, got {PDL_MODE!r}")
+# Where o_proj alone lets its successor (gate/up) launch, when PDL is on ("": as LABKIT_DECODE_PDL says). "first"
+# lets gate/up's programs launch, and load their weights, while attention still runs: a knob for measuring one
+# kernel's prefetch depth (session 24's next step; `first` for every kernel was 14% slower, session 23).
+O_PROJ_PDL = os.environ.get("LABKIT_DECODE_O_PROJ_PDL", "")
+if O_PROJ_PDL not in ("", *PDL_TRIGGER):
+    raise ValueError(f"LABKIT_DECODE_O_PROJ_PDL: must be first, early, late or empty, got {O_PROJ_PDL!r}")
 
 # The merge kernel of a split context's parts (between attention and o_proj, where o_proj does not merge them) in
 # the PDL chain ("1") or launched plainly ("0"); and the keys an attention program loads at a time. The chain
@@ -115,11 +121,12 @@ if K_CHUNK not in (0, 32, 64, 128, 256):
     raise ValueError(f"LABKIT_DECODE_K_CHUNK: 0, 32, 64, 128 or 256, got {K_CHUNK}")
 
 
-def _pdl(device: torch.device) -> tuple[bool, int, dict]:
-    """(USE_PDL, TRIGGER constexprs, launch kwargs) for a launch on this device."""
+def _pdl(device: torch.device, mode: str = "") -> tuple[bool, int, dict]:
+    """(USE_PDL, TRIGGER constexprs, launch kwargs) for a launch on this device; mode: this launch's trigger point
+    instead of PDL_MODE's (when PDL is on)."""
     if device.type != "cuda" or PDL_MODE == "off":
         return False, 0, {}
-    return True, PDL_TRIGGER[PDL_MODE], {"launch_pdl": True}
+    return True, PDL_TRIGGER[mode or PDL_MODE], {"launch_pdl": True}
 
 
 @triton.jit
@@ -359,12 +366,13 @@ def merges_in_gemv(rows: int, num_splits: int) -> bool:
 
 def gemv(w: torch.Tensor, *, x: torch.Tensor | AttnParts | None = None, partials: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
-         silu: bool = False, split: int | None = None, dtype: torch.dtype | None = None):
+         silu: bool = False, split: int | None = None, dtype: torch.dtype | None = None, pdl: str = ""):
     """The fused decode GEMV. Input: x [M, K] in the model dtype, or attention's split parts (AttnParts, merged
     as decode_attention's merge kernel merges them and rounded to the model dtype), or partials [S, M, K]
     float32 (summed, rounded to `dtype`); plus residual [M, K] (then returns (y, new residual)); RMSNorm with
     norm_weight [K] first. w [N', K] (SILU: [2N, K], gate then up). Returns y [M, N] in the model dtype; with
-    `split` given, float32 partials [split, M, N] for the next kernel to sum (one split included)."""
+    `split` given, float32 partials [split, M, N] for the next kernel to sum (one split included). pdl: where
+    this launch lets its successor launch (first, early, late; "": LABKIT_DECODE_PDL's point)."""
     assert (x is None) != (partials is None)
     parts = x if isinstance(x, AttnParts) else None
     if parts is not None:
@@ -388,7 +396,7 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | AttnParts | None = None, partials
     y = torch.empty(M, N, dtype=dtype, device=dev) if not partials_out else \
         torch.empty(split, M, N, dtype=torch.float32, device=dev)
     res_out = torch.empty(M, K, dtype=dtype, device=dev) if residual is not None else y
-    use_pdl, trigger, launch = _pdl(dev)
+    use_pdl, trigger, launch = _pdl(dev, pdl)
     grid, meta = gemv_meta(M, N, K, split, s_in=0 if partials is None or parts else partials.shape[0],
                            residual=residual is not None, norm=norm_weight is not None, silu=silu,
                            partials_out=partials_out, dtype=dtype, use_pdl=use_pdl, trigger=trigger,
