@@ -91,7 +91,13 @@ def test_patch_list_is_one_table_from_160_columns(project, capsys, monkeypatch, 
     assert (SLOT in out) and all(len(line) <= columns for line in out.splitlines())
 
 
-def test_prove_refuses_a_name_together_with_all(project, capsys):
+def test_prove_refuses_a_name_together_with_all(project, capsys, monkeypatch):
+    from labkit import patch_prove
+
+    def prove(*args, **kwargs):   # refused before any proof starts (a proof takes minutes)
+        raise RuntimeError("a proof started")
+
+    monkeypatch.setattr(patch_prove, "prove", prove)
     code, _, err = run_cli(["patch", "prove", SLOT, "--all"], capsys)
     assert code == 2 and "one patch NAME or --all" in err
 
