@@ -1,3 +1,4 @@
+# ruff: noqa: F811 - the probe fixture is imported from test_cli.py
 """The entry point's edges, as a user sees them: an error with no message still says something, control
 characters are shown escaped, a long path in a reason stays whole in a terminal, only LABKIT_DEBUG=1 shows a
 traceback, the reason wraps only when stderr is a terminal, results record the in-process command line (and
@@ -14,25 +15,7 @@ from labkit import cli, output
 from labkit.errors import LabkitError
 
 from .helpers import run_cli
-
-
-@pytest.fixture
-def probe():
-    """A throwaway `probe` command that runs whatever the test hands it."""
-    action = {}
-
-    def probe_cmd() -> None:
-        action["fn"]()
-
-    cli.app.command("probe")(probe_cmd)
-    yield action
-    cli.app.registered_commands[:] = [c for c in cli.app.registered_commands if c.name != "probe"]
-
-
-def _raise(exc):
-    def fn():
-        raise exc
-    return fn
+from .test_cli import _raise, probe_command as probe  # noqa: F401 - a fixture, under this file's name
 
 
 def test_an_error_without_a_message_still_says_so(probe, capsys):
