@@ -3089,6 +3089,20 @@ MUTATIONS = [
       'name = self.display_name_raw if not self.required else f"[{self.display_name_raw}]"',
       'usage shows required arguments in brackets, optional ones bare',
       ['tests/test_cli_main_edges.py', 'tests/test_cli.py', 'tests/test_cli_width.py']),
+    # --- session 25: gate/up's warps at one row ----
+    M("N661", 'engine/kernels/decode_layer.py',
+      'num_warps=_WARPS if M > 1 else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else _WARPS_ONE_ROW,',
+      'num_warps=_WARPS if M > 1 else (GATE_UP_WARPS or _WARPS_ONE_ROW),',
+      "LABKIT_DECODE_GATE_UP_WARPS sets every one-row GEMV's warps, not gate/up's alone", ['tests/test_decode_knobs.py']),
+    M("N662", 'engine/kernels/decode_layer.py',
+      'num_warps=_WARPS if M > 1 else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else _WARPS_ONE_ROW,',
+      'num_warps=(GATE_UP_WARPS or _WARPS) if M > 1 and silu else _WARPS if M > 1 else _WARPS_ONE_ROW if not silu else '
+      '(GATE_UP_WARPS or _WARPS_ONE_ROW),',
+      "LABKIT_DECODE_GATE_UP_WARPS also sets gate/up's warps for a tile of rows", ['tests/test_decode_knobs.py']),
+    M("N663", 'engine/kernels/decode_layer.py',
+      'if GATE_UP_WARPS not in (0, 1, 2, 4, 8, 16):',
+      'if GATE_UP_WARPS not in (0, 1, 2, 3, 4, 8, 16):',
+      'LABKIT_DECODE_GATE_UP_WARPS=3 (not a power of two) accepted', ['tests/test_decode_knobs.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -32,8 +32,8 @@ def test_the_defaults_are_the_measured_ones():
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT, SHORT_SPLITS,
             decode_layer.MERGE_IN_GEMV, decode_layer.SPLIT_BLOCK_N, decode_layer.O_PROJ_PDL, GRAPH_SAMPLE_BS,
-            gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE) == (
-        16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash")
+            gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE, decode_layer.GATE_UP_WARPS) == (
+        16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0)
 
 
 def test_each_knob_is_read_when_set():
@@ -65,6 +65,9 @@ def test_each_knob_is_read_when_set():
     res = _import_with({"LABKIT_DECODE_O_PROJ_PDL": "first"},
                        "from engine.kernels import decode_layer as d; print(d.O_PROJ_PDL or '-', d.PDL_MODE)")
     assert res.returncode == 0 and res.stdout.split() == ["first", "early"], res.stderr
+    res = _import_with({"LABKIT_DECODE_GATE_UP_WARPS": "8"},
+                       "from engine.kernels import decode_layer as d; print(d.GATE_UP_WARPS, d._WARPS_ONE_ROW)")
+    assert res.returncode == 0 and res.stdout.split() == ["8", "4"], res.stderr
     res = _import_with({"LABKIT_DECODE_SPLIT_BLOCK_N": "64"},
                        "from engine.kernels import decode_layer as d; print(d.ATTN_BLOCK_N, d.SPLIT_BLOCK_N)")
     assert res.returncode == 0 and res.stdout.split() == ["128", "64"], res.stderr
@@ -97,7 +100,8 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
                                         ("LABKIT_FP8_V_TRANSPOSED", "yes"),
                                         ("LABKIT_DECODE_ORDER", "longest"), ("LABKIT_DECODE_PDL", "start"),
                                         ("LABKIT_DECODE_SHORT_SPLITS", "3"), ("LABKIT_DECODE_MERGE_IN_GEMV", "2"),
-                                        ("LABKIT_DECODE_SPLIT_BLOCK_N", "48"), ("LABKIT_DECODE_O_PROJ_PDL", "off")])
+                                        ("LABKIT_DECODE_SPLIT_BLOCK_N", "48"), ("LABKIT_DECODE_O_PROJ_PDL", "off"),
+                                        ("LABKIT_DECODE_GATE_UP_WARPS", "3"), ("LABKIT_DECODE_GATE_UP_WARPS", "32")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
                                      "engine.kernels.gumbel_sampler, engine.kv_layout, engine.decode_order")
@@ -214,3 +218,20 @@ def test_a_bucket_gets_a_short_context_graph_only_with_fewer_splits_than_its_lon
     monkeypatch.setattr(graph_dispatch, "SHORT_SPLITS", short)
     monkeypatch.setattr(graph_dispatch, "SHORT_CONTEXT", context)
     assert graph_dispatch.short_graph_splits(bs, long_splits) == want
+
+
+@pytest.mark.parametrize("gate_up_warps", [0, 2, 16])
+def test_gate_up_warps_reach_the_one_row_gate_up_launch_and_no_other(monkeypatch, gate_up_warps):
+    """LABKIT_DECODE_GATE_UP_WARPS sets the warps of gate/up's GEMV (SiLU) at one row; every other launch keeps
+    LABKIT_DECODE_GEMV's warps (a tile of rows _WARPS, one row _WARPS_ONE_ROW)."""
+    from engine.kernels import decode_layer as dl
+
+    monkeypatch.setattr(dl, "GATE_UP_WARPS", gate_up_warps)
+    monkeypatch.setattr(dl, "_WARPS", 8)
+    monkeypatch.setattr(dl, "_WARPS_ONE_ROW", 4)
+
+    def warps(rows, silu):
+        return dl.gemv_meta(rows, 3072, 1024, 1, s_in=4, residual=True, norm=True, silu=silu, partials_out=False,
+                            dtype=torch.bfloat16, use_pdl=False, trigger=0)[1]["num_warps"]
+    assert warps(1, True) == (gate_up_warps or 4)
+    assert [warps(1, False), warps(4, True), warps(16, True), warps(2, False)] == [4, 8, 8, 8]

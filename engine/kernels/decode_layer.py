@@ -105,6 +105,14 @@ def _gemv_shape(text: str) -> tuple[int, int, int]:
 # its warps at batch 1. Measured on the H200 (docs/perf.md, session 14): at batch 1 four warps take 0.743 ms a
 # token against eight's 0.839 (-11%); at batch 16 four warps take 1.43 ms against 0.21 (the tile spills).
 _BLOCK_N, _WARPS, _WARPS_ONE_ROW = _gemv_shape(os.environ.get("LABKIT_DECODE_GEMV", "16,8,4"))
+# gate/up's warps at batch 1 (0: _WARPS_ONE_ROW's). Its one-row program holds 64 KiB of weights in registers: at
+# 4 warps 255 registers a thread (32.8K a program, compiled for sm_90), at 8 warps 108 (28.7K), so one of its
+# programs fits beside two of o_proj's and can load its weights before o_proj ends (scripts/gemv_spills.py).
+# A device sweep's knob (session 25).
+GATE_UP_WARPS = int(os.environ.get("LABKIT_DECODE_GATE_UP_WARPS", "0"))
+if GATE_UP_WARPS not in (0, 1, 2, 4, 8, 16):
+    raise ValueError(f"LABKIT_DECODE_GATE_UP_WARPS: 0 (as LABKIT_DECODE_GEMV says) or 1-16 (powers of two), "
+                     f"got {GATE_UP_WARPS}")
 
 # The norm's statistics NORM_CHUNK columns at a time for a tile of 2-16 rows (0: whole rows at once; one row
 # always takes whole rows, it holds little): the 16 x K float32 rows spill. On one H200 (docs/perf.md, session 15)
@@ -346,7 +354,8 @@ def gemv_meta(M: int, N: int, K: int, split: int, *, s_in: int, residual: bool, 
         NORM_CHUNK=min(NORM_CHUNK or k_full, k_full) if M > 1 else k_full,
         K_CHUNK=min(K_CHUNK, block_k) if M > 1 else 0,
         ATTN_S=attn[0], ATTN_D=attn[1], ATTN_BN=attn[2],
-        num_warps=_WARPS_ONE_ROW if M == 1 else _WARPS, enable_fp_fusion=False)
+        num_warps=_WARPS if M > 1 else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else _WARPS_ONE_ROW,
+        enable_fp_fusion=False)
     return (triton.cdiv(N, _BLOCK_N), split), meta
 
 
