@@ -3093,7 +3093,8 @@ MUTATIONS = [
     M("N661", 'engine/kernels/decode_layer.py',
       'num_warps=_WARPS if M > 1 else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else _WARPS_ONE_ROW,',
       'num_warps=_WARPS if M > 1 else (GATE_UP_WARPS or _WARPS_ONE_ROW),',
-      "LABKIT_DECODE_GATE_UP_WARPS sets every one-row GEMV's warps, not gate/up's alone", ['tests/test_decode_knobs.py']),
+      "LABKIT_DECODE_GATE_UP_WARPS sets every one-row GEMV's warps, not gate/up's alone",
+      ['tests/test_decode_knobs.py']),
     M("N662", 'engine/kernels/decode_layer.py',
       'num_warps=_WARPS if M > 1 else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else _WARPS_ONE_ROW,',
       'num_warps=(GATE_UP_WARPS or _WARPS) if M > 1 and silu else _WARPS if M > 1 else _WARPS_ONE_ROW if not silu else '
