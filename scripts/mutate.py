@@ -3104,6 +3104,21 @@ MUTATIONS = [
       'if GATE_UP_WARPS not in (0, 1, 2, 4, 8, 16):',
       'if GATE_UP_WARPS not in (0, 1, 2, 3, 4, 8, 16):',
       'LABKIT_DECODE_GATE_UP_WARPS=3 (not a power of two) accepted', ['tests/test_decode_knobs.py']),
+    # --- session 25: the attention kernel's L2 prefetch of the next kernels' weights ----
+    M("N664", 'engine/fused_decode.py',
+      "                          prefetch=ahead)",
+      "                          prefetch=ahead[:1])",
+      'LABKIT_DECODE_L2_PREFETCH=o+gu prefetches o_proj alone (the knob measures less than it names)',
+      ['tests/test_fused_decode.py']),
+    M("N665", 'engine/kernels/decode_layer.py',
+      'pairs = [(t, t.numel() * t.element_size()) for t in tensors]',
+      'pairs = [(t, t.numel()) for t in tensors]',
+      'the L2 prefetch covers half of a bf16 weight (elements taken for bytes)', ['tests/test_fused_decode.py']),
+    M("N666", 'engine/kernels/decode_layer.py',
+      'L2_PREFETCH_CHOICES = ("", "o", "o+gu", "o+gu+down")',
+      'L2_PREFETCH_CHOICES = ("", "o", "gu", "o+gu", "o+gu+down")',
+      'LABKIT_DECODE_L2_PREFETCH=gu accepted (a value the kernel plumbing was never measured with)',
+      ['tests/test_decode_knobs.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -32,8 +32,8 @@ def test_the_defaults_are_the_measured_ones():
     assert (decode_layer._BLOCK_N, decode_layer._WARPS, decode_layer._WARPS_ONE_ROW, decode_layer.ATTN_BLOCK_N,
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT, SHORT_SPLITS,
             decode_layer.MERGE_IN_GEMV, decode_layer.SPLIT_BLOCK_N, decode_layer.O_PROJ_PDL, GRAPH_SAMPLE_BS,
-            gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE, decode_layer.GATE_UP_WARPS) == (
-        16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0)
+            gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE, decode_layer.GATE_UP_WARPS,
+            decode_layer.L2_PREFETCH) == (16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, "")
 
 
 def test_each_knob_is_read_when_set():
@@ -68,6 +68,9 @@ def test_each_knob_is_read_when_set():
     res = _import_with({"LABKIT_DECODE_GATE_UP_WARPS": "8"},
                        "from engine.kernels import decode_layer as d; print(d.GATE_UP_WARPS, d._WARPS_ONE_ROW)")
     assert res.returncode == 0 and res.stdout.split() == ["8", "4"], res.stderr
+    res = _import_with({"LABKIT_DECODE_L2_PREFETCH": "o+gu"},
+                       "from engine.kernels import decode_layer as d; print(d.L2_PREFETCH)")
+    assert res.returncode == 0 and res.stdout.split() == ["o+gu"], res.stderr
     res = _import_with({"LABKIT_DECODE_SPLIT_BLOCK_N": "64"},
                        "from engine.kernels import decode_layer as d; print(d.ATTN_BLOCK_N, d.SPLIT_BLOCK_N)")
     assert res.returncode == 0 and res.stdout.split() == ["128", "64"], res.stderr
@@ -101,7 +104,8 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
                                         ("LABKIT_DECODE_ORDER", "longest"), ("LABKIT_DECODE_PDL", "start"),
                                         ("LABKIT_DECODE_SHORT_SPLITS", "3"), ("LABKIT_DECODE_MERGE_IN_GEMV", "2"),
                                         ("LABKIT_DECODE_SPLIT_BLOCK_N", "48"), ("LABKIT_DECODE_O_PROJ_PDL", "off"),
-                                        ("LABKIT_DECODE_GATE_UP_WARPS", "3"), ("LABKIT_DECODE_GATE_UP_WARPS", "32")])
+                                        ("LABKIT_DECODE_GATE_UP_WARPS", "3"), ("LABKIT_DECODE_GATE_UP_WARPS", "32"),
+                                        ("LABKIT_DECODE_L2_PREFETCH", "gu"), ("LABKIT_DECODE_L2_PREFETCH", "o,gu")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
                                      "engine.kernels.gumbel_sampler, engine.kv_layout, engine.decode_order")

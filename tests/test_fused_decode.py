@@ -307,3 +307,68 @@ def test_only_o_proj_takes_its_own_pdl_point(tiny_model, monkeypatch):
     assert [p for _, p in seen] == ["first" if tuple(s) == o_proj else "" for s, _ in seen]
     assert [p for _, p in seen].count("first") == len(model.layers)
     llm.exit()
+
+
+@pytest.mark.parametrize("knob, want", [("", []), ("o", ["o"]), ("o+gu", ["o", "gu"]),
+                                        ("o+gu+down", ["o", "gu", "down"])])
+def test_the_attention_kernel_is_handed_the_weights_l2_prefetch_names(tiny_model, monkeypatch, knob, want):
+    """LABKIT_DECODE_L2_PREFETCH: each layer's attention launch gets that layer's o_proj, gate/up and down weights
+    it names, in that order, and none by default."""
+    llm, dec, _ = _prefilled(tiny_model, "float32")
+    model = llm.model_runner.model.model
+    seen = []
+    attention = fused_decode.qkv_attention
+
+    def spy(*args, **kw):
+        seen.append(kw.get("prefetch"))
+        return attention(*args, **kw)
+    monkeypatch.setattr(fused_decode, "qkv_attention", spy)
+    monkeypatch.setattr(fused_decode, "L2_PREFETCH", knob)
+    with torch.inference_mode():
+        set_context(Context(dec["slots"], DecodeMeta(3, dec["ctx"], dec["tables"], num_splits=1)))
+        fused_decode.forward(model, dec["ids"], dec["pos"])
+        reset_context()
+    assert len(seen) == len(model.layers)
+    for layer, got in zip(model.layers, seen):
+        weights = {"o": layer.self_attn.o_proj.weight, "gu": layer.mlp.gate_up_proj.weight,
+                   "down": layer.mlp.down_proj.weight}
+        assert [w.data_ptr() for w in got] == [weights[n].data_ptr() for n in want]
+    llm.exit()
+
+
+def test_prefetch_args_give_each_weight_its_bytes_on_cuda_and_nothing_elsewhere():
+    """The attention kernel's PF and (pointer, bytes) slots: each weight's whole size on CUDA, the unused slots
+    the anchor with 0 bytes; off CUDA none (the interpreter has no bulk prefetch)."""
+    from types import SimpleNamespace
+
+    from engine.kernels.decode_layer import prefetch_args
+
+    w1, w2 = torch.zeros(24, 8, dtype=torch.float16), torch.zeros(5, 16, dtype=torch.float32)
+    anchor = torch.zeros(2, 2)
+    assert prefetch_args(anchor, [w1, w2]) == (0, [anchor, 0] * 3)
+    cuda = SimpleNamespace(device=torch.device("cuda"))
+    pf, args = prefetch_args(cuda, [w1, w2])
+    assert pf == 2 and args == [w1, 24 * 8 * 2, w2, 5 * 16 * 4, cuda, 0]
+    assert prefetch_args(cuda, []) == (0, [cuda, 0] * 3)
+    pf, args = prefetch_args(cuda, [w2, w1, w2])
+    assert pf == 3 and args == [w2, 320, w1, 384, w2, 320]
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the bulk L2 prefetch runs on CUDA only")
+@pytest.mark.parametrize("rows, splits", [(1, 4), (3, 1)])
+def test_l2_prefetch_changes_no_number(tiny_model, monkeypatch, rows, splits):
+    """A fused step with every prefetch on equals, bit for bit, the step without (a hint, never a result)."""
+    llm, dec, pool = _prefilled(tiny_model, "bfloat16")
+    runner = llm.model_runner
+    model = runner.model.model
+    d = {k: v[:rows] for k, v in dec.items()}
+    out = {}
+    for knob in ("", "o+gu+down"):
+        monkeypatch.setattr(fused_decode, "L2_PREFETCH", knob)
+        runner.kv_cache.copy_(pool)
+        with torch.inference_mode():
+            set_context(Context(d["slots"], DecodeMeta(rows, d["ctx"], d["tables"], num_splits=splits)))
+            out[knob] = (fused_decode.forward(model, d["ids"], d["pos"]).clone(), runner.kv_cache.clone())
+            reset_context()
+    assert torch.equal(out[""][0], out["o+gu+down"][0]) and torch.equal(out[""][1], out["o+gu+down"][1])
+    llm.exit()
