@@ -3119,6 +3119,31 @@ MUTATIONS = [
       'L2_PREFETCH_CHOICES = ("", "o", "gu", "o+gu", "o+gu+down")',
       'LABKIT_DECODE_L2_PREFETCH=gu accepted (a value the kernel plumbing was never measured with)',
       ['tests/test_decode_knobs.py']),
+    # --- session 25: rows one at a time through the one-row arithmetic (LABKIT_DECODE_FMA_ROWS) ----
+    M("N667", 'engine/kernels/decode_layer.py',
+      'per_row = 1 < M <= FMA_ROWS',
+      'per_row = 1 < M < FMA_ROWS',
+      'LABKIT_DECODE_FMA_ROWS=4 leaves 4-row steps on the tile path', ['tests/test_decode_knobs.py']),
+    M("N668", 'engine/kernels/decode_layer.py',
+      "            acc = tl.where(sel, tl.sum(_each_row(w, ON_GPU).to(tl.float32) * xm, axis=1)[:, None], acc)",
+      "            acc = tl.where(sel, tl.sum(_each_row(w, ON_GPU).to(tl.float32) * xm, axis=1)[:, None], 0.0)",
+      'the per-row path keeps only the last row of a batch (the others zero)', ['tests/test_fused_decode.py']),
+    M("N669", 'engine/kernels/decode_layer.py',
+      '                if RESIDUAL:\n                    if (pid_n == 0) & (pid_k == 0):\n'
+      '                        tl.store(res_out_ptr + om[:, None] * K',
+      '                if RESIDUAL:\n                    if (pid_n == 0) & (pid_k == 1):\n'
+      '                        tl.store(res_out_ptr + om[:, None] * K',
+      "the per-row path never writes the new residual stream (its rows left as torch.empty made them)",
+      ['tests/test_fused_decode.py']),
+    M("N670", 'engine/kernels/decode_layer.py',
+      '                rstd = tl.math.rsqrt(tl.sum(h * h, axis=1) / K + eps)',
+      '                rstd = tl.math.rsqrt(tl.sum(h * h, axis=1) / K_FULL + eps)',
+      "the per-row norm's mean square over the padded width (K not a power of two: 96, 160)",
+      ['tests/test_fused_decode.py']),
+    M("N671", 'engine/kernels/decode_layer.py',
+      '        for m in range(0, M):  # (a loop',
+      '        for m in range(0, M - 1):  # (a loop',
+      "the per-row path drops a batch's last row", ['tests/test_fused_decode.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

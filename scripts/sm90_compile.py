@@ -84,6 +84,8 @@ def _record() -> list[dict]:
                     consts["TRIGGER"] = decode_layer.PDL_TRIGGER.get(decode_layer.PDL_MODE, 0)
                 if "EARLY" in consts:  # (decode_attention's merge kernel)
                     consts["EARLY"] = decode_layer.PDL_MODE in ("early", "first")
+                if "ON_GPU" in consts:
+                    consts["ON_GPU"] = True
                 if "DOT_PRECISION" in consts:
                     consts["DOT_PRECISION"] = dot_precision(torch.bfloat16)
                 options = {k: kwargs[k] for k in OPTIONS[:3] if k in kwargs}

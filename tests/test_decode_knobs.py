@@ -33,7 +33,8 @@ def test_the_defaults_are_the_measured_ones():
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT, SHORT_SPLITS,
             decode_layer.MERGE_IN_GEMV, decode_layer.SPLIT_BLOCK_N, decode_layer.O_PROJ_PDL, GRAPH_SAMPLE_BS,
             gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE, decode_layer.GATE_UP_WARPS,
-            decode_layer.L2_PREFETCH) == (16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, "")
+            decode_layer.L2_PREFETCH, decode_layer.FMA_ROWS) == (
+        16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, "", 1)
 
 
 def test_each_knob_is_read_when_set():
@@ -71,6 +72,9 @@ def test_each_knob_is_read_when_set():
     res = _import_with({"LABKIT_DECODE_L2_PREFETCH": "o+gu"},
                        "from engine.kernels import decode_layer as d; print(d.L2_PREFETCH)")
     assert res.returncode == 0 and res.stdout.split() == ["o+gu"], res.stderr
+    res = _import_with({"LABKIT_DECODE_FMA_ROWS": "4"},
+                       "from engine.kernels import decode_layer as d; print(d.FMA_ROWS)")
+    assert res.returncode == 0 and res.stdout.split() == ["4"], res.stderr
     res = _import_with({"LABKIT_DECODE_SPLIT_BLOCK_N": "64"},
                        "from engine.kernels import decode_layer as d; print(d.ATTN_BLOCK_N, d.SPLIT_BLOCK_N)")
     assert res.returncode == 0 and res.stdout.split() == ["128", "64"], res.stderr
@@ -105,7 +109,8 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
                                         ("LABKIT_DECODE_SHORT_SPLITS", "3"), ("LABKIT_DECODE_MERGE_IN_GEMV", "2"),
                                         ("LABKIT_DECODE_SPLIT_BLOCK_N", "48"), ("LABKIT_DECODE_O_PROJ_PDL", "off"),
                                         ("LABKIT_DECODE_GATE_UP_WARPS", "3"), ("LABKIT_DECODE_GATE_UP_WARPS", "32"),
-                                        ("LABKIT_DECODE_L2_PREFETCH", "gu"), ("LABKIT_DECODE_L2_PREFETCH", "o,gu")])
+                                        ("LABKIT_DECODE_L2_PREFETCH", "gu"), ("LABKIT_DECODE_L2_PREFETCH", "o,gu"),
+                                        ("LABKIT_DECODE_FMA_ROWS", "3"), ("LABKIT_DECODE_FMA_ROWS", "32")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
                                      "engine.kernels.gumbel_sampler, engine.kv_layout, engine.decode_order")
@@ -239,3 +244,24 @@ def test_gate_up_warps_reach_the_one_row_gate_up_launch_and_no_other(monkeypatch
                             dtype=torch.bfloat16, use_pdl=False, trigger=0)[1]["num_warps"]
     assert warps(1, True) == (gate_up_warps or 4)
     assert [warps(1, False), warps(4, True), warps(16, True), warps(2, False)] == [4, 8, 8, 8]
+
+
+@pytest.mark.parametrize("fma_rows", [1, 4])
+def test_fma_rows_send_rows_up_to_it_through_the_one_row_arithmetic(monkeypatch, fma_rows):
+    """LABKIT_DECODE_FMA_ROWS: 2..FMA_ROWS rows take the per-row path (their weight tile whole before the wait, the
+    FMA sums, one-row warps); one row always the one-row path; more rows the tensor-core tile in K chunks."""
+    from engine.kernels import decode_layer as dl
+
+    monkeypatch.setattr(dl, "FMA_ROWS", fma_rows)
+    monkeypatch.setattr(dl, "_WARPS", 8)
+    monkeypatch.setattr(dl, "_WARPS_ONE_ROW", 4)
+    monkeypatch.setattr(dl, "K_CHUNK", 128)
+
+    def meta(rows):
+        m = dl.gemv_meta(rows, 1024, 1024, 1, s_in=0, residual=False, norm=False, silu=False, partials_out=False,
+                         dtype=torch.bfloat16, use_pdl=False, trigger=0)[1]
+        return m["PER_ROW"], m["BLOCK_M"], m["K_CHUNK"], m["num_warps"]
+    assert meta(1) == (False, 1, 0, 4)
+    for rows in (2, 3, 4, 5, 16):
+        per_row = rows <= fma_rows
+        assert meta(rows) == ((True, 1 << (rows - 1).bit_length(), 0, 4) if per_row else (False, 16, 128, 8))

@@ -372,3 +372,70 @@ def test_l2_prefetch_changes_no_number(tiny_model, monkeypatch, rows, splits):
             reset_context()
     assert torch.equal(out[""][0], out["o+gu+down"][0]) and torch.equal(out[""][1], out["o+gu+down"][1])
     llm.exit()
+
+
+@pytest.mark.parametrize("M, fma_rows", [(2, 2), (3, 4), (5, 8), (16, 16)])
+@pytest.mark.parametrize("kind", ["qkv", "o_proj", "gate_up", "down"])
+def test_rows_taken_one_at_a_time_equal_one_row_launches_bit_for_bit(M, fma_rows, kind, monkeypatch):
+    """LABKIT_DECODE_FMA_ROWS: up to that many rows go through the one-row arithmetic in one launch, so each row's
+    output (and the new residual) is exactly what a one-row launch gives, whatever the batch."""
+    monkeypatch.setattr(decode_layer, "FMA_ROWS", fma_rows)
+    K = 96 if kind != "down" else 160  # (not powers of two: the masked loads)
+    N = 40
+    w = _rand(2 * N if kind == "gate_up" else N, K, scale=K ** -0.5, seed=31)
+    nw = _rand(K, seed=32) + 1
+    parts = _rand(3, M, K, seed=33)
+    res = _rand(M, K, seed=34)
+    x = _rand(M, K, seed=35)
+
+    def launch(rows):
+        if kind == "qkv":
+            return gemv(w, partials=parts[:, rows].contiguous(), residual=res[rows], norm_weight=nw, eps=1e-6)
+        if kind == "gate_up":
+            return gemv(w, partials=parts[:, rows].contiguous(), residual=res[rows], norm_weight=nw, eps=1e-6,
+                        silu=True)
+        return gemv(w, x=x[rows], split=2 if kind == "o_proj" else 1)
+    got = launch(slice(None))
+    for m in range(M):
+        one = launch(slice(m, m + 1))
+        if kind in ("qkv", "gate_up"):
+            assert torch.equal(got[0][m], one[0][0]) and torch.equal(got[1][m], one[1][0])
+        else:
+            assert torch.equal(got[:, m], one[:, 0])
+    monkeypatch.setattr(decode_layer, "FMA_ROWS", 1)  # the tile path: the same sums up to float32 order
+    tile = launch(slice(None))
+    if kind in ("qkv", "gate_up"):
+        _close(got[0], tile[0], torch.float32)
+        assert torch.equal(got[1], tile[1])
+    else:
+        _close(got, tile, torch.float32)
+
+
+@pytest.mark.parametrize("rows", [2, 3])
+def test_a_fused_step_taking_rows_one_at_a_time_is_each_rows_one_row_step(tiny_model, rows, monkeypatch):
+    """With LABKIT_DECODE_FMA_ROWS covering the batch, a fused decode step's hidden states are, row for row and bit
+    for bit, those of one-row steps, and match the unfused step."""
+    monkeypatch.setattr(decode_layer, "FMA_ROWS", 4)
+    llm, dec, pool = _prefilled(tiny_model, "float32")
+    runner = llm.model_runner
+    model = runner.model.model
+
+    def step(sel):
+        d = {k: v[sel] for k, v in dec.items()}
+        runner.kv_cache.copy_(pool)
+        with torch.inference_mode():
+            set_context(Context(d["slots"], DecodeMeta(len(d["ids"]), d["ctx"], d["tables"], num_splits=1)))
+            out = fused_decode.forward(model, d["ids"], d["pos"]).clone()
+            reset_context()
+        return out
+    got = step(slice(0, rows))
+    for m in range(rows):
+        assert torch.equal(got[m], step(slice(m, m + 1))[0])
+    d = {k: v[:rows] for k, v in dec.items()}
+    runner.kv_cache.copy_(pool)
+    with torch.inference_mode():
+        set_context(Context(d["slots"], DecodeMeta(rows, d["ctx"], d["tables"], d["ctx"].tolist(), num_splits=1)))
+        want = model(d["ids"], d["pos"])
+        reset_context()
+    _close(got, want, torch.float32)
+    llm.exit()

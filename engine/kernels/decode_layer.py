@@ -91,6 +91,14 @@ if L2_PREFETCH not in L2_PREFETCH_CHOICES:
     raise ValueError(f"LABKIT_DECODE_L2_PREFETCH: one of o, o+gu, o+gu+down or empty, got {L2_PREFETCH!r}")
 
 MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core tile of rows)
+# Up to FMA_ROWS rows (2-16; 1: none but the one row) a GEMV takes row by row through the one-row arithmetic
+# instead of the tensor-core tile: its weight tile loaded whole before the PDL wait, as at one row, and each row's
+# sums those of a one-row launch (a row's numbers do not depend on the batch). The tile path loads K in chunks
+# after the wait: a 2-row step took 2.16 ms on an H100 against one row's 0.73 (docs/perf.md, session 24).
+# A device sweep's knob (session 25).
+FMA_ROWS = int(os.environ.get("LABKIT_DECODE_FMA_ROWS", "1"))
+if FMA_ROWS not in (1, 2, 4, 8, 16):
+    raise ValueError(f"LABKIT_DECODE_FMA_ROWS: 1, 2, 4, 8 or 16, got {FMA_ROWS}")
 
 
 def _gemv_shape(text: str) -> tuple[int, int, int]:
@@ -195,6 +203,15 @@ def _part_add(acc_ptr, ml_ptr, row, col, s, live, m_max, num, den, D: tl.constex
 
 
 @triton.jit
+def _each_row(w, ON_GPU: tl.constexpr):
+    """w as it is, through an opaque move on the GPU: a loop's float32 copy of its weight tile would otherwise be
+    made once, before the loop (the compiler hoists the conversion), and held in registers: twice the tile's."""
+    if ON_GPU:
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w], dtype=w.dtype, is_pure=False, pack=2)
+    return w
+
+
+@triton.jit
 def _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, offs_k, mask, M, K, stride_xm,
             S_IN: tl.constexpr, RESIDUAL: tl.constexpr, DT: tl.constexpr,
             ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr):
@@ -227,6 +244,7 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_FULL: tl.constexpr,
     USE_PDL: tl.constexpr, TRIGGER: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM_CHUNK: tl.constexpr,
     K_CHUNK: tl.constexpr, ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr,
+    PER_ROW: tl.constexpr, ON_GPU: tl.constexpr,
 ):
     """y = W @ f(x) for M <= 16 rows. Program (n tile, k split) owns BLOCK_N rows of W and one KS-wide range of
     K, loaded whole before the wait (K_CHUNK 0), or K_CHUNK columns at a time after it (a tile of rows: its
@@ -261,13 +279,38 @@ def _gemv_kernel(
 
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
-    if K_CHUNK == 0:
+    if PER_ROW:
+        # BLOCK_M rows one at a time through the one-row arithmetic below, the weight tile shared
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        if SILU:
+            acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        for m in range(0, M):  # (a loop, not unrolled: unrolled, every row's loads are hoisted and gate/up spills)
+            om = m + tl.arange(0, 1)
+            mm = om < M
+            xm = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, om, offs_k,
+                         mm[:, None] if EVEN else mm[:, None] & k_mask[None, :], M, K, stride_xm, S_IN, RESIDUAL,
+                         DT, ATTN_S, ATTN_D, ATTN_BN)
+            if NORM:
+                full_mask = mm[:, None] if FULL_EVEN else mm[:, None] & (tl.arange(0, K_FULL) < K)[None, :]
+                h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, om, tl.arange(0, K_FULL), full_mask, M, K,
+                            stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN)
+                if RESIDUAL:
+                    if (pid_n == 0) & (pid_k == 0):
+                        tl.store(res_out_ptr + om[:, None] * K + tl.arange(0, K_FULL)[None, :], h.to(DT),
+                                 mask=full_mask)
+                rstd = tl.math.rsqrt(tl.sum(h * h, axis=1) / K + eps)
+                xm = _rnd(_rnd(xm * rstd[:, None], DT) * nw[None, :], DT)
+            sel = offs_m[None, :] == m
+            acc = tl.where(sel, tl.sum(_each_row(w, ON_GPU).to(tl.float32) * xm, axis=1)[:, None], acc)
+            if SILU:
+                acc_u = tl.where(sel, tl.sum(_each_row(wu, ON_GPU).to(tl.float32) * xm, axis=1)[:, None], acc_u)
+    if K_CHUNK == 0 and not PER_ROW:
         # Loaded before the statistics, as before K_CHUNK existed: loaded after them, the 16-row q/k/v and gate/up
         # tiles spill (538 and 6,070 spill loads against 2 and 84, compiled for sm_90; 14x slower on the H200).
         x_mask = m_mask[:, None] if EVEN else m_mask[:, None] & k_mask[None, :]
         x = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, offs_k, x_mask, M, K, stride_xm, S_IN,
                     RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN)
-    if NORM:
+    if NORM and not PER_ROW:
         # The statistics need whole rows: every program reads them (a few KiB, from L2) and gets the same sums,
         # NORM_CHUNK columns at a time (K_FULL: all at once; fewer at 2-16 rows, whose 16 x K float32 would spill).
         ss = tl.zeros([BLOCK_M], tl.float32)
@@ -306,7 +349,7 @@ def _gemv_kernel(
             if SILU:
                 wuc = tl.load(wc_rows + up_rows * stride_wn, mask=wc_mask, other=0.0)
                 acc_u = tl.dot(wuc, xt, acc_u, input_precision=DOT_PRECISION)
-    else:
+    elif not PER_ROW:
         if NORM:
             x = _rnd(_rnd(x * rstd[:, None], DT) * nw[None, :], DT)
         if BLOCK_M == 1:
@@ -347,22 +390,25 @@ def split_for(N: int, K: int, num_sms: int, block_n: int | None = None) -> int:
 
 def gemv_meta(M: int, N: int, K: int, split: int, *, s_in: int, residual: bool, norm: bool, silu: bool,
               partials_out: bool, dtype: torch.dtype, use_pdl: bool, trigger: int,
-              attn: tuple[int, int, int] = (0, 0, 0)) -> tuple[tuple, dict]:
+              attn: tuple[int, int, int] = (0, 0, 0), on_gpu: bool = True) -> tuple[tuple, dict]:
     """The fused GEMV's grid and compile-time arguments (num_warps among them) for an M x K input to N outputs
     in `split` K ranges: what gemv launches, and what tests/test_gemv_spills.py compiles for sm_90.
-    attn: (splits, head_dim, block_n) of attention parts merged as the input (0s: none)."""
+    attn: (splits, head_dim, block_n) of attention parts merged as the input (0s: none); on_gpu: compiled for CUDA,
+    not interpreted (the per-row path's opaque move)."""
     ks = triton.cdiv(K, split)
     k_full = triton.next_power_of_2(K)
     block_k = max(16, triton.next_power_of_2(ks))
+    per_row = 1 < M <= FMA_ROWS
+    one = M == 1 or per_row  # (the one-row arithmetic: the weight tile whole before the wait, the FMA sums)
     meta = dict(
         S_IN=s_in, RESIDUAL=residual, NORM=norm, SILU=silu, PARTIALS=partials_out,
         EVEN=ks == triton.next_power_of_2(ks) and ks >= 16 and K % ks == 0,
-        FULL_EVEN=K == triton.next_power_of_2(K), BLOCK_M=1 if M == 1 else 16, BLOCK_N=_BLOCK_N,
-        BLOCK_K=block_k, K_FULL=k_full, USE_PDL=use_pdl, TRIGGER=trigger, DOT_PRECISION=dot_precision(dtype),
-        NORM_CHUNK=min(NORM_CHUNK or k_full, k_full) if M > 1 else k_full,
-        K_CHUNK=min(K_CHUNK, block_k) if M > 1 else 0,
-        ATTN_S=attn[0], ATTN_D=attn[1], ATTN_BN=attn[2],
-        num_warps=_WARPS if M > 1 else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else _WARPS_ONE_ROW,
+        FULL_EVEN=K == triton.next_power_of_2(K), BLOCK_M=triton.next_power_of_2(M) if one else 16,
+        BLOCK_N=_BLOCK_N, BLOCK_K=block_k, K_FULL=k_full, USE_PDL=use_pdl, TRIGGER=trigger,
+        DOT_PRECISION=dot_precision(dtype), NORM_CHUNK=k_full if one else min(NORM_CHUNK or k_full, k_full),
+        K_CHUNK=0 if one else min(K_CHUNK, block_k), ATTN_S=attn[0], ATTN_D=attn[1], ATTN_BN=attn[2],
+        PER_ROW=per_row, ON_GPU=on_gpu,
+        num_warps=_WARPS if not one else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else _WARPS_ONE_ROW,
         enable_fp_fusion=False)
     return (triton.cdiv(N, _BLOCK_N), split), meta
 
@@ -417,7 +463,7 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | AttnParts | None = None, partials
     grid, meta = gemv_meta(M, N, K, split, s_in=0 if partials is None or parts else partials.shape[0],
                            residual=residual is not None, norm=norm_weight is not None, silu=silu,
                            partials_out=partials_out, dtype=dtype, use_pdl=use_pdl, trigger=trigger,
-                           attn=(S, D, parts.block_n) if parts else (0, 0, 0))
+                           attn=(S, D, parts.block_n) if parts else (0, 0, 0), on_gpu=dev.type == "cuda")
     _gemv_kernel[grid](
         w, x if x is not None else w, partials if partials is not None else w,
         residual if residual is not None else w, res_out, norm_weight if norm_weight is not None else w, y,
