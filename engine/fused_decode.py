@@ -12,16 +12,7 @@ import torch
 
 from .context import get_context
 from .device import num_sms
-from .kernels.decode_layer import (
-    L2_PREFETCH,
-    MAX_ROWS,
-    O_PROJ_PDL,
-    gemv,
-    merges_in_gemv,
-    partials_norm,
-    qkv_attention,
-    split_for,
-)
+from .kernels.decode_layer import MAX_ROWS, O_PROJ_PDL, gemv, merges_in_gemv, partials_norm, qkv_attention, split_for
 
 
 def applies(ctx, rows: int) -> bool:
@@ -45,14 +36,10 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Te
             qkv, residual = gemv(attn.qkv_proj.weight, partials=partials, residual=residual, norm_weight=ln.weight,
                                  eps=ln.eps)
         a = attn.attn
-        # the weights the attention kernel asks the L2 for while it runs (L2_PREFETCH: none by default)
-        ahead = [w for name, w in (("o", attn.o_proj.weight), ("gu", mlp.gate_up_proj.weight),
-                                   ("down", mlp.down_proj.weight)) if name in L2_PREFETCH.split("+")]
         o = qkv_attention(qkv, positions, attn.rotary_emb.cos_sin_cache, attn.q_norm.weight, attn.k_norm.weight,
                           attn.q_norm.eps, ctx.slot_mapping, a.k_cache, a.v_cache, dec.block_tables,
                           dec.context_lens, a.scale, dec.num_splits, attn.num_heads, attn.num_kv_heads,
-                          a.k_scale, a.v_scale, merge=not merges_in_gemv(len(input_ids), dec.num_splits),
-                          prefetch=ahead)
+                          a.k_scale, a.v_scale, merge=not merges_in_gemv(len(input_ids), dec.num_splits))
         w_o = attn.o_proj.weight
         partials = gemv(w_o, x=o, split=split_for(w_o.shape[0], w_o.shape[1], sms), pdl=O_PROJ_PDL)
         ln = layer.post_attention_layernorm

@@ -92,11 +92,6 @@ def _record() -> list[dict]:
                 key = f"{self.fn.__name__} {sorted(consts.items())}"
                 launches.setdefault(key, {"kernel": self.fn.__name__, "module": self.fn.__module__, "sig": sig,
                                           "constexprs": consts, "options": options})
-                if consts.get("PF") == 0:  # the L2 prefetch is CUDA's alone: compile it too, all three weights
-                    pf = consts | {"PF": 3}
-                    launches.setdefault(f"{self.fn.__name__} {sorted(pf.items())}", {
-                        "kernel": self.fn.__name__, "module": self.fn.__module__, "sig": sig, "constexprs": pf,
-                        "options": options})
                 return self.kernel[grid](*args, **kwargs)
             return launch
 

@@ -33,8 +33,7 @@ def test_the_defaults_are_the_measured_ones():
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT, SHORT_SPLITS,
             decode_layer.MERGE_IN_GEMV, decode_layer.SPLIT_BLOCK_N, decode_layer.O_PROJ_PDL, GRAPH_SAMPLE_BS,
             gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE, decode_layer.GATE_UP_WARPS,
-            decode_layer.L2_PREFETCH, decode_layer.FMA_ROWS) == (
-        16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, "", 1)
+            decode_layer.FMA_ROWS) == (16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, 4)
 
 
 def test_each_knob_is_read_when_set():
@@ -69,9 +68,6 @@ def test_each_knob_is_read_when_set():
     res = _import_with({"LABKIT_DECODE_GATE_UP_WARPS": "8"},
                        "from engine.kernels import decode_layer as d; print(d.GATE_UP_WARPS, d._WARPS_ONE_ROW)")
     assert res.returncode == 0 and res.stdout.split() == ["8", "4"], res.stderr
-    res = _import_with({"LABKIT_DECODE_L2_PREFETCH": "o+gu"},
-                       "from engine.kernels import decode_layer as d; print(d.L2_PREFETCH)")
-    assert res.returncode == 0 and res.stdout.split() == ["o+gu"], res.stderr
     res = _import_with({"LABKIT_DECODE_FMA_ROWS": "4"},
                        "from engine.kernels import decode_layer as d; print(d.FMA_ROWS)")
     assert res.returncode == 0 and res.stdout.split() == ["4"], res.stderr
@@ -109,7 +105,6 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
                                         ("LABKIT_DECODE_SHORT_SPLITS", "3"), ("LABKIT_DECODE_MERGE_IN_GEMV", "2"),
                                         ("LABKIT_DECODE_SPLIT_BLOCK_N", "48"), ("LABKIT_DECODE_O_PROJ_PDL", "off"),
                                         ("LABKIT_DECODE_GATE_UP_WARPS", "3"), ("LABKIT_DECODE_GATE_UP_WARPS", "32"),
-                                        ("LABKIT_DECODE_L2_PREFETCH", "gu"), ("LABKIT_DECODE_L2_PREFETCH", "o,gu"),
                                         ("LABKIT_DECODE_FMA_ROWS", "3"), ("LABKIT_DECODE_FMA_ROWS", "32")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
@@ -162,9 +157,10 @@ def test_an_fp8_pool_launches_with_the_fp8_knobs_and_a_bf16_pool_with_the_defaul
     assert [k["BLOCK_N"] for k in seen] == [da.DEFAULTS["block_n"], 64]
 
 
-@pytest.mark.parametrize("rows, warps", [(1, 4), (2, 8), (16, 8)])
+@pytest.mark.parametrize("rows, warps", [(1, 4), (2, 4), (4, 4), (5, 8), (16, 8)])
 def test_a_one_row_gemv_launches_with_the_batch_1_warps(monkeypatch, rows, warps):
-    """Four warps at batch 1 (FMA path), eight for a tile of 2-16 rows (session 14: four there spill, 6.8x slower)."""
+    """Four warps at batch 1 and for rows taken one at a time (FMA path, up to FMA_ROWS: 4 by default), eight for a
+    tile of rows (session 14: four there spill, 6.8x slower)."""
     from engine.kernels import decode_layer as dl
 
     seen = _launches(monkeypatch, dl, "_gemv_kernel")
@@ -180,6 +176,7 @@ def test_the_norm_chunk_applies_to_a_tile_of_rows_only(monkeypatch, knob, rows, 
     all K columns), and so does every batch at 0."""
     from engine.kernels import decode_layer as dl
 
+    monkeypatch.setattr(dl, "FMA_ROWS", 1)  # (2-16 rows on the tile path)
     seen = _launches(monkeypatch, dl, "_gemv_kernel")
     monkeypatch.setattr(dl, "NORM_CHUNK", knob)
     with pytest.raises(_Launched):
@@ -193,6 +190,7 @@ def test_the_k_chunk_applies_to_a_tile_of_rows_only(monkeypatch, knob, rows, chu
     before the PDL wait (0)."""
     from engine.kernels import decode_layer as dl
 
+    monkeypatch.setattr(dl, "FMA_ROWS", 1)  # (2-16 rows on the tile path)
     seen = _launches(monkeypatch, dl, "_gemv_kernel")
     monkeypatch.setattr(dl, "K_CHUNK", knob)
     with pytest.raises(_Launched):
@@ -235,6 +233,7 @@ def test_gate_up_warps_reach_the_one_row_gate_up_launch_and_no_other(monkeypatch
     LABKIT_DECODE_GEMV's warps (a tile of rows _WARPS, one row _WARPS_ONE_ROW)."""
     from engine.kernels import decode_layer as dl
 
+    monkeypatch.setattr(dl, "FMA_ROWS", 1)  # (2-16 rows on the tile path)
     monkeypatch.setattr(dl, "GATE_UP_WARPS", gate_up_warps)
     monkeypatch.setattr(dl, "_WARPS", 8)
     monkeypatch.setattr(dl, "_WARPS_ONE_ROW", 4)

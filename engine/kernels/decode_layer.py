@@ -81,22 +81,15 @@ MERGE_IN_GEMV = os.environ.get("LABKIT_DECODE_MERGE_IN_GEMV", "1")
 if MERGE_IN_GEMV not in ("0", "1"):
     raise ValueError(f"LABKIT_DECODE_MERGE_IN_GEMV: must be 0 or 1, got {MERGE_IN_GEMV!r}")
 GEMV_MERGE_SPLITS = 8
-# Weights the attention kernel asks the L2 to fetch while it runs (its own loads are ~1 MB of KV: the memory is
-# otherwise idle), so that o_proj's, gate/up's (and down's) programs find them there: "" none, or "o", "o+gu",
-# "o+gu+down" (a layer's o_proj 4 MB, gate/up 12.6 MB, down 6.3 MB; the L2 holds 50 MB). Hopper's bulk L2
-# prefetch: no registers, no result, no effect on the numbers. A device sweep's knob (session 25).
-L2_PREFETCH = os.environ.get("LABKIT_DECODE_L2_PREFETCH", "")
-L2_PREFETCH_CHOICES = ("", "o", "o+gu", "o+gu+down")
-if L2_PREFETCH not in L2_PREFETCH_CHOICES:
-    raise ValueError(f"LABKIT_DECODE_L2_PREFETCH: one of o, o+gu, o+gu+down or empty, got {L2_PREFETCH!r}")
 
 MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core tile of rows)
 # Up to FMA_ROWS rows (2-16; 1: none but the one row) a GEMV takes row by row through the one-row arithmetic
 # instead of the tensor-core tile: its weight tile loaded whole before the PDL wait, as at one row, and each row's
-# sums those of a one-row launch (a row's numbers do not depend on the batch). The tile path loads K in chunks
-# after the wait: a 2-row step took 2.16 ms on an H100 against one row's 0.73 (docs/perf.md, session 24).
-# A device sweep's knob (session 25).
-FMA_ROWS = int(os.environ.get("LABKIT_DECODE_FMA_ROWS", "1"))
+# sums those of a one-row launch (a row's numbers do not depend on the batch). The tile loads K in chunks after the
+# wait. Measured on an H100 (docs/perf.md, session 25; three rounds): 4 took batch 2 from 1.085 to 0.509 ms a token
+# (0.47x) and batch 4 from 0.561 to 0.405 (0.72x); 8 and 16 took batch 8 to 1.77x and 16 to 3.25x (each row's pass
+# over the tile, not the weights, is then the cost).
+FMA_ROWS = int(os.environ.get("LABKIT_DECODE_FMA_ROWS", "4"))
 if FMA_ROWS not in (1, 2, 4, 8, 16):
     raise ValueError(f"LABKIT_DECODE_FMA_ROWS: 1, 2, 4, 8 or 16, got {FMA_ROWS}")
 
@@ -206,8 +199,9 @@ def _part_add(acc_ptr, ml_ptr, row, col, s, live, m_max, num, den, D: tl.constex
 def _each_row(w, ON_GPU: tl.constexpr):
     """w as it is, through an opaque move on the GPU: a loop's float32 copy of its weight tile would otherwise be
     made once, before the loop (the compiler hoists the conversion), and held in registers: twice the tile's."""
-    if ON_GPU:
-        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w], dtype=w.dtype, is_pure=False, pack=2)
+    if ON_GPU:  # (a 32-bit register holds two 16-bit weights, or one float32)
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w], dtype=w.dtype, is_pure=False,
+                                         pack=2 if w.dtype.primitive_bitwidth == 16 else 1)
     return w
 
 
@@ -473,21 +467,6 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | AttnParts | None = None, partials
 
 
 @triton.jit
-def _l2_prefetch(ptr, nbytes, part, parts, NT: tl.constexpr):
-    """Ask the L2 for this program's share (part of parts) of the nbytes at ptr: one bulk prefetch a thread
-    (cp.async.bulk.prefetch.L2, sm_90), 16-byte aligned and sized as it requires. Nothing waits for it."""
-    share = tl.cdiv(tl.cdiv(nbytes, parts), 16) * 16
-    lo = part.to(tl.int64) * share
-    hi = tl.minimum(lo + share, nbytes)
-    chunk = tl.cdiv(tl.cdiv(share, NT), 16) * 16
-    offs = lo + tl.arange(0, NT).to(tl.int64) * chunk
-    size = tl.minimum(tl.maximum(hi - offs, 0), chunk).to(tl.int32)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptr.to(tl.pointer_type(tl.int8)) + offs, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _norm_rope(src, w_ptr, cos, sin, eps, rows, rmask, D: tl.constexpr, DT: tl.constexpr):
     """RMSNorm + neox RoPE of the heads at src + rows * D (two [len(rows), D/2] halves, float32 holding
     model-dtype values): engine/kernels/qk_norm_rope.py's arithmetic."""
@@ -563,20 +542,18 @@ def _qkv_attention_kernel(
     qkv_ptr, stride_qkv, pos_ptr, cs_ptr, cs_stride, qw_ptr, kw_ptr, eps, slot_ptr,
     k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, acc_ptr, ml_ptr,
     num_splits, stride_bt, stride_block, stride_head, stride_row, stride_v_row, stride_v_d, scale_log2, v_scale,
-    k_inv_scale, v_inv_scale, pf0_ptr, pf0_bytes, pf1_ptr, pf1_bytes, pf2_ptr, pf2_bytes,
+    k_inv_scale, v_inv_scale,
     NQ: tl.constexpr, NK: tl.constexpr, FP8: tl.constexpr, V_T: tl.constexpr, GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILES: tl.constexpr,
     PARTIALS: tl.constexpr, USE_PDL: tl.constexpr, TRIGGER: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PF: tl.constexpr, PF_THREADS: tl.constexpr,
 ):
     """decode_attention._decode_split_kernel with its inputs made here: q (this program's query heads) and this
     token's k normed and rotated from the qkv row. Keys and values of the older positions come from the pool;
     the newest token's, from registers, as stored (an FP8 pool's e4m3 values), by the program whose split
     holds it, which also writes them to the pool for later steps. Everything but the qkv row was written two
     or more kernels back (the step's inputs, the pool's older rows), so the first tile is loaded before the
-    wait, under the previous kernel's tail. PF: how many of the pf weights (the next kernels') to ask the L2 for,
-    each program its share, after its own first loads."""
+    wait, under the previous kernel's tail."""
     if USE_PDL:
         if TRIGGER == 2:
             tl.extra.cuda.gdc_launch_dependents()
@@ -605,14 +582,6 @@ def _qkv_attention_kernel(
     head_base = kvh * stride_head
     k0, v0, mask0 = _tile(k_cache_ptr, v_cache_ptr, table, head_base, start, old_end, stride_block, stride_row,
                           stride_v_row, stride_v_d, BLOCK_SIZE, BLOCK_N, HEAD_DIM, PAGE_TILES, V_T)
-    if PF > 0:
-        part = (b * NK + kvh) * num_splits + split
-        parts = tl.num_programs(0) * NK * num_splits
-        _l2_prefetch(pf0_ptr, pf0_bytes, part, parts, PF_THREADS)
-        if PF > 1:
-            _l2_prefetch(pf1_ptr, pf1_bytes, part, parts, PF_THREADS)
-        if PF > 2:
-            _l2_prefetch(pf2_ptr, pf2_bytes, part, parts, PF_THREADS)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         if TRIGGER == 1:
@@ -673,28 +642,14 @@ def _qkv_attention_kernel(
                  mask=gmask[:, None])
 
 
-def prefetch_args(anchor: torch.Tensor, tensors) -> tuple[int, list]:
-    """(PF, the attention kernel's six pf arguments) for the tensors to ask the L2 for: none off CUDA (the
-    interpreter has no bulk prefetch, and a CPU no L2 to fill), else each one's (pointer, bytes). Unused slots
-    hold anchor (the launch's own input) and 0 bytes."""
-    tensors = list(tensors)
-    assert len(tensors) <= 3 and all(t.is_contiguous() for t in tensors)
-    if anchor.device.type != "cuda":
-        tensors = []
-    pairs = [(t, t.numel() * t.element_size()) for t in tensors] + [(anchor, 0)] * (3 - len(tensors))
-    return len(tensors), [x for pair in pairs for x in pair]
-
-
 def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, q_norm: torch.Tensor,
                   k_norm: torch.Tensor, eps: float, slots: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                   num_splits: int, num_heads: int, num_kv_heads: int, k_scale: float = 1.0, v_scale: float = 1.0,
-                  block_n: int | None = None, merge: bool = True,
-                  prefetch: tuple[torch.Tensor, ...] = ()) -> torch.Tensor | AttnParts:
+                  block_n: int | None = None, merge: bool = True) -> torch.Tensor | AttnParts:
     """qkv [B, (heads + 2 kv_heads) * head_dim] -> attention output [B, heads * head_dim]; writes each row's K/V
     at its slot (-1: none). Context lengths include the newest token (the one written here). A split context
-    (num_splits > 1) without merge: its parts unmerged, for gemv to merge as it reads them. prefetch: up to three
-    contiguous tensors (the next kernels' weights) the kernel asks the L2 for on CUDA (L2_PREFETCH)."""
+    (num_splits > 1) without merge: its parts unmerged, for gemv to merge as it reads them."""
     batch = qkv.shape[0]
     head_dim = k_cache.shape[-1]
     block_size = k_cache.shape[2]
@@ -710,18 +665,16 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
         acc = ml = out
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     use_pdl, trigger, launch = _pdl(qkv.device)
-    pf, pf_args = prefetch_args(qkv, prefetch)
-    warps = 4
     _qkv_attention_kernel[(batch, num_kv_heads, num_splits)](
         qkv, qkv.stride(0), positions, cos_sin, cos_sin.stride(0), q_norm, k_norm, float(eps), slots,
         k_cache, v_cache, block_tables, context_lens, out, acc, ml, num_splits, block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(2), v_cache.stride(3),
-        scale * 1.4426950408889634 * (k_scale if fp8 else 1.0), v_scale, 1.0 / k_scale, 1.0 / v_scale, *pf_args,
+        scale * 1.4426950408889634 * (k_scale if fp8 else 1.0), v_scale, 1.0 / k_scale, 1.0 / v_scale,
         NQ=num_heads, NK=num_kv_heads, FP8=fp8, V_T=v_transposed(v_cache), GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILES=page_tiles, PARTIALS=partials,
-        USE_PDL=use_pdl, TRIGGER=trigger, DOT_PRECISION=dot_precision(qkv.dtype), PF=pf, PF_THREADS=32 * warps,
-        num_warps=warps, num_stages=2, enable_fp_fusion=False, **launch)
+        USE_PDL=use_pdl, TRIGGER=trigger, DOT_PRECISION=dot_precision(qkv.dtype), num_warps=4, num_stages=2,
+        enable_fp_fusion=False, **launch)
     if partials and not merge:
         return AttnParts(acc, ml, context_lens, block_n)
     if partials:
