@@ -108,8 +108,11 @@ def _record() -> list[dict]:
     # A fused decode layer's launches (engine/fused_decode.py's order) on a small geometry: hidden 64, 4 query
     # and 2 KV heads of 16, intermediate 128, 16-token blocks; at one row and at a tile of two.
     hidden, heads, kv_heads, head_dim, inter = 64, 4, 2, 16, 128
-    for splits, kv in CASES:
-        for rows in (1, 2):
+    # (two rows: one at a time, LABKIT_DECODE_FMA_ROWS's default, and on the tensor-core tile, as 5-16 rows go)
+    fma_default = decode_layer.FMA_ROWS
+    for splits, kv, fma_rows in [(s, k, f) for s, k in CASES for f in (fma_default, 1)]:
+        decode_layer.FMA_ROWS = fma_rows
+        for rows in (1, 2) if fma_rows > 1 else (2,):
             pool = torch.zeros(8, kv_heads, 16, head_dim).to(torch.float8_e4m3fn if kv != "auto" else torch.float16)
             v_pool = pool.clone()
             if kv == "fp8-vt":  # V keys-contiguous (engine/kv_layout.py), its 16-token pages whole tiles (unmasked)
@@ -134,6 +137,7 @@ def _record() -> list[dict]:
                                             norm_weight=rand(hidden), silu=True)
             parts = decode_layer.gemv(rand(hidden, inter), x=h, split=2)
             decode_layer.partials_norm(parts, residual, rand(hidden), 1e-6)
+    decode_layer.FMA_ROWS = fma_default
     with tempfile.TemporaryDirectory() as tmp:
         make_fake_model("tiny", Path(tmp) / "tiny", seed=0)
         import engine.runner
