@@ -53,7 +53,7 @@ if PDL_MODE not in (*PDL_TRIGGER, "off"):
     raise ValueError(f"LABKIT_DECODE_PDL: must be first, early, late or off, got {PDL_MODE!r}")
 # Where o_proj alone lets its successor (gate/up) launch, when PDL is on ("": as LABKIT_DECODE_PDL says). "first"
 # lets gate/up's programs launch, and load their weights, while attention still runs: a knob for measuring one
-# kernel's prefetch depth (session 24's next step; `first` for every kernel was 14% slower, session 23).
+# kernel's prefetch depth (`first` for every kernel was 14% slower, session 23; for o_proj alone 8%, session 25).
 O_PROJ_PDL = os.environ.get("LABKIT_DECODE_O_PROJ_PDL", "")
 if O_PROJ_PDL not in ("", *PDL_TRIGGER):
     raise ValueError(f"LABKIT_DECODE_O_PROJ_PDL: must be first, early, late or empty, got {O_PROJ_PDL!r}")
@@ -116,8 +116,8 @@ def _gemv_shape(text: str) -> tuple[int, int, int]:
 _BLOCK_N, _WARPS, _WARPS_ONE_ROW = _gemv_shape(os.environ.get("LABKIT_DECODE_GEMV", "16,8,4"))
 # gate/up's warps at batch 1 (0: _WARPS_ONE_ROW's). Its one-row program holds 64 KiB of weights in registers: at
 # 4 warps 255 registers a thread (32.8K a program, compiled for sm_90), at 8 warps 108 (28.7K), so one of its
-# programs fits beside two of o_proj's and can load its weights before o_proj ends (scripts/gemv_spills.py).
-# A device sweep's knob (session 25).
+# programs fits beside two of o_proj's and can load its weights before o_proj ends (scripts/gemv_spills.py). A
+# device sweep's knob: 8 warps made batch 1 5% slower on an H100 (docs/perf.md, session 25).
 GATE_UP_WARPS = int(os.environ.get("LABKIT_DECODE_GATE_UP_WARPS", "0"))
 if GATE_UP_WARPS not in (0, 1, 2, 4, 8, 16):
     raise ValueError(f"LABKIT_DECODE_GATE_UP_WARPS: 0 (as LABKIT_DECODE_GEMV says) or 1-16 (powers of two), "
@@ -241,8 +241,9 @@ def _gemv_kernel(
     PER_ROW: tl.constexpr, ON_GPU: tl.constexpr,
 ):
     """y = W @ f(x) for M <= 16 rows. Program (n tile, k split) owns BLOCK_N rows of W and one KS-wide range of
-    K, loaded whole before the wait (K_CHUNK 0), or K_CHUNK columns at a time after it (a tile of rows: its
-    whole range spills). PARTIALS stores float32 partials [splits, M, N]; else model-dtype y [M, N]
+    K, loaded whole before the wait (K_CHUNK 0: one row, or PER_ROW's rows, each then reduced as one row is), or
+    K_CHUNK columns at a time after it (a tensor-core tile of rows: its whole range spills). PARTIALS stores
+    float32 partials [splits, M, N]; else model-dtype y [M, N]
     (SILU: W holds gate rows then up rows, up_rows apart, and y = SiLU(gate) * up, N = up_rows)."""
     DT: tl.constexpr = x_ptr.dtype.element_ty if PARTIALS else y_ptr.dtype.element_ty
     if USE_PDL:
