@@ -31,10 +31,12 @@ def _close(a, b, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
-@pytest.mark.parametrize("M", [1, 3, 6])  # (3: rows one at a time, LABKIT_DECODE_FMA_ROWS; 6: the tile)
+# (3: rows one at a time, LABKIT_DECODE_FMA_ROWS, their inputs loaded in the loop or ahead of it; 6: the tile)
+@pytest.mark.parametrize("M, row_inputs", [(1, "loop"), (3, "loop"), (3, "ahead"), (6, "loop")])
 @pytest.mark.parametrize("rows, chunk, k_chunk", [(16, 0, 0), (32, 0, 0), (16, 64, 0), (16, 64, 32), (32, 0, 64)])
 def test_gemv_with_partials_residual_and_norm_is_add_rms_norm_then_matmul(dtype, M, rows, chunk, k_chunk,
-                                                                          monkeypatch):
+                                                                          row_inputs, monkeypatch):
+    monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
     monkeypatch.setattr(decode_layer, "_BLOCK_N", rows)  # 40 rows: the last tile part masked either way
     monkeypatch.setattr(decode_layer, "NORM_CHUNK", chunk)  # 64: the norm's rows in 4 chunks, the last masked
     monkeypatch.setattr(decode_layer, "K_CHUNK", k_chunk)  # K = 192 in a 256 tile: 32 -> 8 chunks, the last 2 masked
@@ -100,8 +102,11 @@ def _attention_parts(B, H, S, D, ctx, block_n, seed=0):
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
 @pytest.mark.parametrize("M, S, block_n, ctx", [(1, 5, 16, [40]), (3, 4, 16, [40, 7, 0]), (2, 3, 32, [100, 33]),
                                                (3, 8, 64, [129, 64, 1])])
-def test_gemv_merging_attention_parts_is_the_merge_kernel_then_the_gemv(dtype, M, S, block_n, ctx):
+@pytest.mark.parametrize("row_inputs", ["loop", "ahead"])
+def test_gemv_merging_attention_parts_is_the_merge_kernel_then_the_gemv(dtype, M, S, block_n, ctx, row_inputs,
+                                                                       monkeypatch):
     from engine.kernels.decode_attention import _decode_merge_kernel
+    monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)  # (2-3 rows: one at a time, LABKIT_DECODE_FMA_ROWS)
     H, D = 4, 16
     acc, ml = _attention_parts(M, H, S, D, ctx, block_n)
     lens = torch.tensor(ctx, dtype=torch.int32, device=DEVICE)
@@ -116,7 +121,9 @@ def test_gemv_merging_attention_parts_is_the_merge_kernel_then_the_gemv(dtype, M
 
 
 @pytest.mark.parametrize("ctx", [[32], [32, 16]])
-def test_gemv_merge_reads_only_the_splits_that_hold_keys(ctx):
+@pytest.mark.parametrize("row_inputs", ["loop", "ahead"])
+def test_gemv_merge_reads_only_the_splits_that_hold_keys(ctx, row_inputs, monkeypatch):
+    monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
     # A split past its row's context is never read (its acc and max are poison here): the bounds come from the
     # context length, as the attention kernel draws them (32 and 16: the first dead split starts at the end).
     # One row merges its parts unrolled, a tile of rows in a loop: both.
@@ -134,11 +141,22 @@ def test_gemv_merge_reads_only_the_splits_that_hold_keys(ctx):
 
 def test_the_gemv_merges_only_one_row_of_a_few_splits(monkeypatch):
     monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", "1")
+    monkeypatch.setattr(decode_layer, "FMA_ROWS", 4)
     most = decode_layer.GEMV_MERGE_SPLITS
     assert [decode_layer.merges_in_gemv(1, s) for s in (1, 2, most, most + 1)] == [False, True, True, False]
     assert not decode_layer.merges_in_gemv(2, 2)
+    # LABKIT_DECODE_MERGE_ROWS: more rows, each taken one at a time (never past FMA_ROWS: the tile's rows)
+    monkeypatch.setattr(decode_layer, "MERGE_ROWS", 2)
+    assert [decode_layer.merges_in_gemv(r, 2) for r in (1, 2, 3)] == [True, True, False]
+    assert not decode_layer.merges_in_gemv(2, most + 1)
+    monkeypatch.setattr(decode_layer, "MERGE_ROWS", 4)
+    assert [decode_layer.merges_in_gemv(r, 3) for r in (1, 2, 3, 4, 5)] == [True, True, True, True, False]
+    monkeypatch.setattr(decode_layer, "FMA_ROWS", 2)
+    assert [decode_layer.merges_in_gemv(r, 3) for r in (1, 2, 3, 4)] == [True, True, False, False]
+    monkeypatch.setattr(decode_layer, "FMA_ROWS", 1)
+    assert [decode_layer.merges_in_gemv(r, 3) for r in (1, 2)] == [True, False]
     monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", "0")
-    assert not decode_layer.merges_in_gemv(1, 2)
+    assert not decode_layer.merges_in_gemv(1, 2) and not decode_layer.merges_in_gemv(2, 2)
 
 
 def test_partials_norm_is_the_final_add_rms_norm():
@@ -188,17 +206,22 @@ def _prefilled(model_dir, dtype, kv_cache_dtype="auto"):
     return llm, dec, runner.kv_cache.clone()
 
 
-@pytest.mark.parametrize("rows, fma_rows", [(1, 4), (3, 1), (3, 4)])  # (3 rows on the tile, or one at a time)
+# (3 rows on the tile, or one at a time: their inputs loaded in the loop or ahead of it, their parts merged by the
+# merge kernel or by o_proj)
+@pytest.mark.parametrize("rows, fma_rows, merge_rows, row_inputs", [(1, 4, 1, "loop"), (3, 1, 1, "loop"),
+                                                                    (3, 4, 1, "loop"), (3, 4, 4, "ahead")])
 @pytest.mark.parametrize("merge_in_gemv", ["0", "1"])
 @pytest.mark.parametrize("dtype, splits, block_n, gemv_rows", [
     ("float32", 1, 128, 16), ("float32", 2, 128, 16), ("float16", 1, 128, 16), ("float16", 3, 128, 16),
     ("float32", 3, 16, 16), ("float16", 2, 16, 16), ("float32", 2, 64, 32), ("float16", 1, 128, 64)])
 def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, splits, block_n, gemv_rows,
-                                                      merge_in_gemv, fma_rows, monkeypatch):
+                                                      merge_in_gemv, fma_rows, merge_rows, row_inputs, monkeypatch):
     # block_n 16: the pool's 16-token pages are whole tiles, and a split walks several of them; gemv_rows > 16:
     # the GEMVs' programs own more weight rows (LABKIT_DECODE_GEMV), the last tile part masked; merge_in_gemv:
     # a split context's parts merged by o_proj's GEMV, not the merge kernel (LABKIT_DECODE_MERGE_IN_GEMV)
     monkeypatch.setattr(decode_layer, "FMA_ROWS", fma_rows)
+    monkeypatch.setattr(decode_layer, "MERGE_ROWS", merge_rows)
+    monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
     monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", merge_in_gemv)
     monkeypatch.setattr(decode_layer, "ATTN_BLOCK_N", block_n)
     monkeypatch.setattr(decode_layer, "SPLIT_BLOCK_N", block_n)
@@ -226,8 +249,9 @@ def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, s
                                     rows)
         got = fused_decode.forward(model, d["ids"], d["pos"])
         reset_context()
-    # the merge kernel ran for each layer's split attention, unless o_proj's GEMV merged (one row only)
-    in_gemv = merge_in_gemv == "1" and rows == 1 and splits > 1
+    # the merge kernel ran for each layer's split attention, unless o_proj's GEMV merged (one row, or up to
+    # LABKIT_DECODE_MERGE_ROWS taken one at a time)
+    in_gemv = merge_in_gemv == "1" and splits > 1 and (rows == 1 or rows <= min(merge_rows, fma_rows))
     assert len(merges) == (0 if splits == 1 or in_gemv else len(model.layers))
     torch_dtype = getattr(torch, dtype)
     _close(got, want, torch_dtype)
@@ -274,13 +298,19 @@ def test_fused_decode_applies_only_to_small_decode_graph_steps():
     assert not fused_decode.applies(Context(None, graph, PrefillMeta(t[0], t[0], 1, 1)), 1)  # a mixed step
 
 
-@pytest.mark.parametrize("M, k_chunk", [(1, 0), (4, 0), (4, 32)])
+@pytest.mark.parametrize("M, k_chunk, fma_rows, row_inputs", [(1, 0, 4, "loop"), (4, 0, 1, "loop"),
+                                                              (4, 32, 1, "loop"), (4, 0, 4, "loop"),
+                                                              (3, 0, 4, "ahead")])
 @pytest.mark.parametrize("K, split", [(256, 4), (96, 2)])
-def test_gemv_norm_over_split_k_ranges_normalises_each_range_with_its_own_weights(M, k_chunk, K, split,
-                                                                                  monkeypatch):
+def test_gemv_norm_over_split_k_ranges_normalises_each_range_with_its_own_weights(M, k_chunk, fma_rows, row_inputs,
+                                                                                  K, split, monkeypatch):
     """A split program's columns start at pid_k * KS: its norm weights and inputs must be that range's too, and
-    nothing past it (96 / 2: ranges of 48 in tiles of 64, whose last chunk reaches into the next range)."""
+    nothing past it (96 / 2: ranges of 48 in tiles of 64, whose last chunk reaches into the next range); rows
+    taken one at a time (their inputs loaded in the loop or ahead of it) take the norm's statistics over whole
+    rows, not their range."""
     monkeypatch.setattr(decode_layer, "K_CHUNK", k_chunk)
+    monkeypatch.setattr(decode_layer, "FMA_ROWS", fma_rows)
+    monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
     N = 24
     x = _rand(M, K, seed=21)
     nw = _rand(K, seed=22) + 1
@@ -310,48 +340,73 @@ def test_only_o_proj_takes_its_own_pdl_point(tiny_model, monkeypatch):
     llm.exit()
 
 
-@pytest.mark.parametrize("M, fma_rows", [(2, 2), (3, 4), (5, 8), (16, 16)])
-@pytest.mark.parametrize("kind", ["qkv", "o_proj", "gate_up", "down"])
-def test_rows_taken_one_at_a_time_equal_one_row_launches_bit_for_bit(M, fma_rows, kind, monkeypatch):
+@pytest.mark.parametrize("M, fma_rows, row_inputs", [(2, 2, "loop"), (3, 4, "loop"), (5, 8, "loop"),
+                                                     (16, 16, "loop"), (2, 2, "ahead"), (3, 4, "ahead")])
+@pytest.mark.parametrize("kind", ["qkv", "qkv_whole", "o_proj", "o_merge", "gate_up", "down"])
+def test_rows_taken_one_at_a_time_equal_one_row_launches_bit_for_bit(M, fma_rows, row_inputs, kind, monkeypatch):
     """LABKIT_DECODE_FMA_ROWS: up to that many rows go through the one-row arithmetic in one launch, so each row's
-    output (and the new residual) is exactly what a one-row launch gives, whatever the batch."""
+    output (and the new residual) is exactly what a one-row launch gives, whatever the batch, and wherever the
+    rows' inputs are loaded (LABKIT_DECODE_ROW_INPUTS)."""
     monkeypatch.setattr(decode_layer, "FMA_ROWS", fma_rows)
-    K = 96 if kind != "down" else 160  # (not powers of two: the masked loads)
+    monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
+    # (not powers of two: the masked loads; qkv_whole: one unmasked K range, the norm's rows the input's own)
+    K = {"down": 160, "qkv_whole": 128, "o_merge": 4 * 16}.get(kind, 96)
     N = 40
     w = _rand(2 * N if kind == "gate_up" else N, K, scale=K ** -0.5, seed=31)
     nw = _rand(K, seed=32) + 1
     parts = _rand(3, M, K, seed=33)
     res = _rand(M, K, seed=34)
     x = _rand(M, K, seed=35)
+    ctx = [40, 7, 33, 16, 1][:M] + [25] * (M - 5)  # (o_merge: 4 heads of 16 in 3 splits of 16-key tiles)
+    acc, ml = _attention_parts(M, 4, 3, 16, ctx, 16)
+    lens = torch.tensor(ctx, dtype=torch.int32, device=DEVICE)
 
     def launch(rows):
-        if kind == "qkv":
+        if kind in ("qkv", "qkv_whole"):
             return gemv(w, partials=parts[:, rows].contiguous(), residual=res[rows], norm_weight=nw, eps=1e-6)
         if kind == "gate_up":
             return gemv(w, partials=parts[:, rows].contiguous(), residual=res[rows], norm_weight=nw, eps=1e-6,
                         silu=True)
+        if kind == "o_merge":
+            return gemv(w, x=decode_layer.AttnParts(acc[rows].contiguous(), ml[rows].contiguous(), lens[rows], 16),
+                        split=2)
         return gemv(w, x=x[rows], split=2 if kind == "o_proj" else 1)
     got = launch(slice(None))
     for m in range(M):
         one = launch(slice(m, m + 1))
-        if kind in ("qkv", "gate_up"):
+        if kind in ("qkv", "qkv_whole", "gate_up"):
             assert torch.equal(got[0][m], one[0][0]) and torch.equal(got[1][m], one[1][0])
         else:
             assert torch.equal(got[:, m], one[:, 0])
     monkeypatch.setattr(decode_layer, "FMA_ROWS", 1)  # the tile path: the same sums up to float32 order
     tile = launch(slice(None))
-    if kind in ("qkv", "gate_up"):
+    if kind in ("qkv", "qkv_whole", "gate_up"):
         _close(got[0], tile[0], torch.float32)
         assert torch.equal(got[1], tile[1])
     else:
         _close(got, tile, torch.float32)
 
 
-@pytest.mark.parametrize("rows", [2, 3])
-def test_a_fused_step_taking_rows_one_at_a_time_is_each_rows_one_row_step(tiny_model, rows, monkeypatch):
+@pytest.mark.parametrize("rows, row_inputs, splits", [(2, "loop", 1), (3, "loop", 1), (2, "ahead", 1),
+                                                      (3, "ahead", 3), (2, "loop", 2)])
+def test_a_fused_step_taking_rows_one_at_a_time_is_each_rows_one_row_step(tiny_model, rows, row_inputs, splits,
+                                                                          monkeypatch):
     """With LABKIT_DECODE_FMA_ROWS covering the batch, a fused decode step's hidden states are, row for row and bit
-    for bit, those of one-row steps, and match the unfused step."""
+    for bit, those of one-row steps, and match the unfused step; a split context's parts merged by o_proj at every
+    row (LABKIT_DECODE_MERGE_ROWS) as at one."""
     monkeypatch.setattr(decode_layer, "FMA_ROWS", 4)
+    monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
+    monkeypatch.setattr(decode_layer, "MERGE_ROWS", 4)
+    monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", "1")
+    monkeypatch.setattr(decode_layer, "SPLIT_BLOCK_N", 16)
+    merges = []
+    merge_kernel = decode_layer._decode_merge_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            merges.append(grid)
+            return merge_kernel[grid]
+    monkeypatch.setattr(decode_layer, "_decode_merge_kernel", Spy())
     llm, dec, pool = _prefilled(tiny_model, "float32")
     runner = llm.model_runner
     model = runner.model.model
@@ -360,17 +415,19 @@ def test_a_fused_step_taking_rows_one_at_a_time_is_each_rows_one_row_step(tiny_m
         d = {k: v[sel] for k, v in dec.items()}
         runner.kv_cache.copy_(pool)
         with torch.inference_mode():
-            set_context(Context(d["slots"], DecodeMeta(len(d["ids"]), d["ctx"], d["tables"], num_splits=1)))
+            set_context(Context(d["slots"], DecodeMeta(len(d["ids"]), d["ctx"], d["tables"], num_splits=splits)))
             out = fused_decode.forward(model, d["ids"], d["pos"]).clone()
             reset_context()
         return out
     got = step(slice(0, rows))
     for m in range(rows):
         assert torch.equal(got[m], step(slice(m, m + 1))[0])
+    assert not merges  # (every split's parts merged by o_proj)
     d = {k: v[:rows] for k, v in dec.items()}
     runner.kv_cache.copy_(pool)
     with torch.inference_mode():
-        set_context(Context(d["slots"], DecodeMeta(rows, d["ctx"], d["tables"], d["ctx"].tolist(), num_splits=1)))
+        set_context(Context(d["slots"], DecodeMeta(rows, d["ctx"], d["tables"], d["ctx"].tolist(),
+                                                   num_splits=splits)))
         want = model(d["ids"], d["pos"])
         reset_context()
     _close(got, want, torch.float32)

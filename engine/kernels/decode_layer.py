@@ -92,6 +92,17 @@ MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core 
 FMA_ROWS = int(os.environ.get("LABKIT_DECODE_FMA_ROWS", "4"))
 if FMA_ROWS not in (1, 2, 4, 8, 16):
     raise ValueError(f"LABKIT_DECODE_FMA_ROWS: 1, 2, 4, 8 or 16, got {FMA_ROWS}")
+# Where rows taken one at a time get their inputs: "loop" (each row's loads inside the loop, after the previous
+# row's sums: a row adds a round trip to the L2 after the wait) or "ahead" (every row's inputs loaded at once
+# before the loop, held in the model dtype, each row then picked out exactly). A device sweep's knob.
+ROW_INPUTS = os.environ.get("LABKIT_DECODE_ROW_INPUTS", "loop")
+if ROW_INPUTS not in ("loop", "ahead"):
+    raise ValueError(f"LABKIT_DECODE_ROW_INPUTS: loop or ahead, got {ROW_INPUTS!r}")
+# The most rows whose split attention parts o_proj's GEMV merges (rows taken one at a time, each merged as one row
+# is; more rows, or rows on the tile, get the merge kernel). 1: one row only (session 24's measured default).
+MERGE_ROWS = int(os.environ.get("LABKIT_DECODE_MERGE_ROWS", "1"))
+if MERGE_ROWS not in (1, 2, 4):
+    raise ValueError(f"LABKIT_DECODE_MERGE_ROWS: 1, 2 or 4, got {MERGE_ROWS}")
 
 
 def _gemv_shape(text: str) -> tuple[int, int, int]:
@@ -206,15 +217,21 @@ def _each_row(w, ON_GPU: tl.constexpr):
 
 
 @triton.jit
+def _row_of(t, offs_m, m):
+    """Row m of t [rows, cols] as [1, cols] float32, exactly: the other rows add -0.0, which changes no value (a
+    row's +0.0 or -0.0 included)."""
+    return tl.sum(tl.where(offs_m[:, None] == m, t.to(tl.float32), -0.0), axis=0)[None, :]
+
+
+@triton.jit
 def _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, offs_k, mask, M, K, stride_xm,
             S_IN: tl.constexpr, RESIDUAL: tl.constexpr, DT: tl.constexpr,
-            ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr):
+            ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr, UNROLL: tl.constexpr):
     """Rows of the GEMV's input at columns offs_k, float32 holding model-dtype values: x itself, or S_IN
     float32 partials summed in order (the unfused reduce kernel's sum), or attention's ATTN_S split parts
-    merged (part_ptr: their acc), plus the residual (add_rms_norm's sum)."""
+    merged (part_ptr: their acc; UNROLL: every part's loads at once), plus the residual (add_rms_norm's sum)."""
     if ATTN_S > 0:
-        x = _merged_rows(part_ptr, ml_ptr, ctx_ptr, offs_m, offs_k, mask, M, K, ATTN_S, ATTN_D, ATTN_BN, DT,
-                         offs_m.shape[0] == 1)
+        x = _merged_rows(part_ptr, ml_ptr, ctx_ptr, offs_m, offs_k, mask, M, K, ATTN_S, ATTN_D, ATTN_BN, DT, UNROLL)
     elif S_IN == 0:
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
     else:
@@ -238,7 +255,7 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_FULL: tl.constexpr,
     USE_PDL: tl.constexpr, TRIGGER: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM_CHUNK: tl.constexpr,
     K_CHUNK: tl.constexpr, ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr,
-    PER_ROW: tl.constexpr, ON_GPU: tl.constexpr,
+    PER_ROW: tl.constexpr, AHEAD: tl.constexpr, ON_GPU: tl.constexpr,
 ):
     """y = W @ f(x) for M <= 16 rows. Program (n tile, k split) owns BLOCK_N rows of W and one KS-wide range of
     K, loaded whole before the wait (K_CHUNK 0: one row, or PER_ROW's rows, each then reduced as one row is), or
@@ -279,20 +296,44 @@ def _gemv_kernel(
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         if SILU:
             acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        # One K range holding whole rows (q/k/v, gate/up): the norm's rows are the input's own.
+        WHOLE: tl.constexpr = EVEN and BLOCK_K == K_FULL
+        if AHEAD:
+            # Every row's inputs at once, in the model dtype (their values are that dtype's: exact).
+            xa = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, offs_k,
+                         m_mask[:, None] if EVEN else m_mask[:, None] & k_mask[None, :], M, K, stride_xm, S_IN,
+                         RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, True).to(DT)
+            if NORM:
+                ka = tl.arange(0, K_FULL)
+                fa_mask = m_mask[:, None] if FULL_EVEN else m_mask[:, None] & (ka < K)[None, :]
+                if WHOLE:
+                    ha = xa
+                else:
+                    ha = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, ka, fa_mask, M, K, stride_xm,
+                                 S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, True).to(DT)
+                if RESIDUAL:
+                    if (pid_n == 0) & (pid_k == 0):
+                        tl.store(res_out_ptr + offs_m[:, None] * K + ka[None, :], ha, mask=fa_mask)
         for m in range(0, M):  # (a loop, not unrolled: unrolled, every row's loads are hoisted and gate/up spills)
             om = m + tl.arange(0, 1)
             mm = om < M
-            xm = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, om, offs_k,
-                         mm[:, None] if EVEN else mm[:, None] & k_mask[None, :], M, K, stride_xm, S_IN, RESIDUAL,
-                         DT, ATTN_S, ATTN_D, ATTN_BN)
+            if AHEAD:
+                xm = _row_of(xa, offs_m, m)
+            else:
+                xm = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, om, offs_k,
+                             mm[:, None] if EVEN else mm[:, None] & k_mask[None, :], M, K, stride_xm, S_IN, RESIDUAL,
+                             DT, ATTN_S, ATTN_D, ATTN_BN, True)
             if NORM:
-                full_mask = mm[:, None] if FULL_EVEN else mm[:, None] & (tl.arange(0, K_FULL) < K)[None, :]
-                h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, om, tl.arange(0, K_FULL), full_mask, M, K,
-                            stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN)
-                if RESIDUAL:
-                    if (pid_n == 0) & (pid_k == 0):
-                        tl.store(res_out_ptr + om[:, None] * K + tl.arange(0, K_FULL)[None, :], h.to(DT),
-                                 mask=full_mask)
+                if AHEAD:
+                    h = _row_of(ha, offs_m, m)
+                else:
+                    full_mask = mm[:, None] if FULL_EVEN else mm[:, None] & (tl.arange(0, K_FULL) < K)[None, :]
+                    h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, om, tl.arange(0, K_FULL), full_mask, M,
+                                K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, True)
+                    if RESIDUAL:
+                        if (pid_n == 0) & (pid_k == 0):
+                            tl.store(res_out_ptr + om[:, None] * K + tl.arange(0, K_FULL)[None, :], h.to(DT),
+                                     mask=full_mask)
                 rstd = tl.math.rsqrt(tl.sum(h * h, axis=1) / K + eps)
                 xm = _rnd(_rnd(xm * rstd[:, None], DT) * nw[None, :], DT)
             sel = offs_m[None, :] == m
@@ -304,7 +345,7 @@ def _gemv_kernel(
         # tiles spill (538 and 6,070 spill loads against 2 and 84, compiled for sm_90; 14x slower on the H200).
         x_mask = m_mask[:, None] if EVEN else m_mask[:, None] & k_mask[None, :]
         x = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, offs_k, x_mask, M, K, stride_xm, S_IN,
-                    RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN)
+                    RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1)
     if NORM and not PER_ROW:
         # The statistics need whole rows: every program reads them (a few KiB, from L2) and gets the same sums,
         # NORM_CHUNK columns at a time (K_FULL: all at once; fewer at 2-16 rows, whose 16 x K float32 would spill).
@@ -313,7 +354,7 @@ def _gemv_kernel(
             kf = c + tl.arange(0, NORM_CHUNK)
             full_mask = m_mask[:, None] if FULL_EVEN else m_mask[:, None] & (kf < K)[None, :]
             h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, kf, full_mask, M, K, stride_xm, S_IN,
-                        RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN)
+                        RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1)
             if RESIDUAL:
                 if (pid_n == 0) & (pid_k == 0):  # the new residual stream, written once
                     tl.store(res_out_ptr + offs_m[:, None] * K + kf[None, :], h.to(DT), mask=full_mask)
@@ -335,7 +376,7 @@ def _gemv_kernel(
             wc = tl.load(wc_rows, mask=wc_mask, other=0.0)
             xc_mask = m_mask[:, None] if EVEN else m_mask[:, None] & kc_mask[None, :]
             xc = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, offs_kc, xc_mask, M, K, stride_xm, S_IN,
-                         RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN)
+                         RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1)
             if NORM:
                 nwc = tl.load(nw_ptr + offs_kc, mask=kc_mask, other=0.0).to(tl.float32)
                 xc = _rnd(_rnd(xc * rstd[:, None], DT) * nwc[None, :], DT)
@@ -402,7 +443,7 @@ def gemv_meta(M: int, N: int, K: int, split: int, *, s_in: int, residual: bool, 
         BLOCK_N=_BLOCK_N, BLOCK_K=block_k, K_FULL=k_full, USE_PDL=use_pdl, TRIGGER=trigger,
         DOT_PRECISION=dot_precision(dtype), NORM_CHUNK=k_full if one else min(NORM_CHUNK or k_full, k_full),
         K_CHUNK=0 if one else min(K_CHUNK, block_k), ATTN_S=attn[0], ATTN_D=attn[1], ATTN_BN=attn[2],
-        PER_ROW=per_row, ON_GPU=on_gpu,
+        PER_ROW=per_row, AHEAD=per_row and ROW_INPUTS == "ahead", ON_GPU=on_gpu,
         num_warps=_WARPS if not one else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else _WARPS_ONE_ROW,
         enable_fp_fusion=False)
     return (triton.cdiv(N, _BLOCK_N), split), meta
@@ -419,7 +460,8 @@ class AttnParts(NamedTuple):
 
 def merges_in_gemv(rows: int, num_splits: int) -> bool:
     """Does o_proj's GEMV merge a split attention's parts (MERGE_IN_GEMV), or the merge kernel?"""
-    return MERGE_IN_GEMV == "1" and rows == 1 and 1 < num_splits <= GEMV_MERGE_SPLITS
+    return (MERGE_IN_GEMV == "1" and (rows == 1 or rows <= min(MERGE_ROWS, FMA_ROWS))
+            and 1 < num_splits <= GEMV_MERGE_SPLITS)
 
 
 def gemv(w: torch.Tensor, *, x: torch.Tensor | AttnParts | None = None, partials: torch.Tensor | None = None,
