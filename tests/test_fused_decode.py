@@ -206,6 +206,19 @@ def _prefilled(model_dir, dtype, kv_cache_dtype="auto"):
     return llm, dec, runner.kv_cache.clone()
 
 
+def _merge_launches(monkeypatch) -> list:
+    """The grids of decode_attention's merge kernel as the fused step launches it, from now on."""
+    merges = []
+    merge_kernel = decode_layer._decode_merge_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            merges.append(grid)
+            return merge_kernel[grid]
+    monkeypatch.setattr(decode_layer, "_decode_merge_kernel", Spy())
+    return merges
+
+
 # (3 rows on the tile, or one at a time: their inputs loaded in the loop or ahead of it, their parts merged by the
 # merge kernel or by o_proj)
 @pytest.mark.parametrize("rows, fma_rows, merge_rows, row_inputs", [(1, 4, 1, "loop"), (3, 1, 1, "loop"),
@@ -225,14 +238,7 @@ def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, s
     monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", merge_in_gemv)
     monkeypatch.setattr(decode_layer, "ATTN_BLOCK_N", block_n)
     monkeypatch.setattr(decode_layer, "SPLIT_BLOCK_N", block_n)
-    merges = []
-    merge_kernel = decode_layer._decode_merge_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            merges.append(grid)
-            return merge_kernel[grid]
-    monkeypatch.setattr(decode_layer, "_decode_merge_kernel", Spy())
+    merges = _merge_launches(monkeypatch)
     monkeypatch.setattr(decode_layer, "_BLOCK_N", gemv_rows)
     llm, dec, pool = _prefilled(tiny_model, dtype)
     runner = llm.model_runner
@@ -399,14 +405,7 @@ def test_a_fused_step_taking_rows_one_at_a_time_is_each_rows_one_row_step(tiny_m
     monkeypatch.setattr(decode_layer, "MERGE_ROWS", 4)
     monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", "1")
     monkeypatch.setattr(decode_layer, "SPLIT_BLOCK_N", 16)
-    merges = []
-    merge_kernel = decode_layer._decode_merge_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            merges.append(grid)
-            return merge_kernel[grid]
-    monkeypatch.setattr(decode_layer, "_decode_merge_kernel", Spy())
+    merges = _merge_launches(monkeypatch)
     llm, dec, pool = _prefilled(tiny_model, "float32")
     runner = llm.model_runner
     model = runner.model.model
