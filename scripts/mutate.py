@@ -3162,6 +3162,14 @@ MUTATIONS = [
       'PER_ROW=per_row, AHEAD=per_row and ROW_INPUTS == "ahead", ON_GPU=on_gpu,',
       'PER_ROW=per_row, AHEAD=False, ON_GPU=on_gpu,',
       "LABKIT_DECODE_ROW_INPUTS=ahead never reaches the kernel", ['tests/test_decode_knobs.py']),
+    M("N679", 'engine/kernels/decode_layer.py',
+      'NEW_FIRST=NEW_KV == "first",',
+      'NEW_FIRST=False,',
+      "LABKIT_DECODE_NEW_KV=first never reaches the attention kernel", ['tests/test_decode_knobs.py']),
+    M("N680", 'engine/kernels/decode_layer.py',
+      '        if holds_new & (slot >= 0):',
+      '        if holds_new & (slot < 0):',
+      "this token's K/V made first but never stored to the pool", ['tests/test_fused_decode.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -190,8 +190,11 @@ def _compile_here(launches: list[dict]) -> list[dict]:
                            target=GPUTarget("cuda", 90, 32), options=ln["options"])
             out.append({"kernel": ln["kernel"], "ok": True, "error": ""})
         except Exception as exc:  # noqa: BLE001 - Triton's compile errors are of many kinds; each is reported
-            last = (str(exc).strip().splitlines() or [""])[-1]
-            out.append({"kernel": ln["kernel"], "ok": False, "error": f"{type(exc).__name__}: {last}"})
+            # (a CompilationError's last line may be the caret under the source: its cause says why)
+            lines = [ln_ for ln_ in str(exc).strip().splitlines() if ln_.strip() not in ("", "^")]
+            why = f"; cause: {type(exc.__cause__).__name__}: {exc.__cause__}" if exc.__cause__ else ""
+            out.append({"kernel": ln["kernel"], "ok": False,
+                        "error": f"{type(exc).__name__}: {' / '.join(lines[-2:])}{why}"})
     return out + [{"triton": triton.__version__}]
 
 
@@ -242,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"Triton {version}, sm_90: {len(results) - len(bad)} of {len(results)} launches compile")
         for r in results:
-            print(f"  {r['kernel']:<28} {'ok' if r['ok'] else 'FAILS: ' + r['error'][:200]}")
+            print(f"  {r['kernel']:<28} {'ok' if r['ok'] else 'FAILS: ' + r['error'][:600]}")
     return 1 if bad else 0
 
 

@@ -220,21 +220,23 @@ def _merge_launches(monkeypatch) -> list:
 
 
 # (3 rows on the tile, or one at a time: their inputs loaded in the loop or ahead of it, their parts merged by the
-# merge kernel or by o_proj)
-@pytest.mark.parametrize("rows, fma_rows, merge_rows, row_inputs", [(1, 4, 1, "loop"), (3, 1, 1, "loop"),
-                                                                    (3, 4, 1, "loop"), (3, 4, 4, "ahead")])
+# merge kernel or by o_proj; this token's K/V made after the older keys or first, LABKIT_DECODE_NEW_KV)
+@pytest.mark.parametrize("rows, fma_rows, merge_rows, row_inputs, new_kv", [
+    (1, 4, 1, "loop", "first"), (3, 1, 1, "loop", "last"), (3, 4, 1, "loop", "last"), (3, 4, 4, "ahead", "first")])
 @pytest.mark.parametrize("merge_in_gemv", ["0", "1"])
 @pytest.mark.parametrize("dtype, splits, block_n, gemv_rows", [
     ("float32", 1, 128, 16), ("float32", 2, 128, 16), ("float16", 1, 128, 16), ("float16", 3, 128, 16),
     ("float32", 3, 16, 16), ("float16", 2, 16, 16), ("float32", 2, 64, 32), ("float16", 1, 128, 64)])
 def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, splits, block_n, gemv_rows,
-                                                      merge_in_gemv, fma_rows, merge_rows, row_inputs, monkeypatch):
+                                                      merge_in_gemv, fma_rows, merge_rows, row_inputs, new_kv,
+                                                      monkeypatch):
     # block_n 16: the pool's 16-token pages are whole tiles, and a split walks several of them; gemv_rows > 16:
     # the GEMVs' programs own more weight rows (LABKIT_DECODE_GEMV), the last tile part masked; merge_in_gemv:
     # a split context's parts merged by o_proj's GEMV, not the merge kernel (LABKIT_DECODE_MERGE_IN_GEMV)
     monkeypatch.setattr(decode_layer, "FMA_ROWS", fma_rows)
     monkeypatch.setattr(decode_layer, "MERGE_ROWS", merge_rows)
     monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
+    monkeypatch.setattr(decode_layer, "NEW_KV", new_kv)
     monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", merge_in_gemv)
     monkeypatch.setattr(decode_layer, "ATTN_BLOCK_N", block_n)
     monkeypatch.setattr(decode_layer, "SPLIT_BLOCK_N", block_n)
@@ -270,9 +272,12 @@ def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, s
 
 
 @pytest.mark.parametrize("rows, splits", [(3, 1), (1, 3)])
-def test_a_fused_decode_step_writes_an_fp8_pool_as_the_kv_write_kernel_does(tiny_model, rows, splits, monkeypatch):
+@pytest.mark.parametrize("new_kv", ["last", "first"])
+def test_a_fused_decode_step_writes_an_fp8_pool_as_the_kv_write_kernel_does(tiny_model, rows, splits, new_kv,
+                                                                             monkeypatch):
     # (1, 3): one row of a split context, its parts merged inside o_proj (the default at one row)
     monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", "1")
+    monkeypatch.setattr(decode_layer, "NEW_KV", new_kv)
     monkeypatch.setattr(decode_layer, "SPLIT_BLOCK_N", 16)
     llm, dec, pool = _prefilled(tiny_model, "float32", "fp8")
     runner = llm.model_runner

@@ -81,6 +81,12 @@ MERGE_IN_GEMV = os.environ.get("LABKIT_DECODE_MERGE_IN_GEMV", "1")
 if MERGE_IN_GEMV not in ("0", "1"):
     raise ValueError(f"LABKIT_DECODE_MERGE_IN_GEMV: must be 0 or 1, got {MERGE_IN_GEMV!r}")
 GEMV_MERGE_SPLITS = 8
+# Where the attention kernel makes this token's K/V (norm, RoPE, the pool's store) in the program whose split holds
+# it: "last" (after the older keys' tiles) or "first" (right after q's, so the two chains overlap). The same
+# arithmetic either way. A device sweep's knob.
+NEW_KV = os.environ.get("LABKIT_DECODE_NEW_KV", "last")
+if NEW_KV not in ("first", "last"):
+    raise ValueError(f"LABKIT_DECODE_NEW_KV: first or last, got {NEW_KV!r}")
 
 MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core tile of rows)
 # Up to FMA_ROWS rows (2-16; 1: none but the one row) a GEMV takes row by row through the one-row arithmetic
@@ -530,6 +536,36 @@ def _norm_rope(src, w_ptr, cos, sin, eps, rows, rmask, D: tl.constexpr, DT: tl.c
 
 
 @triton.jit
+def _new_kv(row, kw_ptr, cos, sin, eps, kvh, k_inv_scale, v_inv_scale, NQ: tl.constexpr, NK: tl.constexpr,
+            HEAD_DIM: tl.constexpr, FP8: tl.constexpr, DT: tl.constexpr):
+    """This token's k (normed, rotated) and v of KV head kvh from the qkv row, [1, HEAD_DIM] as stored (an FP8
+    pool's e4m3 values: what every later step reads back)."""
+    one = tl.arange(0, 1)
+    k1, k2 = _norm_rope(row + NQ * HEAD_DIM, kw_ptr, cos, sin, eps, kvh + one, one < 1, HEAD_DIM, DT)
+    k_new = tl.reshape(tl.permute(tl.join(k1, k2), (0, 2, 1)), (1, HEAD_DIM))
+    v_new = tl.load(row + (NQ + NK + kvh) * HEAD_DIM + tl.arange(0, HEAD_DIM))[None, :].to(tl.float32)
+    if FP8:  # (one return: Triton 3.6 compiles no return inside an if)
+        k_new = _quantize(k_new, k_inv_scale)
+        v_new = _quantize(v_new, v_inv_scale)
+    else:
+        k_new = k_new.to(DT)
+        v_new = v_new.to(DT)
+    return k_new, v_new
+
+
+@triton.jit
+def _store_kv(k_cache_ptr, v_cache_ptr, slot, kvh, k_new, v_new, stride_block, stride_head, stride_row,
+              stride_v_row, stride_v_d, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, V_T: tl.constexpr):
+    d = tl.arange(0, HEAD_DIM)
+    dst = (slot // BLOCK_SIZE) * stride_block + kvh * stride_head
+    tl.store(k_cache_ptr + dst + (slot % BLOCK_SIZE) * stride_row + d[None, :], k_new)
+    if V_T:
+        tl.store(v_cache_ptr + dst + (slot % BLOCK_SIZE) * stride_v_row + d[None, :] * stride_v_d, v_new)
+    else:
+        tl.store(v_cache_ptr + dst + (slot % BLOCK_SIZE) * stride_row + d[None, :], v_new)
+
+
+@triton.jit
 def _tile(k_cache_ptr, v_cache_ptr, table, head_base, n, end, stride_block, stride_row, stride_v_row, stride_v_d,
           BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_TILES: tl.constexpr,
           V_T: tl.constexpr):
@@ -590,6 +626,7 @@ def _qkv_attention_kernel(
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILES: tl.constexpr,
     PARTIALS: tl.constexpr, USE_PDL: tl.constexpr, TRIGGER: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    NEW_FIRST: tl.constexpr,
 ):
     """decode_attention._decode_split_kernel with its inputs made here: q (this program's query heads) and this
     token's k normed and rotated from the qkv row. Keys and values of the older positions come from the pool;
@@ -635,6 +672,13 @@ def _qkv_attention_kernel(
     # An FP8 pool is read in float16 (decode_attention.py says why): q's model-dtype values are exact there.
     CD: tl.constexpr = tl.float16 if FP8 and DT != tl.float32 else DT
     q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (GROUP_PAD, HEAD_DIM)).to(CD)
+    holds_new = (start <= newest) & (newest < end)
+    if NEW_FIRST:
+        # this token's K/V made and stored before the older keys' tiles: its norm and RoPE overlap q's
+        k_new, v_new = _new_kv(row, kw_ptr, cos, sin, eps, kvh, k_inv_scale, v_inv_scale, NQ, NK, HEAD_DIM, FP8, DT)
+        if holds_new & (slot >= 0):
+            _store_kv(k_cache_ptr, v_cache_ptr, slot, kvh, k_new, v_new, stride_block, stride_head, stride_row,
+                      stride_v_row, stride_v_d, BLOCK_SIZE, HEAD_DIM, V_T)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
@@ -645,24 +689,13 @@ def _qkv_attention_kernel(
                             stride_v_row, stride_v_d, BLOCK_SIZE, BLOCK_N, HEAD_DIM, PAGE_TILES, V_T)
         m_i, l_i, acc = _online(q, k, v, nmask, m_i, l_i, acc, scale_log2, CD, DOT_PRECISION)
 
-    if (start <= newest) & (newest < end):
-        one = tl.arange(0, 1)
-        k1, k2 = _norm_rope(row + NQ * HEAD_DIM, kw_ptr, cos, sin, eps, kvh + one, one < 1, HEAD_DIM, DT)
-        k_new = tl.reshape(tl.permute(tl.join(k1, k2), (0, 2, 1)), (1, HEAD_DIM))
-        v_new = tl.load(row + (NQ + NK + kvh) * HEAD_DIM + d)[None, :].to(tl.float32)
-        if FP8:  # as stored: what every later step reads back
-            k_new = _quantize(k_new, k_inv_scale)
-            v_new = _quantize(v_new, v_inv_scale)
-        else:
-            k_new = k_new.to(DT)
-            v_new = v_new.to(DT)
-        if slot >= 0:
-            dst = (slot // BLOCK_SIZE) * stride_block + kvh * stride_head
-            tl.store(k_cache_ptr + dst + (slot % BLOCK_SIZE) * stride_row + d[None, :], k_new)
-            if V_T:
-                tl.store(v_cache_ptr + dst + (slot % BLOCK_SIZE) * stride_v_row + d[None, :] * stride_v_d, v_new)
-            else:
-                tl.store(v_cache_ptr + dst + (slot % BLOCK_SIZE) * stride_row + d[None, :], v_new)
+    if holds_new:
+        if not NEW_FIRST:
+            k_new, v_new = _new_kv(row, kw_ptr, cos, sin, eps, kvh, k_inv_scale, v_inv_scale, NQ, NK, HEAD_DIM, FP8,
+                                   DT)
+            if slot >= 0:
+                _store_kv(k_cache_ptr, v_cache_ptr, slot, kvh, k_new, v_new, stride_block, stride_head, stride_row,
+                          stride_v_row, stride_v_d, BLOCK_SIZE, HEAD_DIM, V_T)
         kf = k_new.to(CD).to(tl.float32)
         vf = v_new.to(CD).to(tl.float32)
         s_new = tl.sum(q.to(tl.float32) * kf, axis=1) * scale_log2
@@ -716,8 +749,8 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
         NQ=num_heads, NK=num_kv_heads, FP8=fp8, V_T=v_transposed(v_cache), GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILES=page_tiles, PARTIALS=partials,
-        USE_PDL=use_pdl, TRIGGER=trigger, DOT_PRECISION=dot_precision(qkv.dtype), num_warps=4, num_stages=2,
-        enable_fp_fusion=False, **launch)
+        USE_PDL=use_pdl, TRIGGER=trigger, DOT_PRECISION=dot_precision(qkv.dtype), NEW_FIRST=NEW_KV == "first",
+        num_warps=4, num_stages=2, enable_fp_fusion=False, **launch)
     if partials and not merge:
         return AttnParts(acc, ml, context_lens, block_n)
     if partials:
