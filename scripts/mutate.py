@@ -599,10 +599,10 @@ MUTATIONS = [
     M("N139", 'engine/kernels/decode_layer.py',
       '        tl.extra.cuda.gdc_wait()\n        if TRIGGER == 1:\n            tl.extra.cuda.gdc_launch_depen'
       'dents()\n\n '
-      '   offs_m',
+      '   if ATTN_S > 0 and not CTX_EARLY',
       '        tl.extra.cuda.gdc_wait()\n        if TRIGGER >= 1:\n            tl.extra.cuda.gdc_launch_depen'
       'dents()\n\n '
-      '   offs_m',
+      '   if ATTN_S > 0 and not CTX_EARLY',
       'first mode triggers twice (at the start and again after the wait)', ['tests/test_pdl_trigger.py']),
     M("N140", 'labkit/trace/perfetto.py',
       '            if row_kind(s, phase, prompt_len.get(sid)) == "decode":\n                name = "decode"\n '
@@ -3159,8 +3159,8 @@ MUTATIONS = [
       'if MERGE_ROWS not in (0, 1, 2, 3, 4):',
       'LABKIT_DECODE_MERGE_ROWS=3 (or 0) accepted', ['tests/test_decode_knobs.py']),
     M("N678", 'engine/kernels/decode_layer.py',
-      'PER_ROW=per_row, AHEAD=per_row and ROW_INPUTS == "ahead", ON_GPU=on_gpu,',
-      'PER_ROW=per_row, AHEAD=False, ON_GPU=on_gpu,',
+      'AHEAD=per_row and ROW_INPUTS == "ahead",',
+      'AHEAD=False,',
       "LABKIT_DECODE_ROW_INPUTS=ahead never reaches the kernel", ['tests/test_decode_knobs.py']),
     M("N679", 'engine/kernels/decode_layer.py',
       'NEW_FIRST=NEW_KV == "first",',
@@ -3170,6 +3170,20 @@ MUTATIONS = [
       '        if holds_new & (slot >= 0):',
       '        if holds_new & (slot < 0):',
       "this token's K/V made first but never stored to the pool", ['tests/test_fused_decode.py']),
+    M("N681", 'engine/kernels/decode_layer.py',
+      'CTX_EARLY=MERGE_CTX == "early",',
+      'CTX_EARLY=False,',
+      "LABKIT_DECODE_MERGE_CTX=early never reaches the GEMV", ['tests/test_decode_knobs.py']),
+    M("N682", 'engine/kernels/decode_layer.py',
+      '        # follow the wait at once instead of after another round trip\n'
+      '        ctx_all = tl.load(ctx_ptr + offs_m, mask=m_mask, other=0)',
+      '        # follow the wait at once instead of after another round trip\n'
+      '        ctx_all = tl.load(ctx_ptr + offs_m * 0, mask=m_mask, other=0)',
+      "context lengths loaded early: every row merged with the first row's length", ['tests/test_fused_decode.py']),
+    M("N683", 'engine/kernels/decode_layer.py',
+      'return tl.sum(tl.where(offs_m == m, ctx_all, 0), axis=0) + tl.zeros([1], tl.int32)',
+      'return tl.sum(tl.where(offs_m == 0, ctx_all, 0), axis=0) + tl.zeros([1], tl.int32)',
+      "rows taken one at a time each merged with the first row's context length", ['tests/test_fused_decode.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

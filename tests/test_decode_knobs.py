@@ -33,8 +33,9 @@ def test_the_defaults_are_the_measured_ones():
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT, SHORT_SPLITS,
             decode_layer.MERGE_IN_GEMV, decode_layer.SPLIT_BLOCK_N, decode_layer.O_PROJ_PDL, GRAPH_SAMPLE_BS,
             gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE, decode_layer.GATE_UP_WARPS,
-            decode_layer.FMA_ROWS, decode_layer.ROW_INPUTS, decode_layer.MERGE_ROWS, decode_layer.NEW_KV) == (
-        16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, 4, "loop", 1, "last")
+            decode_layer.FMA_ROWS, decode_layer.ROW_INPUTS, decode_layer.MERGE_ROWS, decode_layer.NEW_KV,
+            decode_layer.MERGE_CTX) == (
+        16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, 4, "loop", 1, "last", "late")
 
 
 def test_each_knob_is_read_when_set():
@@ -108,7 +109,8 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
                                         ("LABKIT_DECODE_GATE_UP_WARPS", "3"), ("LABKIT_DECODE_GATE_UP_WARPS", "32"),
                                         ("LABKIT_DECODE_FMA_ROWS", "3"), ("LABKIT_DECODE_FMA_ROWS", "32"),
                                         ("LABKIT_DECODE_ROW_INPUTS", "before"), ("LABKIT_DECODE_MERGE_ROWS", "3"),
-                                        ("LABKIT_DECODE_MERGE_ROWS", "0"), ("LABKIT_DECODE_NEW_KV", "early")])
+                                        ("LABKIT_DECODE_MERGE_ROWS", "0"), ("LABKIT_DECODE_NEW_KV", "early"),
+                                        ("LABKIT_DECODE_MERGE_CTX", "first")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
                                      "engine.kernels.gumbel_sampler, engine.kv_layout, engine.decode_order")
@@ -283,9 +285,10 @@ def test_row_inputs_ahead_reach_only_rows_taken_one_at_a_time(monkeypatch, row_i
                             partials_out=False, dtype=torch.bfloat16, use_pdl=False, trigger=0)[1]["AHEAD"]
     assert [ahead(r) for r in (1, 2, 4, 5, 16)] == [False, *[row_inputs == "ahead"] * 2, False, False]
     res = _import_with({"LABKIT_DECODE_ROW_INPUTS": "ahead", "LABKIT_DECODE_MERGE_ROWS": "2",
-                        "LABKIT_DECODE_NEW_KV": "first"},
-                       "from engine.kernels import decode_layer as d; print(d.ROW_INPUTS, d.MERGE_ROWS, d.NEW_KV)")
-    assert res.returncode == 0 and res.stdout.split() == ["ahead", "2", "first"], res.stderr
+                        "LABKIT_DECODE_NEW_KV": "first", "LABKIT_DECODE_MERGE_CTX": "early"},
+                       "from engine.kernels import decode_layer as d; "
+                       "print(d.ROW_INPUTS, d.MERGE_ROWS, d.NEW_KV, d.MERGE_CTX)")
+    assert res.returncode == 0 and res.stdout.split() == ["ahead", "2", "first", "early"], res.stderr
 
 
 @pytest.mark.parametrize("new_kv", ["last", "first"])
@@ -313,3 +316,14 @@ def test_new_kv_reaches_the_attention_kernel(monkeypatch, new_kv):
                      torch.tensor([4], dtype=torch.int32), D ** -0.5, 1, H, KV)
     assert seen == [new_kv == "first"]
     assert k_cache[0, 0, 3].abs().sum() > 0  # (this token's K written either way)
+
+
+@pytest.mark.parametrize("merge_ctx", ["early", "late"])
+def test_merge_ctx_reaches_the_gemv(monkeypatch, merge_ctx):
+    """LABKIT_DECODE_MERGE_CTX: the GEMV is compiled to load the context lengths before its PDL wait or after."""
+    from engine.kernels import decode_layer as dl
+
+    monkeypatch.setattr(dl, "MERGE_CTX", merge_ctx)
+    meta = dl.gemv_meta(1, 1024, 2048, 4, s_in=0, residual=False, norm=False, silu=False, partials_out=True,
+                        dtype=torch.bfloat16, use_pdl=True, trigger=1, attn=(4, 128, 128))[1]
+    assert meta["CTX_EARLY"] is (merge_ctx == "early")

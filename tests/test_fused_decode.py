@@ -102,11 +102,13 @@ def _attention_parts(B, H, S, D, ctx, block_n, seed=0):
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
 @pytest.mark.parametrize("M, S, block_n, ctx", [(1, 5, 16, [40]), (3, 4, 16, [40, 7, 0]), (2, 3, 32, [100, 33]),
                                                (3, 8, 64, [129, 64, 1])])
-@pytest.mark.parametrize("row_inputs", ["loop", "ahead"])
+@pytest.mark.parametrize("row_inputs, merge_ctx", [("loop", "late"), ("ahead", "late"), ("loop", "early"),
+                                                   ("ahead", "early")])
 def test_gemv_merging_attention_parts_is_the_merge_kernel_then_the_gemv(dtype, M, S, block_n, ctx, row_inputs,
-                                                                       monkeypatch):
+                                                                       merge_ctx, monkeypatch):
     from engine.kernels.decode_attention import _decode_merge_kernel
     monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)  # (2-3 rows: one at a time, LABKIT_DECODE_FMA_ROWS)
+    monkeypatch.setattr(decode_layer, "MERGE_CTX", merge_ctx)  # (the context lengths before the PDL wait or after)
     H, D = 4, 16
     acc, ml = _attention_parts(M, H, S, D, ctx, block_n)
     lens = torch.tensor(ctx, dtype=torch.int32, device=DEVICE)
@@ -121,9 +123,11 @@ def test_gemv_merging_attention_parts_is_the_merge_kernel_then_the_gemv(dtype, M
 
 
 @pytest.mark.parametrize("ctx", [[32], [32, 16]])
-@pytest.mark.parametrize("row_inputs", ["loop", "ahead"])
-def test_gemv_merge_reads_only_the_splits_that_hold_keys(ctx, row_inputs, monkeypatch):
+@pytest.mark.parametrize("row_inputs, merge_ctx", [("loop", "late"), ("ahead", "late"), ("loop", "early"),
+                                                   ("ahead", "early")])
+def test_gemv_merge_reads_only_the_splits_that_hold_keys(ctx, row_inputs, merge_ctx, monkeypatch):
     monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
+    monkeypatch.setattr(decode_layer, "MERGE_CTX", merge_ctx)
     # A split past its row's context is never read (its acc and max are poison here): the bounds come from the
     # context length, as the attention kernel draws them (32 and 16: the first dead split starts at the end).
     # One row merges its parts unrolled, a tile of rows in a loop: both.
@@ -220,7 +224,8 @@ def _merge_launches(monkeypatch) -> list:
 
 
 # (3 rows on the tile, or one at a time: their inputs loaded in the loop or ahead of it, their parts merged by the
-# merge kernel or by o_proj; this token's K/V made after the older keys or first, LABKIT_DECODE_NEW_KV)
+# merge kernel or by o_proj; this token's K/V made after the older keys or first, LABKIT_DECODE_NEW_KV, and with it
+# o_proj's context lengths loaded before the wait, LABKIT_DECODE_MERGE_CTX)
 @pytest.mark.parametrize("rows, fma_rows, merge_rows, row_inputs, new_kv", [
     (1, 4, 1, "loop", "first"), (3, 1, 1, "loop", "last"), (3, 4, 1, "loop", "last"), (3, 4, 4, "ahead", "first")])
 @pytest.mark.parametrize("merge_in_gemv", ["0", "1"])
@@ -237,6 +242,7 @@ def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, s
     monkeypatch.setattr(decode_layer, "MERGE_ROWS", merge_rows)
     monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
     monkeypatch.setattr(decode_layer, "NEW_KV", new_kv)
+    monkeypatch.setattr(decode_layer, "MERGE_CTX", "early" if new_kv == "first" else "late")
     monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", merge_in_gemv)
     monkeypatch.setattr(decode_layer, "ATTN_BLOCK_N", block_n)
     monkeypatch.setattr(decode_layer, "SPLIT_BLOCK_N", block_n)
@@ -353,13 +359,16 @@ def test_only_o_proj_takes_its_own_pdl_point(tiny_model, monkeypatch):
 
 @pytest.mark.parametrize("M, fma_rows, row_inputs", [(2, 2, "loop"), (3, 4, "loop"), (5, 8, "loop"),
                                                      (16, 16, "loop"), (2, 2, "ahead"), (3, 4, "ahead")])
-@pytest.mark.parametrize("kind", ["qkv", "qkv_whole", "o_proj", "o_merge", "gate_up", "down"])
+@pytest.mark.parametrize("kind", ["qkv", "qkv_whole", "o_proj", "o_merge", "o_merge_early", "gate_up", "down"])
 def test_rows_taken_one_at_a_time_equal_one_row_launches_bit_for_bit(M, fma_rows, row_inputs, kind, monkeypatch):
     """LABKIT_DECODE_FMA_ROWS: up to that many rows go through the one-row arithmetic in one launch, so each row's
     output (and the new residual) is exactly what a one-row launch gives, whatever the batch, and wherever the
     rows' inputs are loaded (LABKIT_DECODE_ROW_INPUTS)."""
     monkeypatch.setattr(decode_layer, "FMA_ROWS", fma_rows)
     monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
+    # (o_merge_early: the context lengths loaded before the PDL wait, LABKIT_DECODE_MERGE_CTX)
+    monkeypatch.setattr(decode_layer, "MERGE_CTX", "early" if kind == "o_merge_early" else "late")
+    kind = kind.removesuffix("_early")
     # (not powers of two: the masked loads; qkv_whole: one unmasked K range, the norm's rows the input's own)
     K = {"down": 160, "qkv_whole": 128, "o_merge": 4 * 16}.get(kind, 96)
     N = 40
@@ -398,16 +407,18 @@ def test_rows_taken_one_at_a_time_equal_one_row_launches_bit_for_bit(M, fma_rows
         _close(got, tile, torch.float32)
 
 
-@pytest.mark.parametrize("rows, row_inputs, splits", [(2, "loop", 1), (3, "loop", 1), (2, "ahead", 1),
-                                                      (3, "ahead", 3), (2, "loop", 2)])
+@pytest.mark.parametrize("rows, row_inputs, splits, merge_ctx", [(2, "loop", 1, "late"), (3, "loop", 1, "late"),
+                                                                 (2, "ahead", 1, "late"), (3, "ahead", 3, "early"),
+                                                                 (2, "loop", 2, "late"), (3, "loop", 2, "early")])
 def test_a_fused_step_taking_rows_one_at_a_time_is_each_rows_one_row_step(tiny_model, rows, row_inputs, splits,
-                                                                          monkeypatch):
+                                                                          merge_ctx, monkeypatch):
     """With LABKIT_DECODE_FMA_ROWS covering the batch, a fused decode step's hidden states are, row for row and bit
     for bit, those of one-row steps, and match the unfused step; a split context's parts merged by o_proj at every
     row (LABKIT_DECODE_MERGE_ROWS) as at one."""
     monkeypatch.setattr(decode_layer, "FMA_ROWS", 4)
     monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
     monkeypatch.setattr(decode_layer, "MERGE_ROWS", 4)
+    monkeypatch.setattr(decode_layer, "MERGE_CTX", merge_ctx)
     monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", "1")
     monkeypatch.setattr(decode_layer, "SPLIT_BLOCK_N", 16)
     merges = _merge_launches(monkeypatch)

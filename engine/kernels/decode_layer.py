@@ -81,6 +81,12 @@ MERGE_IN_GEMV = os.environ.get("LABKIT_DECODE_MERGE_IN_GEMV", "1")
 if MERGE_IN_GEMV not in ("0", "1"):
     raise ValueError(f"LABKIT_DECODE_MERGE_IN_GEMV: must be 0 or 1, got {MERGE_IN_GEMV!r}")
 GEMV_MERGE_SPLITS = 8
+# When o_proj's GEMV, merging attention's parts, loads the rows' context lengths (which say which parts hold keys):
+# "late" (after the PDL wait, so the parts' loads wait another round trip) or "early" (before it, with the weights).
+# A device sweep's knob.
+MERGE_CTX = os.environ.get("LABKIT_DECODE_MERGE_CTX", "late")
+if MERGE_CTX not in ("early", "late"):
+    raise ValueError(f"LABKIT_DECODE_MERGE_CTX: early or late, got {MERGE_CTX!r}")
 # Where the attention kernel makes this token's K/V (norm, RoPE, the pool's store) in the program whose split holds
 # it: "last" (after the older keys' tiles) or "first" (right after q's, so the two chains overlap). The same
 # arithmetic either way. A device sweep's knob.
@@ -169,14 +175,14 @@ def _rnd(x, DT: tl.constexpr):
 
 
 @triton.jit
-def _merged_rows(acc_ptr, ml_ptr, ctx_ptr, offs_m, offs_k, mask, M, K,
+def _merged_rows(acc_ptr, ml_ptr, ctx, offs_m, offs_k, mask, M, K,
                  S: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr, UNROLL: tl.constexpr):
     """Attention's output at columns offs_k (head offs_k // D) merged from its S split parts, acc [M, H, S, D]
     and (max, sum) pairs ml [M, H, S, 2]: decode_attention's merge kernel arithmetic, the parts summed in split
     order. A part is read only where its split holds keys, known from the context length (the attention
-    kernel's own bounds: BN-key tiles, cdiv(tiles, S) of them a split), so no load waits for another.
-    UNROLL (one row): every part's loads issued at once; a tile of rows loops (unrolled, its loads spill)."""
-    ctx = tl.load(ctx_ptr + offs_m, mask=offs_m < M, other=0)
+    kernel's own bounds: BN-key tiles, cdiv(tiles, S) of them a split; ctx: the rows' lengths, loaded by the
+    caller), so no load waits for another. UNROLL (one row): every part's loads issued at once; a tile of rows
+    loops (unrolled, its loads spill)."""
     span = tl.cdiv(tl.cdiv(ctx, BN), S) * BN                        # keys a split covers, per row
     row = (offs_m[:, None] * (K // D) + (offs_k // D)[None, :]) * S  # [rows, cols]: the (row, head)'s first part
     col = (offs_k % D)[None, :]
@@ -230,14 +236,20 @@ def _row_of(t, offs_m, m):
 
 
 @triton.jit
-def _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, offs_k, mask, M, K, stride_xm,
+def _row_ctx(ctx_all, offs_m, m):
+    """Row m's context length out of the rows', as a [1] tensor."""
+    return tl.sum(tl.where(offs_m == m, ctx_all, 0), axis=0) + tl.zeros([1], tl.int32)
+
+
+@triton.jit
+def _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx, offs_m, offs_k, mask, M, K, stride_xm,
             S_IN: tl.constexpr, RESIDUAL: tl.constexpr, DT: tl.constexpr,
             ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr, UNROLL: tl.constexpr):
     """Rows of the GEMV's input at columns offs_k, float32 holding model-dtype values: x itself, or S_IN
     float32 partials summed in order (the unfused reduce kernel's sum), or attention's ATTN_S split parts
     merged (part_ptr: their acc; UNROLL: every part's loads at once), plus the residual (add_rms_norm's sum)."""
     if ATTN_S > 0:
-        x = _merged_rows(part_ptr, ml_ptr, ctx_ptr, offs_m, offs_k, mask, M, K, ATTN_S, ATTN_D, ATTN_BN, DT, UNROLL)
+        x = _merged_rows(part_ptr, ml_ptr, ctx, offs_m, offs_k, mask, M, K, ATTN_S, ATTN_D, ATTN_BN, DT, UNROLL)
     elif S_IN == 0:
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
     else:
@@ -261,7 +273,7 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_FULL: tl.constexpr,
     USE_PDL: tl.constexpr, TRIGGER: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM_CHUNK: tl.constexpr,
     K_CHUNK: tl.constexpr, ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr,
-    PER_ROW: tl.constexpr, AHEAD: tl.constexpr, ON_GPU: tl.constexpr,
+    PER_ROW: tl.constexpr, AHEAD: tl.constexpr, CTX_EARLY: tl.constexpr, ON_GPU: tl.constexpr,
 ):
     """y = W @ f(x) for M <= 16 rows. Program (n tile, k split) owns BLOCK_N rows of W and one KS-wide range of
     K, loaded whole before the wait (K_CHUNK 0: one row, or PER_ROW's rows, each then reduced as one row is), or
@@ -282,6 +294,12 @@ def _gemv_kernel(
     k_mask = (kk < KS) & (offs_k < K)
     w_mask = n_mask[:, None] if EVEN else n_mask[:, None] & k_mask[None, :]
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    offs_m = tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M
+    if ATTN_S > 0 and CTX_EARLY:
+        # the rows' context lengths (the step's input) before the wait: the parts' loads, masked by them, then
+        # follow the wait at once instead of after another round trip
+        ctx_all = tl.load(ctx_ptr + offs_m, mask=m_mask, other=0)
     if K_CHUNK == 0:
         # Nothing here depends on the previous kernel: these loads overlap its tail under PDL.
         w = tl.load(w_rows, mask=w_mask, other=0.0)
@@ -295,8 +313,10 @@ def _gemv_kernel(
         if TRIGGER == 1:
             tl.extra.cuda.gdc_launch_dependents()
 
-    offs_m = tl.arange(0, BLOCK_M)
-    m_mask = offs_m < M
+    if ATTN_S > 0 and not CTX_EARLY:
+        ctx_all = tl.load(ctx_ptr + offs_m, mask=m_mask, other=0)
+    elif ATTN_S == 0:
+        ctx_all = offs_m  # (no parts: never read)
     if PER_ROW:
         # BLOCK_M rows one at a time through the one-row arithmetic below, the weight tile shared
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
@@ -306,7 +326,7 @@ def _gemv_kernel(
         WHOLE: tl.constexpr = EVEN and BLOCK_K == K_FULL
         if AHEAD:
             # Every row's inputs at once, in the model dtype (their values are that dtype's: exact).
-            xa = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, offs_k,
+            xa = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_all, offs_m, offs_k,
                          m_mask[:, None] if EVEN else m_mask[:, None] & k_mask[None, :], M, K, stride_xm, S_IN,
                          RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, True).to(DT)
             if NORM:
@@ -315,7 +335,7 @@ def _gemv_kernel(
                 if WHOLE:
                     ha = xa
                 else:
-                    ha = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, ka, fa_mask, M, K, stride_xm,
+                    ha = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_all, offs_m, ka, fa_mask, M, K, stride_xm,
                                  S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, True).to(DT)
                 if RESIDUAL:
                     if (pid_n == 0) & (pid_k == 0):
@@ -326,7 +346,7 @@ def _gemv_kernel(
             if AHEAD:
                 xm = _row_of(xa, offs_m, m)
             else:
-                xm = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, om, offs_k,
+                xm = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, _row_ctx(ctx_all, offs_m, m), om, offs_k,
                              mm[:, None] if EVEN else mm[:, None] & k_mask[None, :], M, K, stride_xm, S_IN, RESIDUAL,
                              DT, ATTN_S, ATTN_D, ATTN_BN, True)
             if NORM:
@@ -334,8 +354,9 @@ def _gemv_kernel(
                     h = _row_of(ha, offs_m, m)
                 else:
                     full_mask = mm[:, None] if FULL_EVEN else mm[:, None] & (tl.arange(0, K_FULL) < K)[None, :]
-                    h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, om, tl.arange(0, K_FULL), full_mask, M,
-                                K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, True)
+                    h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, _row_ctx(ctx_all, offs_m, m), om,
+                                tl.arange(0, K_FULL), full_mask, M, K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D,
+                                ATTN_BN, True)
                     if RESIDUAL:
                         if (pid_n == 0) & (pid_k == 0):
                             tl.store(res_out_ptr + om[:, None] * K + tl.arange(0, K_FULL)[None, :], h.to(DT),
@@ -350,7 +371,7 @@ def _gemv_kernel(
         # Loaded before the statistics, as before K_CHUNK existed: loaded after them, the 16-row q/k/v and gate/up
         # tiles spill (538 and 6,070 spill loads against 2 and 84, compiled for sm_90; 14x slower on the H200).
         x_mask = m_mask[:, None] if EVEN else m_mask[:, None] & k_mask[None, :]
-        x = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, offs_k, x_mask, M, K, stride_xm, S_IN,
+        x = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_all, offs_m, offs_k, x_mask, M, K, stride_xm, S_IN,
                     RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1)
     if NORM and not PER_ROW:
         # The statistics need whole rows: every program reads them (a few KiB, from L2) and gets the same sums,
@@ -359,7 +380,7 @@ def _gemv_kernel(
         for c in tl.static_range(0, K_FULL, NORM_CHUNK):
             kf = c + tl.arange(0, NORM_CHUNK)
             full_mask = m_mask[:, None] if FULL_EVEN else m_mask[:, None] & (kf < K)[None, :]
-            h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, kf, full_mask, M, K, stride_xm, S_IN,
+            h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_all, offs_m, kf, full_mask, M, K, stride_xm, S_IN,
                         RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1)
             if RESIDUAL:
                 if (pid_n == 0) & (pid_k == 0):  # the new residual stream, written once
@@ -381,7 +402,7 @@ def _gemv_kernel(
             wc_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_kc[None, :]
             wc = tl.load(wc_rows, mask=wc_mask, other=0.0)
             xc_mask = m_mask[:, None] if EVEN else m_mask[:, None] & kc_mask[None, :]
-            xc = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_ptr, offs_m, offs_kc, xc_mask, M, K, stride_xm, S_IN,
+            xc = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_all, offs_m, offs_kc, xc_mask, M, K, stride_xm, S_IN,
                          RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1)
             if NORM:
                 nwc = tl.load(nw_ptr + offs_kc, mask=kc_mask, other=0.0).to(tl.float32)
@@ -449,7 +470,7 @@ def gemv_meta(M: int, N: int, K: int, split: int, *, s_in: int, residual: bool, 
         BLOCK_N=_BLOCK_N, BLOCK_K=block_k, K_FULL=k_full, USE_PDL=use_pdl, TRIGGER=trigger,
         DOT_PRECISION=dot_precision(dtype), NORM_CHUNK=k_full if one else min(NORM_CHUNK or k_full, k_full),
         K_CHUNK=0 if one else min(K_CHUNK, block_k), ATTN_S=attn[0], ATTN_D=attn[1], ATTN_BN=attn[2],
-        PER_ROW=per_row, AHEAD=per_row and ROW_INPUTS == "ahead", ON_GPU=on_gpu,
+        PER_ROW=per_row, AHEAD=per_row and ROW_INPUTS == "ahead", CTX_EARLY=MERGE_CTX == "early", ON_GPU=on_gpu,
         num_warps=_WARPS if not one else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else _WARPS_ONE_ROW,
         enable_fp_fusion=False)
     return (triton.cdiv(N, _BLOCK_N), split), meta
