@@ -23,8 +23,9 @@ export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 S=$OUT/summary.txt; mkdir -p ${WORK:-/tmp}; W=$(mktemp -d ${WORK:-/tmp}/final-evidence.XXXXXX); mkdir -p $W/logs
 M=${FAKE_MODEL:-/tmp/qwen3-fake}; D=${DEVICE:-cuda}
 pack() {
-  (cd $W && find . -type f \( -name '*.json' -o -name '*.md' -o -name '*.log' -o -name '*.txt' \) \
-     ! -name '*.trace.json' ! -name '*perfetto*' -size -5M -print0 | tar czf $OUT/call.tgz --null -T -)
+  # (evidence/reports.tgz: gpu_session.sh's own logs, one a step; session 26 lost a failed step's log without it)
+  (cd $W && find . -type f \( -name '*.json' -o -name '*.md' -o -name '*.log' -o -name '*.txt' \
+     -o -name reports.tgz \) ! -name '*.trace.json' ! -name '*perfetto*' -size -5M -print0 | tar czf $OUT/call.tgz --null -T -)
 }
 trap pack EXIT
 [ -f $M/config.json ] || python3 -m labkit model fake --preset qwen3-0.6b --out $M > /dev/null

@@ -35,7 +35,7 @@ def test_the_defaults_are_the_measured_ones():
             gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE, decode_layer.GATE_UP_WARPS,
             decode_layer.FMA_ROWS, decode_layer.ROW_INPUTS, decode_layer.MERGE_ROWS, decode_layer.NEW_KV,
             decode_layer.MERGE_CTX) == (
-        16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, 4, "loop", 1, "last", "late")
+        16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, 4, "loop", 2, "first", "early")
 
 
 def test_each_knob_is_read_when_set():
@@ -308,12 +308,14 @@ def test_new_kv_reaches_the_attention_kernel(monkeypatch, new_kv):
             return launch
     monkeypatch.setattr(dl, "_qkv_attention_kernel", Spy())
     H, KV, D, B = 2, 1, 16, 16
-    qkv = torch.randn(1, (H + 2 * KV) * D)
-    k_cache, v_cache = torch.zeros(2, KV, B, D), torch.zeros(2, KV, B, D)
-    cos_sin = torch.randn(64, D)
-    dl.qkv_attention(qkv, torch.tensor([3]), cos_sin, torch.ones(D), torch.ones(D), 1e-6,
-                     torch.tensor([3], dtype=torch.int32), k_cache, v_cache, torch.tensor([[0]], dtype=torch.int32),
-                     torch.tensor([4], dtype=torch.int32), D ** -0.5, 1, H, KV)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    qkv = torch.randn(1, (H + 2 * KV) * D, device=dev)
+    k_cache, v_cache = torch.zeros(2, KV, B, D, device=dev), torch.zeros(2, KV, B, D, device=dev)
+    cos_sin = torch.randn(64, D, device=dev)
+    i32 = dict(dtype=torch.int32, device=dev)
+    dl.qkv_attention(qkv, torch.tensor([3], device=dev), cos_sin, torch.ones(D, device=dev),
+                     torch.ones(D, device=dev), 1e-6, torch.tensor([3], **i32), k_cache, v_cache,
+                     torch.tensor([[0]], **i32), torch.tensor([4], **i32), D ** -0.5, 1, H, KV)
     assert seen == [new_kv == "first"]
     assert k_cache[0, 0, 3].abs().sum() > 0  # (this token's K written either way)
 

@@ -143,9 +143,10 @@ def test_gemv_merge_reads_only_the_splits_that_hold_keys(ctx, row_inputs, merge_
     assert torch.equal(poisoned, clean)
 
 
-def test_the_gemv_merges_only_one_row_of_a_few_splits(monkeypatch):
+def test_the_gemv_merges_the_parts_of_few_rows_and_few_splits(monkeypatch):
     monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", "1")
     monkeypatch.setattr(decode_layer, "FMA_ROWS", 4)
+    monkeypatch.setattr(decode_layer, "MERGE_ROWS", 1)
     most = decode_layer.GEMV_MERGE_SPLITS
     assert [decode_layer.merges_in_gemv(1, s) for s in (1, 2, most, most + 1)] == [False, True, True, False]
     assert not decode_layer.merges_in_gemv(2, 2)
@@ -392,12 +393,17 @@ def test_rows_taken_one_at_a_time_equal_one_row_launches_bit_for_bit(M, fma_rows
                         split=2)
         return gemv(w, x=x[rows], split=2 if kind == "o_proj" else 1)
     got = launch(slice(None))
+    # Rows loaded ahead and picked out of their tile: bit-equal in the interpreter, but on the GPU the row picked
+    # out has another register layout than a loaded row, so its sums run in another float32 order (an H100,
+    # session 26): the same sums up to that order there.
+    same = torch.equal if row_inputs == "loop" or DEVICE == "cpu" else \
+        (lambda a, b: _close(a, b, torch.float32) is None)
     for m in range(M):
         one = launch(slice(m, m + 1))
         if kind in ("qkv", "qkv_whole", "gate_up"):
-            assert torch.equal(got[0][m], one[0][0]) and torch.equal(got[1][m], one[1][0])
+            assert same(got[0][m], one[0][0]) and torch.equal(got[1][m], one[1][0])
         else:
-            assert torch.equal(got[:, m], one[:, 0])
+            assert same(got[:, m], one[:, 0])
     monkeypatch.setattr(decode_layer, "FMA_ROWS", 1)  # the tile path: the same sums up to float32 order
     tile = launch(slice(None))
     if kind in ("qkv", "qkv_whole", "gate_up"):
@@ -436,7 +442,10 @@ def test_a_fused_step_taking_rows_one_at_a_time_is_each_rows_one_row_step(tiny_m
         return out
     got = step(slice(0, rows))
     for m in range(rows):
-        assert torch.equal(got[m], step(slice(m, m + 1))[0])
+        if row_inputs == "loop" or DEVICE == "cpu":
+            assert torch.equal(got[m], step(slice(m, m + 1))[0])
+        else:  # (rows loaded ahead: the same sums up to float32 order on the GPU, as above)
+            _close(got[m], step(slice(m, m + 1))[0], torch.float32)
     assert not merges  # (every split's parts merged by o_proj)
     d = {k: v[:rows] for k, v in dec.items()}
     runner.kv_cache.copy_(pool)

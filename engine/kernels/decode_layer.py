@@ -82,15 +82,16 @@ if MERGE_IN_GEMV not in ("0", "1"):
     raise ValueError(f"LABKIT_DECODE_MERGE_IN_GEMV: must be 0 or 1, got {MERGE_IN_GEMV!r}")
 GEMV_MERGE_SPLITS = 8
 # When o_proj's GEMV, merging attention's parts, loads the rows' context lengths (which say which parts hold keys):
-# "late" (after the PDL wait, so the parts' loads wait another round trip) or "early" (before it, with the weights).
-# A device sweep's knob.
-MERGE_CTX = os.environ.get("LABKIT_DECODE_MERGE_CTX", "late")
+# "late" (after the PDL wait, so the parts' loads wait another round trip) or "early" (before it, with the weights:
+# measured with NEW_KV above).
+MERGE_CTX = os.environ.get("LABKIT_DECODE_MERGE_CTX", "early")
 if MERGE_CTX not in ("early", "late"):
     raise ValueError(f"LABKIT_DECODE_MERGE_CTX: early or late, got {MERGE_CTX!r}")
 # Where the attention kernel makes this token's K/V (norm, RoPE, the pool's store) in the program whose split holds
 # it: "last" (after the older keys' tiles) or "first" (right after q's, so the two chains overlap). The same
-# arithmetic either way. A device sweep's knob.
-NEW_KV = os.environ.get("LABKIT_DECODE_NEW_KV", "last")
+# arithmetic either way. "first" with MERGE_CTX "early" took batch 1 from 0.7300 to 0.7234 ms a token (0.991x, an
+# H100, four rounds; docs/perf.md, session 26).
+NEW_KV = os.environ.get("LABKIT_DECODE_NEW_KV", "first")
 if NEW_KV not in ("first", "last"):
     raise ValueError(f"LABKIT_DECODE_NEW_KV: first or last, got {NEW_KV!r}")
 
@@ -106,13 +107,16 @@ if FMA_ROWS not in (1, 2, 4, 8, 16):
     raise ValueError(f"LABKIT_DECODE_FMA_ROWS: 1, 2, 4, 8 or 16, got {FMA_ROWS}")
 # Where rows taken one at a time get their inputs: "loop" (each row's loads inside the loop, after the previous
 # row's sums: a row adds a round trip to the L2 after the wait) or "ahead" (every row's inputs loaded at once
-# before the loop, held in the model dtype, each row then picked out exactly). A device sweep's knob.
+# before the loop, held in the model dtype, each row then picked out). Measured on an H100 (docs/perf.md, session
+# 26): ahead took batch 2 to 0.931x but batch 4 to 1.036x (gate/up spills more), and the row picked out of the tile
+# has another register layout than a loaded row, so its sums are not bit-equal to a one-row launch's: off.
 ROW_INPUTS = os.environ.get("LABKIT_DECODE_ROW_INPUTS", "loop")
 if ROW_INPUTS not in ("loop", "ahead"):
     raise ValueError(f"LABKIT_DECODE_ROW_INPUTS: loop or ahead, got {ROW_INPUTS!r}")
 # The most rows whose split attention parts o_proj's GEMV merges (rows taken one at a time, each merged as one row
-# is; more rows, or rows on the tile, get the merge kernel). 1: one row only (session 24's measured default).
-MERGE_ROWS = int(os.environ.get("LABKIT_DECODE_MERGE_ROWS", "1"))
+# is; more rows, or rows on the tile, get the merge kernel). 2 took batch 2 (two splits at short contexts) from
+# 0.5087 to 0.5015 ms a token against 1 (0.986x, an H100, two calls; docs/perf.md, session 26).
+MERGE_ROWS = int(os.environ.get("LABKIT_DECODE_MERGE_ROWS", "2"))
 if MERGE_ROWS not in (1, 2, 4):
     raise ValueError(f"LABKIT_DECODE_MERGE_ROWS: 1, 2 or 4, got {MERGE_ROWS}")
 
