@@ -128,6 +128,17 @@ def test_aborts_are_summed_from_every_line_of_the_metrics_page(tmp_path):
     assert asyncio.run(L.aborts(Client(), L.Server("main", [], tmp_path))) == 3.0
 
 
+def test_a_scenario_that_raises_against_a_server_never_started_fails_with_its_reason(tmp_path):
+    # (the engine's step raising, say: the scenario fails with what was raised, and the server that does not answer
+    # is asked for its exit, which a server never started does not have)
+    async def raises(o):
+        o["stage"] = "sending the request"
+        raise ValueError("bad step")
+
+    r = asyncio.run(L.run_scenario("cancel-running", raises, L.Server("main", [], tmp_path), deadline_s=5))
+    assert r["verdict"] == "FAIL" and r["problems"] == ["sending the request: ValueError: bad step"]
+
+
 def test_a_scenario_broken_on_the_way_ends_at_its_stage_and_keeps_no_stage_in_its_observations(tmp_path):
     async def breaks(o):
         o["stage"] = "waiting for the idle baseline"

@@ -492,6 +492,8 @@ class Server:
         return [100 + (start + i) % span for i in range(n)]
 
     async def wait_exit(self, timeout_s: float) -> int | None:
+        if self.proc is None:  # never started: nothing to wait for
+            return None
         end = time.monotonic() + timeout_s
         while self.proc.poll() is None and time.monotonic() < end:
             await asyncio.sleep(0.05)
