@@ -3115,10 +3115,10 @@ MUTATIONS = [
       "            acc = tl.where(sel, tl.sum(_each_row(w, ON_GPU).to(tl.float32) * xm, axis=1)[:, None], 0.0)",
       'the per-row path keeps only the last row of a batch (the others zero)', ['tests/test_fused_decode.py']),
     M("N669", 'engine/kernels/decode_layer.py',
-      '                    if RESIDUAL:\n                        if (pid_n == 0) & (pid_k == 0):\n'
-      '                            tl.store(res_out_ptr + om[:, None] * K',
-      '                    if RESIDUAL:\n                        if (pid_n == 0) & (pid_k == 1):\n'
-      '                            tl.store(res_out_ptr + om[:, None] * K',
+      '                if RESIDUAL:\n                    if (pid_n == 0) & (pid_k == 0):\n'
+      '                        tl.store(res_out_ptr + om[:, None] * K',
+      '                if RESIDUAL:\n                    if (pid_n == 0) & (pid_k == 1):\n'
+      '                        tl.store(res_out_ptr + om[:, None] * K',
       "the per-row path never writes the new residual stream (its rows left as torch.empty made them)",
       ['tests/test_fused_decode.py']),
     M("N670", 'engine/kernels/decode_layer.py',
@@ -3130,25 +3130,7 @@ MUTATIONS = [
       '        for m in range(0, M):  # (a loop',
       '        for m in range(0, M - 1):  # (a loop',
       "the per-row path drops a batch's last row", ['tests/test_fused_decode.py']),
-    # --- session 26: rows' inputs ahead of the loop (LABKIT_DECODE_ROW_INPUTS), o_proj merging 2-4 rows ----
-    M("N672", 'engine/kernels/decode_layer.py',
-      '                xm = _row_of(xa, offs_m, m)',
-      '                xm = _row_of(xa, offs_m, 0)',
-      "rows' inputs loaded ahead: every row multiplies the first row's input", ['tests/test_fused_decode.py']),
-    M("N673", 'engine/kernels/decode_layer.py',
-      'ka[None, :], ha, mask=fa_mask)',
-      'ka[None, :], ha, mask=fa_mask & (offs_m < 1)[:, None])',
-      "rows' inputs loaded ahead: only the first row's new residual written", ['tests/test_fused_decode.py']),
-    M("N674", 'engine/kernels/decode_layer.py',
-      'WHOLE: tl.constexpr = EVEN and BLOCK_K == K_FULL',
-      'WHOLE: tl.constexpr = EVEN',
-      "rows' inputs loaded ahead: a split K range's own columns taken for the norm's whole rows",
-      ['tests/test_fused_decode.py']),
-    M("N675", 'engine/kernels/decode_layer.py',
-      'return tl.sum(tl.where(offs_m[:, None] == m, t.to(tl.float32), -0.0), axis=0)[None, :]',
-      'return tl.max(tl.where(offs_m[:, None] == m, t.to(tl.float32), -0.0), axis=0)[None, :]',
-      "a row picked out of the rows loaded ahead as a maximum over rows (its negative values lost)",
-      ['tests/test_fused_decode.py']),
+    # --- session 26: o_proj merging 2-4 rows, this token's K/V first, context lengths early ----
     M("N676", 'engine/kernels/decode_layer.py',
       'return (MERGE_IN_GEMV == "1" and (rows == 1 or rows <= min(MERGE_ROWS, FMA_ROWS))',
       'return (MERGE_IN_GEMV == "1" and (rows == 1 or rows <= MERGE_ROWS)',
@@ -3158,10 +3140,6 @@ MUTATIONS = [
       'if MERGE_ROWS not in (1, 2, 4):',
       'if MERGE_ROWS not in (0, 1, 2, 3, 4):',
       'LABKIT_DECODE_MERGE_ROWS=3 (or 0) accepted', ['tests/test_decode_knobs.py']),
-    M("N678", 'engine/kernels/decode_layer.py',
-      'AHEAD=per_row and ROW_INPUTS == "ahead",',
-      'AHEAD=False,',
-      "LABKIT_DECODE_ROW_INPUTS=ahead never reaches the kernel", ['tests/test_decode_knobs.py']),
     M("N679", 'engine/kernels/decode_layer.py',
       'NEW_FIRST=NEW_KV == "first",',
       'NEW_FIRST=False,',
@@ -3184,6 +3162,15 @@ MUTATIONS = [
       'return tl.sum(tl.where(offs_m == m, ctx_all, 0), axis=0) + tl.zeros([1], tl.int32)',
       'return tl.sum(tl.where(offs_m == 0, ctx_all, 0), axis=0) + tl.zeros([1], tl.int32)',
       "rows taken one at a time each merged with the first row's context length", ['tests/test_fused_decode.py']),
+    # --- session 27: the profile's kernel families ----
+    M("N684", 'labkit/bench/profile.py',
+      'r"_qkv_attention_kernel|_decode_split_kernel',
+      'r"_decode_split_kernel',
+      "the fused decode step's attention counted as prefill attention in a profile", ['tests/test_bench_profile.py']),
+    M("N685", 'labkit/bench/profile.py',
+      'r"_qk_norm_rope_kernel|_partials_norm_kernel|',
+      'r"_qk_norm_rope_kernel|',
+      "the fused decode step's last norm counted as other in a profile", ['tests/test_bench_profile.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -13,12 +13,16 @@ compiles each for sm_90 with the launch's constexprs, PDL on as on the device an
 it with the device's Triton (--triton) before a device call; the launches are recorded with the Triton installed
 here either way (3.6's interpreter cannot run them).
 
+--json gives each launch's PTX fingerprint ("ptx": a hash of the PTX without its source locations), so a
+refactor's compiled kernels can be compared with the commit's before it: the same fingerprints, the same code.
+
 Exit 0 when every launch compiles, 1 when one does not (named, with Triton's error), 2 when the step could not
 be recorded or Triton cannot compile for sm_90 here.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -168,6 +172,20 @@ def _record() -> list[dict]:
     return list(launches.values())
 
 
+def ptx_fingerprint(ptx: str) -> str:
+    """A hash of PTX without its source locations (.loc, .file and the debug sections name source lines, which
+    move with any edit of the file) or comments: equal for equal code."""
+    keep = []
+    for line in ptx.splitlines():
+        t = line.strip()
+        if t.startswith((".loc", ".file", "//")):
+            continue
+        if t.startswith(".section") and "debug" in t:
+            break  # (the debug sections run to the end)
+        keep.append(t)
+    return hashlib.sha256("\n".join(keep).encode()).hexdigest()[:16]
+
+
 def _compile_here(launches: list[dict]) -> list[dict]:
     """Each launch compiled for sm_90 in this process (no interpreter): {"kernel", "ok", "error"}, then
     {"triton": its version}."""
@@ -186,14 +204,15 @@ def _compile_here(launches: list[dict]) -> list[dict]:
         aligned = [i for i, name in enumerate(fn.arg_names) if sig[name].startswith("*")]
         attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
         try:
-            triton.compile(ASTSource(fn, sig, constexprs=ln["constexprs"], attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32), options=ln["options"])
-            out.append({"kernel": ln["kernel"], "ok": True, "error": ""})
+            k = triton.compile(ASTSource(fn, sig, constexprs=ln["constexprs"], attrs=attrs),
+                               target=GPUTarget("cuda", 90, 32), options=ln["options"])
+            out.append({"kernel": ln["kernel"], "constexprs": ln["constexprs"], "ok": True, "error": "",
+                        "ptx": ptx_fingerprint(k.asm["ptx"])})
         except Exception as exc:  # noqa: BLE001 - Triton's compile errors are of many kinds; each is reported
             # (a CompilationError's last line may be the caret under the source: its cause says why)
             lines = [ln_ for ln_ in str(exc).strip().splitlines() if ln_.strip() not in ("", "^")]
             why = f"; cause: {type(exc.__cause__).__name__}: {exc.__cause__}" if exc.__cause__ else ""
-            out.append({"kernel": ln["kernel"], "ok": False,
+            out.append({"kernel": ln["kernel"], "constexprs": ln["constexprs"], "ok": False,
                         "error": f"{type(exc).__name__}: {' / '.join(lines[-2:])}{why}"})
     return out + [{"triton": triton.__version__}]
 

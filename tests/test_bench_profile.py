@@ -263,6 +263,27 @@ def test_kernel_families_by_name(name, family):
     assert prof.classify_kernel(name) == family
 
 
+# Each Triton kernel the engine defines, and its family: a new kernel must be placed here (the test below fails
+# until it is), or a profile would count it as "other" or, by a loose pattern, in the wrong row. Session 27 found
+# the fused decode step's attention (its name holds "attention") counted as prefill attention in decode steps.
+ENGINE_KERNELS = {
+    "_decode_split_kernel": "attention_decode", "_decode_merge_kernel": "attention_decode",
+    "_qkv_attention_kernel": "attention_decode", "_prefill_kernel": "attention_prefill",
+    "_gemv_kernel": "gemm", "_small_gemm_kernel": "gemm", "_split_k_reduce_kernel": "gemm",
+    "_partials_norm_kernel": "norm_rope_act", "_qk_norm_rope_kernel": "norm_rope_act",
+    "_rms_norm_kernel": "norm_rope_act", "_silu_and_mul_kernel": "norm_rope_act",
+    "_store_kv_kernel": "kv_write", "_gumbel_chunk_kernel": "sampler", "_pick_chunk_kernel": "sampler",
+}
+
+
+def test_every_engine_kernel_is_counted_in_its_own_family():
+    import re
+    engine = Path(__file__).resolve().parent.parent / "engine"
+    defined = {name for f in engine.rglob("*.py") for name in re.findall(r"^def (_\w+_kernel)\(", f.read_text(), re.M)}
+    assert defined == set(ENGINE_KERNELS), "a kernel added or removed: place it in ENGINE_KERNELS"
+    assert {name: prof.classify_kernel(name) for name in defined} == ENGINE_KERNELS
+
+
 def test_memcpy_and_memset_activities_are_copies():
     assert prof.classify_kernel("Memset (Device)", "gpu_memset") == "copy_memset"
     assert prof.classify_kernel("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy") == "copy_memset"

@@ -33,9 +33,8 @@ def test_the_defaults_are_the_measured_ones():
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT, SHORT_SPLITS,
             decode_layer.MERGE_IN_GEMV, decode_layer.SPLIT_BLOCK_N, decode_layer.O_PROJ_PDL, GRAPH_SAMPLE_BS,
             gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE, decode_layer.GATE_UP_WARPS,
-            decode_layer.FMA_ROWS, decode_layer.ROW_INPUTS, decode_layer.MERGE_ROWS, decode_layer.NEW_KV,
-            decode_layer.MERGE_CTX) == (
-        16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, 4, "loop", 2, "first", "early")
+            decode_layer.FMA_ROWS, decode_layer.MERGE_ROWS, decode_layer.NEW_KV, decode_layer.MERGE_CTX) == (
+        16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, 4, 2, "first", "early")
 
 
 def test_each_knob_is_read_when_set():
@@ -108,7 +107,7 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
                                         ("LABKIT_DECODE_SPLIT_BLOCK_N", "48"), ("LABKIT_DECODE_O_PROJ_PDL", "off"),
                                         ("LABKIT_DECODE_GATE_UP_WARPS", "3"), ("LABKIT_DECODE_GATE_UP_WARPS", "32"),
                                         ("LABKIT_DECODE_FMA_ROWS", "3"), ("LABKIT_DECODE_FMA_ROWS", "32"),
-                                        ("LABKIT_DECODE_ROW_INPUTS", "before"), ("LABKIT_DECODE_MERGE_ROWS", "3"),
+                                        ("LABKIT_DECODE_MERGE_ROWS", "3"),
                                         ("LABKIT_DECODE_MERGE_ROWS", "0"), ("LABKIT_DECODE_NEW_KV", "early"),
                                         ("LABKIT_DECODE_MERGE_CTX", "first")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
@@ -271,24 +270,12 @@ def test_fma_rows_send_rows_up_to_it_through_the_one_row_arithmetic(monkeypatch,
         assert meta(rows) == ((True, 1 << (rows - 1).bit_length(), 0, 4) if per_row else (False, 16, 128, 8))
 
 
-@pytest.mark.parametrize("row_inputs", ["loop", "ahead"])
-def test_row_inputs_ahead_reach_only_rows_taken_one_at_a_time(monkeypatch, row_inputs):
-    """LABKIT_DECODE_ROW_INPUTS=ahead: a launch of 2..FMA_ROWS rows loads every row's inputs before its loop; one
-    row and the tile's rows are launched as before."""
-    from engine.kernels import decode_layer as dl
-
-    monkeypatch.setattr(dl, "FMA_ROWS", 4)
-    monkeypatch.setattr(dl, "ROW_INPUTS", row_inputs)
-
-    def ahead(rows):
-        return dl.gemv_meta(rows, 1024, 1024, 1, s_in=0, residual=False, norm=False, silu=False,
-                            partials_out=False, dtype=torch.bfloat16, use_pdl=False, trigger=0)[1]["AHEAD"]
-    assert [ahead(r) for r in (1, 2, 4, 5, 16)] == [False, *[row_inputs == "ahead"] * 2, False, False]
-    res = _import_with({"LABKIT_DECODE_ROW_INPUTS": "ahead", "LABKIT_DECODE_MERGE_ROWS": "2",
-                        "LABKIT_DECODE_NEW_KV": "first", "LABKIT_DECODE_MERGE_CTX": "early"},
-                       "from engine.kernels import decode_layer as d; "
-                       "print(d.ROW_INPUTS, d.MERGE_ROWS, d.NEW_KV, d.MERGE_CTX)")
-    assert res.returncode == 0 and res.stdout.split() == ["ahead", "2", "first", "early"], res.stderr
+def test_session_26s_knobs_are_read_from_the_environment():
+    """LABKIT_DECODE_MERGE_ROWS, _NEW_KV and _MERGE_CTX set to values other than their defaults reach the module."""
+    res = _import_with({"LABKIT_DECODE_MERGE_ROWS": "4", "LABKIT_DECODE_NEW_KV": "last",
+                        "LABKIT_DECODE_MERGE_CTX": "late"},
+                       "from engine.kernels import decode_layer as d; print(d.MERGE_ROWS, d.NEW_KV, d.MERGE_CTX)")
+    assert res.returncode == 0 and res.stdout.split() == ["4", "last", "late"], res.stderr
 
 
 @pytest.mark.parametrize("new_kv", ["last", "first"])

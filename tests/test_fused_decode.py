@@ -31,12 +31,11 @@ def _close(a, b, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
-# (3: rows one at a time, LABKIT_DECODE_FMA_ROWS, their inputs loaded in the loop or ahead of it; 6: the tile)
-@pytest.mark.parametrize("M, row_inputs", [(1, "loop"), (3, "loop"), (3, "ahead"), (6, "loop")])
+# (3: rows one at a time, LABKIT_DECODE_FMA_ROWS; 6: the tile)
+@pytest.mark.parametrize("M", [1, 3, 6])
 @pytest.mark.parametrize("rows, chunk, k_chunk", [(16, 0, 0), (32, 0, 0), (16, 64, 0), (16, 64, 32), (32, 0, 64)])
 def test_gemv_with_partials_residual_and_norm_is_add_rms_norm_then_matmul(dtype, M, rows, chunk, k_chunk,
-                                                                          row_inputs, monkeypatch):
-    monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
+                                                                          monkeypatch):
     monkeypatch.setattr(decode_layer, "_BLOCK_N", rows)  # 40 rows: the last tile part masked either way
     monkeypatch.setattr(decode_layer, "NORM_CHUNK", chunk)  # 64: the norm's rows in 4 chunks, the last masked
     monkeypatch.setattr(decode_layer, "K_CHUNK", k_chunk)  # K = 192 in a 256 tile: 32 -> 8 chunks, the last 2 masked
@@ -102,12 +101,10 @@ def _attention_parts(B, H, S, D, ctx, block_n, seed=0):
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
 @pytest.mark.parametrize("M, S, block_n, ctx", [(1, 5, 16, [40]), (3, 4, 16, [40, 7, 0]), (2, 3, 32, [100, 33]),
                                                (3, 8, 64, [129, 64, 1])])
-@pytest.mark.parametrize("row_inputs, merge_ctx", [("loop", "late"), ("ahead", "late"), ("loop", "early"),
-                                                   ("ahead", "early")])
-def test_gemv_merging_attention_parts_is_the_merge_kernel_then_the_gemv(dtype, M, S, block_n, ctx, row_inputs,
-                                                                       merge_ctx, monkeypatch):
+@pytest.mark.parametrize("merge_ctx", ["late", "early"])  # (2-3 rows: one at a time, LABKIT_DECODE_FMA_ROWS)
+def test_gemv_merging_attention_parts_is_the_merge_kernel_then_the_gemv(dtype, M, S, block_n, ctx, merge_ctx,
+                                                                       monkeypatch):
     from engine.kernels.decode_attention import _decode_merge_kernel
-    monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)  # (2-3 rows: one at a time, LABKIT_DECODE_FMA_ROWS)
     monkeypatch.setattr(decode_layer, "MERGE_CTX", merge_ctx)  # (the context lengths before the PDL wait or after)
     H, D = 4, 16
     acc, ml = _attention_parts(M, H, S, D, ctx, block_n)
@@ -123,10 +120,8 @@ def test_gemv_merging_attention_parts_is_the_merge_kernel_then_the_gemv(dtype, M
 
 
 @pytest.mark.parametrize("ctx", [[32], [32, 16]])
-@pytest.mark.parametrize("row_inputs, merge_ctx", [("loop", "late"), ("ahead", "late"), ("loop", "early"),
-                                                   ("ahead", "early")])
-def test_gemv_merge_reads_only_the_splits_that_hold_keys(ctx, row_inputs, merge_ctx, monkeypatch):
-    monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
+@pytest.mark.parametrize("merge_ctx", ["late", "early"])
+def test_gemv_merge_reads_only_the_splits_that_hold_keys(ctx, merge_ctx, monkeypatch):
     monkeypatch.setattr(decode_layer, "MERGE_CTX", merge_ctx)
     # A split past its row's context is never read (its acc and max are poison here): the bounds come from the
     # context length, as the attention kernel draws them (32 and 16: the first dead split starts at the end).
@@ -224,24 +219,23 @@ def _merge_launches(monkeypatch) -> list:
     return merges
 
 
-# (3 rows on the tile, or one at a time: their inputs loaded in the loop or ahead of it, their parts merged by the
-# merge kernel or by o_proj; this token's K/V made after the older keys or first, LABKIT_DECODE_NEW_KV, and with it
-# o_proj's context lengths loaded before the wait, LABKIT_DECODE_MERGE_CTX)
-@pytest.mark.parametrize("rows, fma_rows, merge_rows, row_inputs, new_kv", [
-    (1, 4, 1, "loop", "first"), (3, 1, 1, "loop", "last"), (3, 4, 1, "loop", "last"), (3, 4, 4, "ahead", "first")])
+# (3 rows on the tile, or one at a time, their parts merged by the merge kernel or by o_proj; this token's K/V
+# made after the older keys or first, LABKIT_DECODE_NEW_KV, and with it o_proj's context lengths loaded before
+# the wait, LABKIT_DECODE_MERGE_CTX)
+@pytest.mark.parametrize("rows, fma_rows, merge_rows, new_kv", [
+    (1, 4, 1, "first"), (3, 1, 1, "last"), (3, 4, 1, "last"), (3, 4, 4, "first")])
 @pytest.mark.parametrize("merge_in_gemv", ["0", "1"])
 @pytest.mark.parametrize("dtype, splits, block_n, gemv_rows", [
     ("float32", 1, 128, 16), ("float32", 2, 128, 16), ("float16", 1, 128, 16), ("float16", 3, 128, 16),
     ("float32", 3, 16, 16), ("float16", 2, 16, 16), ("float32", 2, 64, 32), ("float16", 1, 128, 64)])
 def test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, splits, block_n, gemv_rows,
-                                                      merge_in_gemv, fma_rows, merge_rows, row_inputs, new_kv,
+                                                      merge_in_gemv, fma_rows, merge_rows, new_kv,
                                                       monkeypatch):
     # block_n 16: the pool's 16-token pages are whole tiles, and a split walks several of them; gemv_rows > 16:
     # the GEMVs' programs own more weight rows (LABKIT_DECODE_GEMV), the last tile part masked; merge_in_gemv:
     # a split context's parts merged by o_proj's GEMV, not the merge kernel (LABKIT_DECODE_MERGE_IN_GEMV)
     monkeypatch.setattr(decode_layer, "FMA_ROWS", fma_rows)
     monkeypatch.setattr(decode_layer, "MERGE_ROWS", merge_rows)
-    monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
     monkeypatch.setattr(decode_layer, "NEW_KV", new_kv)
     monkeypatch.setattr(decode_layer, "MERGE_CTX", "early" if new_kv == "first" else "late")
     monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", merge_in_gemv)
@@ -316,19 +310,15 @@ def test_fused_decode_applies_only_to_small_decode_graph_steps():
     assert not fused_decode.applies(Context(None, graph, PrefillMeta(t[0], t[0], 1, 1)), 1)  # a mixed step
 
 
-@pytest.mark.parametrize("M, k_chunk, fma_rows, row_inputs", [(1, 0, 4, "loop"), (4, 0, 1, "loop"),
-                                                              (4, 32, 1, "loop"), (4, 0, 4, "loop"),
-                                                              (3, 0, 4, "ahead")])
+@pytest.mark.parametrize("M, k_chunk, fma_rows", [(1, 0, 4), (4, 0, 1), (4, 32, 1), (4, 0, 4), (3, 0, 4)])
 @pytest.mark.parametrize("K, split", [(256, 4), (96, 2)])
-def test_gemv_norm_over_split_k_ranges_normalises_each_range_with_its_own_weights(M, k_chunk, fma_rows, row_inputs,
-                                                                                  K, split, monkeypatch):
+def test_gemv_norm_over_split_k_ranges_normalises_each_range_with_its_own_weights(M, k_chunk, fma_rows, K, split,
+                                                                                  monkeypatch):
     """A split program's columns start at pid_k * KS: its norm weights and inputs must be that range's too, and
     nothing past it (96 / 2: ranges of 48 in tiles of 64, whose last chunk reaches into the next range); rows
-    taken one at a time (their inputs loaded in the loop or ahead of it) take the norm's statistics over whole
-    rows, not their range."""
+    taken one at a time take the norm's statistics over whole rows, not their range."""
     monkeypatch.setattr(decode_layer, "K_CHUNK", k_chunk)
     monkeypatch.setattr(decode_layer, "FMA_ROWS", fma_rows)
-    monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
     N = 24
     x = _rand(M, K, seed=21)
     nw = _rand(K, seed=22) + 1
@@ -358,15 +348,12 @@ def test_only_o_proj_takes_its_own_pdl_point(tiny_model, monkeypatch):
     llm.exit()
 
 
-@pytest.mark.parametrize("M, fma_rows, row_inputs", [(2, 2, "loop"), (3, 4, "loop"), (5, 8, "loop"),
-                                                     (16, 16, "loop"), (2, 2, "ahead"), (3, 4, "ahead")])
+@pytest.mark.parametrize("M, fma_rows", [(2, 2), (3, 4), (5, 8), (16, 16)])
 @pytest.mark.parametrize("kind", ["qkv", "qkv_whole", "o_proj", "o_merge", "o_merge_early", "gate_up", "down"])
-def test_rows_taken_one_at_a_time_equal_one_row_launches_bit_for_bit(M, fma_rows, row_inputs, kind, monkeypatch):
+def test_rows_taken_one_at_a_time_equal_one_row_launches_bit_for_bit(M, fma_rows, kind, monkeypatch):
     """LABKIT_DECODE_FMA_ROWS: up to that many rows go through the one-row arithmetic in one launch, so each row's
-    output (and the new residual) is exactly what a one-row launch gives, whatever the batch, and wherever the
-    rows' inputs are loaded (LABKIT_DECODE_ROW_INPUTS)."""
+    output (and the new residual) is exactly what a one-row launch gives, whatever the batch."""
     monkeypatch.setattr(decode_layer, "FMA_ROWS", fma_rows)
-    monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
     # (o_merge_early: the context lengths loaded before the PDL wait, LABKIT_DECODE_MERGE_CTX)
     monkeypatch.setattr(decode_layer, "MERGE_CTX", "early" if kind == "o_merge_early" else "late")
     kind = kind.removesuffix("_early")
@@ -393,17 +380,12 @@ def test_rows_taken_one_at_a_time_equal_one_row_launches_bit_for_bit(M, fma_rows
                         split=2)
         return gemv(w, x=x[rows], split=2 if kind == "o_proj" else 1)
     got = launch(slice(None))
-    # Rows loaded ahead and picked out of their tile: bit-equal in the interpreter, but on the GPU the row picked
-    # out has another register layout than a loaded row, so its sums run in another float32 order (an H100,
-    # session 26): the same sums up to that order there.
-    same = torch.equal if row_inputs == "loop" or DEVICE == "cpu" else \
-        (lambda a, b: _close(a, b, torch.float32) is None)
     for m in range(M):
         one = launch(slice(m, m + 1))
         if kind in ("qkv", "qkv_whole", "gate_up"):
-            assert same(got[0][m], one[0][0]) and torch.equal(got[1][m], one[1][0])
+            assert torch.equal(got[0][m], one[0][0]) and torch.equal(got[1][m], one[1][0])
         else:
-            assert same(got[:, m], one[:, 0])
+            assert torch.equal(got[:, m], one[:, 0])
     monkeypatch.setattr(decode_layer, "FMA_ROWS", 1)  # the tile path: the same sums up to float32 order
     tile = launch(slice(None))
     if kind in ("qkv", "qkv_whole", "gate_up"):
@@ -413,16 +395,14 @@ def test_rows_taken_one_at_a_time_equal_one_row_launches_bit_for_bit(M, fma_rows
         _close(got, tile, torch.float32)
 
 
-@pytest.mark.parametrize("rows, row_inputs, splits, merge_ctx", [(2, "loop", 1, "late"), (3, "loop", 1, "late"),
-                                                                 (2, "ahead", 1, "late"), (3, "ahead", 3, "early"),
-                                                                 (2, "loop", 2, "late"), (3, "loop", 2, "early")])
-def test_a_fused_step_taking_rows_one_at_a_time_is_each_rows_one_row_step(tiny_model, rows, row_inputs, splits,
-                                                                          merge_ctx, monkeypatch):
+@pytest.mark.parametrize("rows, splits, merge_ctx", [(2, 1, "late"), (3, 1, "late"), (3, 3, "early"), (2, 2, "late"),
+                                                     (3, 2, "early")])
+def test_a_fused_step_taking_rows_one_at_a_time_is_each_rows_one_row_step(tiny_model, rows, splits, merge_ctx,
+                                                                          monkeypatch):
     """With LABKIT_DECODE_FMA_ROWS covering the batch, a fused decode step's hidden states are, row for row and bit
     for bit, those of one-row steps, and match the unfused step; a split context's parts merged by o_proj at every
     row (LABKIT_DECODE_MERGE_ROWS) as at one."""
     monkeypatch.setattr(decode_layer, "FMA_ROWS", 4)
-    monkeypatch.setattr(decode_layer, "ROW_INPUTS", row_inputs)
     monkeypatch.setattr(decode_layer, "MERGE_ROWS", 4)
     monkeypatch.setattr(decode_layer, "MERGE_CTX", merge_ctx)
     monkeypatch.setattr(decode_layer, "MERGE_IN_GEMV", "1")
@@ -442,10 +422,7 @@ def test_a_fused_step_taking_rows_one_at_a_time_is_each_rows_one_row_step(tiny_m
         return out
     got = step(slice(0, rows))
     for m in range(rows):
-        if row_inputs == "loop" or DEVICE == "cpu":
-            assert torch.equal(got[m], step(slice(m, m + 1))[0])
-        else:  # (rows loaded ahead: the same sums up to float32 order on the GPU, as above)
-            _close(got[m], step(slice(m, m + 1))[0], torch.float32)
+        assert torch.equal(got[m], step(slice(m, m + 1))[0])
     assert not merges  # (every split's parts merged by o_proj)
     d = {k: v[:rows] for k, v in dec.items()}
     runner.kv_cache.copy_(pool)

@@ -47,6 +47,26 @@ def test_a_launch_that_does_not_compile_is_named_with_its_error(tmp_path):
     assert not bad["ok"] and "power of 2" in bad["error"] and good["ok"] and version["triton"]
 
 
+def test_a_launchs_ptx_fingerprint_follows_its_code_not_its_source_lines(tmp_path):
+    """--json's "ptx": equal for the same kernel compiled twice, different for other constexprs (other code), and
+    blind to the source locations that move with every edit of a kernel's file."""
+    needs_sm90_tools()
+    sm = _load()
+    launch = {"kernel": "_partials_norm_kernel", "module": "engine.kernels.decode_layer",
+              "sig": {"part_ptr": "*fp32", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32",
+                      "K": "i32", "eps": "fp32"},
+              "constexprs": {"S_IN": 2, "BLOCK": 128, "USE_PDL": True}, "options": {"num_warps": 4}}
+    other = {**launch, "constexprs": {**launch["constexprs"], "S_IN": 3}}
+    path = tmp_path / "launches.json"
+    path.write_text(json.dumps([launch, launch, other]))
+    a, b, c, _ = json.loads(sm._run("--compile", str(path), interpret=False))
+    assert a["ok"] and a["ptx"] == b["ptx"] != c["ptx"] and a["constexprs"] == launch["constexprs"]
+    ptx = "\n".join([".version 8.7", ".file 1 \"decode_layer.py\"", "\tld.global.b32 %r1, [%rd1];",
+                     "\t.loc 1 310 5", "\tadd.f32 %f1, %f2, %f3;"])
+    moved = ptx.replace(".loc 1 310 5", ".loc 1 312 5").replace("decode_layer.py", "x.py")
+    assert sm.ptx_fingerprint(ptx) == sm.ptx_fingerprint(moved) != sm.ptx_fingerprint(ptx.replace("add", "sub"))
+
+
 @pytest.mark.slow
 def test_every_launch_compiles_with_the_devices_triton(tmp_path_factory):
     """Triton 3.6 (the H200's) installed into a folder of its own: the same launches must compile there."""

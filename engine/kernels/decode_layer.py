@@ -105,14 +105,6 @@ MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core 
 FMA_ROWS = int(os.environ.get("LABKIT_DECODE_FMA_ROWS", "4"))
 if FMA_ROWS not in (1, 2, 4, 8, 16):
     raise ValueError(f"LABKIT_DECODE_FMA_ROWS: 1, 2, 4, 8 or 16, got {FMA_ROWS}")
-# Where rows taken one at a time get their inputs: "loop" (each row's loads inside the loop, after the previous
-# row's sums: a row adds a round trip to the L2 after the wait) or "ahead" (every row's inputs loaded at once
-# before the loop, held in the model dtype, each row then picked out). Measured on an H100 (docs/perf.md, session
-# 26): ahead took batch 2 to 0.931x but batch 4 to 1.036x (gate/up spills more), and the row picked out of the tile
-# has another register layout than a loaded row, so its sums are not bit-equal to a one-row launch's: off.
-ROW_INPUTS = os.environ.get("LABKIT_DECODE_ROW_INPUTS", "loop")
-if ROW_INPUTS not in ("loop", "ahead"):
-    raise ValueError(f"LABKIT_DECODE_ROW_INPUTS: loop or ahead, got {ROW_INPUTS!r}")
 # The most rows whose split attention parts o_proj's GEMV merges (rows taken one at a time, each merged as one row
 # is; more rows, or rows on the tile, get the merge kernel). 2 took batch 2 (two splits at short contexts) from
 # 0.5087 to 0.5015 ms a token against 1 (0.986x, an H100, two calls; docs/perf.md, session 26).
@@ -233,13 +225,6 @@ def _each_row(w, ON_GPU: tl.constexpr):
 
 
 @triton.jit
-def _row_of(t, offs_m, m):
-    """Row m of t [rows, cols] as [1, cols] float32, exactly: the other rows add -0.0, which changes no value (a
-    row's +0.0 or -0.0 included)."""
-    return tl.sum(tl.where(offs_m[:, None] == m, t.to(tl.float32), -0.0), axis=0)[None, :]
-
-
-@triton.jit
 def _row_ctx(ctx_all, offs_m, m):
     """Row m's context length out of the rows', as a [1] tensor."""
     return tl.sum(tl.where(offs_m == m, ctx_all, 0), axis=0) + tl.zeros([1], tl.int32)
@@ -277,7 +262,7 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_FULL: tl.constexpr,
     USE_PDL: tl.constexpr, TRIGGER: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM_CHUNK: tl.constexpr,
     K_CHUNK: tl.constexpr, ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr,
-    PER_ROW: tl.constexpr, AHEAD: tl.constexpr, CTX_EARLY: tl.constexpr, ON_GPU: tl.constexpr,
+    PER_ROW: tl.constexpr, CTX_EARLY: tl.constexpr, ON_GPU: tl.constexpr,
 ):
     """y = W @ f(x) for M <= 16 rows. Program (n tile, k split) owns BLOCK_N rows of W and one KS-wide range of
     K, loaded whole before the wait (K_CHUNK 0: one row, or PER_ROW's rows, each then reduced as one row is), or
@@ -326,45 +311,21 @@ def _gemv_kernel(
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         if SILU:
             acc_u = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        # One K range holding whole rows (q/k/v, gate/up): the norm's rows are the input's own.
-        WHOLE: tl.constexpr = EVEN and BLOCK_K == K_FULL
-        if AHEAD:
-            # Every row's inputs at once, in the model dtype (their values are that dtype's: exact).
-            xa = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_all, offs_m, offs_k,
-                         m_mask[:, None] if EVEN else m_mask[:, None] & k_mask[None, :], M, K, stride_xm, S_IN,
-                         RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, True).to(DT)
-            if NORM:
-                ka = tl.arange(0, K_FULL)
-                fa_mask = m_mask[:, None] if FULL_EVEN else m_mask[:, None] & (ka < K)[None, :]
-                if WHOLE:
-                    ha = xa
-                else:
-                    ha = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_all, offs_m, ka, fa_mask, M, K, stride_xm,
-                                 S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, True).to(DT)
-                if RESIDUAL:
-                    if (pid_n == 0) & (pid_k == 0):
-                        tl.store(res_out_ptr + offs_m[:, None] * K + ka[None, :], ha, mask=fa_mask)
         for m in range(0, M):  # (a loop, not unrolled: unrolled, every row's loads are hoisted and gate/up spills)
             om = m + tl.arange(0, 1)
             mm = om < M
-            if AHEAD:
-                xm = _row_of(xa, offs_m, m)
-            else:
-                xm = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, _row_ctx(ctx_all, offs_m, m), om, offs_k,
-                             mm[:, None] if EVEN else mm[:, None] & k_mask[None, :], M, K, stride_xm, S_IN, RESIDUAL,
-                             DT, ATTN_S, ATTN_D, ATTN_BN, True)
+            xm = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, _row_ctx(ctx_all, offs_m, m), om, offs_k,
+                         mm[:, None] if EVEN else mm[:, None] & k_mask[None, :], M, K, stride_xm, S_IN, RESIDUAL,
+                         DT, ATTN_S, ATTN_D, ATTN_BN, True)
             if NORM:
-                if AHEAD:
-                    h = _row_of(ha, offs_m, m)
-                else:
-                    full_mask = mm[:, None] if FULL_EVEN else mm[:, None] & (tl.arange(0, K_FULL) < K)[None, :]
-                    h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, _row_ctx(ctx_all, offs_m, m), om,
-                                tl.arange(0, K_FULL), full_mask, M, K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D,
-                                ATTN_BN, True)
-                    if RESIDUAL:
-                        if (pid_n == 0) & (pid_k == 0):
-                            tl.store(res_out_ptr + om[:, None] * K + tl.arange(0, K_FULL)[None, :], h.to(DT),
-                                     mask=full_mask)
+                full_mask = mm[:, None] if FULL_EVEN else mm[:, None] & (tl.arange(0, K_FULL) < K)[None, :]
+                h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, _row_ctx(ctx_all, offs_m, m), om,
+                            tl.arange(0, K_FULL), full_mask, M, K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D,
+                            ATTN_BN, True)
+                if RESIDUAL:
+                    if (pid_n == 0) & (pid_k == 0):
+                        tl.store(res_out_ptr + om[:, None] * K + tl.arange(0, K_FULL)[None, :], h.to(DT),
+                                 mask=full_mask)
                 rstd = tl.math.rsqrt(tl.sum(h * h, axis=1) / K + eps)
                 xm = _rnd(_rnd(xm * rstd[:, None], DT) * nw[None, :], DT)
             sel = offs_m[None, :] == m
@@ -474,7 +435,7 @@ def gemv_meta(M: int, N: int, K: int, split: int, *, s_in: int, residual: bool, 
         BLOCK_N=_BLOCK_N, BLOCK_K=block_k, K_FULL=k_full, USE_PDL=use_pdl, TRIGGER=trigger,
         DOT_PRECISION=dot_precision(dtype), NORM_CHUNK=k_full if one else min(NORM_CHUNK or k_full, k_full),
         K_CHUNK=0 if one else min(K_CHUNK, block_k), ATTN_S=attn[0], ATTN_D=attn[1], ATTN_BN=attn[2],
-        PER_ROW=per_row, AHEAD=per_row and ROW_INPUTS == "ahead", CTX_EARLY=MERGE_CTX == "early", ON_GPU=on_gpu,
+        PER_ROW=per_row, CTX_EARLY=MERGE_CTX == "early", ON_GPU=on_gpu,
         num_warps=_WARPS if not one else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else _WARPS_ONE_ROW,
         enable_fp_fusion=False)
     return (triton.cdiv(N, _BLOCK_N), split), meta

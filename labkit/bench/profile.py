@@ -97,15 +97,17 @@ IDLE = ("idle", "idle", "no kernel or copy running on any stream")
 # Our Triton kernels go by their function names (engine/kernels/*.py: _rms_norm_kernel, _silu_and_mul_kernel,
 # _qk_norm_rope_kernel, ...); inductor's triton_{poi,red,per}_fused_* names stay for profiles of older commits.
 KERNEL_FAMILIES: tuple[tuple[str, str], ...] = (
-    ("attention_decode", r"_decode_split_kernel|_decode_merge_kernel|flash_fwd_splitkv|flash_decod|paged_decode"),
+    # (_qkv_attention_kernel: the fused decode step's attention, with its q/k norm, RoPE and KV write)
+    ("attention_decode", r"_qkv_attention_kernel|_decode_split_kernel|_decode_merge_kernel|flash_fwd_splitkv"
+                         r"|flash_decod|paged_decode"),
     ("attention_prefill", r"_prefill_kernel|flash_fwd_kernel|fmha|flash_attn|cudnn.*sdpa|attention"),
     ("kv_write", r"_store_kv_kernel|store_kvcache|reshape_and_cache"),
     ("sampler", r"_gumbel_chunk_kernel|_pick_chunk_kernel|gumbel|softmax|argmax|exponential|distribution_"
                 r"|topk|sort|multinomial|cumsum"),
     ("gemm", r"_small_gemm_kernel|_split_k_reduce_kernel|gemm|gemv|nvjet|cublas|cutlass|xmma|wgmma|splitkreduce"
              r"|matmul|triton_tem_"),
-    ("norm_rope_act", r"_qk_norm_rope_kernel|triton_(poi|red|per)_fused|rms_?norm|layer_?norm|rsqrt|rotary|rope"
-                      r"|silu|gelu|swiglu|act_and_mul"),
+    ("norm_rope_act", r"_qk_norm_rope_kernel|_partials_norm_kernel|triton_(poi|red|per)_fused|rms_?norm"
+                      r"|layer_?norm|rsqrt|rotary|rope|silu|gelu|swiglu|act_and_mul"),
     ("copy_memset", r"memcpy|memset|copy_kernel|direct_copy|catarraybatchedcopy|fill|copy"),
     ("norm_rope_act", r"elementwise_kernel|reduce_kernel"),
 )
