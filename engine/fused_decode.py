@@ -12,7 +12,18 @@ import torch
 
 from .context import get_context
 from .device import num_sms
-from .kernels.decode_layer import MAX_ROWS, O_PROJ_PDL, gemv, merges_in_gemv, partials_norm, qkv_attention, split_for
+from .kernels.decode_layer import (
+    MAX_ROWS,
+    O_PROJ_PDL,
+    gemv,
+    merges_in_gemv,
+    mlp,
+    mlp_counts,
+    mlp_in_one_launch,
+    partials_norm,
+    qkv_attention,
+    split_for,
+)
 
 
 def applies(ctx, rows: int) -> bool:
@@ -28,7 +39,7 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Te
     hidden = model.embed_tokens(input_ids)
     residual, partials = hidden, None
     for layer in model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
+        attn, ffn = layer.self_attn, layer.mlp
         ln = layer.input_layernorm
         if partials is None:  # the first layer: its input is the embedding, which is also the residual
             qkv = gemv(attn.qkv_proj.weight, x=hidden, norm_weight=ln.weight, eps=ln.eps)
@@ -43,8 +54,15 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Te
         w_o = attn.o_proj.weight
         partials = gemv(w_o, x=o, split=split_for(w_o.shape[0], w_o.shape[1], sms), pdl=O_PROJ_PDL)
         ln = layer.post_attention_layernorm
-        h, residual = gemv(mlp.gate_up_proj.weight, partials=partials, residual=residual, norm_weight=ln.weight,
-                           eps=ln.eps, silu=True)
-        w_d = mlp.down_proj.weight
-        partials = gemv(w_d, x=h, split=split_for(w_d.shape[0], w_d.shape[1], sms))
+        w_gu, w_d = ffn.gate_up_proj.weight, ffn.down_proj.weight
+        split = split_for(w_d.shape[0], w_d.shape[1], sms)
+        if mlp_in_one_launch(w_d.shape[1], w_d.shape[0], split):  # (LABKIT_DECODE_MLP=one)
+            if getattr(model, "_mlp_counts", None) is None:
+                model._mlp_counts = mlp_counts(input_ids.device)
+            partials, residual = mlp(w_gu, w_d, partials=partials, residual=residual, norm_weight=ln.weight,
+                                     eps=ln.eps, split=split, counts=model._mlp_counts)
+        else:
+            h, residual = gemv(w_gu, partials=partials, residual=residual, norm_weight=ln.weight, eps=ln.eps,
+                               silu=True)
+            partials = gemv(w_d, x=h, split=split)
     return partials_norm(partials, residual, model.norm.weight, model.norm.eps)

@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -142,6 +143,16 @@ def _record() -> list[dict]:
             parts = decode_layer.gemv(rand(hidden, inter), x=h, split=2)
             decode_layer.partials_norm(parts, residual, rand(hidden), 1e-6)
     decode_layer.FMA_ROWS = fma_default
+    # The MLP in one launch (LABKIT_DECODE_MLP=one): one row, two rows one at a time and on the tile; down's K
+    # (the intermediate) in two splits of 64 rows.
+    mlp_default = decode_layer.MLP_LAUNCHES
+    decode_layer.MLP_LAUNCHES = "one"
+    for rows, fma_rows in ((1, fma_default), (2, fma_default), (2, 1)):
+        decode_layer.FMA_ROWS = fma_rows
+        decode_layer.mlp(rand(2 * inter, hidden), rand(hidden, inter), partials=torch.randn(2, rows, hidden),
+                         residual=rand(rows, hidden), norm_weight=rand(hidden), eps=1e-6, split=2,
+                         counts=decode_layer.mlp_counts(torch.device("cpu")))
+    decode_layer.MLP_LAUNCHES, decode_layer.FMA_ROWS = mlp_default, fma_default
     with tempfile.TemporaryDirectory() as tmp:
         make_fake_model("tiny", Path(tmp) / "tiny", seed=0)
         import engine.runner
@@ -173,12 +184,13 @@ def _record() -> list[dict]:
 
 
 def ptx_fingerprint(ptx: str) -> str:
-    """A hash of PTX without its source locations (.loc, .file and the debug sections name source lines, which
-    move with any edit of the file) or comments: equal for equal code."""
+    """A hash of PTX without its source locations (.loc, .file, the debug sections and the $L__tmp labels that
+    mark inlined scopes for them: they move with any edit of the file, or a helper's call) or comments: equal for
+    equal code."""
     keep = []
     for line in ptx.splitlines():
         t = line.strip()
-        if t.startswith((".loc", ".file", "//")):
+        if t.startswith((".loc", ".file", "//")) or re.fullmatch(r"\$L__tmp\d+:", t):
             continue
         if t.startswith(".section") and "debug" in t:
             break  # (the debug sections run to the end)

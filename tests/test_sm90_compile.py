@@ -15,6 +15,7 @@ from .helpers import load_script, needs_sm90_tools
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "sm90_compile.py"
 DEVICE_TRITON = "3.6.0"  # the H200's (the device tool's README)
 KERNELS = {"_gemv_kernel", "_qkv_attention_kernel", "_decode_merge_kernel", "_partials_norm_kernel",  # fused decode
+           "_mlp_kernel",  # (LABKIT_DECODE_MLP=one)
            "_store_kv_kernel", "_prefill_kernel", "_decode_split_kernel",  # the Triton attention backend
            "_rms_norm_kernel", "_silu_and_mul_kernel", "_qk_norm_rope_kernel", "_small_gemm_kernel",
            "_gumbel_chunk_kernel", "_pick_chunk_kernel"}
@@ -62,8 +63,9 @@ def test_a_launchs_ptx_fingerprint_follows_its_code_not_its_source_lines(tmp_pat
     a, b, c, _ = json.loads(sm._run("--compile", str(path), interpret=False))
     assert a["ok"] and a["ptx"] == b["ptx"] != c["ptx"] and a["constexprs"] == launch["constexprs"]
     ptx = "\n".join([".version 8.7", ".file 1 \"decode_layer.py\"", "\tld.global.b32 %r1, [%rd1];",
-                     "\t.loc 1 310 5", "\tadd.f32 %f1, %f2, %f3;"])
-    moved = ptx.replace(".loc 1 310 5", ".loc 1 312 5").replace("decode_layer.py", "x.py")
+                     "\t.loc 1 310 5", "$L__tmp1:", "\tadd.f32 %f1, %f2, %f3;"])
+    moved = ptx.replace(".loc 1 310 5", ".loc 1 312 5").replace("decode_layer.py", "x.py").replace(
+        "$L__tmp1:\n\tadd.f32 %f1, %f2, %f3;", "\tadd.f32 %f1, %f2, %f3;\n$L__tmp2:")
     assert sm.ptx_fingerprint(ptx) == sm.ptx_fingerprint(moved) != sm.ptx_fingerprint(ptx.replace("add", "sub"))
 
 
