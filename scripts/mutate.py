@@ -3171,6 +3171,27 @@ MUTATIONS = [
       'r"_qk_norm_rope_kernel|_partials_norm_kernel|',
       'r"_qk_norm_rope_kernel|',
       "the fused decode step's last norm counted as other in a profile", ['tests/test_bench_profile.py']),
+    # --- session 27: the MLP in one launch (LABKIT_DECODE_MLP=one) ----
+    M("N686", 'engine/fused_decode.py',
+      'if mlp_in_one_launch(w_d.shape[1], w_d.shape[0], split):',
+      'if False and mlp_in_one_launch(w_d.shape[1], w_d.shape[0], split):',
+      "LABKIT_DECODE_MLP=one never reaches the fused step", ['tests/test_mlp_launch.py']),
+    M("N687", 'engine/kernels/decode_layer.py',
+      '        if readers == tl.cdiv(N, BLOCK_N) - 1:',
+      '        if readers == tl.cdiv(N, BLOCK_N) - 2:',
+      "a K range's counts reset before its last down program has waited", ['tests/test_mlp_launch.py']),
+    M("N688", 'engine/kernels/decode_layer.py',
+      'tl.atomic_add(cnt_ptr + (pid_n * BLOCK_N) // SIGNAL_KS, 1, sem="release")',
+      'tl.atomic_add(cnt_ptr + 0, 1, sem="release")',
+      "every gate/up tile counted in the first K range's count", ['tests/test_mlp_launch.py']),
+    M("N689", 'engine/kernels/decode_layer.py',
+      'tl.atomic_xchg(cnt_ptr + 2 * _COUNTS, 1, sem="relaxed")',
+      'tl.atomic_xchg(cnt_ptr + 2 * _COUNTS, 0, sem="relaxed")',
+      "a down program that gave up waiting says nothing", ['tests/test_mlp_launch.py']),
+    M("N690", 'engine/kernels/decode_layer.py',
+      'DN_PER_ROW, False, ON_GPU, BLOCK_N, 0)',
+      'DN_PER_ROW, False, ON_GPU, 0, 0)',
+      "down's programs in the one launch never wait for gate/up's tiles", ['tests/test_mlp_launch.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

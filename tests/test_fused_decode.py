@@ -206,17 +206,22 @@ def _prefilled(model_dir, dtype, kv_cache_dtype="auto"):
     return llm, dec, runner.kv_cache.clone()
 
 
-def _merge_launches(monkeypatch) -> list:
-    """The grids of decode_attention's merge kernel as the fused step launches it, from now on."""
-    merges = []
-    merge_kernel = decode_layer._decode_merge_kernel
+def _launches(monkeypatch, name: str) -> list:
+    """The grids of decode_layer's kernel `name` as the fused step launches it, from now on."""
+    grids = []
+    kernel = getattr(decode_layer, name)
 
     class Spy:
         def __getitem__(self, grid):
-            merges.append(grid)
-            return merge_kernel[grid]
-    monkeypatch.setattr(decode_layer, "_decode_merge_kernel", Spy())
-    return merges
+            grids.append(grid)
+            return kernel[grid]
+    monkeypatch.setattr(decode_layer, name, Spy())
+    return grids
+
+
+def _merge_launches(monkeypatch) -> list:
+    """The grids of decode_attention's merge kernel as the fused step launches it, from now on."""
+    return _launches(monkeypatch, "_decode_merge_kernel")
 
 
 # (3 rows on the tile, or one at a time, their parts merged by the merge kernel or by o_proj; this token's K/V

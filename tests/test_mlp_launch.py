@@ -19,7 +19,7 @@ from engine.context import Context, DecodeMeta, reset_context, set_context  # no
 from engine.kernels import decode_layer  # noqa: E402
 from engine.kernels.decode_layer import gemv, mlp, mlp_counts, mlp_in_one_launch  # noqa: E402
 
-from .test_fused_decode import DEVICE, HALF, _prefilled, _rand  # noqa: E402
+from .test_fused_decode import DEVICE, HALF, _launches, _prefilled, _rand  # noqa: E402
 
 
 def _two_launches(w_gu, w_d, parts, res, nw, split):
@@ -77,14 +77,7 @@ def test_a_fused_decode_step_with_one_launch_mlp_is_the_same_step(tiny_model, ro
     model = runner.model.model
     inter = model.layers[0].mlp.down_proj.weight.shape[1]
     hidden = model.layers[0].mlp.down_proj.weight.shape[0]
-    launches = []
-    real = decode_layer._mlp_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return real[grid]
-    monkeypatch.setattr(decode_layer, "_mlp_kernel", Spy())
+    launches = _launches(monkeypatch, "_mlp_kernel")
 
     def step(mode):
         monkeypatch.setattr(decode_layer, "MLP_LAUNCHES", mode)
