@@ -587,9 +587,9 @@ MUTATIONS = [
       "report verify's re-judged figures agree to 3 digits instead of 9"),
     # --- session 21's screen (docs/mutation-runs/2026-12-05-session21-screen.md): survivors now caught ----
     M("N137", 'engine/kernels/decode_layer.py',
-      '    if USE_PDL:\n        if TRIGGER == 2:\n            tl.extra.cuda.gdc_launch_dependents()\n    pid_n '
-      '= tl.program_id(0)',
-      '    pid_n = tl.program_id(0)',
+      '    if USE_PDL:\n        if TRIGGER == 2:\n            tl.extra.cuda.gdc_launch_dependents()\n    offs_n '
+      '= pid_n * BLOCK_N',
+      '    offs_n = pid_n * BLOCK_N',
       "LABKIT_DECODE_PDL=first never lets the successor launch from the GEMV's start", ['tests/test_pdl_trigger.py']),
     M("N138", 'engine/kernels/decode_layer.py',
       'PDL_TRIGGER = {"late": 0, "early": 1, "first": 2}',
@@ -598,11 +598,9 @@ MUTATIONS = [
       ['tests/test_pdl_trigger.py']),
     M("N139", 'engine/kernels/decode_layer.py',
       '        tl.extra.cuda.gdc_wait()\n        if TRIGGER == 1:\n            tl.extra.cuda.gdc_launch_depen'
-      'dents()\n\n '
-      '   if ATTN_S > 0 and not CTX_EARLY',
+      'dents()\n    if WAIT_BN > 0:',
       '        tl.extra.cuda.gdc_wait()\n        if TRIGGER >= 1:\n            tl.extra.cuda.gdc_launch_depen'
-      'dents()\n\n '
-      '   if ATTN_S > 0 and not CTX_EARLY',
+      'dents()\n    if WAIT_BN > 0:',
       'first mode triggers twice (at the start and again after the wait)', ['tests/test_pdl_trigger.py']),
     M("N140", 'labkit/trace/perfetto.py',
       '            if row_kind(s, phase, prompt_len.get(sid)) == "decode":\n                name = "decode"\n '
