@@ -99,6 +99,8 @@ MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core 
 # The MLP's gate/up and down in one launch ("one"), down's programs waiting on counts of the gate/up tiles done in
 # their K range, instead of two launches chained by PDL ("two"), whose down waits for the whole of gate/up to end
 # and then for its own launch: what one of a layer's five kernel boundaries costs against a count's round trip.
+# Measured on an H100 (docs/perf.md, session 27): batch 1 1.055x, batch 4 0.968x: every program of the one launch
+# takes gate/up's registers, so most of down's start, and load their weights, only as gate/up's leave: off.
 MLP_LAUNCHES = os.environ.get("LABKIT_DECODE_MLP", "two")
 if MLP_LAUNCHES not in ("one", "two"):
     raise ValueError(f"LABKIT_DECODE_MLP: one or two (launches), got {MLP_LAUNCHES!r}")
