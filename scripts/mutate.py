@@ -3190,6 +3190,10 @@ MUTATIONS = [
       'DN_PER_ROW, False, ON_GPU, BLOCK_N, 0)',
       'DN_PER_ROW, False, ON_GPU, 0, 0)',
       "down's programs in the one launch never wait for gate/up's tiles", ['tests/test_mlp_launch.py']),
+    M("N691", 'labkit/bench/compare.py',
+      "            return f\"no ratio: {'A' if not na else 'B'} has no samples\"",
+      "            return f\"no ratio: {'B' if not na else 'A'} has no samples\"",
+      "bench compare blames the wrong side for a metric without samples", ['tests/test_bench_compare.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

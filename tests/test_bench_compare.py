@@ -277,3 +277,12 @@ def test_load_results_with_the_warm_up_time_in_their_config_still_compare(tmp_pa
     b["config"]["warmup"]["requests"] = 3     # how many were sent is the configuration: refused
     with pytest.raises(LabkitError, match=r"warmup\.requests"):
         cmp.compare(a, b, "code")
+
+
+def test_a_metric_with_no_ratio_says_why():
+    """A median of 0 on A's side (a count no run of A saw, say), or a side without samples: the text says which,
+    not a bare n/a."""
+    m = cmp.sampled_metric([0.0, 0.0, 0.0], [1.0, 2.0, 3.0], "preemptions", higher_is_better=False)
+    assert m["ratio"] is None and m["text"] == "no ratio: A's median is 0 (B's 2)"
+    assert cmp.sampled_metric([], [1.0, 2.0], "x", True)["text"] == "no ratio: A has no samples"
+    assert cmp.sampled_metric([1.0, 2.0], [], "x", True)["text"] == "no ratio: B has no samples"

@@ -290,12 +290,17 @@ def sampled_metric(a: list[float], b: list[float], label: str, higher_is_better:
     within = None if iv is None else bool(iv[0] <= 1.0 <= iv[1])
     return {"label": label, "higher_is_better": higher_is_better, "a": sa, "b": sb, "ratio": r,
             "interval": None if iv is None else list(iv), "within_noise": within,
-            "text": ratio_text(r, iv, sa["n"], sb["n"])}
+            "text": ratio_text(r, iv, sa["n"], sb["n"], sa["median"], sb["median"])}
 
 
-def ratio_text(r: float | None, iv: tuple[float, float] | None, na: int, nb: int) -> str:
-    """The B/A ratio as it may be said: never a bare ratio inside the noise."""
+def ratio_text(r: float | None, iv: tuple[float, float] | None, na: int, nb: int, median_a: float | None = None,
+               median_b: float | None = None) -> str:
+    """The B/A ratio as it may be said: never a bare ratio inside the noise, and where there is none, why."""
     if r is None:
+        if not na or not nb:
+            return f"no ratio: {'A' if not na else 'B'} has no samples"
+        if median_a == 0:
+            return "no ratio: A's median is 0" + ("" if median_b is None else f" (B's {median_b:g})")
         return "n/a"
     if iv is None:
         return f"{r:.3f}x with no interval ({na} vs {nb} samples: a single sample shows no spread)"
