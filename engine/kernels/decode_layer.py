@@ -12,8 +12,8 @@ batches of decode CUDA graphs (<= 16 rows):
 
 against twelve kernels unfused (two norms, qk-norm-RoPE, KV write, SiLU*up and two split-K reduces of their
 own). LABKIT_DECODE_MLP=one puts the last two in one launch (_mlp_kernel), down's programs waiting on counts of
-gate/up's tiles: measured, and left off (docs/perf.md, session 27). At batch 1 every kernel costs a launch, the previous kernel's stragglers and its own first loads
-(docs/perf.md); the weights are 95% of the bytes.
+gate/up's tiles: measured, and left off (docs/perf.md, session 27). At batch 1 every kernel costs a launch, the
+previous kernel's stragglers and its own first loads (docs/perf.md); the weights are 95% of the bytes.
 
 Programmatic dependent launch (PDL, Hopper): each kernel loads what does not depend on the previous kernel (its
 weight tile, norm weights) before `gdc_wait()`, so those loads overlap the previous kernel's tail, and lets its
