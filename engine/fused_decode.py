@@ -48,12 +48,15 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Te
         else:
             qkv, residual = gemv(attn.qkv_proj.weight, partials=partials, residual=residual, norm_weight=ln.weight,
                                  eps=ln.eps)
-        side.ask(model.layers, i)  # (LABKIT_DECODE_L2_SIDE; off: nothing)
+        if l2_prefetch.SIDE_AT == "qkv":
+            side.ask(model.layers, i)  # (LABKIT_DECODE_L2_SIDE; off: nothing)
         a = attn.attn
         o = qkv_attention(qkv, positions, attn.rotary_emb.cos_sin_cache, attn.q_norm.weight, attn.k_norm.weight,
                           attn.q_norm.eps, ctx.slot_mapping, a.k_cache, a.v_cache, dec.block_tables,
                           dec.context_lens, a.scale, dec.num_splits, attn.num_heads, attn.num_kv_heads,
                           a.k_scale, a.v_scale, merge=not merges_in_gemv(len(input_ids), dec.num_splits))
+        if l2_prefetch.SIDE_AT == "attention":
+            side.ask(model.layers, i)
         w_o = attn.o_proj.weight
         partials = gemv(w_o, x=o, split=split_for(w_o.shape[0], w_o.shape[1], sms), pdl=O_PROJ_PDL)
         ln = layer.post_attention_layernorm

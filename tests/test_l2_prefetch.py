@@ -17,6 +17,7 @@ from engine.context import Context, DecodeMeta, reset_context, set_context  # no
 from engine.kernels import l2_prefetch  # noqa: E402
 
 CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
 
 
 def _layers(n):
@@ -54,9 +55,10 @@ def _ranges_probe(offs_ptr, size_ptr, nbytes, NT: tl.constexpr):
 @pytest.mark.parametrize("nbytes, parts, nt", [(16, 1, 4), (4096, 4, 8), (12_582_912, 32, 128), (48, 8, 4),
                                                (1040, 3, 16), (16 * 1001, 7, 32)])
 def test_the_programs_ranges_cover_each_byte_once_in_aligned_pieces(nbytes, parts, nt):
-    offs = torch.zeros(parts * nt, dtype=torch.int64)
-    size = torch.zeros(parts * nt, dtype=torch.int32)
+    offs = torch.zeros(parts * nt, dtype=torch.int64, device=DEVICE)
+    size = torch.zeros(parts * nt, dtype=torch.int32, device=DEVICE)
     _ranges_probe[(parts,)](offs, size, nbytes, NT=nt)
+    offs, size = offs.cpu(), size.cpu()
     used = size > 0
     o, s = offs[used].tolist(), size[used].tolist()
     assert all(x % 16 == 0 for x in o) and all(x % 16 == 0 for x in s)
@@ -95,8 +97,11 @@ def _decode_inputs(model_dir):
 
 
 @pytest.mark.skipif(not CUDA, reason="the bulk prefetch and side streams are CUDA's")
-@pytest.mark.parametrize("names", [("gu", "qkv"), ("o", "gu", "down", "qkv")])
-def test_a_fused_step_asking_the_l2_gives_the_same_numbers_eager_and_in_a_graph(tiny_model, names, monkeypatch):
+@pytest.mark.parametrize("names, at", [(("gu", "qkv"), "qkv"), (("o", "gu", "down", "qkv"), "qkv"),
+                                       (("gu", "down", "qkv"), "attention")])
+def test_a_fused_step_asking_the_l2_gives_the_same_numbers_eager_and_in_a_graph(tiny_model, names, at,
+                                                                                 monkeypatch):
+    monkeypatch.setattr(l2_prefetch, "SIDE_AT", at)
     llm, dec, ctx = _decode_inputs(tiny_model)
     runner = llm.model_runner
     model = runner.model.model

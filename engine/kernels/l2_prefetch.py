@@ -25,6 +25,11 @@ _side = os.environ.get("LABKIT_DECODE_L2_SIDE", "")
 if _side and (len(set(_side.split("+"))) != len(_side.split("+")) or not set(_side.split("+")) <= set(SIDE_WEIGHTS)):
     raise ValueError(f"LABKIT_DECODE_L2_SIDE: empty or a +-joined subset of o, gu, down, qkv, got {_side!r}")
 SIDE = tuple(name for name in SIDE_WEIGHTS if _side and name in _side.split("+"))
+# Where the side stream forks: after the layer's q/k/v launch ("qkv": the prefetch streams beside attention) or
+# after attention's ("attention": beside o_proj, whose weights PDL has already loaded under attention).
+SIDE_AT = os.environ.get("LABKIT_DECODE_L2_SIDE_AT", "qkv")
+if SIDE_AT not in ("qkv", "attention"):
+    raise ValueError(f"LABKIT_DECODE_L2_SIDE_AT: qkv or attention, got {SIDE_AT!r}")
 SIDE_PROGRAMS = int(os.environ.get("LABKIT_DECODE_L2_SIDE_PROGRAMS", "32"))
 if SIDE_PROGRAMS not in (8, 16, 32, 64, 132):
     raise ValueError(f"LABKIT_DECODE_L2_SIDE_PROGRAMS: 8, 16, 32, 64 or 132, got {SIDE_PROGRAMS}")
