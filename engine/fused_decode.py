@@ -12,7 +12,6 @@ import torch
 
 from .context import get_context
 from .device import num_sms
-from .kernels import l2_prefetch
 from .kernels.decode_layer import (
     MAX_ROWS,
     O_PROJ_PDL,
@@ -39,8 +38,7 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Te
     sms = num_sms(input_ids.device, 132)
     hidden = model.embed_tokens(input_ids)
     residual, partials = hidden, None
-    side = _side_stream(model, input_ids.device)
-    for i, layer in enumerate(model.layers):
+    for layer in model.layers:
         attn, ffn = layer.self_attn, layer.mlp
         ln = layer.input_layernorm
         if partials is None:  # the first layer: its input is the embedding, which is also the residual
@@ -48,15 +46,11 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Te
         else:
             qkv, residual = gemv(attn.qkv_proj.weight, partials=partials, residual=residual, norm_weight=ln.weight,
                                  eps=ln.eps)
-        if l2_prefetch.SIDE_AT == "qkv":
-            side.ask(model.layers, i)  # (LABKIT_DECODE_L2_SIDE; off: nothing)
         a = attn.attn
         o = qkv_attention(qkv, positions, attn.rotary_emb.cos_sin_cache, attn.q_norm.weight, attn.k_norm.weight,
                           attn.q_norm.eps, ctx.slot_mapping, a.k_cache, a.v_cache, dec.block_tables,
                           dec.context_lens, a.scale, dec.num_splits, attn.num_heads, attn.num_kv_heads,
                           a.k_scale, a.v_scale, merge=not merges_in_gemv(len(input_ids), dec.num_splits))
-        if l2_prefetch.SIDE_AT == "attention":
-            side.ask(model.layers, i)
         w_o = attn.o_proj.weight
         partials = gemv(w_o, x=o, split=split_for(w_o.shape[0], w_o.shape[1], sms), pdl=O_PROJ_PDL)
         ln = layer.post_attention_layernorm
@@ -71,15 +65,4 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Te
             h, residual = gemv(w_gu, partials=partials, residual=residual, norm_weight=ln.weight, eps=ln.eps,
                                silu=True)
             partials = gemv(w_d, x=h, split=split)
-    hidden = partials_norm(partials, residual, model.norm.weight, model.norm.eps)
-    side.join()
-    return hidden
-
-
-def _side_stream(model, device: torch.device) -> l2_prefetch.SideStream:
-    """The model's side stream for the L2 prefetch (made once, before a graph's capture: its warm-up pass),
-    remade when the knob's weights change (tests set them)."""
-    side = getattr(model, "_l2_side", None)
-    if side is None or side.names != l2_prefetch.SIDE:
-        side = model._l2_side = l2_prefetch.SideStream(device, l2_prefetch.SIDE)
-    return side
+    return partials_norm(partials, residual, model.norm.weight, model.norm.eps)

@@ -54,7 +54,6 @@ def _record() -> list[dict]:
         elementwise,
         gumbel_sampler,
         kv_write,
-        l2_prefetch,
         prefill_attention,
         qk_norm_rope,
         small_gemm,
@@ -98,13 +97,11 @@ def _record() -> list[dict]:
                 key = f"{self.fn.__name__} {sorted(consts.items())}"
                 launches.setdefault(key, {"kernel": self.fn.__name__, "module": self.fn.__module__, "sig": sig,
                                           "constexprs": consts, "options": options})
-                if self.fn.__name__ == "_l2_prefetch_kernel":  # (its bulk prefetch is CUDA's: compiled, not run)
-                    return None
                 return self.kernel[grid](*args, **kwargs)
             return launch
 
-    for mod in (decode_layer, decode_attention, elementwise, gumbel_sampler, kv_write, l2_prefetch,
-                prefill_attention, qk_norm_rope, small_gemm):
+    for mod in (decode_layer, decode_attention, elementwise, gumbel_sampler, kv_write, prefill_attention,
+                qk_norm_rope, small_gemm):
         for name, obj in list(vars(mod).items()):
             if hasattr(obj, "fn") and name.endswith("_kernel"):  # (launched kernels; helpers are called inside them)
                 setattr(mod, name, Recorder(obj))
@@ -156,10 +153,6 @@ def _record() -> list[dict]:
                          residual=rand(rows, hidden), norm_weight=rand(hidden), eps=1e-6, split=2,
                          counts=decode_layer.mlp_counts(torch.device("cpu")))
     decode_layer.MLP_LAUNCHES, decode_layer.FMA_ROWS = mlp_default, fma_default
-    # The side stream's L2 prefetch (LABKIT_DECODE_L2_SIDE), as engine/kernels/l2_prefetch.py launches it on CUDA.
-    l2_prefetch._l2_prefetch_kernel[(l2_prefetch.SIDE_PROGRAMS,)](
-        *l2_prefetch.prefetch_args([rand(8, hidden), rand(hidden, inter)]), NT=l2_prefetch._THREADS,
-        num_warps=l2_prefetch._THREADS // 32)
     with tempfile.TemporaryDirectory() as tmp:
         make_fake_model("tiny", Path(tmp) / "tiny", seed=0)
         import engine.runner

@@ -36,8 +36,6 @@ def test_the_defaults_are_the_measured_ones():
             decode_layer.FMA_ROWS, decode_layer.MERGE_ROWS, decode_layer.NEW_KV, decode_layer.MERGE_CTX,
             decode_layer.MLP_LAUNCHES, decode_layer.MLP_DOWN_ROWS) == (
         16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, 4, 2, "first", "early", "two", 16)
-    from engine.kernels import l2_prefetch
-    assert (l2_prefetch.SIDE, l2_prefetch.SIDE_PROGRAMS, l2_prefetch.SIDE_AT) == ((), 32, "qkv")  # (refuted: off)
 
 
 def test_each_knob_is_read_when_set():
@@ -113,14 +111,10 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
                                         ("LABKIT_DECODE_MERGE_ROWS", "3"),
                                         ("LABKIT_DECODE_MERGE_ROWS", "0"), ("LABKIT_DECODE_NEW_KV", "early"),
                                         ("LABKIT_DECODE_MERGE_CTX", "first"), ("LABKIT_DECODE_MLP", "1"),
-                                        ("LABKIT_DECODE_MLP_DOWN_ROWS", "24"), ("LABKIT_DECODE_L2_SIDE", "up"),
-                                        ("LABKIT_DECODE_L2_SIDE", "gu+gu"), ("LABKIT_DECODE_L2_SIDE", "gu,qkv"),
-                                        ("LABKIT_DECODE_L2_SIDE_PROGRAMS", "12"),
-                                        ("LABKIT_DECODE_L2_SIDE_AT", "o_proj")])
+                                        ("LABKIT_DECODE_MLP_DOWN_ROWS", "24")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
-                                     "engine.kernels.gumbel_sampler, engine.kv_layout, engine.decode_order, "
-                                     "engine.kernels.l2_prefetch")
+                                     "engine.kernels.gumbel_sampler, engine.kv_layout, engine.decode_order")
     assert res.returncode != 0 and var in res.stderr
 
 
@@ -287,11 +281,6 @@ def test_session_26s_and_27s_knobs_are_read_from_the_environment():
                        "from engine.kernels import decode_layer as d; "
                        "print(d.MERGE_ROWS, d.NEW_KV, d.MERGE_CTX, d.MLP_LAUNCHES, d.MLP_DOWN_ROWS)")
     assert res.returncode == 0 and res.stdout.split() == ["4", "last", "late", "one", "32"], res.stderr
-    res = _import_with({"LABKIT_DECODE_L2_SIDE": "qkv+gu", "LABKIT_DECODE_L2_SIDE_PROGRAMS": "64",
-                        "LABKIT_DECODE_L2_SIDE_AT": "attention"},
-                       "from engine.kernels import l2_prefetch as p; "
-                       "print('+'.join(p.SIDE), p.SIDE_PROGRAMS, p.SIDE_AT)")
-    assert res.returncode == 0 and res.stdout.split() == ["gu+qkv", "64", "attention"], res.stderr  # (read order)
 
 
 @pytest.mark.parametrize("new_kv", ["last", "first"])
