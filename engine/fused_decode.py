@@ -12,6 +12,7 @@ import torch
 
 from .context import get_context
 from .device import num_sms
+from .kernels import probe
 from .kernels.decode_layer import (
     MAX_ROWS,
     O_PROJ_PDL,
@@ -38,21 +39,24 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Te
     sms = num_sms(input_ids.device, 132)
     hidden = model.embed_tokens(input_ids)
     residual, partials = hidden, None
-    for layer in model.layers:
+    probe.PROBE.begin_pass()  # (LABKIT_DECODE_PROBE: this pass's launches get regions of their own)
+    for i, layer in enumerate(model.layers):
         attn, ffn = layer.self_attn, layer.mlp
         ln = layer.input_layernorm
         if partials is None:  # the first layer: its input is the embedding, which is also the residual
-            qkv = gemv(attn.qkv_proj.weight, x=hidden, norm_weight=ln.weight, eps=ln.eps)
+            qkv = gemv(attn.qkv_proj.weight, x=hidden, norm_weight=ln.weight, eps=ln.eps, label=f"L{i} qkv")
         else:
             qkv, residual = gemv(attn.qkv_proj.weight, partials=partials, residual=residual, norm_weight=ln.weight,
-                                 eps=ln.eps)
+                                 eps=ln.eps, label=f"L{i} qkv")
         a = attn.attn
         o = qkv_attention(qkv, positions, attn.rotary_emb.cos_sin_cache, attn.q_norm.weight, attn.k_norm.weight,
                           attn.q_norm.eps, ctx.slot_mapping, a.k_cache, a.v_cache, dec.block_tables,
                           dec.context_lens, a.scale, dec.num_splits, attn.num_heads, attn.num_kv_heads,
-                          a.k_scale, a.v_scale, merge=not merges_in_gemv(len(input_ids), dec.num_splits))
+                          a.k_scale, a.v_scale, merge=not merges_in_gemv(len(input_ids), dec.num_splits),
+                          label=f"L{i} attention")
         w_o = attn.o_proj.weight
-        partials = gemv(w_o, x=o, split=split_for(w_o.shape[0], w_o.shape[1], sms), pdl=O_PROJ_PDL)
+        partials = gemv(w_o, x=o, split=split_for(w_o.shape[0], w_o.shape[1], sms), pdl=O_PROJ_PDL,
+                        label=f"L{i} o_proj")
         ln = layer.post_attention_layernorm
         w_gu, w_d = ffn.gate_up_proj.weight, ffn.down_proj.weight
         split = split_for(w_d.shape[0], w_d.shape[1], sms)
@@ -63,6 +67,6 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Te
                                      eps=ln.eps, split=split, counts=model._mlp_counts)
         else:
             h, residual = gemv(w_gu, partials=partials, residual=residual, norm_weight=ln.weight, eps=ln.eps,
-                               silu=True)
-            partials = gemv(w_d, x=h, split=split)
+                               silu=True, label=f"L{i} gate_up")
+            partials = gemv(w_d, x=h, split=split, label=f"L{i} down")
     return partials_norm(partials, residual, model.norm.weight, model.norm.eps)

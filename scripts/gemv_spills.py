@@ -75,8 +75,9 @@ def _sass_here(g: dict) -> str:
     options = {"num_warps": meta.pop("num_warps"), "num_stages": 2, "enable_fp_fusion": meta.pop("enable_fp_fusion")}
     sig = {"w_ptr": "*bf16", "x_ptr": "*bf16", "part_ptr": "*fp32", "res_ptr": "*bf16", "res_out_ptr": "*bf16",
            "nw_ptr": "*bf16", "y_ptr": "*fp32" if g["partials_out"] else "*bf16", "ml_ptr": "*fp32",
-           "ctx_ptr": "*i32", **{k: "i32" for k in (
+           "ctx_ptr": "*i32", "probe_ptr": "*i64", **{k: "i32" for k in (
                "M", "N", "K", "KS", "stride_wn", "stride_xm", "up_rows")}, "eps": "fp32"}
+    meta["PROBE"] = 0  # (the in-kernel probe off, as the engine launches)
     sig.update({k: "constexpr" for k in meta})
     names = list(sig)
     # A launch specialises what is 16-divisible: torch's pointers, and these shapes' sizes and strides (M, the

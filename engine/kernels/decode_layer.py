@@ -40,6 +40,7 @@ from ..kv_layout import v_transposed
 from . import dot_precision
 from .decode_attention import _decode_merge_kernel
 from .kv_write import _quantize
+from .probe import grid_programs, launch_args, stamp, stamp_sm
 
 # How the fused kernels use PDL on CUDA: "early" (wait, then let the successor launch at once), "late" (let it
 # launch only at the end: PDL's prefetch without successors waiting on SMs), "first" (let it launch before this
@@ -277,20 +278,21 @@ def _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx, offs_m, offs_k, mask, M, K, s
 
 @triton.jit
 def _gemv_kernel(
-    w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_ptr, ml_ptr, ctx_ptr, M, N, K, KS, stride_wn,
+    w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_ptr, ml_ptr, ctx_ptr, probe_ptr, M, N, K, KS, stride_wn,
     stride_xm, up_rows, eps,
     S_IN: tl.constexpr, RESIDUAL: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, PARTIALS: tl.constexpr,
     EVEN: tl.constexpr, FULL_EVEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_FULL: tl.constexpr,
     USE_PDL: tl.constexpr, TRIGGER: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM_CHUNK: tl.constexpr,
     K_CHUNK: tl.constexpr, ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr,
-    PER_ROW: tl.constexpr, CTX_EARLY: tl.constexpr, ON_GPU: tl.constexpr,
+    PER_ROW: tl.constexpr, CTX_EARLY: tl.constexpr, ON_GPU: tl.constexpr, PROBE: tl.constexpr,
 ):
     """y = W @ f(x) for M <= 16 rows, one _gemv_program a (n tile, k split)."""
     _gemv_program(tl.program_id(0), tl.program_id(1), w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_ptr,
                   ml_ptr, ctx_ptr, w_ptr, 0, M, N, K, KS, stride_wn, stride_xm, up_rows, eps, S_IN, RESIDUAL, NORM,
                   SILU, PARTIALS, EVEN, FULL_EVEN, BLOCK_M, BLOCK_N, BLOCK_K, K_FULL, USE_PDL, TRIGGER,
-                  DOT_PRECISION, NORM_CHUNK, K_CHUNK, ATTN_S, ATTN_D, ATTN_BN, PER_ROW, CTX_EARLY, ON_GPU, 0, 0)
+                  DOT_PRECISION, NORM_CHUNK, K_CHUNK, ATTN_S, ATTN_D, ATTN_BN, PER_ROW, CTX_EARLY, ON_GPU, 0, 0,
+                  probe_ptr, PROBE)
 
 
 @triton.jit
@@ -303,7 +305,7 @@ def _gemv_program(
     USE_PDL: tl.constexpr, TRIGGER: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM_CHUNK: tl.constexpr,
     K_CHUNK: tl.constexpr, ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr,
     PER_ROW: tl.constexpr, CTX_EARLY: tl.constexpr, ON_GPU: tl.constexpr, WAIT_BN: tl.constexpr,
-    SIGNAL_KS: tl.constexpr,
+    SIGNAL_KS: tl.constexpr, probe_ptr, PROBE: tl.constexpr,
 ):
     """Program (pid_n, pid_k) of y = W @ f(x): it owns BLOCK_N rows of W and one KS-wide range of K, loaded whole
     before the wait (K_CHUNK 0: one row, or PER_ROW's rows, each then reduced as one row is), or K_CHUNK columns at
@@ -313,9 +315,13 @@ def _gemv_program(
     waits, after its weights' loads, until cnt_ptr[pid_k] counts every producer tile of WAIT_BN rows in its K range
     (then resets the count for the next launch, once all of the range's programs have seen it), or gives up after
     `spins` reads and raises the flag at cnt_ptr[2 * _COUNTS]; SIGNAL_KS > 0 counts this program's tile in
-    cnt_ptr[its rows // SIGNAL_KS] once its outputs are stored."""
+    cnt_ptr[its rows // SIGNAL_KS] once its outputs are stored. PROBE: timestamps into probe_ptr (probe.py)."""
     DT: tl.constexpr = x_ptr.dtype.element_ty if PARTIALS else y_ptr.dtype.element_ty
     CG: tl.constexpr = WAIT_BN > 0
+    if PROBE:
+        prog = pid_n * tl.num_programs(1) + pid_k
+        stamp(probe_ptr, prog, 0, 0.0)
+        stamp_sm(probe_ptr, prog)
     if USE_PDL:
         if TRIGGER == 2:
             tl.extra.cuda.gdc_launch_dependents()
@@ -341,10 +347,14 @@ def _gemv_program(
         if NORM:
             nw = (tl.load(nw_ptr + offs_k) if EVEN else
                   tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0)).to(tl.float32)
+        if PROBE:
+            stamp(probe_ptr, prog, 1, tl.sum(tl.sum(w.to(tl.float32), axis=1), axis=0))
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         if TRIGGER == 1:
             tl.extra.cuda.gdc_launch_dependents()
+    if PROBE:
+        stamp(probe_ptr, prog, 2, 0.0)
     if WAIT_BN > 0:
         # x's producers in this launch: every tile whose rows fall in this K range must have stored them
         target = tl.cdiv(tl.minimum(KS, K - pid_k * KS), WAIT_BN)
@@ -440,6 +450,8 @@ def _gemv_program(
     elif not PER_ROW:
         if NORM:
             x = _rnd(_rnd(x * rstd[:, None], DT) * nw[None, :], DT)
+        if PROBE:
+            stamp(probe_ptr, prog, 3, tl.sum(tl.sum(x, axis=1), axis=0))
         if BLOCK_M == 1:
             acc = tl.sum(w.to(tl.float32) * x, axis=1)[:, None]                   # [BLOCK_N, 1]
             if SILU:
@@ -449,6 +461,8 @@ def _gemv_program(
             acc = tl.dot(w, xt, input_precision=DOT_PRECISION)
             if SILU:
                 acc_u = tl.dot(wu, xt, input_precision=DOT_PRECISION)
+    if PROBE:
+        stamp(probe_ptr, prog, 4, tl.sum(tl.sum(acc, axis=1), axis=0))
     if USE_PDL:
         if TRIGGER == 0:
             tl.extra.cuda.gdc_launch_dependents()
@@ -466,6 +480,8 @@ def _gemv_program(
     if SIGNAL_KS > 0:
         tl.debug_barrier()  # (every thread's stores before the count that releases them)
         tl.atomic_add(cnt_ptr + (pid_n * BLOCK_N) // SIGNAL_KS, 1, sem="release")
+    if PROBE:
+        stamp(probe_ptr, prog, 5, 0.0)
 
 
 @triton.jit
@@ -489,13 +505,14 @@ def _mlp_kernel(
         _gemv_program(pid, 0, gu_w_ptr, gu_w_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, h_ptr, gu_w_ptr, gu_w_ptr,
                       cnt_ptr, spins, M, I, H, H, stride_gu, H, I, eps, S_IN, True, True, True, False, GU_EVEN,
                       GU_FULL_EVEN, GU_BLOCK_M, BLOCK_N, GU_BLOCK_K, GU_K_FULL, USE_PDL, TRIGGER, DOT_PRECISION,
-                      GU_NORM_CHUNK, GU_K_CHUNK, 0, 0, 0, GU_PER_ROW, False, ON_GPU, 0, DN_BLOCK_K)
+                      GU_NORM_CHUNK, GU_K_CHUNK, 0, 0, 0, GU_PER_ROW, False, ON_GPU, 0, DN_BLOCK_K, gu_w_ptr, 0)
     else:
         q = pid - gu_tiles
         _gemv_program(q % dn_tiles, q // dn_tiles, dn_w_ptr, h_ptr, dn_w_ptr, dn_w_ptr, dn_w_ptr, dn_w_ptr, out_ptr,
                       dn_w_ptr, dn_w_ptr, cnt_ptr, spins, M, H, I, dn_ks, stride_dn, I, H, eps, 0, False, False, False,
                       True, DN_EVEN, DN_FULL_EVEN, DN_BLOCK_M, DN_BLOCK_N, DN_BLOCK_K, DN_K_FULL, USE_PDL, TRIGGER,
-                      DOT_PRECISION, DN_NORM_CHUNK, DN_K_CHUNK, 0, 0, 0, DN_PER_ROW, False, ON_GPU, BLOCK_N, 0)
+                      DOT_PRECISION, DN_NORM_CHUNK, DN_K_CHUNK, 0, 0, 0, DN_PER_ROW, False, ON_GPU, BLOCK_N, 0,
+                      dn_w_ptr, 0)
 
 
 def split_for(N: int, K: int, num_sms: int, block_n: int | None = None) -> int:
@@ -551,13 +568,15 @@ def merges_in_gemv(rows: int, num_splits: int) -> bool:
 
 def gemv(w: torch.Tensor, *, x: torch.Tensor | AttnParts | None = None, partials: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
-         silu: bool = False, split: int | None = None, dtype: torch.dtype | None = None, pdl: str = ""):
+         silu: bool = False, split: int | None = None, dtype: torch.dtype | None = None, pdl: str = "",
+         label: str = "gemv"):
     """The fused decode GEMV. Input: x [M, K] in the model dtype, or attention's split parts (AttnParts, merged
     as decode_attention's merge kernel merges them and rounded to the model dtype), or partials [S, M, K]
     float32 (summed, rounded to `dtype`); plus residual [M, K] (then returns (y, new residual)); RMSNorm with
     norm_weight [K] first. w [N', K] (SILU: [2N, K], gate then up). Returns y [M, N] in the model dtype; with
     `split` given, float32 partials [split, M, N] for the next kernel to sum (one split included). pdl: where
-    this launch lets its successor launch (first, early, late; "": LABKIT_DECODE_PDL's point)."""
+    this launch lets its successor launch (first, early, late; "": LABKIT_DECODE_PDL's point); label: the
+    launch's name in the in-kernel probe's timeline (LABKIT_DECODE_PROBE)."""
     assert (x is None) != (partials is None)
     parts = x if isinstance(x, AttnParts) else None
     if parts is not None:
@@ -586,11 +605,13 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | AttnParts | None = None, partials
                            residual=residual is not None, norm=norm_weight is not None, silu=silu,
                            partials_out=partials_out, dtype=dtype, use_pdl=use_pdl, trigger=trigger,
                            attn=(S, D, parts.block_n) if parts else (0, 0, 0), on_gpu=dev.type == "cuda")
+    probe_ptr, probe_on = launch_args(label, grid_programs(grid), dev, w)
     _gemv_kernel[grid](
         w, x if x is not None else w, partials if partials is not None else w,
         residual if residual is not None else w, res_out, norm_weight if norm_weight is not None else w, y,
-        parts.ml if parts else w, parts.context_lens if parts else w,
-        M, N, K, ks, w.stride(0), x.stride(0) if x is not None else K, N, float(eps), **meta, **launch)
+        parts.ml if parts else w, parts.context_lens if parts else w, probe_ptr,
+        M, N, K, ks, w.stride(0), x.stride(0) if x is not None else K, N, float(eps), **meta, PROBE=probe_on,
+        **launch)
     return (y, res_out) if residual is not None else y
 
 
@@ -749,27 +770,31 @@ def _online(q, k, v, nmask, m_i, l_i, acc, scale_log2, DT: tl.constexpr, DOT_PRE
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _qkv_attention_kernel(
     qkv_ptr, stride_qkv, pos_ptr, cs_ptr, cs_stride, qw_ptr, kw_ptr, eps, slot_ptr,
-    k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, acc_ptr, ml_ptr,
+    k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, acc_ptr, ml_ptr, probe_ptr,
     num_splits, stride_bt, stride_block, stride_head, stride_row, stride_v_row, stride_v_d, scale_log2, v_scale,
     k_inv_scale, v_inv_scale,
     NQ: tl.constexpr, NK: tl.constexpr, FP8: tl.constexpr, V_T: tl.constexpr, GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILES: tl.constexpr,
     PARTIALS: tl.constexpr, USE_PDL: tl.constexpr, TRIGGER: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    NEW_FIRST: tl.constexpr,
+    NEW_FIRST: tl.constexpr, PROBE: tl.constexpr,
 ):
     """decode_attention._decode_split_kernel with its inputs made here: q (this program's query heads) and this
     token's k normed and rotated from the qkv row. Keys and values of the older positions come from the pool;
     the newest token's, from registers, as stored (an FP8 pool's e4m3 values), by the program whose split
     holds it, which also writes them to the pool for later steps. Everything but the qkv row was written two
     or more kernels back (the step's inputs, the pool's older rows), so the first tile is loaded before the
-    wait, under the previous kernel's tail."""
+    wait, under the previous kernel's tail. PROBE: timestamps into probe_ptr (probe.py)."""
     if USE_PDL:
         if TRIGGER == 2:
             tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    if PROBE:
+        prog = (b * tl.num_programs(1) + kvh) * tl.num_programs(2) + split
+        stamp(probe_ptr, prog, 0, 0.0)
+        stamp_sm(probe_ptr, prog)
     HALF: tl.constexpr = HEAD_DIM // 2
     DT: tl.constexpr = qkv_ptr.dtype.element_ty
     g = tl.arange(0, GROUP_PAD)
@@ -792,16 +817,22 @@ def _qkv_attention_kernel(
     head_base = kvh * stride_head
     k0, v0, mask0 = _tile(k_cache_ptr, v_cache_ptr, table, head_base, start, old_end, stride_block, stride_row,
                           stride_v_row, stride_v_d, BLOCK_SIZE, BLOCK_N, HEAD_DIM, PAGE_TILES, V_T)
+    if PROBE:
+        stamp(probe_ptr, prog, 1, tl.sum(tl.sum(k0.to(tl.float32), axis=1), axis=0))
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         if TRIGGER == 1:
             tl.extra.cuda.gdc_launch_dependents()
+    if PROBE:
+        stamp(probe_ptr, prog, 2, 0.0)
 
     row = qkv_ptr + b.to(tl.int64) * stride_qkv
     q1, q2 = _norm_rope(row, qw_ptr, cos, sin, eps, heads, gmask, HEAD_DIM, DT)
     # An FP8 pool is read in float16 (decode_attention.py says why): q's model-dtype values are exact there.
     CD: tl.constexpr = tl.float16 if FP8 and DT != tl.float32 else DT
     q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (GROUP_PAD, HEAD_DIM)).to(CD)
+    if PROBE:
+        stamp(probe_ptr, prog, 3, tl.sum(tl.sum(q.to(tl.float32), axis=1), axis=0))
     holds_new = (start <= newest) & (newest < end)
     if NEW_FIRST:
         # this token's K/V made and stored before the older keys' tiles: its norm and RoPE overlap q's
@@ -837,6 +868,8 @@ def _qkv_attention_kernel(
         m_i = m_new
     if FP8:
         acc = acc * v_scale
+    if PROBE:
+        stamp(probe_ptr, prog, 4, tl.sum(l_i, axis=0))
     if PARTIALS:
         base = (b * tl.num_programs(1) * GROUP + heads) * num_splits + split
         tl.store(acc_ptr + base[:, None] * HEAD_DIM + d[None, :], acc, mask=gmask[:, None])
@@ -846,13 +879,16 @@ def _qkv_attention_kernel(
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + b * (NQ * HEAD_DIM) + heads[:, None] * HEAD_DIM + d[None, :], out.to(DT),
                  mask=gmask[:, None])
+    if PROBE:
+        stamp(probe_ptr, prog, 5, 0.0)
 
 
 def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, q_norm: torch.Tensor,
                   k_norm: torch.Tensor, eps: float, slots: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                   num_splits: int, num_heads: int, num_kv_heads: int, k_scale: float = 1.0, v_scale: float = 1.0,
-                  block_n: int | None = None, merge: bool = True) -> torch.Tensor | AttnParts:
+                  block_n: int | None = None, merge: bool = True, label: str = "attention"
+                  ) -> torch.Tensor | AttnParts:
     """qkv [B, (heads + 2 kv_heads) * head_dim] -> attention output [B, heads * head_dim]; writes each row's K/V
     at its slot (-1: none). Context lengths include the newest token (the one written here). A split context
     (num_splits > 1) without merge: its parts unmerged, for gemv to merge as it reads them."""
@@ -871,16 +907,17 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
         acc = ml = out
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     use_pdl, trigger, launch = _pdl(qkv.device)
+    probe_ptr, probe_on = launch_args(label, batch * num_kv_heads * num_splits, qkv.device, qkv)
     _qkv_attention_kernel[(batch, num_kv_heads, num_splits)](
         qkv, qkv.stride(0), positions, cos_sin, cos_sin.stride(0), q_norm, k_norm, float(eps), slots,
-        k_cache, v_cache, block_tables, context_lens, out, acc, ml, num_splits, block_tables.stride(0),
+        k_cache, v_cache, block_tables, context_lens, out, acc, ml, probe_ptr, num_splits, block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(2), v_cache.stride(3),
         scale * 1.4426950408889634 * (k_scale if fp8 else 1.0), v_scale, 1.0 / k_scale, 1.0 / v_scale,
         NQ=num_heads, NK=num_kv_heads, FP8=fp8, V_T=v_transposed(v_cache), GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILES=page_tiles, PARTIALS=partials,
         USE_PDL=use_pdl, TRIGGER=trigger, DOT_PRECISION=dot_precision(qkv.dtype), NEW_FIRST=NEW_KV == "first",
-        num_warps=4, num_stages=2, enable_fp_fusion=False, **launch)
+        PROBE=probe_on, num_warps=4, num_stages=2, enable_fp_fusion=False, **launch)
     if partials and not merge:
         return AttnParts(acc, ml, context_lens, block_n)
     if partials:
