@@ -49,6 +49,7 @@ def medians(layers: dict[int, list[dict]], skip: int = 1) -> list[dict]:
         rows = [lr[j] for lr in middle if len(lr) > j and lr[j]["kernel"] == kernel]
         out.append({"kernel": kernel, "programs": rows[0]["programs"], "layers": len(rows),
                     "sms": statistics.median(r["sms"] for r in rows),
+                    "phases": {p: round(statistics.median(r["phases"][p] for r in rows), 3) for p in rows[0]["phases"]},
                     "after": {p: tuple(round(statistics.median(r["after"][p][i] for r in rows), 3) for i in range(3))
                               for p in rows[0]["after"]}})
     return out
@@ -66,6 +67,22 @@ def table(rows: list[dict], title: str) -> str:
         lines.append(f"{r['kernel']:<10} {r['programs']:>5} {span('start'):>11} {span('loaded'):>11} "
                      f"{span('released'):>11} {a['input'][2]:7.2f} {a['summed'][2]:7.2f} {span('end'):>11}")
     lines.append("(us after the previous kernel's end; first/last program; input, summed: last)")
+    return "\n".join(lines)
+
+
+PHASES = (("released>input", "wait>in"), ("input>new_kv", "in>kv"), ("new_kv>v_loaded", "kv>v"),
+          ("v_loaded>tiles", "v>tiles"), ("tiles>summed", "t>sum"), ("summed>end", "sum>end"))
+
+
+def phase_table(rows: list[dict]) -> str:
+    """Each kernel's programs' own time from one point to the next after the wait (medians, us)."""
+    lines = ["each program's own time after its wait (medians, us):",
+             f"{'kernel':<10} {'SMs':>4} {'start>wait':>10}" + "".join(f" {short:>8}" for _, short in PHASES)]
+    for r in rows:
+        ph = r["phases"]
+        before = ph["start>loaded"] + ph["loaded>released"]
+        lines.append(f"{r['kernel']:<10} {r['sms']:>4.0f} {before:>10.2f}"
+                     + "".join(f" {ph[p]:>8.2f}" for p, _ in PHASES))
     return "\n".join(lines)
 
 
@@ -106,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
           f"launches; a layer {statistics.median(whole) if whole else 0:.2f} us (median: qkv's start to down's "
           f"end); the timer's smallest step {step} ns")
     print(table(mid, "medians over the middle layers:"))
+    print(phase_table(mid))
     if args.layer in layers:
         print(table(layers[args.layer], f"layer {args.layer}:"))
     if args.json:

@@ -3199,7 +3199,7 @@ MUTATIONS = [
       'f.append(v)',
       "the probe's summary reads a point a kernel never stamped as the pass's start", ['tests/test_probe.py']),
     M("N693", 'engine/kernels/probe.py',
-      '"sms": len({s[6] for s in live})',
+      '"sms": len({s[SM_SLOT] for s in live})',
       '"sms": len(live)',
       "the probe counts a launch's programs as its SMs", ['tests/test_probe.py']),
     M("N694", 'engine/kernels/probe.py',

@@ -15,8 +15,10 @@ from tests.helpers import load_script
 CUDA = torch.cuda.is_available()
 
 
-def _slots(start, loaded, released, inp, summed, end, sm):
-    return [start, loaded, released, inp, summed, end, sm, 0]
+def _slots(start, loaded, released, inp, summed, end, sm, new_kv=0, v_loaded=0, tiles=0):
+    s = [start, loaded, released, inp, new_kv, v_loaded, tiles, summed, end] + [0] * (probe.SLOTS - 9)
+    s[probe.SM_SLOT] = sm
+    return s
 
 
 def test_each_launch_gets_its_own_zeroed_region_in_its_pass():
@@ -45,18 +47,24 @@ def test_a_full_buffer_is_refused_by_name(monkeypatch):
 
 
 def test_the_summary_gives_each_points_first_median_and_last_from_the_pass_start():
-    r0, r1 = probe.Region("L0 qkv", 0, 0, 3), probe.Region("L0 attention", 0, 24, 2)
+    r0, r1 = probe.Region("L0 qkv", 0, 0, 3), probe.Region("L0 attention", 0, 48, 2)
     regions = [(r0, [_slots(1000, 2000, 3000, 3500, 4000, 5000, 7), _slots(1200, 2100, 3100, 3600, 4100, 5200, 8),
                      _slots(2000, 2500, 3000, 3900, 4200, 6000, 7)]),
-               (r1, [_slots(4000, 0, 6500, 7000, 0, 9000, 1), [0] * 8])]  # (a program that never ran: zeros)
+               (r1, [_slots(4000, 0, 6500, 7000, 0, 9000, 1, new_kv=7400, tiles=8000), [0] * probe.SLOTS])]
+    # (the second attention program never ran: zeros)
     rows = probe.summarize(regions)
     assert rows[0]["label"] == "L0 qkv" and rows[0]["ran"] == 3 and rows[0]["sms"] == 2
     assert rows[0]["start"] == (0.0, 0.2, 1.0) and rows[0]["end"] == (4.0, 4.2, 5.0)
     assert rows[0]["input"] == (2.5, 2.6, 2.9)
     # a point not stamped repeats the one before it: loaded = start, summed = input
-    assert rows[1]["ran"] == 1 and rows[1]["loaded"] == (3.0, 3.0, 3.0) and rows[1]["summed"] == (6.0, 6.0, 6.0)
+    assert rows[1]["ran"] == 1 and rows[1]["loaded"] == (3.0, 3.0, 3.0) and rows[1]["summed"] == (7.0, 7.0, 7.0)
+    assert rows[1]["v_loaded"] == (6.4, 6.4, 6.4)  # (not stamped: new_kv's)
+    # phases: each program's own durations, the median over the programs (qkv: inputs after the wait 0.5 each)
+    assert rows[0]["phases"]["released>input"] == 0.5 and rows[0]["phases"]["input>new_kv"] == 0.0
+    assert rows[0]["phases"]["start>loaded"] == 0.9 and rows[0]["phases"]["summed>end"] == 1.1
+    assert rows[1]["phases"]["input>new_kv"] == 0.4 and rows[1]["phases"]["v_loaded>tiles"] == 0.6
     with pytest.raises(ValueError, match="no timestamps"):
-        probe.summarize([(r0, [[0] * 8])])
+        probe.summarize([(r0, [[0] * probe.SLOTS])])
 
 
 def test_off_or_off_cuda_a_launch_gets_its_fallback_and_no_probe(monkeypatch):
@@ -89,7 +97,8 @@ def _row(label, start, end, released=None, programs=4, sms=2):
     return {"label": label, "programs": programs, "ran": programs, "sms": sms,
             "start": (start, start + 0.5, start + 1), "loaded": (start + 1, start + 1, start + 2),
             "released": (released, released, released + 0.2), "input": (end - 2, end - 2, end - 1.5),
-            "summed": (end - 1, end - 1, end - 0.5), "end": (end - 0.5, end - 0.2, end)}
+            "summed": (end - 1, end - 1, end - 0.5), "end": (end - 0.5, end - 0.2, end),
+            "phases": {f"{a}>{b}": 0.1 * i for i, (a, b) in enumerate(zip(probe.POINTS, probe.POINTS[1:]))}}
 
 
 def test_the_layer_view_measures_each_kernel_from_the_previous_kernels_last_end():
@@ -108,8 +117,10 @@ def test_the_layer_view_measures_each_kernel_from_the_previous_kernels_last_end(
     mid = lp.medians(lp.layer_rows(chain))
     # layers 1-3 (the first and last left out): 5, 6 and 9 after the previous end -> median 6
     assert mid[0]["layers"] == 3 and mid[0]["after"]["end"][2] == 6.0
-    text = lp.table(mid, "t")
+    text = lp.table(mid, "t") + "\n" + lp.phase_table(mid)
     assert all(len(line) <= 80 for line in text.splitlines())
+    # start>wait is start>loaded + loaded>released (0.0 + 0.1); then wait>in (released>input) 0.2, ...
+    assert lp.phase_table(mid).splitlines()[-1].split()[2:5] == ["0.10", "0.20", "0.30"]
 
 
 @pytest.mark.skipif(not CUDA, reason="the probe reads the GPU's timer")
@@ -133,11 +144,15 @@ def test_a_probed_step_keeps_its_numbers_and_its_stamps_keep_the_chains_order(ti
     regions = probe.PROBE.read(probe.PROBE.pass_id)
     assert len(regions) == 5 * len(model.layers)
     prev_end = None
+    n_points = len(probe.POINTS)
     for region, slots in regions:
         assert all(s[0] > 0 for s in slots), region.label  # every program ran and stamped
         for s in slots:
-            assert s[0] <= s[1] <= s[2] <= s[3] <= s[4] <= s[5], (region.label, s)
+            points = [s[0]]
+            for v in s[1:n_points]:  # (a point this kernel does not stamp: the one before)
+                points.append(v or points[-1])
+            assert points == sorted(points), (region.label, s)
         if prev_end is not None:  # PDL: past the wait only once the previous grid has ended
             assert min(s[2] for s in slots) >= prev_end, region.label
-        prev_end = max(s[5] for s in slots)
+        prev_end = max(s[n_points - 1] for s in slots)
     llm.exit()

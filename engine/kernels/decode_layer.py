@@ -462,7 +462,7 @@ def _gemv_program(
             if SILU:
                 acc_u = tl.dot(wu, xt, input_precision=DOT_PRECISION)
     if PROBE:
-        stamp(probe_ptr, prog, 4, tl.sum(tl.sum(acc, axis=1), axis=0))
+        stamp(probe_ptr, prog, 7, tl.sum(tl.sum(acc, axis=1), axis=0))
     if USE_PDL:
         if TRIGGER == 0:
             tl.extra.cuda.gdc_launch_dependents()
@@ -481,7 +481,7 @@ def _gemv_program(
         tl.debug_barrier()  # (every thread's stores before the count that releases them)
         tl.atomic_add(cnt_ptr + (pid_n * BLOCK_N) // SIGNAL_KS, 1, sem="release")
     if PROBE:
-        stamp(probe_ptr, prog, 5, 0.0)
+        stamp(probe_ptr, prog, 8, 0.0)
 
 
 @triton.jit
@@ -840,6 +840,10 @@ def _qkv_attention_kernel(
         if holds_new & (slot >= 0):
             _store_kv(k_cache_ptr, v_cache_ptr, slot, kvh, k_new, v_new, stride_block, stride_head, stride_row,
                       stride_v_row, stride_v_d, BLOCK_SIZE, HEAD_DIM, V_T)
+        if PROBE:
+            stamp(probe_ptr, prog, 4, tl.sum(tl.sum(k_new.to(tl.float32), axis=1), axis=0))
+    if PROBE:
+        stamp(probe_ptr, prog, 5, tl.sum(tl.sum(v0.to(tl.float32), axis=1), axis=0))
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
@@ -849,6 +853,8 @@ def _qkv_attention_kernel(
         k, v, nmask = _tile(k_cache_ptr, v_cache_ptr, table, head_base, n, old_end, stride_block, stride_row,
                             stride_v_row, stride_v_d, BLOCK_SIZE, BLOCK_N, HEAD_DIM, PAGE_TILES, V_T)
         m_i, l_i, acc = _online(q, k, v, nmask, m_i, l_i, acc, scale_log2, CD, DOT_PRECISION)
+    if PROBE:
+        stamp(probe_ptr, prog, 6, tl.sum(l_i, axis=0))
 
     if holds_new:
         if not NEW_FIRST:
@@ -869,7 +875,7 @@ def _qkv_attention_kernel(
     if FP8:
         acc = acc * v_scale
     if PROBE:
-        stamp(probe_ptr, prog, 4, tl.sum(l_i, axis=0))
+        stamp(probe_ptr, prog, 7, tl.sum(l_i, axis=0))
     if PARTIALS:
         base = (b * tl.num_programs(1) * GROUP + heads) * num_splits + split
         tl.store(acc_ptr + base[:, None] * HEAD_DIM + d[None, :], acc, mask=gmask[:, None])
@@ -880,7 +886,7 @@ def _qkv_attention_kernel(
         tl.store(out_ptr + b * (NQ * HEAD_DIM) + heads[:, None] * HEAD_DIM + d[None, :], out.to(DT),
                  mask=gmask[:, None])
     if PROBE:
-        stamp(probe_ptr, prog, 5, 0.0)
+        stamp(probe_ptr, prog, 8, 0.0)
 
 
 def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, q_norm: torch.Tensor,

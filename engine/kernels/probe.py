@@ -6,10 +6,13 @@ program of the fused GEMV and attention kernels writes, at points of its own run
 timer (`%globaltimer`, comparable across SMs) and its SM's id into a slot of a device buffer:
 
     start     its first instruction (when the program became resident)
-    loaded    its weight tile usable (the GEMV at one row; attention: its first KV tile)
+    loaded    its weight tile usable (the GEMV at one row; attention: its first tile's K)
     released  past the PDL wait (the previous kernel done and its writes visible)
     input     its input made (the summed partials, residual and norm; attention: q normed and rotated)
-    summed    its sums done (the GEMV's products; attention: the keys' loop)
+    new_kv    attention: this token's K/V made and stored (the program whose split holds it)
+    v_loaded  attention: its first tile's V usable
+    tiles     attention: the older keys' tiles done (online softmax, both dot products)
+    summed    its sums done (the GEMV's products; attention: the newest token merged in)
     end       its stores issued
 
 A stamp waits for the values it follows (an input operand of the timer's asm), so "loaded" means the data have
@@ -21,6 +24,7 @@ step's timeline. scripts/layer_probe.py drives a batch-1 decode with it and prin
 from __future__ import annotations
 
 import os
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -30,8 +34,9 @@ import triton.language as tl
 ENABLED = os.environ.get("LABKIT_DECODE_PROBE", "0")
 if ENABLED not in ("0", "1"):
     raise ValueError(f"LABKIT_DECODE_PROBE: 0 or 1, got {ENABLED!r}")
-POINTS = ("start", "loaded", "released", "input", "summed", "end")
-SLOTS = 8            # a program's int64 slots: the six points, its SM, one spare
+POINTS = ("start", "loaded", "released", "input", "new_kv", "v_loaded", "tiles", "summed", "end")
+SLOTS = 16           # a program's int64 slots: the points in this order, then spares; its SM in the last
+SM_SLOT = 15
 _CAPACITY = 1 << 23  # int64 slots in the buffer (64 MiB): ~35 fused forward passes of Qwen3-0.6B at one row
 
 
@@ -40,13 +45,13 @@ def stamp(probe_ptr, program, point: tl.constexpr, dep):
     """Write the global timer into this program's slot `point`, once dep (a float32 scalar) is computed."""
     t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,f", [dep], dtype=tl.int64, is_pure=False,
                                   pack=1)
-    tl.store(probe_ptr + program * 8 + point, t)  # (8: SLOTS)
+    tl.store(probe_ptr + program * 16 + point, t)  # (16: SLOTS)
 
 
 @triton.jit
 def stamp_sm(probe_ptr, program):
     sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,f", [0.0], dtype=tl.int32, is_pure=False, pack=1)
-    tl.store(probe_ptr + program * 8 + 6, sm.to(tl.int64))
+    tl.store(probe_ptr + program * 16 + 15, sm.to(tl.int64))  # (SM_SLOT)
 
 
 @dataclass
@@ -108,8 +113,9 @@ def grid_programs(grid: tuple) -> int:
 
 def summarize(regions: list[tuple[Region, list[list[int]]]]) -> list[dict]:
     """Per launch of a pass, in launch order: each point's earliest, median and latest time over its programs, in
-    microseconds from the pass's earliest start, and the SMs its programs ran on. A point a kernel does not stamp
-    separately repeats the one before it."""
+    microseconds from the pass's earliest start, the SMs its programs ran on, and "phases": the median over its
+    programs of each one's own time from a point to the next. A point a kernel does not stamp repeats the one
+    before it (a phase of 0)."""
     starts = [s[0] for _, slots in regions for s in slots if s[0] > 0]
     if not starts:
         raise ValueError("the probe holds no timestamps for this pass (was the step run on CUDA with the probe on?)")
@@ -118,7 +124,7 @@ def summarize(regions: list[tuple[Region, list[list[int]]]]) -> list[dict]:
     for region, slots in regions:
         live = [s for s in slots if s[0] > 0]
         row = {"label": region.label, "programs": region.programs, "ran": len(live),
-               "sms": len({s[6] for s in live})}
+               "sms": len({s[SM_SLOT] for s in live})}
         filled = []
         for s in live:  # (a point the program did not stamp: the one before it)
             f = [s[0]]
@@ -128,6 +134,9 @@ def summarize(regions: list[tuple[Region, list[list[int]]]]) -> list[dict]:
         for i, point in enumerate(POINTS):
             times = sorted((f[i] - t0) / 1000.0 for f in filled)
             row[point] = (times[0], times[len(times) // 2], times[-1]) if times else None
+        # each phase (one point to the next) as its programs took it: the median of their own durations
+        row["phases"] = {f"{a}>{b}": statistics.median((f[i + 1] - f[i]) / 1000.0 for f in filled) if filled else None
+                         for i, (a, b) in enumerate(zip(POINTS, POINTS[1:]))}
         rows.append(row)
     return rows
 
