@@ -438,3 +438,57 @@ def test_a_fused_step_taking_rows_one_at_a_time_is_each_rows_one_row_step(tiny_m
         reset_context()
     _close(got, want, torch.float32)
     llm.exit()
+
+
+# LABKIT_DECODE_ATTN_TILE=fma: the attention tile's products as FMAs, a query head at a time (the tiny model's KV
+# heads serve 2 query heads each, as Qwen3-0.6B's do): the unfused step's numbers within the same tolerance, and
+# an FP8 pool's the KV write's.
+# ((1, 1, 16): a split's later tile masked where its first is not)
+@pytest.mark.parametrize("rows, splits, block_n, dtype", [(1, 1, 128, "float32"), (1, 3, 16, "float16"),
+                                                          (3, 2, 16, "float32"), (3, 1, 128, "float16"),
+                                                          (1, 1, 16, "float32")])
+def test_attention_tiles_as_fmas_match_the_unfused_step(tiny_model, rows, splits, block_n, dtype, monkeypatch):
+    monkeypatch.setattr(decode_layer, "ATTN_TILE", "fma")
+    seen = []
+    kernel = decode_layer._qkv_attention_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: (seen.append(kw["TILE_FMA"]), kernel[grid](*a, **kw))[1]
+    monkeypatch.setattr(decode_layer, "_qkv_attention_kernel", Spy())
+    test_a_fused_decode_step_matches_the_unfused_step(tiny_model, rows, dtype, splits, block_n, 16, "1", 4, 2,
+                                                      "first", monkeypatch)
+    assert seen and all(seen)  # (every layer's attention took the FMA tile)
+
+
+@pytest.mark.parametrize("rows, splits", [(3, 1), (1, 3)])
+def test_attention_tiles_as_fmas_over_an_fp8_pool(tiny_model, rows, splits, monkeypatch):
+    monkeypatch.setattr(decode_layer, "ATTN_TILE", "fma")
+    test_a_fused_decode_step_writes_an_fp8_pool_as_the_kv_write_kernel_does(tiny_model, rows, splits, "first",
+                                                                            monkeypatch)
+
+
+@pytest.mark.parametrize("block_n", [16, 64])
+def test_the_fma_tile_gives_the_dot_tiles_unmerged_parts_up_to_the_order_of_sums(block_n, monkeypatch):
+    """The split parts (float32, before any rounding to the model dtype) of the FMA tile and the tensor-core
+    tile over a float16 pool: the same products and the same p rounded to float16 before V's, so only the order
+    of float32 sums differs."""
+    heads, kv_heads, d, bs = 4, 2, 32, 16
+    g = torch.Generator().manual_seed(5)
+    k_cache = torch.randn(8, kv_heads, bs, d, generator=g).to(HALF).to(DEVICE)
+    v_cache = torch.randn(8, kv_heads, bs, d, generator=g).to(HALF).to(DEVICE)
+    ctx = torch.tensor([50, 20], dtype=torch.int32, device=DEVICE)
+    tables = torch.tensor([[3, 0, 5, 1], [2, 7, -1, -1]], dtype=torch.int32, device=DEVICE)
+    qkv = (torch.randn(2, (heads + 2 * kv_heads) * d, generator=g) * 3).to(HALF).to(DEVICE)
+    cos_sin = torch.randn(64, d, generator=g).to(DEVICE)
+    norm = torch.ones(d, dtype=HALF, device=DEVICE)
+    slots = torch.tensor([-1, -1], dtype=torch.int32, device=DEVICE)  # (nothing written: both runs read the same)
+    parts = {}
+    for tile in ("dot", "fma"):
+        monkeypatch.setattr(decode_layer, "ATTN_TILE", tile)
+        parts[tile] = decode_layer.qkv_attention(qkv, ctx.long() - 1, cos_sin, norm, norm, 1e-6, slots, k_cache,
+                                                 v_cache, tables, ctx, d ** -0.5, 2, heads, kv_heads,
+                                                 block_n=block_n, merge=False)
+    a, b = parts["dot"], parts["fma"]
+    assert torch.allclose(a.ml, b.ml, rtol=1e-5, atol=0)  # the maxima (-inf: a split without keys) and sums
+    assert torch.allclose(a.acc, b.acc, rtol=1e-5, atol=1e-5 * a.acc.abs().max().item())
