@@ -97,11 +97,6 @@ def _record() -> list[dict]:
                 key = f"{self.fn.__name__} {sorted(consts.items())}"
                 launches.setdefault(key, {"kernel": self.fn.__name__, "module": self.fn.__module__, "sig": sig,
                                           "constexprs": consts, "options": options})
-                if consts.get("TILE_FMA") is False:  # attention's tile as FMAs (LABKIT_DECODE_ATTN_TILE=fma)
-                    fma = consts | {"TILE_FMA": True}
-                    launches.setdefault(f"{self.fn.__name__} {sorted(fma.items())}", {
-                        "kernel": self.fn.__name__, "module": self.fn.__module__, "sig": sig, "constexprs": fma,
-                        "options": options})
                 if consts.get("PROBE") == 0:  # the in-kernel probe is CUDA's alone (LABKIT_DECODE_PROBE): compile it
                     on = consts | {"PROBE": 1}
                     launches.setdefault(f"{self.fn.__name__} {sorted(on.items())}", {

@@ -98,13 +98,6 @@ if NEW_KV not in ("first", "last"):
     raise ValueError(f"LABKIT_DECODE_NEW_KV: first or last, got {NEW_KV!r}")
 
 MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core tile of rows)
-# The attention kernel's products with a tile of keys: "dot" (tensor cores, the query heads of a KV head padded to
-# 16 rows: 14 of 16 padding for Qwen3-0.6B's 2) or "fma" (a head at a time, FMAs in registers: the same products,
-# summed in another order). The probe saw the tile take 1.67 us of a program's ~4 us after its wait at batch 1 (an
-# H100, docs/perf.md, session 28).
-ATTN_TILE = os.environ.get("LABKIT_DECODE_ATTN_TILE", "dot")
-if ATTN_TILE not in ("dot", "fma"):
-    raise ValueError(f"LABKIT_DECODE_ATTN_TILE: dot or fma, got {ATTN_TILE!r}")
 # The MLP's gate/up and down in one launch ("one"), down's programs waiting on counts of the gate/up tiles done in
 # their K range, instead of two launches chained by PDL ("two"), whose down waits for the whole of gate/up to end
 # and then for its own launch: what one of a layer's five kernel boundaries costs against a count's round trip.
@@ -774,30 +767,6 @@ def _online(q, k, v, nmask, m_i, l_i, acc, scale_log2, DT: tl.constexpr, DOT_PRE
     return m_new, l_i, acc
 
 
-@triton.jit
-def _online_fma(q, k, v, nmask, m_i, l_i, acc, scale_log2, DT: tl.constexpr, GROUP: tl.constexpr):
-    """_online's arithmetic with FMAs in place of the tensor-core products, one query head (of the GROUP in q's
-    rows) at a time: the same float32 products (model-dtype values), summed in another order; p rounded to DT
-    before its product with V, as the dot takes it."""
-    g = tl.arange(0, q.shape[0])
-    for h in tl.static_range(GROUP):
-        sel = g == h
-        qh = tl.sum(tl.where(sel[:, None], q.to(tl.float32), 0.0), axis=0)            # [D]
-        s = tl.sum(k.to(DT).to(tl.float32) * qh[None, :], axis=1) * scale_log2       # [N]
-        s = tl.where(nmask, s, float("-inf"))
-        m_old = tl.max(tl.where(sel, m_i, float("-inf")), axis=0)
-        m_new = tl.maximum(m_old, tl.max(s, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a split with no old keys yet
-        alpha = tl.exp2(m_old - m_safe)
-        p = tl.exp2(s - m_safe)
-        l_new = tl.sum(tl.where(sel, l_i, 0.0), axis=0) * alpha + tl.sum(p, axis=0)
-        pv = tl.sum(v.to(DT).to(tl.float32) * _rnd(p, DT)[:, None], axis=0)           # [D]
-        acc = tl.where(sel[:, None], acc * alpha + pv[None, :], acc)
-        m_i = tl.where(sel, m_new, m_i)
-        l_i = tl.where(sel, l_new, l_i)
-    return m_i, l_i, acc
-
-
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _qkv_attention_kernel(
     qkv_ptr, stride_qkv, pos_ptr, cs_ptr, cs_stride, qw_ptr, kw_ptr, eps, slot_ptr,
@@ -808,7 +777,7 @@ def _qkv_attention_kernel(
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_TILES: tl.constexpr,
     PARTIALS: tl.constexpr, USE_PDL: tl.constexpr, TRIGGER: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    NEW_FIRST: tl.constexpr, PROBE: tl.constexpr, TILE_FMA: tl.constexpr,
+    NEW_FIRST: tl.constexpr, PROBE: tl.constexpr,
 ):
     """decode_attention._decode_split_kernel with its inputs made here: q (this program's query heads) and this
     token's k normed and rotated from the qkv row. Keys and values of the older positions come from the pool;
@@ -879,17 +848,11 @@ def _qkv_attention_kernel(
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     if start < old_end:
-        if TILE_FMA:
-            m_i, l_i, acc = _online_fma(q, k0, v0, mask0, m_i, l_i, acc, scale_log2, CD, GROUP)
-        else:
-            m_i, l_i, acc = _online(q, k0, v0, mask0, m_i, l_i, acc, scale_log2, CD, DOT_PRECISION)
+        m_i, l_i, acc = _online(q, k0, v0, mask0, m_i, l_i, acc, scale_log2, CD, DOT_PRECISION)
     for n in range(start + BLOCK_N, old_end, BLOCK_N):
         k, v, nmask = _tile(k_cache_ptr, v_cache_ptr, table, head_base, n, old_end, stride_block, stride_row,
                             stride_v_row, stride_v_d, BLOCK_SIZE, BLOCK_N, HEAD_DIM, PAGE_TILES, V_T)
-        if TILE_FMA:
-            m_i, l_i, acc = _online_fma(q, k, v, nmask, m_i, l_i, acc, scale_log2, CD, GROUP)
-        else:
-            m_i, l_i, acc = _online(q, k, v, nmask, m_i, l_i, acc, scale_log2, CD, DOT_PRECISION)
+        m_i, l_i, acc = _online(q, k, v, nmask, m_i, l_i, acc, scale_log2, CD, DOT_PRECISION)
     if PROBE:
         stamp(probe_ptr, prog, 6, tl.sum(l_i, axis=0))
 
@@ -960,7 +923,7 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILES=page_tiles, PARTIALS=partials,
         USE_PDL=use_pdl, TRIGGER=trigger, DOT_PRECISION=dot_precision(qkv.dtype), NEW_FIRST=NEW_KV == "first",
-        PROBE=probe_on, TILE_FMA=ATTN_TILE == "fma", num_warps=4, num_stages=2, enable_fp_fusion=False, **launch)
+        PROBE=probe_on, num_warps=4, num_stages=2, enable_fp_fusion=False, **launch)
     if partials and not merge:
         return AttnParts(acc, ml, context_lens, block_n)
     if partials:
