@@ -581,12 +581,15 @@ def _open_streams(s: Server, n: int, max_tokens: int = 900):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT])
 def test_signal_during_streams_ends_each_with_an_error_and_done_then_exits_0(tiny_model, tmp_path, sig):
-    # (no drain: every stream still running at the signal is cut, whatever the machine's speed. With a drain of
-    # 1 s, session 27's fresh-clone CI saw a 900-token stream finish inside it, its last event a token, not the
-    # error; the drain itself is test_sigterm_drain_lets_short_requests_finish's)
-    s = Server(tiny_model, tmp_path, "--drain-timeout", "0")
+    # Every stream must still be running when the signal comes: no drain (test_sigterm_drain_lets_short_requests_
+    # finish's), 4,000 tokens a stream, and /health's count of live requests checked right before it. (Sessions
+    # 27-28's fresh-clone CI: with 900 tokens, drains of 1, 0.2 and 0 s, a stream of the SIGINT case, the second
+    # to run on a warm worker, had generated all its tokens before the signal and ended normally.)
+    s = Server(tiny_model, tmp_path, "--drain-timeout", "0", "--max-model-len", "4096", "--max-num-batched-tokens",
+               "4096")
     core = s.core_pid
-    client, streams = _open_streams(s, 3)
+    client, streams = _open_streams(s, 3, max_tokens=4000)
+    assert s.health()["live"] == 3, "a stream ended before the signal: the test's premise failed"
     s.proc.send_signal(sig)
     for resp, lines in streams:
         events = _sse(lines)
