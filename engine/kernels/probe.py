@@ -17,9 +17,11 @@ timer (`%globaltimer`, comparable across SMs) and its SM's id into a slot of a d
 
 A stamp waits for the values it follows (an input operand of the timer's asm), so "loaded" means the data have
 arrived, not that the loads were issued. That dependency costs a reduction over the tile, which the probe alone
-pays (its numbers are not the engine's timing). Each launch of a step gets its own region of the buffer, named by
-`label`; a CUDA graph replays into the regions its capture was given, so after a replay the regions hold that
-step's timeline. scripts/layer_probe.py drives a batch-1 decode with it and prints where a layer's time goes.
+pays (its numbers are not the engine's timing), and as "loaded" comes before the PDL wait, a probed program waits
+only once its weights are in: its "released" is never before its "loaded". Each launch of a step gets its own
+region of the buffer, named by `label`; a CUDA graph replays into the regions its capture was given, so after a
+replay the regions hold that step's timeline. scripts/layer_probe.py drives a batch-1 decode with it and prints
+where a layer's time goes.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ if ENABLED not in ("0", "1"):
 POINTS = ("start", "loaded", "released", "input", "new_kv", "v_loaded", "tiles", "summed", "end")
 SLOTS = 16           # a program's int64 slots: the points in this order, then spares; its SM in the last
 SM_SLOT = 15
-_CAPACITY = 1 << 23  # int64 slots in the buffer (64 MiB): ~35 fused forward passes of Qwen3-0.6B at one row
+_CAPACITY = 1 << 23  # int64 slots in the buffer (64 MiB): ~18 fused forward passes of Qwen3-0.6B at one row
 
 
 @triton.jit
