@@ -158,6 +158,16 @@ def _record() -> list[dict]:
                          residual=rand(rows, hidden), norm_weight=rand(hidden), eps=1e-6, split=2,
                          counts=decode_layer.mlp_counts(torch.device("cpu")))
     decode_layer.MLP_LAUNCHES, decode_layer.FMA_ROWS = mlp_default, fma_default
+    # One row's GEMVs with their warps on rows (LABKIT_DECODE_ROW_LAYOUT=rows), in 32-column chunks: q/k/v's norm
+    # over down's partials, gate/up's SiLU, a split down.
+    layout_default, chunk_default = decode_layer.ROW_LAYOUT, decode_layer.ROW_CHUNK
+    decode_layer.ROW_LAYOUT, decode_layer.ROW_CHUNK = "rows", 32
+    decode_layer.gemv(rand((heads + 2 * kv_heads) * head_dim, hidden), partials=torch.randn(3, 1, hidden),
+                      residual=rand(1, hidden), norm_weight=rand(hidden))
+    decode_layer.gemv(rand(2 * inter, hidden), partials=torch.randn(2, 1, hidden), residual=rand(1, hidden),
+                      norm_weight=rand(hidden), silu=True)
+    decode_layer.gemv(rand(hidden, inter), x=rand(1, inter), split=2)
+    decode_layer.ROW_LAYOUT, decode_layer.ROW_CHUNK = layout_default, chunk_default
     with tempfile.TemporaryDirectory() as tmp:
         make_fake_model("tiny", Path(tmp) / "tiny", seed=0)
         import engine.runner

@@ -36,6 +36,7 @@ def test_the_defaults_are_the_measured_ones():
             decode_layer.FMA_ROWS, decode_layer.MERGE_ROWS, decode_layer.NEW_KV, decode_layer.MERGE_CTX,
             decode_layer.MLP_LAUNCHES, decode_layer.MLP_DOWN_ROWS) == (
         16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, 4, 2, "first", "early", "two", 16)
+    assert decode_layer.ROW_LAYOUT == "k"  # (the rows layout: a device sweep's knob, docs/perf.md, session 29)
     from engine.kernels import probe
     assert probe.ENABLED == "0"  # (the in-kernel probe: a diagnostic, never the engine's timing)
 
@@ -113,7 +114,8 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
                                         ("LABKIT_DECODE_MERGE_ROWS", "3"),
                                         ("LABKIT_DECODE_MERGE_ROWS", "0"), ("LABKIT_DECODE_NEW_KV", "early"),
                                         ("LABKIT_DECODE_MERGE_CTX", "first"), ("LABKIT_DECODE_MLP", "1"),
-                                        ("LABKIT_DECODE_MLP_DOWN_ROWS", "24"), ("LABKIT_DECODE_PROBE", "yes")])
+                                        ("LABKIT_DECODE_MLP_DOWN_ROWS", "24"), ("LABKIT_DECODE_PROBE", "yes"),
+                                        ("LABKIT_DECODE_ROW_LAYOUT", "cols")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
                                      "engine.kernels.gumbel_sampler, engine.kv_layout, engine.decode_order, "

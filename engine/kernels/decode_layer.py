@@ -98,6 +98,16 @@ if NEW_KV not in ("first", "last"):
     raise ValueError(f"LABKIT_DECODE_NEW_KV: first or last, got {NEW_KV!r}")
 
 MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core tile of rows)
+# How a one-row GEMV program holds its weight tile: "k" as Triton lays out [rows, K range] (the warps split K, so
+# each row's sum and the norm's statistics cross the warps through shared memory: 7 barriers and ~250 of q/k/v's
+# ~900 instructions after the PDL wait, compiled for sm_90), or "rows" (the warps own whole rows, _one_row_tile:
+# no barrier, 25 shuffles against 89, but each warp makes the whole input: q/k/v ~1,020 instructions after the
+# wait, down ~590 against ~700 and 96 registers against 168), or "plain" (rows for the GEMVs without a norm: down,
+# o_proj when it does not merge attention's parts). A device sweep's knob (docs/perf.md, session 29).
+ROW_LAYOUT = os.environ.get("LABKIT_DECODE_ROW_LAYOUT", "k")
+if ROW_LAYOUT not in ("k", "rows", "plain"):
+    raise ValueError(f"LABKIT_DECODE_ROW_LAYOUT: k, rows or plain, got {ROW_LAYOUT!r}")
+ROW_CHUNK = 256  # a warp's 32 lanes x 8 16-bit values: one 16-byte load a lane
 # The MLP's gate/up and down in one launch ("one"), down's programs waiting on counts of the gate/up tiles done in
 # their K range, instead of two launches chained by PDL ("two"), whose down waits for the whole of gate/up to end
 # and then for its own launch: what one of a layer's five kernel boundaries costs against a count's round trip.
@@ -188,30 +198,31 @@ def _rnd(x, DT: tl.constexpr):
 
 
 @triton.jit
-def _merged_rows(acc_ptr, ml_ptr, ctx, offs_m, offs_k, mask, M, K,
+def _merged_rows(acc_ptr, ml_ptr, ctx, rows, cols, mask, M, K,
                  S: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr, UNROLL: tl.constexpr):
-    """Attention's output at columns offs_k (head offs_k // D) merged from its S split parts, acc [M, H, S, D]
-    and (max, sum) pairs ml [M, H, S, 2]: decode_attention's merge kernel arithmetic, the parts summed in split
-    order. A part is read only where its split holds keys, known from the context length (the attention
+    """Attention's output at columns `cols` (head cols // D) of rows `rows` merged from its S split parts, acc
+    [M, H, S, D] and (max, sum) pairs ml [M, H, S, 2]: decode_attention's merge kernel arithmetic, the parts summed
+    in split order. A part is read only where its split holds keys, known from the context length (the attention
     kernel's own bounds: BN-key tiles, cdiv(tiles, S) of them a split; ctx: the rows' lengths, loaded by the
-    caller), so no load waits for another. UNROLL (one row): every part's loads issued at once; a tile of rows
-    loops (unrolled, its loads spill)."""
-    span = tl.cdiv(tl.cdiv(ctx, BN), S) * BN                        # keys a split covers, per row
-    row = (offs_m[:, None] * (K // D) + (offs_k // D)[None, :]) * S  # [rows, cols]: the (row, head)'s first part
-    col = (offs_k % D)[None, :]
+    caller), so no load waits for another. rows, ctx and cols broadcast against each other (rows and ctx along
+    the rows' axis). UNROLL (one row): every part's loads issued at once; a tile of rows loops (unrolled, its
+    loads spill)."""
+    span = tl.cdiv(tl.cdiv(ctx, BN), S) * BN        # keys a split covers, per row
+    row = (rows * (K // D) + cols // D) * S         # the (row, head)'s first part
+    col = cols % D
     m_max = tl.full(row.shape, float("-inf"), tl.float32)
     num = tl.zeros(row.shape, tl.float32)
     den = tl.zeros(row.shape, tl.float32)
     if UNROLL:
         for s in tl.static_range(S):
-            m_max = tl.maximum(m_max, _part_max(ml_ptr, row, s, mask & (s * span < ctx)[:, None]))
+            m_max = tl.maximum(m_max, _part_max(ml_ptr, row, s, mask & (s * span < ctx)))
         for s in tl.static_range(S):
-            num, den = _part_add(acc_ptr, ml_ptr, row, col, s, mask & (s * span < ctx)[:, None], m_max, num, den, D)
+            num, den = _part_add(acc_ptr, ml_ptr, row, col, s, mask & (s * span < ctx), m_max, num, den, D)
     else:
         for s in range(S):
-            m_max = tl.maximum(m_max, _part_max(ml_ptr, row, s, mask & (s * span < ctx)[:, None]))
+            m_max = tl.maximum(m_max, _part_max(ml_ptr, row, s, mask & (s * span < ctx)))
         for s in range(S):
-            num, den = _part_add(acc_ptr, ml_ptr, row, col, s, mask & (s * span < ctx)[:, None], m_max, num, den, D)
+            num, den = _part_add(acc_ptr, ml_ptr, row, col, s, mask & (s * span < ctx), m_max, num, den, D)
     return _rnd(num / tl.where(den > 0, den, 1.0), DT)             # (the merge kernel stores the model dtype)
 
 
@@ -248,32 +259,75 @@ def _row_ctx(ctx_all, offs_m, m):
 
 
 @triton.jit
-def _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx, offs_m, offs_k, mask, M, K, stride_xm,
+def _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx, rows, cols, mask, M, K, stride_xm,
             S_IN: tl.constexpr, RESIDUAL: tl.constexpr, DT: tl.constexpr,
             ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr, UNROLL: tl.constexpr,
             CG: tl.constexpr):
-    """Rows of the GEMV's input at columns offs_k, float32 holding model-dtype values: x itself, or S_IN
-    float32 partials summed in order (the unfused reduce kernel's sum), or attention's ATTN_S split parts
-    merged (part_ptr: their acc; UNROLL: every part's loads at once), plus the residual (add_rms_norm's sum).
-    CG: x read through the L2 only (x written by other programs of this launch, not an earlier kernel's)."""
+    """The GEMV's input at rows `rows` and columns `cols` (broadcasting against each other: [M, 1] and [1, K],
+    or a one-row program's [1, 1, 1] and [chunks, 1, width]; ctx, the rows' context lengths, shaped as rows),
+    float32 holding model-dtype values: x itself, or S_IN float32 partials summed in order (the unfused reduce
+    kernel's sum), or attention's ATTN_S split parts merged (part_ptr: their acc; UNROLL: every part's loads at
+    once), plus the residual (add_rms_norm's sum). CG: x read through the L2 only (x written by other programs of
+    this launch, not an earlier kernel's)."""
     if ATTN_S > 0:
-        x = _merged_rows(part_ptr, ml_ptr, ctx, offs_m, offs_k, mask, M, K, ATTN_S, ATTN_D, ATTN_BN, DT, UNROLL)
+        x = _merged_rows(part_ptr, ml_ptr, ctx, rows, cols, mask, M, K, ATTN_S, ATTN_D, ATTN_BN, DT, UNROLL)
     elif S_IN == 0:
         if CG:
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask, other=0.0,
-                        cache_modifier=".cg").to(tl.float32)
+            x = tl.load(x_ptr + rows * stride_xm + cols, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
         else:
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + rows * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
     else:
-        rows = part_ptr + offs_m[:, None].to(tl.int64) * K + offs_k[None, :]
-        x = tl.load(rows, mask=mask, other=0.0)  # (0 + the first partial: the reduce kernel's first sum, exactly)
+        first = part_ptr + rows.to(tl.int64) * K + cols
+        x = tl.load(first, mask=mask, other=0.0)  # (0 + the first partial: the reduce kernel's first sum, exactly)
         for s in tl.static_range(1, S_IN):
-            x += tl.load(rows + s * M * K, mask=mask, other=0.0)
+            x += tl.load(first + s * M * K, mask=mask, other=0.0)
         x = _rnd(x, DT)
     if RESIDUAL:
-        r = tl.load(res_ptr + offs_m[:, None] * K + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(res_ptr + rows * K + cols, mask=mask, other=0.0).to(tl.float32)
         x = _rnd(x + r, DT)
     return x
+
+
+@triton.jit
+def _chunked(BLOCK_K: tl.constexpr, CW: tl.constexpr):
+    """Columns 0..BLOCK_K-1 as [1, 1, BLOCK_K / CW, CW]: CW-wide chunks along the third axis."""
+    return tl.arange(0, BLOCK_K // CW)[None, None, :, None] * CW + tl.arange(0, CW)[None, None, None, :]
+
+
+@triton.jit
+def _one_row_tile(w, wu, nw, x_ptr, part_ptr, res_ptr, res_out_ptr, ml_ptr, ctx_all, cols, writes_residual, M, K,
+                  stride_xm, eps, S_IN: tl.constexpr, RESIDUAL: tl.constexpr, NORM: tl.constexpr,
+                  SILU: tl.constexpr, DT: tl.constexpr, ATTN_S: tl.constexpr, ATTN_D: tl.constexpr,
+                  ATTN_BN: tl.constexpr, CG: tl.constexpr, probe_ptr, prog, PROBE: tl.constexpr):
+    """One row's sums over a weight tile held as [G, BLOCK_N / G, chunks, CW] (G: the program's warps; cols: the K
+    range's columns as [1, 1, chunks, CW]). Triton spreads a [BLOCK_N, K range] tile's warps along K (each warp a
+    slice of every row), so each row's sum, and the input's norm statistics, cross the warps through shared
+    memory, with barriers. Shaped so, a CW-wide chunk fills a warp's lanes (32 x 8 values: 16-byte loads) and
+    each warp owns BLOCK_N / G whole rows: a row's sum is in-thread over the chunks, then within its warp. The
+    input is read as [G, 1, chunks, CW], the same row once a warp, so it takes the tile's layout (each warp all
+    of it) and its statistics need no other warp. The same products, summed in another float32 order. NORM needs
+    the whole row in the range (one split). Returns (acc, acc_u) [BLOCK_N, 1] float32 (acc_u: the up rows' sums
+    with SILU, else acc)."""
+    G: tl.constexpr = w.shape[0]
+    BN: tl.constexpr = w.shape[0] * w.shape[1]
+    zero = tl.zeros([G, 1, 1, 1], tl.int32)   # the one row, once a warp
+    ctx = zero + tl.reshape(ctx_all, (1, 1, 1, 1))
+    x = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx, zero, cols, zero < M, M, K, stride_xm, S_IN, RESIDUAL, DT,
+                ATTN_S, ATTN_D, ATTN_BN, True, CG)
+    if NORM:
+        if RESIDUAL:
+            if writes_residual:  # the new residual stream, written once (from the first warp's copy)
+                tl.store(res_out_ptr + cols + zero, x.to(DT), mask=tl.arange(0, G)[:, None, None, None] == 0)
+        rstd = tl.math.rsqrt(tl.sum(tl.sum(x * x, axis=2), axis=2) / K + eps)   # (in-thread over chunks first)
+        x = _rnd(_rnd(x * rstd[:, :, None, None], DT) * nw, DT)
+    if PROBE:
+        stamp(probe_ptr, prog, 3, tl.sum(tl.ravel(x), axis=0))
+    acc = tl.reshape(tl.sum(tl.sum(w.to(tl.float32) * x, axis=2), axis=2), (BN, ))[:, None]
+    if SILU:
+        acc_u = tl.reshape(tl.sum(tl.sum(wu.to(tl.float32) * x, axis=2), axis=2), (BN, ))[:, None]
+    else:
+        acc_u = acc
+    return acc, acc_u
 
 
 @triton.jit
@@ -285,14 +339,15 @@ def _gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_FULL: tl.constexpr,
     USE_PDL: tl.constexpr, TRIGGER: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM_CHUNK: tl.constexpr,
     K_CHUNK: tl.constexpr, ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr,
-    PER_ROW: tl.constexpr, CTX_EARLY: tl.constexpr, ON_GPU: tl.constexpr, PROBE: tl.constexpr,
+    PER_ROW: tl.constexpr, CTX_EARLY: tl.constexpr, ON_GPU: tl.constexpr, ROW_CW: tl.constexpr,
+    ROW_G: tl.constexpr, PROBE: tl.constexpr,
 ):
     """y = W @ f(x) for M <= 16 rows, one _gemv_program a (n tile, k split)."""
     _gemv_program(tl.program_id(0), tl.program_id(1), w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_ptr,
                   ml_ptr, ctx_ptr, w_ptr, 0, M, N, K, KS, stride_wn, stride_xm, up_rows, eps, S_IN, RESIDUAL, NORM,
                   SILU, PARTIALS, EVEN, FULL_EVEN, BLOCK_M, BLOCK_N, BLOCK_K, K_FULL, USE_PDL, TRIGGER,
                   DOT_PRECISION, NORM_CHUNK, K_CHUNK, ATTN_S, ATTN_D, ATTN_BN, PER_ROW, CTX_EARLY, ON_GPU, 0, 0,
-                  probe_ptr, PROBE)
+                  probe_ptr, PROBE, ROW_CW, ROW_G)
 
 
 @triton.jit
@@ -305,7 +360,7 @@ def _gemv_program(
     USE_PDL: tl.constexpr, TRIGGER: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM_CHUNK: tl.constexpr,
     K_CHUNK: tl.constexpr, ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr,
     PER_ROW: tl.constexpr, CTX_EARLY: tl.constexpr, ON_GPU: tl.constexpr, WAIT_BN: tl.constexpr,
-    SIGNAL_KS: tl.constexpr, probe_ptr, PROBE: tl.constexpr,
+    SIGNAL_KS: tl.constexpr, probe_ptr, PROBE: tl.constexpr, ROW_CW: tl.constexpr = 0, ROW_G: tl.constexpr = 1,
 ):
     """Program (pid_n, pid_k) of y = W @ f(x): it owns BLOCK_N rows of W and one KS-wide range of K, loaded whole
     before the wait (K_CHUNK 0: one row, or PER_ROW's rows, each then reduced as one row is), or K_CHUNK columns at
@@ -315,11 +370,14 @@ def _gemv_program(
     waits, after its weights' loads, until cnt_ptr[pid_k] counts every producer tile of WAIT_BN rows in its K range
     (then resets the count for the next launch, once all of the range's programs have seen it), or gives up after
     `spins` reads and raises the flag at cnt_ptr[2 * _COUNTS]; SIGNAL_KS > 0 counts this program's tile in
-    cnt_ptr[its rows // SIGNAL_KS] once its outputs are stored. PROBE: timestamps into probe_ptr (probe.py)."""
+    cnt_ptr[its rows // SIGNAL_KS] once its outputs are stored. PROBE: timestamps into probe_ptr (probe.py).
+    ROW_CW > 0 (one row, LABKIT_DECODE_ROW_LAYOUT=rows): the tile held as [ROW_G, BLOCK_N / ROW_G, K range /
+    ROW_CW, ROW_CW], so that each of ROW_G warps owns whole rows and their sums need no other warp (_one_row_tile
+    says why)."""
     DT: tl.constexpr = x_ptr.dtype.element_ty if PARTIALS else y_ptr.dtype.element_ty
     CG: tl.constexpr = WAIT_BN > 0
+    prog = pid_n * tl.num_programs(1) + pid_k  # (the probe's slot: unused, and compiled out, without it)
     if PROBE:
-        prog = pid_n * tl.num_programs(1) + pid_k
         stamp(probe_ptr, prog, 0, 0.0)
         stamp_sm(probe_ptr, prog)
     if USE_PDL:
@@ -339,16 +397,29 @@ def _gemv_program(
         # the rows' context lengths (the step's input) before the wait: the parts' loads, masked by them, then
         # follow the wait at once instead of after another round trip
         ctx_all = tl.load(ctx_ptr + offs_m, mask=m_mask, other=0)
+    if ROW_CW > 0:
+        RG: tl.constexpr = BLOCK_N // ROW_G                                # a warp's rows
+        cols = pid_k * KS + _chunked(BLOCK_K, ROW_CW)                      # [1, 1, chunks, ROW_CW]
+        rows = (pid_n * BLOCK_N + tl.arange(0, ROW_G)[:, None, None, None] * RG
+                + tl.arange(0, RG)[None, :, None, None])                   # [ROW_G, RG, 1, 1]: offs_n's
+        w_rows = w_ptr + rows.to(tl.int64) * stride_wn + cols
+        w_mask = rows < N
     if K_CHUNK == 0:
         # Nothing here depends on the previous kernel: these loads overlap its tail under PDL.
         w = tl.load(w_rows, mask=w_mask, other=0.0)
         if SILU:
             wu = tl.load(w_rows + up_rows * stride_wn, mask=w_mask, other=0.0)
         if NORM:
-            nw = (tl.load(nw_ptr + offs_k) if EVEN else
-                  tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0)).to(tl.float32)
+            if ROW_CW > 0:  # (once for each weight row: the tile's shape, so its layout; see _one_row_tile)
+                nw = tl.load(nw_ptr + cols + tl.zeros([ROW_G, 1, 1, 1], tl.int32)).to(tl.float32)
+            else:
+                nw = (tl.load(nw_ptr + offs_k) if EVEN else
+                      tl.load(nw_ptr + offs_k, mask=k_mask, other=0.0)).to(tl.float32)
         if PROBE:
-            stamp(probe_ptr, prog, 1, tl.sum(tl.sum(w.to(tl.float32), axis=1), axis=0))
+            if ROW_CW > 0:
+                stamp(probe_ptr, prog, 1, tl.sum(tl.ravel(w.to(tl.float32)), axis=0))
+            else:
+                stamp(probe_ptr, prog, 1, tl.sum(tl.sum(w.to(tl.float32), axis=1), axis=0))
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         if TRIGGER == 1:
@@ -376,6 +447,11 @@ def _gemv_program(
         ctx_all = tl.load(ctx_ptr + offs_m, mask=m_mask, other=0)
     elif ATTN_S == 0:
         ctx_all = offs_m  # (no parts: never read)
+    if ROW_CW > 0:
+        acc, acc_u = _one_row_tile(w, wu if SILU else w, nw if NORM else w, x_ptr, part_ptr, res_ptr, res_out_ptr,
+                                   ml_ptr, ctx_all, cols, (pid_n == 0) & (pid_k == 0), M, K, stride_xm, eps,
+                                   S_IN, RESIDUAL, NORM, SILU, DT, ATTN_S, ATTN_D, ATTN_BN, CG, probe_ptr, prog,
+                                   PROBE)
     if PER_ROW:
         # BLOCK_M rows one at a time through the one-row arithmetic below, the weight tile shared
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
@@ -384,14 +460,14 @@ def _gemv_program(
         for m in range(0, M):  # (a loop, not unrolled: unrolled, every row's loads are hoisted and gate/up spills)
             om = m + tl.arange(0, 1)
             mm = om < M
-            xm = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, _row_ctx(ctx_all, offs_m, m), om, offs_k,
+            ctx_m = _row_ctx(ctx_all, offs_m, m)[:, None]
+            xm = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_m, om[:, None], offs_k[None, :],
                          mm[:, None] if EVEN else mm[:, None] & k_mask[None, :], M, K, stride_xm, S_IN, RESIDUAL,
                          DT, ATTN_S, ATTN_D, ATTN_BN, True, CG)
             if NORM:
                 full_mask = mm[:, None] if FULL_EVEN else mm[:, None] & (tl.arange(0, K_FULL) < K)[None, :]
-                h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, _row_ctx(ctx_all, offs_m, m), om,
-                            tl.arange(0, K_FULL), full_mask, M, K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D,
-                            ATTN_BN, True, CG)
+                h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_m, om[:, None], tl.arange(0, K_FULL)[None, :],
+                            full_mask, M, K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, True, CG)
                 if RESIDUAL:
                     if (pid_n == 0) & (pid_k == 0):
                         tl.store(res_out_ptr + om[:, None] * K + tl.arange(0, K_FULL)[None, :], h.to(DT),
@@ -402,21 +478,21 @@ def _gemv_program(
             acc = tl.where(sel, tl.sum(_each_row(w, ON_GPU).to(tl.float32) * xm, axis=1)[:, None], acc)
             if SILU:
                 acc_u = tl.where(sel, tl.sum(_each_row(wu, ON_GPU).to(tl.float32) * xm, axis=1)[:, None], acc_u)
-    if K_CHUNK == 0 and not PER_ROW:
+    if K_CHUNK == 0 and not PER_ROW and ROW_CW == 0:
         # Loaded before the statistics, as before K_CHUNK existed: loaded after them, the 16-row q/k/v and gate/up
         # tiles spill (538 and 6,070 spill loads against 2 and 84, compiled for sm_90; 14x slower on the H200).
         x_mask = m_mask[:, None] if EVEN else m_mask[:, None] & k_mask[None, :]
-        x = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_all, offs_m, offs_k, x_mask, M, K, stride_xm, S_IN,
-                    RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1, CG)
-    if NORM and not PER_ROW:
+        x = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_all[:, None], offs_m[:, None], offs_k[None, :], x_mask, M,
+                    K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1, CG)
+    if NORM and not PER_ROW and ROW_CW == 0:
         # The statistics need whole rows: every program reads them (a few KiB, from L2) and gets the same sums,
         # NORM_CHUNK columns at a time (K_FULL: all at once; fewer at 2-16 rows, whose 16 x K float32 would spill).
         ss = tl.zeros([BLOCK_M], tl.float32)
         for c in tl.static_range(0, K_FULL, NORM_CHUNK):
             kf = c + tl.arange(0, NORM_CHUNK)
             full_mask = m_mask[:, None] if FULL_EVEN else m_mask[:, None] & (kf < K)[None, :]
-            h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_all, offs_m, kf, full_mask, M, K, stride_xm, S_IN,
-                        RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1, CG)
+            h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_all[:, None], offs_m[:, None], kf[None, :], full_mask,
+                        M, K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1, CG)
             if RESIDUAL:
                 if (pid_n == 0) & (pid_k == 0):  # the new residual stream, written once
                     tl.store(res_out_ptr + offs_m[:, None] * K + kf[None, :], h.to(DT), mask=full_mask)
@@ -437,8 +513,8 @@ def _gemv_program(
             wc_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_kc[None, :]
             wc = tl.load(wc_rows, mask=wc_mask, other=0.0)
             xc_mask = m_mask[:, None] if EVEN else m_mask[:, None] & kc_mask[None, :]
-            xc = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_all, offs_m, offs_kc, xc_mask, M, K, stride_xm, S_IN,
-                         RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1, CG)
+            xc = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_all[:, None], offs_m[:, None], offs_kc[None, :],
+                         xc_mask, M, K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1, CG)
             if NORM:
                 nwc = tl.load(nw_ptr + offs_kc, mask=kc_mask, other=0.0).to(tl.float32)
                 xc = _rnd(_rnd(xc * rstd[:, None], DT) * nwc[None, :], DT)
@@ -447,7 +523,7 @@ def _gemv_program(
             if SILU:
                 wuc = tl.load(wc_rows + up_rows * stride_wn, mask=wc_mask, other=0.0)
                 acc_u = tl.dot(wuc, xt, acc_u, input_precision=DOT_PRECISION)
-    elif not PER_ROW:
+    elif not PER_ROW and ROW_CW == 0:
         if NORM:
             x = _rnd(_rnd(x * rstd[:, None], DT) * nw[None, :], DT)
         if PROBE:
@@ -538,6 +614,7 @@ def gemv_meta(M: int, N: int, K: int, split: int, *, s_in: int, residual: bool, 
     block_k = max(16, triton.next_power_of_2(ks))
     per_row = 1 < M <= FMA_ROWS
     one = M == 1 or per_row  # (the one-row arithmetic: the weight tile whole before the wait, the FMA sums)
+    warps = _WARPS if not one else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else _WARPS_ONE_ROW
     meta = dict(
         S_IN=s_in, RESIDUAL=residual, NORM=norm, SILU=silu, PARTIALS=partials_out,
         EVEN=ks == triton.next_power_of_2(ks) and ks >= 16 and K % ks == 0,
@@ -546,9 +623,21 @@ def gemv_meta(M: int, N: int, K: int, split: int, *, s_in: int, residual: bool, 
         DOT_PRECISION=dot_precision(dtype), NORM_CHUNK=k_full if one else min(NORM_CHUNK or k_full, k_full),
         K_CHUNK=0 if one else min(K_CHUNK, block_k), ATTN_S=attn[0], ATTN_D=attn[1], ATTN_BN=attn[2],
         PER_ROW=per_row, CTX_EARLY=MERGE_CTX == "early", ON_GPU=on_gpu,
-        num_warps=_WARPS if not one else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else _WARPS_ONE_ROW,
+        ROW_CW=row_chunk(M, K, ks, block_k, norm, attn[0] > 0), ROW_G=min(warps, _BLOCK_N), num_warps=warps,
         enable_fp_fusion=False)
     return (triton.cdiv(N, _BLOCK_N), split), meta
+
+
+def row_chunk(M: int, K: int, ks: int, block_k: int, norm: bool, attn: bool) -> int:
+    """The ROW_CW constexpr: the chunk width of a one-row tile held with its warps on the rows (_one_row_tile),
+    0 for the tile as loaded. Needs an unmasked K range (a power of two dividing K), an input that is not
+    attention's parts (merged there, each warp would merge all of them: o_proj spills) and, with the norm, the
+    whole row in the range."""
+    if ROW_LAYOUT == "k" or M != 1 or ks != block_k or K % ks or (norm and ks != K) or attn:
+        return 0
+    if ROW_LAYOUT == "plain" and norm:
+        return 0
+    return min(block_k, ROW_CHUNK)
 
 
 class AttnParts(NamedTuple):
