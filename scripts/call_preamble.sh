@@ -15,3 +15,20 @@ pack() {
 trap pack EXIT
 [ -f $M/config.json ] || python3 -m labkit model fake --preset qwen3-0.6b --out $M > /dev/null
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader >> $S 2>&1
+
+# sweep NAME VARIANTS BATCHES ROUNDS SHARE: scripts/batch1_sweep.sh into $W/NAME, its deadline SHARE (a fraction,
+# "1/2") of the budget left; its table into the summary.
+sweep() {
+  OUT=$W/$1 VARIANTS="$2" BATCHES="$3" ROUNDS=$4 DEADLINE=$(( SECONDS + (BUDGET - SECONDS) * $5 )) DEVICE=$D \
+    FAKE_MODEL=$M bash scripts/batch1_sweep.sh > $W/logs/$1.log 2>&1
+  echo "rc=$? @$SECONDS $1" >> $S; cat $W/$1/summary.md >> $S 2>/dev/null
+}
+# graph_logits KNOB NAME: the graph logits suite with KNOB (VAR=VALUE) set, if 50 s of the budget are left.
+graph_logits() {
+  [ $SECONDS -lt $(( BUDGET - 50 )) ] || return 0
+  env $1 timeout $(( BUDGET - SECONDS )) python3 -m labkit logits-check run --suite graph \
+    --attention-backend triton --execution graph --device $D --dtype bfloat16 --model $M \
+    --out $W/lc-graph > $W/logs/lc-graph.log 2>&1
+  echo "rc=$? @$SECONDS logits-check graph under $2: $(grep -m1 -o 'VERDICT: [A-Z]*' $W/logs/lc-graph.log);\
+ $(grep -m1 -o 'worst ratio [0-9.]*x' $W/logs/lc-graph.log)" >> $S
+}

@@ -57,7 +57,11 @@ def test_gemv_with_partials_residual_and_norm_is_add_rms_norm_then_matmul(dtype,
 def test_gemv_silu_epilogue_is_silu_and_mul_of_gate_up(dtype, M, chunk, k_chunk, monkeypatch):
     monkeypatch.setattr(decode_layer, "NORM_CHUNK", chunk)
     monkeypatch.setattr(decode_layer, "K_CHUNK", k_chunk)  # K = 64: two chunks, gate and up each summed over both
-    K, I = 64, 48
+    check_silu_gemv(dtype, M, K=64, I=48)
+
+
+def check_silu_gemv(dtype, M, K, I):
+    """gemv's SiLU epilogue over [gate; up] rows against rms_norm, the product and silu_and_mul unfused."""
     x = _rand(M, K, dtype=dtype, seed=5)
     nw = _rand(K, dtype=dtype, seed=6) + 1
     w = _rand(2 * I, K, scale=K ** -0.5, dtype=dtype, seed=7)

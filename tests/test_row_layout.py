@@ -15,7 +15,7 @@ from engine.context import Context, DecodeMeta, reset_context, set_context  # no
 from engine.kernels import decode_layer  # noqa: E402
 from engine.kernels.decode_layer import gemv, gemv_meta, row_chunk  # noqa: E402
 from engine.layers import fused  # noqa: E402
-from tests.test_fused_decode import _close, _prefilled, _rand  # noqa: E402
+from tests.test_fused_decode import _close, _prefilled, _rand, check_silu_gemv  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float16  # the interpreter has no bfloat16
@@ -59,14 +59,8 @@ def test_one_row_with_its_warps_on_rows_is_add_rms_norm_then_matmul(dtype, chunk
 @pytest.mark.parametrize("chunk", [16, 128])
 def test_one_row_silu_epilogue_with_its_warps_on_rows(dtype, chunk, monkeypatch):
     _rows_layout(monkeypatch, chunk)
-    K, I = 128, 48
-    assert _meta(1, I, K, 1, norm=True, silu=True)["ROW_CW"] == chunk
-    x = _rand(1, K, dtype=dtype, seed=5)
-    nw = _rand(K, dtype=dtype, seed=6) + 1
-    w = _rand(2 * I, K, scale=K ** -0.5, dtype=dtype, seed=7)
-    y = gemv(w, x=x, norm_weight=nw, eps=1e-6, silu=True)
-    gate_up = (fused.rms_norm(x, nw, 1e-6).float() @ w.float().T).to(dtype)
-    _close(y, fused.silu_and_mul(gate_up), dtype)
+    assert _meta(1, 48, 128, 1, norm=True, silu=True)["ROW_CW"] == chunk
+    check_silu_gemv(dtype, 1, K=128, I=48)
 
 
 @pytest.mark.parametrize("split", [None, 1, 2, 4])

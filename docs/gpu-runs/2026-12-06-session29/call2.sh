@@ -7,10 +7,7 @@ cd "$(dirname "$0")/../../.."
 BUDGET=${BUDGET:-240}
 source scripts/call_preamble.sh
 PLAIN=LABKIT_DECODE_ROW_LAYOUT=plain
-OUT=$W/sweep VARIANTS="base: plain:$PLAIN" BATCHES="1" ROUNDS=5 \
-  DEADLINE=$(( SECONDS + (BUDGET - SECONDS) * 3 / 4 )) DEVICE=$D FAKE_MODEL=$M bash scripts/batch1_sweep.sh \
-  > $W/logs/sweep.log 2>&1
-echo "rc=$? @$SECONDS sweep" >> $S; cat $W/sweep/summary.md >> $S 2>/dev/null
+sweep sweep "base: plain:$PLAIN" 1 5 3/4
 env $PLAIN timeout 80 python3 scripts/layer_probe.py --model $M --json $W/probe-plain.json > $W/logs/probe-plain.log 2>&1
 echo "rc=$? @$SECONDS layer probe (plain):" >> $S; head -16 $W/logs/probe-plain.log >> $S
 echo "done @$SECONDS" >> $S
