@@ -18,9 +18,6 @@ from .kernels.decode_layer import (
     O_PROJ_PDL,
     gemv,
     merges_in_gemv,
-    mlp,
-    mlp_counts,
-    mlp_in_one_launch,
     partials_norm,
     qkv_attention,
     split_for,
@@ -60,13 +57,7 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Te
         ln = layer.post_attention_layernorm
         w_gu, w_d = ffn.gate_up_proj.weight, ffn.down_proj.weight
         split = split_for(w_d.shape[0], w_d.shape[1], sms)
-        if mlp_in_one_launch(w_d.shape[1], w_d.shape[0], split):  # (LABKIT_DECODE_MLP=one)
-            if getattr(model, "_mlp_counts", None) is None:
-                model._mlp_counts = mlp_counts(input_ids.device)
-            partials, residual = mlp(w_gu, w_d, partials=partials, residual=residual, norm_weight=ln.weight,
-                                     eps=ln.eps, split=split, counts=model._mlp_counts)
-        else:
-            h, residual = gemv(w_gu, partials=partials, residual=residual, norm_weight=ln.weight, eps=ln.eps,
-                               silu=True, label=f"L{i} gate_up")
-            partials = gemv(w_d, x=h, split=split, label=f"L{i} down")
+        h, residual = gemv(w_gu, partials=partials, residual=residual, norm_weight=ln.weight, eps=ln.eps, silu=True,
+                           label=f"L{i} gate_up")
+        partials = gemv(w_d, x=h, split=split, label=f"L{i} down")
     return partials_norm(partials, residual, model.norm.weight, model.norm.eps)

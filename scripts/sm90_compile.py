@@ -148,16 +148,6 @@ def _record() -> list[dict]:
             parts = decode_layer.gemv(rand(hidden, inter), x=h, split=2)
             decode_layer.partials_norm(parts, residual, rand(hidden), 1e-6)
     decode_layer.FMA_ROWS = fma_default
-    # The MLP in one launch (LABKIT_DECODE_MLP=one): one row, two rows one at a time and on the tile; down's K
-    # (the intermediate) in two splits of 64 rows.
-    mlp_default = decode_layer.MLP_LAUNCHES
-    decode_layer.MLP_LAUNCHES = "one"
-    for rows, fma_rows in ((1, fma_default), (2, fma_default), (2, 1)):
-        decode_layer.FMA_ROWS = fma_rows
-        decode_layer.mlp(rand(2 * inter, hidden), rand(hidden, inter), partials=torch.randn(2, rows, hidden),
-                         residual=rand(rows, hidden), norm_weight=rand(hidden), eps=1e-6, split=2,
-                         counts=decode_layer.mlp_counts(torch.device("cpu")))
-    decode_layer.MLP_LAUNCHES, decode_layer.FMA_ROWS = mlp_default, fma_default
     # One row's GEMVs with their warps on rows (LABKIT_DECODE_ROW_LAYOUT=rows), in 32-column chunks: q/k/v's norm
     # over down's partials, gate/up's SiLU, a split down.
     layout_default, chunk_default = decode_layer.ROW_LAYOUT, decode_layer.ROW_CHUNK

@@ -33,9 +33,8 @@ def test_the_defaults_are_the_measured_ones():
             decode_layer.MERGE_PDL, decode_layer.NORM_CHUNK, decode_layer.K_CHUNK, SHORT_CONTEXT, SHORT_SPLITS,
             decode_layer.MERGE_IN_GEMV, decode_layer.SPLIT_BLOCK_N, decode_layer.O_PROJ_PDL, GRAPH_SAMPLE_BS,
             gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE, decode_layer.GATE_UP_WARPS,
-            decode_layer.FMA_ROWS, decode_layer.MERGE_ROWS, decode_layer.NEW_KV, decode_layer.MERGE_CTX,
-            decode_layer.MLP_LAUNCHES, decode_layer.MLP_DOWN_ROWS) == (
-        16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, 4, 2, "first", "early", "two", 16)
+            decode_layer.FMA_ROWS, decode_layer.MERGE_ROWS, decode_layer.NEW_KV, decode_layer.MERGE_CTX) == (
+        16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, 4, 2, "first", "early")
     assert decode_layer.ROW_LAYOUT == "k"  # (the rows layout: a device sweep's knob, docs/perf.md, session 29)
     from engine.kernels import probe
     assert probe.ENABLED == "0"  # (the in-kernel probe: a diagnostic, never the engine's timing)
@@ -113,8 +112,7 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
                                         ("LABKIT_DECODE_FMA_ROWS", "3"), ("LABKIT_DECODE_FMA_ROWS", "32"),
                                         ("LABKIT_DECODE_MERGE_ROWS", "3"),
                                         ("LABKIT_DECODE_MERGE_ROWS", "0"), ("LABKIT_DECODE_NEW_KV", "early"),
-                                        ("LABKIT_DECODE_MERGE_CTX", "first"), ("LABKIT_DECODE_MLP", "1"),
-                                        ("LABKIT_DECODE_MLP_DOWN_ROWS", "24"), ("LABKIT_DECODE_PROBE", "yes"),
+                                        ("LABKIT_DECODE_MERGE_CTX", "first"), ("LABKIT_DECODE_PROBE", "yes"),
                                         ("LABKIT_DECODE_ROW_LAYOUT", "cols")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
@@ -277,15 +275,14 @@ def test_fma_rows_send_rows_up_to_it_through_the_one_row_arithmetic(monkeypatch,
         assert meta(rows) == ((True, 1 << (rows - 1).bit_length(), 0, 4) if per_row else (False, 16, 128, 8))
 
 
-def test_session_26s_and_27s_knobs_are_read_from_the_environment():
-    """LABKIT_DECODE_MERGE_ROWS, _NEW_KV, _MERGE_CTX, _MLP and _MLP_DOWN_ROWS set to values other than their
-    defaults reach the module."""
+def test_session_26s_and_29s_knobs_are_read_from_the_environment():
+    """LABKIT_DECODE_MERGE_ROWS, _NEW_KV, _MERGE_CTX and _ROW_LAYOUT set to values other than their defaults
+    reach the module."""
     res = _import_with({"LABKIT_DECODE_MERGE_ROWS": "4", "LABKIT_DECODE_NEW_KV": "last",
-                        "LABKIT_DECODE_MERGE_CTX": "late", "LABKIT_DECODE_MLP": "one",
-                        "LABKIT_DECODE_MLP_DOWN_ROWS": "32"},
+                        "LABKIT_DECODE_MERGE_CTX": "late", "LABKIT_DECODE_ROW_LAYOUT": "plain"},
                        "from engine.kernels import decode_layer as d; "
-                       "print(d.MERGE_ROWS, d.NEW_KV, d.MERGE_CTX, d.MLP_LAUNCHES, d.MLP_DOWN_ROWS)")
-    assert res.returncode == 0 and res.stdout.split() == ["4", "last", "late", "one", "32"], res.stderr
+                       "print(d.MERGE_ROWS, d.NEW_KV, d.MERGE_CTX, d.ROW_LAYOUT)")
+    assert res.returncode == 0 and res.stdout.split() == ["4", "last", "late", "plain"], res.stderr
 
 
 @pytest.mark.parametrize("new_kv", ["last", "first"])

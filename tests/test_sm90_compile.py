@@ -15,7 +15,6 @@ from .helpers import load_script, needs_sm90_tools
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "sm90_compile.py"
 DEVICE_TRITON = "3.6.0"  # the H200's (the device tool's README)
 KERNELS = {"_gemv_kernel", "_qkv_attention_kernel", "_decode_merge_kernel", "_partials_norm_kernel",  # fused decode
-           "_mlp_kernel",  # (LABKIT_DECODE_MLP=one)
            "_store_kv_kernel", "_prefill_kernel", "_decode_split_kernel",  # the Triton attention backend
            "_rms_norm_kernel", "_silu_and_mul_kernel", "_qk_norm_rope_kernel", "_small_gemm_kernel",
            "_gumbel_chunk_kernel", "_pick_chunk_kernel"}

@@ -11,8 +11,8 @@ batches of decode CUDA graphs (<= 16 rows):
     gemv        down_proj, split over K: partials for the next layer's first kernel
 
 against twelve kernels unfused (two norms, qk-norm-RoPE, KV write, SiLU*up and two split-K reduces of their
-own). LABKIT_DECODE_MLP=one puts the last two in one launch (_mlp_kernel), down's programs waiting on counts of
-gate/up's tiles: measured, and left off (docs/perf.md, session 27). At batch 1 every kernel costs a launch, the
+own). (The last two in one launch, down's programs waiting on counts of gate/up's tiles, was measured and
+removed: docs/perf.md, session 27.) At batch 1 every kernel costs a launch, the
 previous kernel's stragglers and its own first loads (docs/perf.md); the weights are 95% of the bytes.
 
 Programmatic dependent launch (PDL, Hopper): each kernel loads what does not depend on the previous kernel (its
@@ -108,21 +108,6 @@ ROW_LAYOUT = os.environ.get("LABKIT_DECODE_ROW_LAYOUT", "k")
 if ROW_LAYOUT not in ("k", "rows", "plain"):
     raise ValueError(f"LABKIT_DECODE_ROW_LAYOUT: k, rows or plain, got {ROW_LAYOUT!r}")
 ROW_CHUNK = 256  # a warp's 32 lanes x 8 16-bit values: one 16-byte load a lane
-# The MLP's gate/up and down in one launch ("one"), down's programs waiting on counts of the gate/up tiles done in
-# their K range, instead of two launches chained by PDL ("two"), whose down waits for the whole of gate/up to end
-# and then for its own launch: what one of a layer's five kernel boundaries costs against a count's round trip.
-# Measured on an H100 (docs/perf.md, session 27): batch 1 1.055x, batch 4 0.968x: every program of the one launch
-# takes gate/up's registers, so most of down's start, and load their weights, only as gate/up's leave: off.
-MLP_LAUNCHES = os.environ.get("LABKIT_DECODE_MLP", "two")
-if MLP_LAUNCHES not in ("one", "two"):
-    raise ValueError(f"LABKIT_DECODE_MLP: one or two (launches), got {MLP_LAUNCHES!r}")
-# Down's weight rows a program in the one launch: 16 (_BLOCK_N's default), each row's sums those of the two launches;
-# or 32, half the programs, since the one launch's programs all take gate/up's registers (two an SM) and 192 down
-# programs of 16 rows would mostly start only when gate/up's leave (the same sums in another float32 order).
-MLP_DOWN_ROWS = int(os.environ.get("LABKIT_DECODE_MLP_DOWN_ROWS", "16"))
-if MLP_DOWN_ROWS not in (16, 32, 64):
-    raise ValueError(f"LABKIT_DECODE_MLP_DOWN_ROWS: 16, 32 or 64, got {MLP_DOWN_ROWS}")
-_COUNTS = tl.constexpr(16)  # a K split's count, then its readers' count _COUNTS further (split_for: <= 16 splits)
 # Up to FMA_ROWS rows (2-16; 1: none but the one row) a GEMV takes row by row through the one-row arithmetic
 # instead of the tensor-core tile: its weight tile loaded whole before the PDL wait, as at one row, and each row's
 # sums those of a one-row launch (a row's numbers do not depend on the batch). The tile loads K in chunks after the
@@ -261,21 +246,16 @@ def _row_ctx(ctx_all, offs_m, m):
 @triton.jit
 def _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx, rows, cols, mask, M, K, stride_xm,
             S_IN: tl.constexpr, RESIDUAL: tl.constexpr, DT: tl.constexpr,
-            ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr, UNROLL: tl.constexpr,
-            CG: tl.constexpr):
+            ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr, UNROLL: tl.constexpr):
     """The GEMV's input at rows `rows` and columns `cols` (broadcasting against each other: [M, 1] and [1, K],
     or a one-row program's [1, 1, 1] and [chunks, 1, width]; ctx, the rows' context lengths, shaped as rows),
     float32 holding model-dtype values: x itself, or S_IN float32 partials summed in order (the unfused reduce
     kernel's sum), or attention's ATTN_S split parts merged (part_ptr: their acc; UNROLL: every part's loads at
-    once), plus the residual (add_rms_norm's sum). CG: x read through the L2 only (x written by other programs of
-    this launch, not an earlier kernel's)."""
+    once), plus the residual (add_rms_norm's sum)."""
     if ATTN_S > 0:
         x = _merged_rows(part_ptr, ml_ptr, ctx, rows, cols, mask, M, K, ATTN_S, ATTN_D, ATTN_BN, DT, UNROLL)
     elif S_IN == 0:
-        if CG:
-            x = tl.load(x_ptr + rows * stride_xm + cols, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-        else:
-            x = tl.load(x_ptr + rows * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + rows * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
     else:
         first = part_ptr + rows.to(tl.int64) * K + cols
         x = tl.load(first, mask=mask, other=0.0)  # (0 + the first partial: the reduce kernel's first sum, exactly)
@@ -298,7 +278,7 @@ def _chunked(BLOCK_K: tl.constexpr, CW: tl.constexpr):
 def _one_row_tile(w, wu, nw, x_ptr, part_ptr, res_ptr, res_out_ptr, ml_ptr, ctx_all, cols, writes_residual, M, K,
                   stride_xm, eps, S_IN: tl.constexpr, RESIDUAL: tl.constexpr, NORM: tl.constexpr,
                   SILU: tl.constexpr, DT: tl.constexpr, ATTN_S: tl.constexpr, ATTN_D: tl.constexpr,
-                  ATTN_BN: tl.constexpr, CG: tl.constexpr, probe_ptr, prog, PROBE: tl.constexpr):
+                  ATTN_BN: tl.constexpr, probe_ptr, prog, PROBE: tl.constexpr):
     """One row's sums over a weight tile held as [G, BLOCK_N / G, chunks, CW] (G: the program's warps; cols: the K
     range's columns as [1, 1, chunks, CW]). Triton spreads a [BLOCK_N, K range] tile's warps along K (each warp a
     slice of every row), so each row's sum, and the input's norm statistics, cross the warps through shared
@@ -313,7 +293,7 @@ def _one_row_tile(w, wu, nw, x_ptr, part_ptr, res_ptr, res_out_ptr, ml_ptr, ctx_
     zero = tl.zeros([G, 1, 1, 1], tl.int32)   # the one row, once a warp
     ctx = zero + tl.reshape(ctx_all, (1, 1, 1, 1))
     x = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx, zero, cols, zero < M, M, K, stride_xm, S_IN, RESIDUAL, DT,
-                ATTN_S, ATTN_D, ATTN_BN, True, CG)
+                ATTN_S, ATTN_D, ATTN_BN, True)
     if NORM:
         if RESIDUAL:
             if writes_residual:  # the new residual stream, written once (from the first warp's copy)
@@ -344,38 +324,33 @@ def _gemv_kernel(
 ):
     """y = W @ f(x) for M <= 16 rows, one _gemv_program a (n tile, k split)."""
     _gemv_program(tl.program_id(0), tl.program_id(1), w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_ptr,
-                  ml_ptr, ctx_ptr, w_ptr, 0, M, N, K, KS, stride_wn, stride_xm, up_rows, eps, S_IN, RESIDUAL, NORM,
+                  ml_ptr, ctx_ptr, M, N, K, KS, stride_wn, stride_xm, up_rows, eps, S_IN, RESIDUAL, NORM,
                   SILU, PARTIALS, EVEN, FULL_EVEN, BLOCK_M, BLOCK_N, BLOCK_K, K_FULL, USE_PDL, TRIGGER,
-                  DOT_PRECISION, NORM_CHUNK, K_CHUNK, ATTN_S, ATTN_D, ATTN_BN, PER_ROW, CTX_EARLY, ON_GPU, 0, 0,
+                  DOT_PRECISION, NORM_CHUNK, K_CHUNK, ATTN_S, ATTN_D, ATTN_BN, PER_ROW, CTX_EARLY, ON_GPU,
                   probe_ptr, PROBE, ROW_CW, ROW_G)
 
 
 @triton.jit
 def _gemv_program(
-    pid_n, pid_k, w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_ptr, ml_ptr, ctx_ptr, cnt_ptr, spins, M, N,
-    K, KS, stride_wn, stride_xm, up_rows, eps,
+    pid_n, pid_k, w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_ptr, ml_ptr, ctx_ptr, M, N, K, KS,
+    stride_wn, stride_xm, up_rows, eps,
     S_IN: tl.constexpr, RESIDUAL: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, PARTIALS: tl.constexpr,
     EVEN: tl.constexpr, FULL_EVEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_FULL: tl.constexpr,
     USE_PDL: tl.constexpr, TRIGGER: tl.constexpr, DOT_PRECISION: tl.constexpr, NORM_CHUNK: tl.constexpr,
     K_CHUNK: tl.constexpr, ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr,
-    PER_ROW: tl.constexpr, CTX_EARLY: tl.constexpr, ON_GPU: tl.constexpr, WAIT_BN: tl.constexpr,
-    SIGNAL_KS: tl.constexpr, probe_ptr, PROBE: tl.constexpr, ROW_CW: tl.constexpr = 0, ROW_G: tl.constexpr = 1,
+    PER_ROW: tl.constexpr, CTX_EARLY: tl.constexpr, ON_GPU: tl.constexpr, probe_ptr, PROBE: tl.constexpr,
+    ROW_CW: tl.constexpr, ROW_G: tl.constexpr,
 ):
     """Program (pid_n, pid_k) of y = W @ f(x): it owns BLOCK_N rows of W and one KS-wide range of K, loaded whole
     before the wait (K_CHUNK 0: one row, or PER_ROW's rows, each then reduced as one row is), or K_CHUNK columns at
     a time after it (a tensor-core tile of rows: its whole range spills). PARTIALS stores float32 partials
     [splits, M, N]; else model-dtype y [M, N] (SILU: W holds gate rows then up rows, up_rows apart, and
-    y = SiLU(gate) * up, N = up_rows). Inside one launch with the program that makes x (_mlp_kernel): WAIT_BN > 0
-    waits, after its weights' loads, until cnt_ptr[pid_k] counts every producer tile of WAIT_BN rows in its K range
-    (then resets the count for the next launch, once all of the range's programs have seen it), or gives up after
-    `spins` reads and raises the flag at cnt_ptr[2 * _COUNTS]; SIGNAL_KS > 0 counts this program's tile in
-    cnt_ptr[its rows // SIGNAL_KS] once its outputs are stored. PROBE: timestamps into probe_ptr (probe.py).
+    y = SiLU(gate) * up, N = up_rows). PROBE: timestamps into probe_ptr (probe.py).
     ROW_CW > 0 (one row, LABKIT_DECODE_ROW_LAYOUT=rows): the tile held as [ROW_G, BLOCK_N / ROW_G, K range /
     ROW_CW, ROW_CW], so that each of ROW_G warps owns whole rows and their sums need no other warp (_one_row_tile
     says why)."""
     DT: tl.constexpr = x_ptr.dtype.element_ty if PARTIALS else y_ptr.dtype.element_ty
-    CG: tl.constexpr = WAIT_BN > 0
     prog = pid_n * tl.num_programs(1) + pid_k  # (the probe's slot: unused, and compiled out, without it)
     if PROBE:
         stamp(probe_ptr, prog, 0, 0.0)
@@ -426,23 +401,6 @@ def _gemv_program(
             tl.extra.cuda.gdc_launch_dependents()
     if PROBE:
         stamp(probe_ptr, prog, 2, 0.0)
-    if WAIT_BN > 0:
-        # x's producers in this launch: every tile whose rows fall in this K range must have stored them
-        target = tl.cdiv(tl.minimum(KS, K - pid_k * KS), WAIT_BN)
-        seen = tl.atomic_add(cnt_ptr + pid_k, 0, sem="acquire")
-        tries = 1
-        while (seen < target) & (tries < spins):
-            seen = tl.atomic_add(cnt_ptr + pid_k, 0, sem="acquire")
-            tries += 1
-        if seen < target:  # (a bug, or a GPU that never ran a producer: said, not hung on)
-            tl.atomic_xchg(cnt_ptr + 2 * _COUNTS, 1, sem="relaxed")
-        tl.debug_barrier()
-        # the range's last reader resets both counts (every reader of the range has passed the loop above)
-        readers = tl.atomic_add(cnt_ptr + _COUNTS + pid_k, 1, sem="relaxed")
-        if readers == tl.cdiv(N, BLOCK_N) - 1:
-            tl.atomic_xchg(cnt_ptr + pid_k, 0, sem="relaxed")
-            tl.atomic_xchg(cnt_ptr + _COUNTS + pid_k, 0, sem="relaxed")
-
     if ATTN_S > 0 and not CTX_EARLY:
         ctx_all = tl.load(ctx_ptr + offs_m, mask=m_mask, other=0)
     elif ATTN_S == 0:
@@ -450,7 +408,7 @@ def _gemv_program(
     if ROW_CW > 0:
         acc, acc_u = _one_row_tile(w, wu if SILU else w, nw if NORM else w, x_ptr, part_ptr, res_ptr, res_out_ptr,
                                    ml_ptr, ctx_all, cols, (pid_n == 0) & (pid_k == 0), M, K, stride_xm, eps,
-                                   S_IN, RESIDUAL, NORM, SILU, DT, ATTN_S, ATTN_D, ATTN_BN, CG, probe_ptr, prog,
+                                   S_IN, RESIDUAL, NORM, SILU, DT, ATTN_S, ATTN_D, ATTN_BN, probe_ptr, prog,
                                    PROBE)
     if PER_ROW:
         # BLOCK_M rows one at a time through the one-row arithmetic below, the weight tile shared
@@ -463,11 +421,11 @@ def _gemv_program(
             ctx_m = _row_ctx(ctx_all, offs_m, m)[:, None]
             xm = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_m, om[:, None], offs_k[None, :],
                          mm[:, None] if EVEN else mm[:, None] & k_mask[None, :], M, K, stride_xm, S_IN, RESIDUAL,
-                         DT, ATTN_S, ATTN_D, ATTN_BN, True, CG)
+                         DT, ATTN_S, ATTN_D, ATTN_BN, True)
             if NORM:
                 full_mask = mm[:, None] if FULL_EVEN else mm[:, None] & (tl.arange(0, K_FULL) < K)[None, :]
                 h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_m, om[:, None], tl.arange(0, K_FULL)[None, :],
-                            full_mask, M, K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, True, CG)
+                            full_mask, M, K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, True)
                 if RESIDUAL:
                     if (pid_n == 0) & (pid_k == 0):
                         tl.store(res_out_ptr + om[:, None] * K + tl.arange(0, K_FULL)[None, :], h.to(DT),
@@ -483,7 +441,7 @@ def _gemv_program(
         # tiles spill (538 and 6,070 spill loads against 2 and 84, compiled for sm_90; 14x slower on the H200).
         x_mask = m_mask[:, None] if EVEN else m_mask[:, None] & k_mask[None, :]
         x = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_all[:, None], offs_m[:, None], offs_k[None, :], x_mask, M,
-                    K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1, CG)
+                    K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1)
     if NORM and not PER_ROW and ROW_CW == 0:
         # The statistics need whole rows: every program reads them (a few KiB, from L2) and gets the same sums,
         # NORM_CHUNK columns at a time (K_FULL: all at once; fewer at 2-16 rows, whose 16 x K float32 would spill).
@@ -492,7 +450,7 @@ def _gemv_program(
             kf = c + tl.arange(0, NORM_CHUNK)
             full_mask = m_mask[:, None] if FULL_EVEN else m_mask[:, None] & (kf < K)[None, :]
             h = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_all[:, None], offs_m[:, None], kf[None, :], full_mask,
-                        M, K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1, CG)
+                        M, K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1)
             if RESIDUAL:
                 if (pid_n == 0) & (pid_k == 0):  # the new residual stream, written once
                     tl.store(res_out_ptr + offs_m[:, None] * K + kf[None, :], h.to(DT), mask=full_mask)
@@ -514,7 +472,7 @@ def _gemv_program(
             wc = tl.load(wc_rows, mask=wc_mask, other=0.0)
             xc_mask = m_mask[:, None] if EVEN else m_mask[:, None] & kc_mask[None, :]
             xc = _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx_all[:, None], offs_m[:, None], offs_kc[None, :],
-                         xc_mask, M, K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1, CG)
+                         xc_mask, M, K, stride_xm, S_IN, RESIDUAL, DT, ATTN_S, ATTN_D, ATTN_BN, BLOCK_M == 1)
             if NORM:
                 nwc = tl.load(nw_ptr + offs_kc, mask=kc_mask, other=0.0).to(tl.float32)
                 xc = _rnd(_rnd(xc * rstd[:, None], DT) * nwc[None, :], DT)
@@ -553,42 +511,8 @@ def _gemv_program(
         tl.store(y_ptr + offs_m[None, :] * N + offs_n[:, None], acc.to(DT), mask=out_mask)
     else:
         tl.store(y_ptr + (pid_k * M + offs_m[None, :]).to(tl.int64) * N + offs_n[:, None], acc, mask=out_mask)
-    if SIGNAL_KS > 0:
-        tl.debug_barrier()  # (every thread's stores before the count that releases them)
-        tl.atomic_add(cnt_ptr + (pid_n * BLOCK_N) // SIGNAL_KS, 1, sem="release")
     if PROBE:
         stamp(probe_ptr, prog, 8, 0.0)
-
-
-@triton.jit
-def _mlp_kernel(
-    gu_w_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, h_ptr, dn_w_ptr, out_ptr, cnt_ptr, spins, M, I, H, eps, dn_ks,
-    stride_gu, stride_dn, gu_tiles, dn_tiles,
-    S_IN: tl.constexpr, GU_EVEN: tl.constexpr, GU_FULL_EVEN: tl.constexpr, GU_BLOCK_M: tl.constexpr,
-    GU_BLOCK_K: tl.constexpr, GU_K_FULL: tl.constexpr, GU_NORM_CHUNK: tl.constexpr, GU_K_CHUNK: tl.constexpr,
-    GU_PER_ROW: tl.constexpr, DN_EVEN: tl.constexpr, DN_FULL_EVEN: tl.constexpr, DN_BLOCK_M: tl.constexpr,
-    DN_BLOCK_K: tl.constexpr, DN_K_FULL: tl.constexpr, DN_NORM_CHUNK: tl.constexpr, DN_K_CHUNK: tl.constexpr,
-    DN_PER_ROW: tl.constexpr, BLOCK_N: tl.constexpr, DN_BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
-    TRIGGER: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, ON_GPU: tl.constexpr,
-):
-    """The MLP of a decode step in one launch: programs [0, gu_tiles) are gate/up's (the o_proj partials summed,
-    the residual added, RMSNorm, SiLU(gate) * up into h), the rest down's (dn_tiles n tiles a K split of h, float32
-    partials out). Down's programs come after every gate/up program in launch order, so by the time one waits
-    every gate/up program has a place on the GPU: the wait ends."""
-    pid = tl.program_id(0)
-    if pid < gu_tiles:
-        _gemv_program(pid, 0, gu_w_ptr, gu_w_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, h_ptr, gu_w_ptr, gu_w_ptr,
-                      cnt_ptr, spins, M, I, H, H, stride_gu, H, I, eps, S_IN, True, True, True, False, GU_EVEN,
-                      GU_FULL_EVEN, GU_BLOCK_M, BLOCK_N, GU_BLOCK_K, GU_K_FULL, USE_PDL, TRIGGER, DOT_PRECISION,
-                      GU_NORM_CHUNK, GU_K_CHUNK, 0, 0, 0, GU_PER_ROW, False, ON_GPU, 0, DN_BLOCK_K, gu_w_ptr, 0)
-    else:
-        q = pid - gu_tiles
-        _gemv_program(q % dn_tiles, q // dn_tiles, dn_w_ptr, h_ptr, dn_w_ptr, dn_w_ptr, dn_w_ptr, dn_w_ptr, out_ptr,
-                      dn_w_ptr, dn_w_ptr, cnt_ptr, spins, M, H, I, dn_ks, stride_dn, I, H, eps, 0, False, False, False,
-                      True, DN_EVEN, DN_FULL_EVEN, DN_BLOCK_M, DN_BLOCK_N, DN_BLOCK_K, DN_K_FULL, USE_PDL, TRIGGER,
-                      DOT_PRECISION, DN_NORM_CHUNK, DN_K_CHUNK, 0, 0, 0, DN_PER_ROW, False, ON_GPU, BLOCK_N, 0,
-                      dn_w_ptr, 0)
 
 
 def split_for(N: int, K: int, num_sms: int, block_n: int | None = None) -> int:
@@ -702,57 +626,6 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | AttnParts | None = None, partials
         M, N, K, ks, w.stride(0), x.stride(0) if x is not None else K, N, float(eps), **meta, PROBE=probe_on,
         **launch)
     return (y, res_out) if residual is not None else y
-
-
-# The reads a waiting down program makes before it gives up: on a GPU ~seconds; in the interpreter, which runs the
-# programs one after another (gate/up's first), a wait is already over when it begins, so one read.
-_SPINS = {True: 1 << 24, False: 1}
-
-
-def mlp_counts(device: torch.device) -> torch.Tensor:
-    """The counts one-launch MLPs wait on (int32 zeros; each launch leaves them zero), and a last flag a down
-    program raises if it gave up waiting (never, unless a bug): one tensor an engine holds (an engine's steps run
-    one after another, so its launches never share them with another's)."""
-    return torch.zeros(2 * _COUNTS.value + 1, dtype=torch.int32, device=device)
-
-
-def mlp_in_one_launch(I: int, H: int, split: int) -> bool:
-    """Can down's K split wait on gate/up's tiles: each split a power-of-two range of whole gate/up tiles."""
-    ks = triton.cdiv(I, split)
-    return (MLP_LAUNCHES == "one" and split <= _COUNTS.value and I % ks == 0 and ks == triton.next_power_of_2(ks)
-            and ks % _BLOCK_N == 0)
-
-
-def mlp(w_gate_up: torch.Tensor, w_down: torch.Tensor, *, partials: torch.Tensor, residual: torch.Tensor,
-        norm_weight: torch.Tensor, eps: float, split: int, counts: torch.Tensor, pdl: str = ""):
-    """gemv(w_gate_up, partials=..., residual=..., norm_weight=..., silu=True) then gemv(w_down, x=h, split=split)
-    in one launch (_mlp_kernel): the same programs, so the same numbers (down's programs of MLP_DOWN_ROWS rows:
-    at other than _BLOCK_N's, the same sums in another float32 order). Returns (down's float32 partials
-    [split, M, H], the new residual). counts: mlp_counts's tensor, zero before and after."""
-    S, M, H = partials.shape
-    I = w_gate_up.shape[0] // 2
-    assert w_down.shape == (H, I) and mlp_in_one_launch(I, H, split) and counts.numel() == 2 * _COUNTS.value + 1
-    assert partials.is_contiguous() and residual.is_contiguous() and residual.shape == (M, H) and M <= MAX_ROWS
-    dev, dtype = w_gate_up.device, w_gate_up.dtype
-    h = torch.empty(M, I, dtype=dtype, device=dev)
-    res_out = torch.empty(M, H, dtype=dtype, device=dev)
-    out = torch.empty(split, M, H, dtype=torch.float32, device=dev)
-    use_pdl, trigger, launch = _pdl(dev, pdl)
-    common = dict(dtype=dtype, use_pdl=use_pdl, trigger=trigger, on_gpu=dev.type == "cuda")
-    (gu_tiles, _), gu = gemv_meta(M, I, H, 1, s_in=S, residual=True, norm=True, silu=True, partials_out=False,
-                                  **common)
-    _, dn = gemv_meta(M, H, I, split, s_in=0, residual=False, norm=False, silu=False, partials_out=True, **common)
-    dn_tiles = triton.cdiv(H, MLP_DOWN_ROWS)
-    keys = ("EVEN", "FULL_EVEN", "BLOCK_M", "BLOCK_K", "K_FULL", "NORM_CHUNK", "K_CHUNK", "PER_ROW")
-    _mlp_kernel[(gu_tiles + dn_tiles * split,)](
-        w_gate_up, partials, residual, res_out, norm_weight, h, w_down, out, counts, _SPINS[dev.type == "cuda"], M,
-        I, H, float(eps),
-        triton.cdiv(I, split), w_gate_up.stride(0), w_down.stride(0), gu_tiles, dn_tiles, S_IN=S,
-        **{f"GU_{k}": gu[k] for k in keys}, **{f"DN_{k}": dn[k] for k in keys}, BLOCK_N=_BLOCK_N,
-        DN_BLOCK_N=MLP_DOWN_ROWS,
-        USE_PDL=use_pdl, TRIGGER=trigger, DOT_PRECISION=gu["DOT_PRECISION"], ON_GPU=dev.type == "cuda",
-        num_warps=max(gu["num_warps"], dn["num_warps"]), enable_fp_fusion=False, **launch)
-    return out, res_out
 
 
 @triton.jit

@@ -104,7 +104,7 @@ KERNEL_FAMILIES: tuple[tuple[str, str], ...] = (
     ("kv_write", r"_store_kv_kernel|store_kvcache|reshape_and_cache"),
     ("sampler", r"_gumbel_chunk_kernel|_pick_chunk_kernel|gumbel|softmax|argmax|exponential|distribution_"
                 r"|topk|sort|multinomial|cumsum"),
-    # (_mlp_kernel: gate/up and down's GEMVs in one launch, LABKIT_DECODE_MLP=one)
+    # (_mlp_kernel: session 27's MLP in one launch, since removed: its recorded traces still read as GEMMs)
     ("gemm", r"_small_gemm_kernel|_split_k_reduce_kernel|_mlp_kernel|gemm|gemv|nvjet|cublas|cutlass|xmma|wgmma"
              r"|splitkreduce|matmul|triton_tem_"),
     ("norm_rope_act", r"_qk_norm_rope_kernel|_partials_norm_kernel|triton_(poi|red|per)_fused|rms_?norm"
