@@ -103,7 +103,8 @@ MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core 
 # ~900 instructions after the PDL wait, compiled for sm_90), or "rows" (the warps own whole rows, _one_row_tile:
 # no barrier, 25 shuffles against 89, but each warp makes the whole input: q/k/v ~1,020 instructions after the
 # wait, down ~590 against ~700 and 96 registers against 168), or "plain" (rows for the GEMVs without a norm: down,
-# o_proj when it does not merge attention's parts). A device sweep's knob (docs/perf.md, session 29).
+# o_proj when it does not merge attention's parts). Measured on an H100 (docs/perf.md, session 29; three rounds):
+# batch 1 rows 1.008x (the sums shrank, the inputs read by every warp grew more), plain 0.997x (not a measured win).
 ROW_LAYOUT = os.environ.get("LABKIT_DECODE_ROW_LAYOUT", "k")
 if ROW_LAYOUT not in ("k", "rows", "plain"):
     raise ValueError(f"LABKIT_DECODE_ROW_LAYOUT: k, rows or plain, got {ROW_LAYOUT!r}")
