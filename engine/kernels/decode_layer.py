@@ -249,7 +249,8 @@ def _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx, rows, cols, mask, M, K, strid
             S_IN: tl.constexpr, RESIDUAL: tl.constexpr, DT: tl.constexpr,
             ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr, UNROLL: tl.constexpr):
     """The GEMV's input at rows `rows` and columns `cols` (broadcasting against each other: [M, 1] and [1, K],
-    or a one-row program's [1, 1, 1] and [chunks, 1, width]; ctx, the rows' context lengths, shaped as rows),
+    or a rows-layout program's [warps, 1, 1, 1] and [1, 1, chunks, width]; ctx, the rows' context lengths, shaped
+    as rows),
     float32 holding model-dtype values: x itself, or S_IN float32 partials summed in order (the unfused reduce
     kernel's sum), or attention's ATTN_S split parts merged (part_ptr: their acc; UNROLL: every part's loads at
     once), plus the residual (add_rms_norm's sum)."""
@@ -386,7 +387,7 @@ def _gemv_program(
         if SILU:
             wu = tl.load(w_rows + up_rows * stride_wn, mask=w_mask, other=0.0)
         if NORM:
-            if ROW_CW > 0:  # (once for each weight row: the tile's shape, so its layout; see _one_row_tile)
+            if ROW_CW > 0:  # (once a warp: the tile's layout; see _one_row_tile)
                 nw = tl.load(nw_ptr + cols + tl.zeros([ROW_G, 1, 1, 1], tl.int32)).to(tl.float32)
             else:
                 nw = (tl.load(nw_ptr + offs_k) if EVEN else
