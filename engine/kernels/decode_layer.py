@@ -250,10 +250,9 @@ def _x_rows(x_ptr, part_ptr, res_ptr, ml_ptr, ctx, rows, cols, mask, M, K, strid
             ATTN_S: tl.constexpr, ATTN_D: tl.constexpr, ATTN_BN: tl.constexpr, UNROLL: tl.constexpr):
     """The GEMV's input at rows `rows` and columns `cols` (broadcasting against each other: [M, 1] and [1, K],
     or a rows-layout program's [warps, 1, 1, 1] and [1, 1, chunks, width]; ctx, the rows' context lengths, shaped
-    as rows),
-    float32 holding model-dtype values: x itself, or S_IN float32 partials summed in order (the unfused reduce
-    kernel's sum), or attention's ATTN_S split parts merged (part_ptr: their acc; UNROLL: every part's loads at
-    once), plus the residual (add_rms_norm's sum)."""
+    as rows), float32 holding model-dtype values: x itself, or S_IN float32 partials summed in order (the unfused
+    reduce kernel's sum), or attention's ATTN_S split parts merged (part_ptr: their acc; UNROLL: every part's
+    loads at once), plus the residual (add_rms_norm's sum)."""
     if ATTN_S > 0:
         x = _merged_rows(part_ptr, ml_ptr, ctx, rows, cols, mask, M, K, ATTN_S, ATTN_D, ATTN_BN, DT, UNROLL)
     elif S_IN == 0:
