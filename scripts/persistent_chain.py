@@ -151,6 +151,15 @@ def _down(wa, wb, act_ptr, h_ptr, out_ptr, row0, R: tl.constexpr, IA: tl.constex
 
 
 @triton.jit
+def _stamp(probe_ptr, idx, PROBE: tl.constexpr):
+    """The global timer (ns) into probe_ptr[idx] (PROBE 1, GPU only): a phase's wait passed, or its arrive sent."""
+    if PROBE:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,f", [0.0], dtype=tl.int64, is_pure=False,
+                                      pack=1)
+        tl.store(probe_ptr + idx, t)
+
+
+@triton.jit
 def _arrive(cnt_ptr):
     tl.debug_barrier()  # every thread's stores issued before the count says so
     tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
@@ -202,7 +211,7 @@ def _chain_kernel(h_ptr, mid_ptr, qkv_ptr, act_ptr, wqkv_ptr, wo_ptr, wg_ptr, wu
                   H: tl.constexpr, Q: tl.constexpr, QKV: tl.constexpr, I: tl.constexpr,
                   R_QKV: tl.constexpr, R_O: tl.constexpr, R_GA: tl.constexpr, R_GB: tl.constexpr,
                   R_D: tl.constexpr, IA: tl.constexpr, PHASE: tl.constexpr, AHEAD: tl.constexpr, USE_PDL: tl.constexpr,
-                  SYNC: tl.constexpr = 1):
+                  SYNC: tl.constexpr = 1, probe_ptr=None, PROBE: tl.constexpr = 0):
     """PHASE 0-3: one phase of `layer` (qkv, o, gu, down), loads before the PDL wait. PHASE 4: every phase of
     every layer in one launch, the programs meeting at a grid barrier after each phase."""
     pid = tl.program_id(0)
@@ -244,23 +253,30 @@ def _chain_kernel(h_ptr, mid_ptr, qkv_ptr, act_ptr, wqkv_ptr, wo_ptr, wg_ptr, wu
                 w2 = _tile(wo_ptr + lay * H * Q, pid * R_O, R_O, Q, live)
             if lay > 0:
                 _wait(cnt_ptr, flag_ptr, step, SYNC)
+            slot = (pid * n_layers + lay) * 8  # (the probe: 4 phases x wait passed, arrive sent)
+            _stamp(probe_ptr, slot, PROBE)
             _qkv(w1, h_ptr, ln1_ptr + lay * H, qkv_ptr, pid * R_QKV, eps, R_QKV, H, DT)
             _arrive(cnt_ptr)
+            _stamp(probe_ptr, slot + 1, PROBE)
             if not AHEAD & 2:
                 w2 = _tile(wo_ptr + lay * H * Q, pid * R_O, R_O, Q, live)
             if AHEAD & 4:
                 ga, ua, gb, ub = _layer_tiles_gu(wg_ptr, wu_ptr, lay, pid, live, R_GA, R_GB, H, I)
             _wait(cnt_ptr, flag_ptr, step + P, SYNC)
+            _stamp(probe_ptr, slot + 2, PROBE)
             _o(w2, qkv_ptr, h_ptr, mid_ptr, pid * R_O, R_O, Q)
             _arrive(cnt_ptr)
+            _stamp(probe_ptr, slot + 3, PROBE)
             if not AHEAD & 4:
                 ga, ua, gb, ub = _layer_tiles_gu(wg_ptr, wu_ptr, lay, pid, live, R_GA, R_GB, H, I)
             if AHEAD & 8:
                 wa = _down_tile(wd_ptr + lay * H * I, pid * R_D, R_D, I, 0, IA, live)
                 wb = _down_tile(wd_ptr + lay * H * I, pid * R_D, R_D, I, IA, I - IA, live)
             _wait(cnt_ptr, flag_ptr, step + 2 * P, SYNC)
+            _stamp(probe_ptr, slot + 4, PROBE)
             _gu(ga, ua, gb, ub, mid_ptr, ln2_ptr + lay * H, act_ptr, pid, eps, R_GA, R_GB, H, DT)
             _arrive(cnt_ptr)
+            _stamp(probe_ptr, slot + 5, PROBE)
             nxt = lay + 1 < n_layers
             if not AHEAD & 8:
                 wa = _down_tile(wd_ptr + lay * H * I, pid * R_D, R_D, I, 0, IA, live)
@@ -268,8 +284,10 @@ def _chain_kernel(h_ptr, mid_ptr, qkv_ptr, act_ptr, wqkv_ptr, wo_ptr, wg_ptr, wu
             if AHEAD & 1:
                 w1 = _tile(wqkv_ptr + (lay + 1) * QKV * H, pid * R_QKV, R_QKV, H, nxt)
             _wait(cnt_ptr, flag_ptr, step + 3 * P, SYNC)
+            _stamp(probe_ptr, slot + 6, PROBE)
             _down(wa, wb, act_ptr, mid_ptr, h_ptr, pid * R_D, R_D, IA, I - IA)
             _arrive(cnt_ptr)
+            _stamp(probe_ptr, slot + 7, PROBE)
             if not AHEAD & 1:
                 w1 = _tile(wqkv_ptr + (lay + 1) * QKV * H, pid * R_QKV, R_QKV, H, nxt)
 
@@ -309,7 +327,7 @@ class Chain:
     """Buffers and launches of one variant: `run()` computes the whole chain from h0 into `h`."""
 
     def __init__(self, torch, geo: dict, data: dict, device: str, mode: str, ahead: int = 0, warps: int = 8,
-                 programs: int | None = None, sync: int = 1):
+                 programs: int | None = None, sync: int = 1, probe: bool = False):
         geo = {**geo, "programs": programs or geo["programs"]}
         self.torch, self.geo, self.data, self.mode, self.ahead, self.warps = torch, geo, data, mode, ahead, warps
         self.rows = rows_a_program(geo)
@@ -322,6 +340,9 @@ class Chain:
         self.cnt = torch.zeros(1, dtype=torch.int32, device=device)
         self.flag = torch.zeros(1, dtype=torch.int32, device=device)
         self.pdl = device == "cuda" and mode == "sep"
+        # the probe: each program's 8 timer stamps a layer (a phase's wait passed, its arrive sent)
+        self.probe = (torch.zeros(geo["programs"] * geo["layers"] * 8, dtype=torch.int64, device=device)
+                      if probe else None)
 
     def _launch(self, phase: int, layer: int) -> None:
         d, g, r = self.data, self.geo, self.rows
@@ -331,7 +352,8 @@ class Chain:
             self.cnt, self.flag, 1e-6, layer, g["layers"],
             H=g["hidden"], Q=g["q"], QKV=g["qkv"], I=g["inter"], R_QKV=r["qkv"], R_O=r["o"], R_GA=r["gu_a"],
             R_GB=r["gu_b"], R_D=r["down"], IA=r["down_k_a"], PHASE=phase, AHEAD=self.ahead, USE_PDL=self.pdl,
-            SYNC=self.sync,
+            SYNC=self.sync, probe_ptr=self.probe if self.probe is not None else self.cnt,
+            PROBE=int(self.probe is not None),
             num_warps=self.warps, **kw)
 
     def run(self) -> None:
@@ -343,6 +365,39 @@ class Chain:
         for layer in range(self.geo["layers"]):
             for phase in range(4):
                 self._launch(phase, layer)
+
+
+def probe_summary(stamps: list[int], programs: int, layers: int) -> dict:
+    """Medians over the middle layers (the first two and last two left out), per phase, in us: `work` a program's
+    own time from its wait passed to its arrive sent (median over programs, and the slowest), `opened` from the
+    phase's last arrive to the next phase's median and last pass (the barrier as the programs saw it), and `span`
+    from the previous phase's last arrive to this one's (the layer's timeline)."""
+    import statistics
+
+    def at(p, lay, k):
+        return stamps[(p * layers + lay) * 8 + k]
+
+    mids = range(2, layers - 2) if layers > 5 else range(layers)
+    out = {}
+    for f, name in enumerate(("qkv", "o", "gu", "down")):
+        work, slowest, opened_med, opened_last, span = [], [], [], [], []
+        for lay in mids:
+            own = [(at(p, lay, 2 * f + 1) - at(p, lay, 2 * f)) / 1e3 for p in range(programs)]
+            work.append(statistics.median(own))
+            slowest.append(max(own))
+            last_arrive = max(at(p, lay, 2 * f + 1) for p in range(programs))
+            nl, nf = (lay, f + 1) if f < 3 else (lay + 1, 0)
+            if nl < layers:
+                passes = sorted(at(p, nl, 2 * nf) for p in range(programs))
+                opened_med.append((passes[len(passes) // 2] - last_arrive) / 1e3)
+                opened_last.append((passes[-1] - last_arrive) / 1e3)
+            pl, pf = (lay, f - 1) if f > 0 else (lay - 1, 3)
+            if pl >= 0:
+                span.append((last_arrive - max(at(p, pl, 2 * pf + 1) for p in range(programs))) / 1e3)
+        med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+        out[name] = {"work": med(work), "work_slowest": med(slowest), "opened_median": med(opened_med),
+                     "opened_last": med(opened_last), "span": med(span)}
+    return out
 
 
 def rel_err(torch, a, b) -> float:
@@ -361,7 +416,9 @@ def variants(cuda: bool) -> list[dict]:
                   {"name": "sep_nopdl", "mode": "sep_nopdl", "ahead": 0, "warps": 4}] + [
         {"name": f"persist_a{a}_w8", "mode": "persist", "ahead": a, "warps": 8} for a in (0, 4, 7, 15)] + [
         # timing only: the same programs never waiting (what the barrier costs; its numbers race, unchecked)
-        {"name": "nosync_a0_w8", "mode": "persist", "ahead": 0, "warps": 8, "sync": 0}]
+        {"name": "nosync_a0_w8", "mode": "persist", "ahead": 0, "warps": 8, "sync": 0}] + [
+        # the probe's stamps (a phase's wait passed, its arrive sent): where a persistent layer's time goes
+        {"name": f"probe_a{a}_w8", "mode": "persist", "ahead": a, "warps": 8, "probe": True} for a in (0, 7)]
 
 
 def measure(torch, device: str, dry: bool, rounds: int) -> dict:
@@ -385,7 +442,7 @@ def measure(torch, device: str, dry: bool, rounds: int) -> dict:
         row = dict(v)
         try:
             c = Chain(torch, geo, data, device, v["mode"], v["ahead"], v["warps"], v.get("programs"),
-                      v.get("sync", 1))
+                      v.get("sync", 1), v.get("probe", False))
             c.run()
             if cuda:
                 torch.cuda.synchronize()
@@ -413,6 +470,10 @@ def measure(torch, device: str, dry: bool, rounds: int) -> dict:
                 continue
             ms = time_ms(torch, cuda, c.run)
             row.setdefault("us_a_layer", []).append(ms * 1e3 / geo["layers"])
+    for row in out["variants"]:  # (the probe's stamps as the last timed replay left them)
+        c = chains.get(row["name"])
+        if c is not None and c.probe is not None:
+            row["probe"] = probe_summary(c.probe.tolist(), c.geo["programs"], geo["layers"])
     for row in out["variants"]:
         if row.get("us_a_layer"):
             med = sorted(row["us_a_layer"])[len(row["us_a_layer"]) // 2]
@@ -453,6 +514,17 @@ def markdown(log: dict) -> str:
         lines.append(f"| {r['name']} | {r['warps']} | {r['ahead']} | {us} | {r.get('median_us_a_layer', 0):.2f} | "
                      f"{r.get('TBps', 0):.2f} | {r.get('ratio_to_sep', 0):.3f} | {r['rel_err']:.1e}{extra} | "
                      f"{'yes' if r['ok'] else 'NO'} |")
+    for r in log["variants"]:
+        if r.get("probe"):
+            lines += ["", f"{r['name']}, us (medians over the middle layers): a program's work from its wait to its "
+                      "arrive (median, slowest); the barrier from the phase's last arrive to the next phase's median "
+                      "and last pass; the phase's span from the previous phase's last arrive to its own.", "",
+                      "| phase | work | slowest | opened (median) | opened (last) | span |",
+                      "| --- | --- | --- | --- | --- | --- |"]
+            fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+            for name, ph in r["probe"].items():
+                lines.append(f"| {name} | {fmt(ph['work'])} | {fmt(ph['work_slowest'])} | "
+                             f"{fmt(ph['opened_median'])} | {fmt(ph['opened_last'])} | {fmt(ph['span'])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -51,7 +51,8 @@ def _mutated(tmp_path, old: str, new: str):
     ("w2 = _tile(wo_ptr + lay * H * Q, pid * R_O, R_O, Q, live)\n            if lay > 0",
      "w2 = _tile(wo_ptr, pid * R_O, R_O, Q, live)\n            if lay > 0", {"persist_a7_p1"}),
     # the persistent loop waiting for one phase too few (a barrier that never stops anyone): its count is wrong
-    ("_arrive(cnt_ptr)\n            if not AHEAD & 1:", "if not AHEAD & 1:", {"persist_a7_p1"}),
+    ("_arrive(cnt_ptr)\n            _stamp(probe_ptr, slot + 7, PROBE)", "_stamp(probe_ptr, slot + 7, PROBE)",
+     {"persist_a7_p1"}),
 ])
 def test_a_wrong_phase_fails_the_check(tmp_path, old, new, bad):
     mod = _mutated(tmp_path, old, new)
