@@ -27,8 +27,8 @@ of rows over the whole K (no split-K partials). Variants, each one CUDA graph of
                a clear one right after the previous phase's arrive. Compiled for sm_90 (Triton 3.6, 8 warps):
                0, 4 and 7 spill 1-6 registers, 15 spills 69 (gate/up's and down's tiles together).
 The check: layer by layer the same roundings in float32 torch (relative L2 of the final hidden state within 2e-2
-in bf16, 1e-4 in float32), and every persistent variant's output bit-equal to sep's (the same arithmetic in each
-program). A persistent program that polls ~2^20 times without its count sets a flag and goes on: a wrong result,
+in bf16, 1e-4 in float32), and whether each persistent variant's output is bit-equal to that of sep at its warps (the same
+arithmetic in each program; reported, not required). A persistent program that polls ~2^20 times without its count sets a flag and goes on: a wrong result,
 never a hung GPU. Exit 0: every check passed; 1: a check failed; 2: could not run. --dry-run: tiny float32 shapes,
 sep only (the interpreter runs programs one after another, so a grid barrier would never open).
 """
@@ -437,7 +437,7 @@ def measure(torch, device: str, dry: bool, rounds: int) -> dict:
     out = {"device": torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)", "sms": sms,
            "geometry": geo, "rows": rows_a_program(geo), "weight_MB_a_layer": wbytes / geo["layers"] / 1e6,
            "variants": []}
-    chains, sep_h = {}, None
+    chains, sep_h = {}, {}  # sep's output by warps: a persistent variant matches the sep of its warps bit for bit
     for v in variants(cuda):
         row = dict(v)
         try:
@@ -454,10 +454,11 @@ def measure(torch, device: str, dry: bool, rounds: int) -> dict:
             if v["mode"] == "persist" and v.get("sync", 1):
                 row["count"] = int(c.cnt.item())
                 row["count_ok"] = row["count"] == 4 * geo["layers"] * c.geo["programs"]
-                row["bit_equal_sep"] = bool(torch.equal(c.h, sep_h)) if sep_h is not None else None
+                ref_h = sep_h.get(v["warps"])
+                row["bit_equal_sep"] = bool(torch.equal(c.h, ref_h)) if ref_h is not None else None
                 row["ok"] = row["ok"] and row["count_ok"]
-            elif v["name"] == "sep":
-                sep_h = c.h.clone()
+            elif v["mode"] == "sep":
+                sep_h[v["warps"]] = c.h.clone()
             chains[v["name"]] = c
         except Exception as e:  # noqa: BLE001 - a variant that does not compile is a result
             row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:200]}")
