@@ -72,6 +72,9 @@ def test_each_knob_is_read_when_set():
     res = _import_with({"LABKIT_DECODE_GATE_UP_WARPS": "8"},
                        "from engine.kernels import decode_layer as d; print(d.GATE_UP_WARPS, d._WARPS_ONE_ROW)")
     assert res.returncode == 0 and res.stdout.split() == ["8", "4"], res.stderr
+    res = _import_with({"LABKIT_DECODE_QKV_WARPS": "8"},
+                       "from engine.kernels import decode_layer as d; print(d.QKV_WARPS, d._WARPS_ONE_ROW)")
+    assert res.returncode == 0 and res.stdout.split() == ["8", "4"], res.stderr
     res = _import_with({"LABKIT_DECODE_FMA_ROWS": "4"},
                        "from engine.kernels import decode_layer as d; print(d.FMA_ROWS)")
     assert res.returncode == 0 and res.stdout.split() == ["4"], res.stderr
@@ -113,7 +116,7 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
                                         ("LABKIT_DECODE_MERGE_ROWS", "3"),
                                         ("LABKIT_DECODE_MERGE_ROWS", "0"), ("LABKIT_DECODE_NEW_KV", "early"),
                                         ("LABKIT_DECODE_MERGE_CTX", "first"), ("LABKIT_DECODE_PROBE", "yes"),
-                                        ("LABKIT_DECODE_ROW_LAYOUT", "cols")])
+                                        ("LABKIT_DECODE_ROW_LAYOUT", "cols"), ("LABKIT_DECODE_QKV_WARPS", "3")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
                                      "engine.kernels.gumbel_sampler, engine.kv_layout, engine.decode_order, "
@@ -252,6 +255,25 @@ def test_gate_up_warps_reach_the_one_row_gate_up_launch_and_no_other(monkeypatch
                             dtype=torch.bfloat16, use_pdl=False, trigger=0)[1]["num_warps"]
     assert warps(1, True) == (gate_up_warps or 4)
     assert [warps(1, False), warps(4, True), warps(16, True), warps(2, False)] == [4, 8, 8, 8]
+
+
+@pytest.mark.parametrize("qkv_warps", [0, 2, 8])
+def test_qkv_warps_reach_the_one_row_qkv_launch_and_no_other(monkeypatch, qkv_warps):
+    """LABKIT_DECODE_QKV_WARPS sets the warps of q/k/v's GEMV (the norm without SiLU) at one row and on the per-row
+    path; gate/up, o_proj, down and a tile of rows keep LABKIT_DECODE_GEMV's (or gate/up's own)."""
+    from engine.kernels import decode_layer as dl
+
+    monkeypatch.setattr(dl, "FMA_ROWS", 2)
+    monkeypatch.setattr(dl, "QKV_WARPS", qkv_warps)
+    monkeypatch.setattr(dl, "GATE_UP_WARPS", 0)
+    monkeypatch.setattr(dl, "_WARPS", 8)
+    monkeypatch.setattr(dl, "_WARPS_ONE_ROW", 4)
+
+    def warps(rows, norm, silu):
+        return dl.gemv_meta(rows, 4096, 1024, 1, s_in=3 if norm else 0, residual=norm, norm=norm, silu=silu,
+                            partials_out=not norm, dtype=torch.bfloat16, use_pdl=False, trigger=0)[1]["num_warps"]
+    assert warps(1, True, False) == warps(2, True, False) == (qkv_warps or 4)
+    assert [warps(1, True, True), warps(1, False, False), warps(4, True, False), warps(16, True, False)] == [4, 4, 8, 8]
 
 
 @pytest.mark.parametrize("fma_rows", [1, 4])

@@ -60,3 +60,27 @@ def test_a_wrong_phase_fails_the_check(tmp_path, old, new, bad):
     assert mod.main(["--dry-run", "--out", str(out)]) == 1
     log = json.loads(out.read_text())
     assert {v["name"] for v in log["variants"] if not v["ok"]} == bad
+
+
+def test_probe_summary_reads_work_barrier_and_span():
+    """Synthetic stamps (2 programs, 6 layers; ns): each phase's work is pass -> arrive, its barrier the last
+    arrive -> the next phase's passes, its span the previous phase's last arrive -> its own."""
+    mod = load_script("persistent_chain")
+    programs, layers = 2, 6
+    stamps = [0] * (programs * layers * 8)
+    t = 0
+    for lay in range(layers):
+        for f in range(4):
+            for p in range(programs):
+                # program 1 passes 100 ns later and works 1000 ns longer than program 0
+                passed = t + 100 * p
+                stamps[(p * layers + lay) * 8 + 2 * f] = passed
+                stamps[(p * layers + lay) * 8 + 2 * f + 1] = passed + 2000 + 1000 * p
+            t += 4000  # the next phase's passes: 900 and 1000 ns after this one's last arrive
+    s = mod.probe_summary(stamps, programs, layers)
+    assert set(s) == {"qkv", "o", "gu", "down"}
+    for ph in s.values():
+        # the work's median averages the two programs; the passes' median is the upper of two, as their last
+        assert ph["work"] == pytest.approx(2.5) and ph["work_slowest"] == pytest.approx(3.0)
+        assert ph["opened_median"] == pytest.approx(1.0) and ph["opened_last"] == pytest.approx(1.0)
+        assert ph["span"] == pytest.approx(4.0)

@@ -154,6 +154,14 @@ GATE_UP_WARPS = int(os.environ.get("LABKIT_DECODE_GATE_UP_WARPS", "0"))
 if GATE_UP_WARPS not in (0, 1, 2, 4, 8, 16):
     raise ValueError(f"LABKIT_DECODE_GATE_UP_WARPS: 0 (as LABKIT_DECODE_GEMV says) or 1-16 (powers of two), "
                      f"got {GATE_UP_WARPS}")
+# q/k/v's warps at batch 1 (0: _WARPS_ONE_ROW's). With every one-row GEMV at 8 warps, attention's 32 programs
+# ran one an SM on 32 SMs, not two an SM on 16, and ended 2.6 us sooner after q/k/v (8.2 -> 5.5), while q/k/v's
+# and o_proj's cross-warp sums cost more (batch 1 1.15x on an H100; docs/perf.md, session 30): q/k/v's programs
+# at 64 registers a thread packed four an SM, leaving SMs free. A device sweep's knob for q/k/v alone.
+QKV_WARPS = int(os.environ.get("LABKIT_DECODE_QKV_WARPS", "0"))
+if QKV_WARPS not in (0, 1, 2, 4, 8, 16):
+    raise ValueError(f"LABKIT_DECODE_QKV_WARPS: 0 (as LABKIT_DECODE_GEMV says) or 1-16 (powers of two), "
+                     f"got {QKV_WARPS}")
 
 # The norm's statistics NORM_CHUNK columns at a time for a tile of 2-16 rows (0: whole rows at once; one row
 # always takes whole rows, it holds little): the 16 x K float32 rows spill. On one H200 (docs/perf.md, session 15)
@@ -539,7 +547,8 @@ def gemv_meta(M: int, N: int, K: int, split: int, *, s_in: int, residual: bool, 
     block_k = max(16, triton.next_power_of_2(ks))
     per_row = 1 < M <= FMA_ROWS
     one = M == 1 or per_row  # (the one-row arithmetic: the weight tile whole before the wait, the FMA sums)
-    warps = _WARPS if not one else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else _WARPS_ONE_ROW
+    warps = _WARPS if not one else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else (
+        (QKV_WARPS or _WARPS_ONE_ROW) if norm else _WARPS_ONE_ROW)
     meta = dict(
         S_IN=s_in, RESIDUAL=residual, NORM=norm, SILU=silu, PARTIALS=partials_out,
         EVEN=ks == triton.next_power_of_2(ks) and ks >= 16 and K % ks == 0,
