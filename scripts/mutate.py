@@ -3090,14 +3090,14 @@ MUTATIONS = [
       ['tests/test_cli_main_edges.py', 'tests/test_cli.py', 'tests/test_cli_width.py']),
     # --- session 25: gate/up's warps at one row ----
     M("N661", 'engine/kernels/decode_layer.py',
-      'warps = _WARPS if not one else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else _WARPS_ONE_ROW',
-      'warps = _WARPS if not one else (GATE_UP_WARPS or _WARPS_ONE_ROW)',
+      'warps = _WARPS if not one else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else (',
+      'warps = _WARPS if not one else (GATE_UP_WARPS or _WARPS_ONE_ROW) if True else (',
       "LABKIT_DECODE_GATE_UP_WARPS sets every one-row GEMV's warps, not gate/up's alone",
       ['tests/test_decode_knobs.py']),
     M("N662", 'engine/kernels/decode_layer.py',
-      'warps = _WARPS if not one else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else _WARPS_ONE_ROW',
-      'warps = (GATE_UP_WARPS or _WARPS) if not one and silu else _WARPS if not one else _WARPS_ONE_ROW if not silu '
-      'else (GATE_UP_WARPS or _WARPS_ONE_ROW)',
+      'warps = _WARPS if not one else (GATE_UP_WARPS or _WARPS_ONE_ROW) if silu else (',
+      'warps = (GATE_UP_WARPS or _WARPS) if not one and silu else _WARPS if not one else (GATE_UP_WARPS or '
+      '_WARPS_ONE_ROW) if silu else (',
       "LABKIT_DECODE_GATE_UP_WARPS also sets gate/up's warps for a tile of rows", ['tests/test_decode_knobs.py']),
     M("N663", 'engine/kernels/decode_layer.py',
       'if GATE_UP_WARPS not in (0, 1, 2, 4, 8, 16):',
