@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../../.."
 BUDGET=${BUDGET:-420}
 source scripts/call_preamble.sh
 Q8=LABKIT_DECODE_QKV_WARPS=8
-sweep sweep "base: qkv8:$Q8" "1 4" 3 2/3
+sweep sweep "base: qkv8:$Q8" "${BATCHES:-1 4}" 3 2/3
 env $Q8 timeout 80 python3 scripts/layer_probe.py --model $M --json $W/probe-qkv8.json > $W/logs/probe-qkv8.log 2>&1
 echo "rc=$? @$SECONDS layer probe (qkv8):" >> $S; head -16 $W/logs/probe-qkv8.log >> $S
 graph_logits $Q8 qkv8
