@@ -157,7 +157,8 @@ if GATE_UP_WARPS not in (0, 1, 2, 4, 8, 16):
 # q/k/v's warps at batch 1 (0: _WARPS_ONE_ROW's). With every one-row GEMV at 8 warps, attention's 32 programs
 # ran one an SM on 32 SMs, not two an SM on 16, and ended 2.6 us sooner after q/k/v (8.2 -> 5.5), while q/k/v's
 # and o_proj's cross-warp sums cost more (batch 1 1.15x on an H100; docs/perf.md, session 30): q/k/v's programs
-# at 64 registers a thread packed four an SM, leaving SMs free. A device sweep's knob for q/k/v alone.
+# at 64 registers a thread packed four an SM, leaving SMs free. q/k/v alone at 8 warps did the same for attention
+# (5.7 us after q/k/v) but q/k/v, streaming from 92 SMs, ended 2.1 us later: batch 1 1.075x (session 30, call 3).
 QKV_WARPS = int(os.environ.get("LABKIT_DECODE_QKV_WARPS", "0"))
 if QKV_WARPS not in (0, 1, 2, 4, 8, 16):
     raise ValueError(f"LABKIT_DECODE_QKV_WARPS: 0 (as LABKIT_DECODE_GEMV says) or 1-16 (powers of two), "
