@@ -82,18 +82,22 @@ def rows_a_program(geo: dict) -> dict:
 
 
 @triton.jit
-def _tile(w_ptr, row0, R: tl.constexpr, K: tl.constexpr, live):
-    """A program's [R, K] block of weight rows; `live` None, or a scalar that masks the whole load (the layer
-    after the last)."""
-    # the program's rows as a scalar base: the tile's offsets then depend on the thread alone, which the loads take
-    # as immediates (a tensor of addresses hoisted out of the persistent loop, one a tile, spilled)
-    ptrs = (w_ptr + row0 * K) + (tl.arange(0, R)[:, None] * K + tl.arange(0, K)[None, :])
+def _rows_load(ptrs, R: tl.constexpr, live):
+    """A [R, K] tile of weights; `live` None, or a scalar that masks the whole load (the layer after the last)."""
     if live is None:
         w = tl.load(ptrs)
     else:  # (a row-wise mask broadcast: the interpreter takes no scalar mask)
         keep = tl.arange(0, R) < R * live.to(tl.int32)
         w = tl.load(ptrs, mask=tl.broadcast_to(keep[:, None], ptrs.shape), other=0.0)
     return w
+
+
+@triton.jit
+def _tile(w_ptr, row0, R: tl.constexpr, K: tl.constexpr, live):
+    """A program's [R, K] block of weight rows."""
+    # the program's rows as a scalar base: the tile's offsets then depend on the thread alone, which the loads take
+    # as immediates (a tensor of addresses hoisted out of the persistent loop, one a tile, spilled)
+    return _rows_load((w_ptr + row0 * K) + (tl.arange(0, R)[:, None] * K + tl.arange(0, K)[None, :]), R, live)
 
 
 @triton.jit
@@ -138,13 +142,7 @@ def _gu_part(wg, wu, x, act_ptr, row0, R: tl.constexpr, DT: tl.constexpr):
 @triton.jit
 def _down_tile(wd_ptr, row0, R: tl.constexpr, I: tl.constexpr, K0: tl.constexpr, KW: tl.constexpr, live):
     """Columns [K0, K0 + KW) of a program's down rows: down's K (3072) in two power-of-two parts."""
-    ptrs = (wd_ptr + row0 * I + K0) + (tl.arange(0, R)[:, None] * I + tl.arange(0, KW)[None, :])
-    if live is None:
-        w = tl.load(ptrs)
-    else:  # (a row-wise mask broadcast: the interpreter takes no scalar mask)
-        keep = tl.arange(0, R) < R * live.to(tl.int32)
-        w = tl.load(ptrs, mask=tl.broadcast_to(keep[:, None], ptrs.shape), other=0.0)
-    return w
+    return _rows_load((wd_ptr + row0 * I + K0) + (tl.arange(0, R)[:, None] * I + tl.arange(0, KW)[None, :]), R, live)
 
 
 @triton.jit
