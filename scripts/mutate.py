@@ -3254,6 +3254,15 @@ MUTATIONS = [
       '(QKV_WARPS or _WARPS_ONE_ROW) if norm else _WARPS_ONE_ROW)',
       '(QKV_WARPS or _WARPS_ONE_ROW) if True else _WARPS_ONE_ROW)',
       "LABKIT_DECODE_QKV_WARPS reaches o_proj's and down's launches too", ['tests/test_decode_knobs.py']),
+    M("N711", 'engine/kernels/decode_layer.py',
+      '    if shared >= nbytes:\n        return False',
+      '    if shared > nbytes:\n        return False',
+      "reserve_shared reports a change (and rewrites the launch) when the kernel already reserves that much",
+      ['tests/test_decode_knobs.py']),
+    M("N712", 'engine/kernels/decode_layer.py',
+      '    compiled.packed_metadata = (warps, ctas, nbytes)',
+      '    compiled.packed_metadata = (warps, ctas, shared)',
+      "LABKIT_DECODE_ATTN_SMEM's reservation never reaches the launch", ['tests/test_decode_knobs.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -35,6 +35,7 @@ def test_the_defaults_are_the_measured_ones():
             gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE, decode_layer.GATE_UP_WARPS,
             decode_layer.FMA_ROWS, decode_layer.MERGE_ROWS, decode_layer.NEW_KV, decode_layer.MERGE_CTX) == (
         16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, 4, 2, "first", "early")
+    assert decode_layer.ATTN_SMEM_KIB == 0  # (a device sweep's knob: docs/perf.md, session 31)
     assert decode_layer.ROW_LAYOUT == "k"  # (the rows layout: a device sweep's knob, docs/perf.md, session 29)
     from engine.kernels import probe
     assert probe.ENABLED == "0"  # (the in-kernel probe: a diagnostic, never the engine's timing)
@@ -75,6 +76,9 @@ def test_each_knob_is_read_when_set():
     res = _import_with({"LABKIT_DECODE_QKV_WARPS": "8"},
                        "from engine.kernels import decode_layer as d; print(d.QKV_WARPS, d._WARPS_ONE_ROW)")
     assert res.returncode == 0 and res.stdout.split() == ["8", "4"], res.stderr
+    res = _import_with({"LABKIT_DECODE_ATTN_SMEM": "120"},
+                       "from engine.kernels import decode_layer as d; print(d.ATTN_SMEM_KIB)")
+    assert res.returncode == 0 and res.stdout.split() == ["120"], res.stderr
     res = _import_with({"LABKIT_DECODE_FMA_ROWS": "4"},
                        "from engine.kernels import decode_layer as d; print(d.FMA_ROWS)")
     assert res.returncode == 0 and res.stdout.split() == ["4"], res.stderr
@@ -116,7 +120,9 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
                                         ("LABKIT_DECODE_MERGE_ROWS", "3"),
                                         ("LABKIT_DECODE_MERGE_ROWS", "0"), ("LABKIT_DECODE_NEW_KV", "early"),
                                         ("LABKIT_DECODE_MERGE_CTX", "first"), ("LABKIT_DECODE_PROBE", "yes"),
-                                        ("LABKIT_DECODE_ROW_LAYOUT", "cols"), ("LABKIT_DECODE_QKV_WARPS", "3")])
+                                        ("LABKIT_DECODE_ROW_LAYOUT", "cols"), ("LABKIT_DECODE_QKV_WARPS", "3"),
+                                        ("LABKIT_DECODE_ATTN_SMEM", "201"), ("LABKIT_DECODE_ATTN_SMEM", "-1"),
+                                        ("LABKIT_DECODE_ATTN_SMEM", "72k")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
                                      "engine.kernels.gumbel_sampler, engine.kv_layout, engine.decode_order, "
@@ -274,6 +280,26 @@ def test_qkv_warps_reach_the_one_row_qkv_launch_and_no_other(monkeypatch, qkv_wa
                             partials_out=not norm, dtype=torch.bfloat16, use_pdl=False, trigger=0)[1]["num_warps"]
     assert warps(1, True, False) == warps(2, True, False) == (qkv_warps or 4)
     assert [warps(1, True, True), warps(1, False, False), warps(4, True, False), warps(16, True, False)] == [4, 4, 8, 8]
+
+
+class _Compiled:
+    """What reserve_shared reads and writes of a compiled Triton kernel: the launcher's (warps, CTAs, shared bytes)."""
+    def __init__(self, shared):
+        self.packed_metadata = (4, 1, shared)
+        self.function = 0
+
+
+@pytest.mark.parametrize("own, asked, launched", [(72, 120, 120), (72, 72, 72), (72, 64, 72), (60, 61, 61)])
+def test_reserve_shared_raises_a_launch_to_what_is_asked_and_never_lowers_it(own, asked, launched):
+    """LABKIT_DECODE_ATTN_SMEM's reservation: a later launch asks for max(the kernel's own, asked) bytes of shared
+    memory a program, its warps and CTAs as they were; True only when that changed."""
+    from engine.kernels.decode_layer import reserve_shared
+
+    own, asked, launched = own * 1024, asked * 1024, launched * 1024  # (KiB above)
+    k = _Compiled(own)
+    assert reserve_shared(k, asked) is (launched != own)
+    assert k.packed_metadata == (4, 1, launched)
+    assert reserve_shared(k, asked) is False  # (a second launch finds it done)
 
 
 @pytest.mark.parametrize("fma_rows", [1, 4])

@@ -163,6 +163,15 @@ QKV_WARPS = int(os.environ.get("LABKIT_DECODE_QKV_WARPS", "0"))
 if QKV_WARPS not in (0, 1, 2, 4, 8, 16):
     raise ValueError(f"LABKIT_DECODE_QKV_WARPS: 0 (as LABKIT_DECODE_GEMV says) or 1-16 (powers of two), "
                      f"got {QKV_WARPS}")
+# The shared memory each decode attention program reserves at launch, in KiB (0: what the kernel uses, 72 KiB at
+# Qwen3-0.6B's head size). Its programs hold 255 registers a thread (32K of an SM's 64K), so an SM whose q/k/v
+# programs have left takes two of them, and at batch 1 attention's 32 programs ran two an SM on 16 SMs and ended
+# 2.5 us later than one an SM on 32 (docs/perf.md, session 30). More than half an SM's 228 KiB lets one program
+# an SM, without changing q/k/v's programs as QKV_WARPS did. A device sweep's knob (session 31).
+ATTN_SMEM_KIB = int(os.environ.get("LABKIT_DECODE_ATTN_SMEM", "0"))
+if not 0 <= ATTN_SMEM_KIB <= 200:  # (an H100's or H200's most a program is 227 KiB, less the kernel's static)
+    raise ValueError(f"LABKIT_DECODE_ATTN_SMEM: KiB of shared memory a program, 0 (the kernel's own) to 200, "
+                     f"got {ATTN_SMEM_KIB}")
 
 # The norm's statistics NORM_CHUNK columns at a time for a tile of 2-16 rows (0: whole rows at once; one row
 # always takes whole rows, it holds little): the 16 x K float32 rows spill. On one H200 (docs/perf.md, session 15)
@@ -185,6 +194,24 @@ def _pdl(device: torch.device, mode: str = "") -> tuple[bool, int, dict]:
     if device.type != "cuda" or PDL_MODE == "off":
         return False, 0, {}
     return True, PDL_TRIGGER[mode or PDL_MODE], {"launch_pdl": True}
+
+
+def reserve_shared(compiled, nbytes: int) -> bool:
+    """Make a compiled Triton kernel's later launches reserve at least nbytes of shared memory a program (its
+    launcher passes packed_metadata's third field as the launch's dynamic size); True when it changed. The first
+    launch has compiled it: a CUDA graph captured after a warm-up launch records the reservation."""
+    warps, ctas, shared = compiled.packed_metadata
+    if shared >= nbytes:
+        return False
+    if shared <= 48 * 1024 < nbytes:  # (Triton's loader raised the limit only for kernels that need more)
+        import ctypes
+        max_dynamic = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        rc = ctypes.CDLL("libcuda.so.1").cuFuncSetAttribute(ctypes.c_void_p(compiled.function), max_dynamic,
+                                                              ctypes.c_int(nbytes))
+        if rc != 0:
+            raise RuntimeError(f"cuFuncSetAttribute({nbytes} bytes of shared memory): CUDA error {rc}")
+    compiled.packed_metadata = (warps, ctas, nbytes)
+    return True
 
 
 @triton.jit
@@ -887,7 +914,7 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     use_pdl, trigger, launch = _pdl(qkv.device)
     probe_ptr, probe_on = launch_args(label, batch * num_kv_heads * num_splits, qkv.device, qkv)
-    _qkv_attention_kernel[(batch, num_kv_heads, num_splits)](
+    compiled = _qkv_attention_kernel[(batch, num_kv_heads, num_splits)](
         qkv, qkv.stride(0), positions, cos_sin, cos_sin.stride(0), q_norm, k_norm, float(eps), slots,
         k_cache, v_cache, block_tables, context_lens, out, acc, ml, probe_ptr, num_splits, block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(2), v_cache.stride(3),
@@ -897,6 +924,8 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILES=page_tiles, PARTIALS=partials,
         USE_PDL=use_pdl, TRIGGER=trigger, DOT_PRECISION=dot_precision(qkv.dtype), NEW_FIRST=NEW_KV == "first",
         PROBE=probe_on, num_warps=4, num_stages=2, enable_fp_fusion=False, **launch)
+    if ATTN_SMEM_KIB and qkv.device.type == "cuda":
+        reserve_shared(compiled, ATTN_SMEM_KIB * 1024)
     if partials and not merge:
         return AttnParts(acc, ml, context_lens, block_n)
     if partials:
