@@ -3263,6 +3263,10 @@ MUTATIONS = [
       '    compiled.packed_metadata = (warps, ctas, nbytes)',
       '    compiled.packed_metadata = (warps, ctas, shared)',
       "LABKIT_DECODE_ATTN_SMEM's reservation never reaches the launch", ['tests/test_decode_knobs.py']),
+    M("N713", 'engine/kernels/decode_layer.py',
+      'PROBE=probe_on, num_warps=ATTN_WARPS, num_stages=2',
+      'PROBE=probe_on, num_warps=4, num_stages=2',
+      "LABKIT_DECODE_ATTN_WARPS never reaches the attention launch", ['tests/test_decode_knobs.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -35,6 +35,7 @@ def test_the_defaults_are_the_measured_ones():
             gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE, decode_layer.GATE_UP_WARPS,
             decode_layer.FMA_ROWS, decode_layer.MERGE_ROWS, decode_layer.NEW_KV, decode_layer.MERGE_CTX) == (
         16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, 4, 2, "first", "early")
+    assert decode_layer.ATTN_WARPS == 4
     assert decode_layer.ATTN_SMEM_KIB == 0  # (a device sweep's knob: docs/perf.md, session 31)
     assert decode_layer.ROW_LAYOUT == "k"  # (the rows layout: a device sweep's knob, docs/perf.md, session 29)
     from engine.kernels import probe
@@ -76,9 +77,9 @@ def test_each_knob_is_read_when_set():
     res = _import_with({"LABKIT_DECODE_QKV_WARPS": "8"},
                        "from engine.kernels import decode_layer as d; print(d.QKV_WARPS, d._WARPS_ONE_ROW)")
     assert res.returncode == 0 and res.stdout.split() == ["8", "4"], res.stderr
-    res = _import_with({"LABKIT_DECODE_ATTN_SMEM": "120"},
-                       "from engine.kernels import decode_layer as d; print(d.ATTN_SMEM_KIB)")
-    assert res.returncode == 0 and res.stdout.split() == ["120"], res.stderr
+    res = _import_with({"LABKIT_DECODE_ATTN_SMEM": "120", "LABKIT_DECODE_ATTN_WARPS": "8"},
+                       "from engine.kernels import decode_layer as d; print(d.ATTN_SMEM_KIB, d.ATTN_WARPS)")
+    assert res.returncode == 0 and res.stdout.split() == ["120", "8"], res.stderr
     res = _import_with({"LABKIT_DECODE_FMA_ROWS": "4"},
                        "from engine.kernels import decode_layer as d; print(d.FMA_ROWS)")
     assert res.returncode == 0 and res.stdout.split() == ["4"], res.stderr
@@ -122,7 +123,8 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
                                         ("LABKIT_DECODE_MERGE_CTX", "first"), ("LABKIT_DECODE_PROBE", "yes"),
                                         ("LABKIT_DECODE_ROW_LAYOUT", "cols"), ("LABKIT_DECODE_QKV_WARPS", "3"),
                                         ("LABKIT_DECODE_ATTN_SMEM", "201"), ("LABKIT_DECODE_ATTN_SMEM", "-1"),
-                                        ("LABKIT_DECODE_ATTN_SMEM", "72k")])
+                                        ("LABKIT_DECODE_ATTN_SMEM", "72k"),
+                                        ("LABKIT_DECODE_ATTN_WARPS", "2"), ("LABKIT_DECODE_ATTN_WARPS", "16")])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
                                      "engine.kernels.gumbel_sampler, engine.kv_layout, engine.decode_order, "
@@ -229,6 +231,22 @@ def test_a_split_attention_launches_with_the_split_tile(monkeypatch, splits, blo
         dl.qkv_attention(torch.zeros(1, 64), ones, torch.zeros(8, 16), torch.ones(16), torch.ones(16), 1e-6, ones,
                          pool, pool, torch.zeros(1, 1, dtype=torch.int32), ones, 1.0, splits, 2, 1)
     assert [k["BLOCK_N"] for k in seen] == [block_n]
+
+
+@pytest.mark.parametrize("warps", [4, 8])
+def test_attention_warps_reach_the_attention_launch(monkeypatch, warps):
+    """LABKIT_DECODE_ATTN_WARPS: the fused decode attention's warps, split context or not."""
+    from engine.kernels import decode_layer as dl
+
+    seen = _launches(monkeypatch, dl, "_qkv_attention_kernel")
+    monkeypatch.setattr(dl, "ATTN_WARPS", warps)
+    pool = torch.zeros(2, 1, 128, 16)
+    ones = torch.ones(1, dtype=torch.int32)
+    for splits in (1, 4):
+        with pytest.raises(_Launched):
+            dl.qkv_attention(torch.zeros(1, 64), ones, torch.zeros(8, 16), torch.ones(16), torch.ones(16), 1e-6,
+                             ones, pool, pool, torch.zeros(1, 1, dtype=torch.int32), ones, 1.0, splits, 2, 1)
+    assert [k["num_warps"] for k in seen] == [warps, warps]
 
 
 @pytest.mark.parametrize("short, context, bs, long_splits, want", [

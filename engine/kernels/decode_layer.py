@@ -172,6 +172,11 @@ ATTN_SMEM_KIB = int(os.environ.get("LABKIT_DECODE_ATTN_SMEM", "0"))
 if not 0 <= ATTN_SMEM_KIB <= 200:  # (an H100's or H200's most a program is 227 KiB, less the kernel's static)
     raise ValueError(f"LABKIT_DECODE_ATTN_SMEM: KiB of shared memory a program, 0 (the kernel's own) to 200, "
                      f"got {ATTN_SMEM_KIB}")
+# The fused decode attention's warps (4: measured since session 11). At 8 the tile's two tensor-core products
+# split over twice the warps (116 registers a thread, compiled for sm_90). A device sweep's knob (session 31).
+ATTN_WARPS = int(os.environ.get("LABKIT_DECODE_ATTN_WARPS", "4"))
+if ATTN_WARPS not in (4, 8):
+    raise ValueError(f"LABKIT_DECODE_ATTN_WARPS: 4 or 8, got {ATTN_WARPS}")
 
 # The norm's statistics NORM_CHUNK columns at a time for a tile of 2-16 rows (0: whole rows at once; one row
 # always takes whole rows, it holds little): the 16 x K float32 rows spill. On one H200 (docs/perf.md, session 15)
@@ -923,7 +928,7 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n, PAGE_TILES=page_tiles, PARTIALS=partials,
         USE_PDL=use_pdl, TRIGGER=trigger, DOT_PRECISION=dot_precision(qkv.dtype), NEW_FIRST=NEW_KV == "first",
-        PROBE=probe_on, num_warps=4, num_stages=2, enable_fp_fusion=False, **launch)
+        PROBE=probe_on, num_warps=ATTN_WARPS, num_stages=2, enable_fp_fusion=False, **launch)
     if ATTN_SMEM_KIB and qkv.device.type == "cuda":
         reserve_shared(compiled, ATTN_SMEM_KIB * 1024)
     if partials and not merge:
