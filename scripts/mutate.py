@@ -3267,6 +3267,12 @@ MUTATIONS = [
       'PROBE=probe_on, num_warps=ATTN_WARPS, num_stages=2',
       'PROBE=probe_on, num_warps=4, num_stages=2',
       "LABKIT_DECODE_ATTN_WARPS never reaches the attention launch", ['tests/test_decode_knobs.py']),
+    # --- session 31: gemv_spills compiles the attention launch as the device's JIT specialises it ----
+    M("N714", 'scripts/gemv_spills.py',
+      '            if value % 16 == 0 and name not in unspecialised:',
+      '            if value % 16 == 0 and name not in unspecialised and False:',
+      "gemv_spills compiles attention without its integers' alignment (the K/V tile loaded element by element)",
+      ['tests/test_gemv_spills.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

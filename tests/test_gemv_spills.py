@@ -43,7 +43,7 @@ def test_no_gemv_of_a_layer_spills_at_one_or_sixteen_rows(capsys):
     rc = gs.main(["--json"])
     out = json.loads(capsys.readouterr().out)
     assert [(g["gemv"], g["rows"]) for g in out["gemvs"]] == [
-        (n, r) for r in (1, 16) for n in ("q/k/v", "o_proj", "gate/up", "down_proj", "o+merge")]
+        (n, r) for r in (1, 16) for n in ("q/k/v", "o_proj", "gate/up", "down_proj", "o+merge", "attention")]
     assert rc == 0 and out["ok"], out["gemvs"]
     by = {(g["gemv"], g["rows"]): g for g in out["gemvs"]}
     # the launch's programs (grid) and what an SM holds: q/k/v 4096 rows / 16 a program; gate/up's one-row tile
@@ -51,6 +51,10 @@ def test_no_gemv_of_a_layer_spills_at_one_or_sixteen_rows(capsys):
     assert by[("q/k/v", 1)]["programs"] == 256 and by[("down_proj", 1)]["programs"] == 64 * 3
     assert all(1 <= g["per_sm"] <= 32 and 0 < g["registers"] <= 255 for g in out["gemvs"])
     assert by[("gate/up", 1)]["per_sm"] < by[("o_proj", 1)]["per_sm"]
+    # attention as launched: one row's 8 KV heads in the short-context graph's 4 splits, sixteen rows' in one; its
+    # K/V tiles loaded 16 bytes at a time (compiled without the launch's alignments it spills: session 31)
+    assert by[("attention", 1)]["programs"] == 8 * 4 and by[("attention", 16)]["programs"] == 16 * 8
+    assert all(by[("attention", r)]["loads"] < 64 and by[("attention", r)]["registers"] > 64 for r in (1, 16))
 
 
 def test_a_sixteen_row_tile_over_its_whole_k_range_spills_and_is_named(capsys, monkeypatch):
