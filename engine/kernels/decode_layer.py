@@ -167,13 +167,16 @@ if QKV_WARPS not in (0, 1, 2, 4, 8, 16):
 # Qwen3-0.6B's head size). Its programs hold 255 registers a thread (32K of an SM's 64K), so an SM whose q/k/v
 # programs have left takes two of them, and at batch 1 attention's 32 programs ran two an SM on 16 SMs and ended
 # 2.5 us later than one an SM on 32 (docs/perf.md, session 30). More than half an SM's 228 KiB lets one program
-# an SM, without changing q/k/v's programs as QKV_WARPS did. A device sweep's knob (session 31).
+# an SM, without changing q/k/v's programs as QKV_WARPS did. Measured on H100s (session 31, 120 KiB): attention
+# on 32 SMs and 1.3 us shorter, but batch 1 and 4 only 0.996x (gate/up's weight stream took up the time) and batch
+# 16 1.023x (its 128 programs wait for 128 SMs): left off, a knob for the lab.
 ATTN_SMEM_KIB = int(os.environ.get("LABKIT_DECODE_ATTN_SMEM", "0"))
 if not 0 <= ATTN_SMEM_KIB <= 200:  # (an H100's or H200's most a program is 227 KiB, less the kernel's static)
     raise ValueError(f"LABKIT_DECODE_ATTN_SMEM: KiB of shared memory a program, 0 (the kernel's own) to 200, "
                      f"got {ATTN_SMEM_KIB}")
 # The fused decode attention's warps (4: measured since session 11). At 8 the tile's two tensor-core products
-# split over twice the warps (116 registers a thread, compiled for sm_90). A device sweep's knob (session 31).
+# split over twice the warps (116 registers a thread, compiled for sm_90). Measured on an H100 (session 31): batch
+# 1 1.015x, batch 4 0.999x; left at 4, a knob for the lab.
 ATTN_WARPS = int(os.environ.get("LABKIT_DECODE_ATTN_WARPS", "4"))
 if ATTN_WARPS not in (4, 8):
     raise ValueError(f"LABKIT_DECODE_ATTN_WARPS: 4 or 8, got {ATTN_WARPS}")
