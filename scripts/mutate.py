@@ -3273,6 +3273,11 @@ MUTATIONS = [
       '            if value % 16 == 0 and name not in unspecialised and False:',
       "gemv_spills compiles attention without its integers' alignment (the K/V tile loaded element by element)",
       ['tests/test_gemv_spills.py']),
+    M("N715", 'scripts/fault_sweep.py',
+      '        tasks = list(Path(f"/proc/{pid}/task").glob("*"))\n    except OSError:',
+      '        tasks = list(Path(f"/proc/{pid}/task").glob("*"))\n    except ValueError:',
+      "the fault sweep's watcher fails on a process that exits while its tasks are listed",
+      ['tests/test_fault_sweep.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

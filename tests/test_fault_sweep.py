@@ -41,6 +41,23 @@ def test_a_fault_at_any_moment_leaves_nothing_and_ends_as_documented(tiny_model,
         assert all(r["clients"] for r in results if r["fault"] != "frontend-SIGKILL")
 
 
+def test_a_process_gone_while_its_tasks_are_listed_has_no_children(monkeypatch):
+    """The watcher walks /proc while the server's processes exit: a process whose task folder vanishes as it is
+    listed (FileNotFoundError from the listing, as CI met in session 31) has no children, and the walk goes on."""
+    import os
+
+    sweep = _sweep()
+    real_glob = Path.glob
+
+    def vanishing(self, pattern):
+        if str(self).startswith("/proc/") and str(self).endswith("/task"):
+            raise FileNotFoundError(2, "No such file or directory", str(self))
+        return real_glob(self, pattern)
+    monkeypatch.setattr(Path, "glob", vanishing)
+    assert sweep.children(os.getpid()) == []
+    assert sweep.descendants(os.getpid()) == set()
+
+
 def test_the_documented_exit_statuses():
     # What the sweep holds the server to (docs/serving.md, "Overload, shutdown, failure").
     expected = _sweep().expected_exit
