@@ -1,0 +1,306 @@
+"""Batch 1's four GEMVs a layer with their weight tiles copied into shared memory (Gluon, cp.async) before the
+PDL wait, against the same arithmetic with the tiles held in registers (persistent_chain's `sep`): do programs
+that hold few registers while they wait let the next kernel's programs load beside them?
+
+    PYTHONPATH=. python3 scripts/smem_chain.py --out $OUT/smem.json        # device, ~1 minute
+    python scripts/smem_chain.py --compile-only [--json]                    # here: sm_90 cubins, no GPU
+
+Why (docs/perf.md, sessions 28-31): each one-row GEMV of the engine holds its whole weight tile in registers
+(255 a thread for gate/up: two programs fill an SM's register file), so the next kernel's programs cannot start
+on an SM before the previous kernel's leave, and q/k/v's and gate/up's weight streams start at the boundary.
+persistent_chain.py measured the megakernel's answer in plain Triton (the tile in registers, a grid barrier a
+phase) and lost (1.065x). The megakernels that win hold the next weights in shared memory, which Triton's `tl`
+does not express; Gluon (Triton 3.6's triton.experimental.gluon) does: each program here issues its tile as
+16-byte cp.async copies into shared memory (LDGSTS: no register holds a weight while it is in flight), commits
+one group a 256-column chunk, passes its PDL wait, makes its input and sums chunk by chunk as the groups land.
+Compiled for sm_90 with Triton 3.6: 44-127 registers and 32-64 KiB of shared memory a program, so a successor's
+programs fit on an SM beside them.
+
+The chain is persistent_chain's (Qwen3-0.6B shapes, bf16, 28 layers of distinct weights, its float32 reference
+with the kernels' rounding points). Grids as the engine's: q/k/v 256 programs of 16 rows, o 128 of 8, gate/up 192
+of 16 (+16 up), down 128 of 8 (persistent_chain's sep: 128 programs every phase). Variants, each one CUDA graph
+of the 28 layers:
+    sep          persistent_chain's kernel a phase, the tile in registers, PDL (the baseline), 4 warps
+    smem         the tile in shared memory; a program lets its successor launch after its own wait
+    smem_first   the same, its successor let go before its wait (the chain may run ahead while shared memory lasts)
+    smem_nopdl   the same kernels without PDL (what PDL is worth here)
+The check: each variant's final hidden state against the float32 reference (relative L2 within 2e-2). Exit 0:
+every check passed; 1: a check failed; 2: could not run (no GPU, or Gluon missing).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp  # noqa: E402
+
+# Triton 3.6 (the device's) names the copy async_copy_global_to_shared; 3.9 (here) async_load
+_copy = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
+
+CHUNK = 256  # columns a chunk: one commit group, one wait
+KB = gl.constexpr(CHUNK)
+PHASES = ("qkv", "o", "gu", "down")
+# the engine's decode grids: (rows, K, programs) a phase
+SHAPES = {"qkv": (4096, 1024, 256), "o": (1024, 2048, 128), "gu": (3072, 1024, 192), "down": (1024, 3072, 128)}
+PDL_MODES = {"smem": 1, "smem_first": 2, "smem_nopdl": 0}
+
+
+@gluon.jit
+def _gdc_wait():
+    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _gdc_launch_dependents():
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _smem_gemv(w_ptr, u_ptr, in_ptr, ln_ptr, res_ptr, out_ptr, eps, layer,
+               N: gl.constexpr, K: gl.constexpr, R: gl.constexpr, KC: gl.constexpr, PHASE: gl.constexpr,
+               PDL: gl.constexpr, num_warps: gl.constexpr):
+    """One phase of `layer` for a program's R rows of an [N, K] weight (u_ptr: gate/up's second weight).
+    PHASE 0 qkv: out = W RMSNorm(in) (bf16); 1 o and 3 down: out = res + W in (fp32); 2 gate/up: out =
+    SiLU(W x) * (U x), x = RMSNorm(in) (bf16). PDL 1: wait, then let the successor launch; 2: the other way
+    round; 0: neither (launched without PDL)."""
+    BL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])  # 16 bytes a thread a row
+    SH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # a warp reads 512 contiguous bytes: no conflicts
+    DT: gl.constexpr = w_ptr.dtype.element_ty
+    row0 = gl.program_id(0) * R
+    rows = gl.arange(0, R, layout=gl.SliceLayout(1, BL))
+    cols = gl.arange(0, KB, layout=gl.SliceLayout(0, BL))
+    offs = rows[:, None] * K + cols[None, :]
+    wbase = w_ptr + (layer * N + row0) * K
+    wbuf = gl.allocate_shared_memory(DT, [KC, R, KB], SH)
+    if PHASE == 2:
+        ubase = u_ptr + (layer * N + row0) * K
+        ubuf = gl.allocate_shared_memory(DT, [KC, R, KB], SH)
+    for c in gl.static_range(KC):  # every weight in flight before the wait, none in a register
+        _copy(wbuf.index(c), wbase + c * KB + offs, cache_modifier=".cg")
+        if PHASE == 2:
+            _copy(ubuf.index(c), ubase + c * KB + offs, cache_modifier=".cg")
+        cp.commit_group()
+    if PDL == 1:
+        _gdc_wait()
+        _gdc_launch_dependents()
+    elif PDL == 2:
+        _gdc_launch_dependents()
+        _gdc_wait()
+    if PHASE == 0 or PHASE == 2:
+        V: gl.constexpr = gl.BlockedLayout([4], [32], [num_warps], [0])
+        h = gl.load(in_ptr + gl.arange(0, K, layout=V), cache_modifier=".cg")
+        inv = 1.0 / gl.sqrt(gl.sum(h * h, axis=0) / K + eps)
+    acc = gl.zeros([R, KB], gl.float32, BL)
+    acc_u = gl.zeros([R, KB], gl.float32, BL)
+    for c in gl.static_range(KC):
+        x = gl.load(in_ptr + c * KB + cols, cache_modifier=".cg").to(gl.float32)
+        if PHASE == 0 or PHASE == 2:
+            x = (x * inv * gl.load(ln_ptr + layer * K + c * KB + cols).to(gl.float32)).to(DT).to(gl.float32)
+        cp.wait_group(KC - 1 - c)  # (groups land in order: chunk c's is the oldest still counted)
+        acc += wbuf.index(c).load(BL).to(gl.float32) * x[None, :]
+        if PHASE == 2:
+            acc_u += ubuf.index(c).load(BL).to(gl.float32) * x[None, :]
+    y = gl.sum(acc, axis=1)
+    out_rows = row0 + rows
+    if PHASE == 0:
+        gl.store(out_ptr + out_rows, y.to(DT))
+    elif PHASE == 2:
+        silu = (y / (1.0 + gl.exp(-y))).to(DT).to(gl.float32)
+        gl.store(out_ptr + out_rows, (silu * gl.sum(acc_u, axis=1)).to(DT))
+    else:
+        gl.store(out_ptr + out_rows, gl.load(res_ptr + out_rows, cache_modifier=".cg") + y)
+
+
+def launch_args(phase: str) -> dict:
+    """The constexprs and grid of a phase's launch."""
+    n, k, programs = SHAPES[phase]
+    if n % programs or k % CHUNK:
+        raise ValueError(f"{phase}: {n} rows over {programs} programs, K {k} in chunks of {CHUNK}")
+    return {"N": n, "K": k, "R": n // programs, "KC": k // CHUNK, "PHASE": PHASES.index(phase), "programs": programs}
+
+
+class SmemChain:
+    """persistent_chain.Chain's buffers, run by the Gluon kernels: `run()` computes the chain from h0 into `h`."""
+
+    def __init__(self, torch, geo: dict, data: dict, device: str, pdl: int, warps: int = 4):
+        self.geo, self.data, self.pdl, self.warps = geo, data, pdl, warps
+        dt = data["wqkv"].dtype
+        self.h = torch.empty(geo["hidden"], dtype=torch.float32, device=device)
+        self.mid = torch.empty_like(self.h)
+        self.qkv = torch.empty(geo["qkv"], dtype=dt, device=device)
+        self.act = torch.empty(geo["inter"], dtype=dt, device=device)
+        self.meta = {p: launch_args(p) for p in PHASES}
+
+    def _launch(self, phase: str, layer: int) -> None:
+        d = self.data
+        w, u, src, ln, res, out = {
+            "qkv": (d["wqkv"], d["wqkv"], self.h, d["ln1"], self.h, self.qkv),
+            "o": (d["wo"], d["wo"], self.qkv, d["ln1"], self.h, self.mid),
+            "gu": (d["wg"], d["wu"], self.mid, d["ln2"], self.h, self.act),
+            "down": (d["wd"], d["wd"], self.act, d["ln2"], self.mid, self.h)}[phase]
+        m = self.meta[phase]
+        kw = {"launch_pdl": True} if self.pdl else {}
+        _smem_gemv[(m["programs"],)](w, u, src, ln, res, out, 1e-6, layer, N=m["N"], K=m["K"], R=m["R"],
+                                    KC=m["KC"], PHASE=m["PHASE"], PDL=self.pdl, num_warps=self.warps, **kw)
+
+    def run(self) -> None:
+        self.h.copy_(self.data["h0"])
+        for layer in range(self.geo["layers"]):
+            for phase in PHASES:
+                self._launch(phase, layer)
+
+
+def measure(torch, rounds: int) -> dict:
+    import persistent_chain as pc
+
+    geo = pc.geometry(False)
+    data = pc.make_data(torch, geo, torch.bfloat16, "cuda")
+    ref = pc.reference(torch, geo, data)
+    wbytes = sum(data[k].numel() * data[k].element_size() for k in ("wqkv", "wo", "wg", "wu", "wd"))
+    out = {"device": torch.cuda.get_device_name(), "geometry": geo, "shapes": SHAPES, "variants": []}
+    chains = {}
+    rows = [{"name": "sep", "kernel": "triton, tile in registers"}] + [
+        {"name": n, "kernel": "gluon, tile in shared memory", "pdl": m} for n, m in PDL_MODES.items()]
+    for row in rows:
+        try:
+            c = (pc.Chain(torch, geo, data, "cuda", "sep", 0, 4) if row["name"] == "sep"
+                 else SmemChain(torch, geo, data, "cuda", row["pdl"]))
+            c.run()
+            torch.cuda.synchronize()
+            row["rel_err"] = pc.rel_err(torch, c.h, ref)
+            row["ok"] = row["rel_err"] < 2e-2
+            chains[row["name"]] = c
+        except Exception as e:  # noqa: BLE001 - a variant that does not run is a result
+            row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
+        out["variants"].append(row)
+    for _ in range(rounds):  # interleaved: each variant once a round
+        for row in out["variants"]:
+            if row["name"] in chains:
+                row.setdefault("us_a_layer", []).append(pc.time_ms(torch, True, chains[row["name"]].run) * 1e3
+                                                        / geo["layers"])
+    for row in out["variants"]:
+        if row.get("us_a_layer"):
+            row["median_us_a_layer"] = sorted(row["us_a_layer"])[len(row["us_a_layer"]) // 2]
+            row["TBps"] = wbytes / geo["layers"] / (row["median_us_a_layer"] * 1e-6) / 1e12
+    base = out["variants"][0].get("median_us_a_layer")
+    for row in out["variants"]:
+        if base and row.get("median_us_a_layer"):
+            row["ratio_to_sep"] = row["median_us_a_layer"] / base
+    out["ok"] = all(r["ok"] for r in out["variants"])
+    return out
+
+
+def compiled(phase: str, pdl: int = 1, warps: int = 4):
+    """The phase's kernel compiled for sm_90 by the installed Triton, as the device's JIT specialises the launch
+    (pointers 16-byte aligned, `layer` a plain i32)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    m = launch_args(phase)
+    normed = phase in ("qkv", "gu")
+    sig = {"w_ptr": "*bf16", "u_ptr": "*bf16", "in_ptr": "*fp32" if normed else "*bf16", "ln_ptr": "*bf16",
+           "res_ptr": "*fp32", "out_ptr": "*bf16" if normed else "*fp32", "eps": "fp32", "layer": "i32"}
+    consts = {"N": m["N"], "K": m["K"], "R": m["R"], "KC": m["KC"], "PHASE": m["PHASE"], "PDL": pdl,
+              "num_warps": warps}
+    names = list(sig) + list(consts)
+    sig.update({k: "constexpr" for k in consts})
+    src = GluonASTSource(_smem_gemv, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+                         attrs={(i,): [["tt.divisibility", 16]] for i in range(6)})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "launch_pdl": True})
+
+
+def resources(kernel) -> dict:
+    """Registers a thread, shared memory a program, spill loads and the cp.async copies in the cubin's SASS."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True, check=True)
+        sass = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return {"registers": int(re.search(r"REG:(\d+)", usage.stdout).group(1)), "shared": kernel.metadata.shared,
+            "spill_loads": len(re.findall(r"\bLDL\b", sass)), "async_copies": len(re.findall(r"\bLDGSTS\b", sass)),
+            "pdl_waits": len(re.findall(r"\bACQBULK\b", sass))}
+
+
+def compile_report() -> dict:
+    return {p: resources(compiled(p)) for p in PHASES}
+
+
+def markdown(log: dict) -> str:
+    lines = [f"# four GEMVs a layer: tiles in registers (sep) against tiles in shared memory ({log['device']}), "
+             f"commit {log.get('commit')}", "", "| variant | kernel | us a layer (rounds) | median | TB/s | / sep | "
+             "rel err | ok |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in log["variants"]:
+        if "error" in r:
+            lines.append(f"| {r['name']} | {r['kernel']} | | | | | {r['error'][:80]} | no |")
+            continue
+        us = ", ".join(f"{x:.2f}" for x in r.get("us_a_layer", []))
+        lines.append(f"| {r['name']} | {r['kernel']} | {us} | {r.get('median_us_a_layer', 0):.2f} | "
+                     f"{r.get('TBps', 0):.2f} | {r.get('ratio_to_sep', 0):.3f} | {r['rel_err']:.1e} | "
+                     f"{'yes' if r['ok'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="result JSON (a Markdown table is written beside it)")
+    ap.add_argument("--rounds", type=int, default=5, help="timing rounds, the variants interleaved (default 5)")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="compile each phase for sm_90 here and print registers, shared memory and spills")
+    ap.add_argument("--json", action="store_true", help="with --compile-only: JSON instead of a table")
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        print("smem_chain: --rounds must be at least 1", file=sys.stderr)
+        return 2
+    if args.compile_only:
+        try:
+            report = compile_report()
+        except Exception as e:  # noqa: BLE001 - a kernel that does not compile is the answer
+            print(f"smem_chain: could not compile for sm_90: {type(e).__name__}: {str(e)[-600:]}", file=sys.stderr)
+            return 1
+        if args.json:
+            print(json.dumps(report, indent=1))
+        else:
+            print(f"{'phase':6} {'registers':>9} {'shared':>7} {'spills':>6} {'copies':>6} {'waits':>5}")
+            for p, r in report.items():
+                print(f"{p:6} {r['registers']:9d} {r['shared']:7d} {r['spill_loads']:6d} {r['async_copies']:6d} "
+                      f"{r['pdl_waits']:5d}")
+        return 0 if all(r["spill_loads"] == 0 for r in report.values()) else 1
+    if not args.out:
+        print("smem_chain: --out is required unless --compile-only", file=sys.stderr)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("smem_chain: no CUDA device (use --compile-only here)", file=sys.stderr)
+        return 2
+    from labkit.output import git_head
+
+    log = measure(torch, args.rounds)
+    log["commit"] = git_head()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(log, indent=1))
+    md = markdown(log)
+    out.with_suffix(".md").write_text(md)
+    print(md)
+    return 0 if log["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
