@@ -3278,6 +3278,16 @@ MUTATIONS = [
       '        tasks = list(Path(f"/proc/{pid}/task").glob("*"))\n    except ValueError:',
       "the fault sweep's watcher fails on a process that exits while its tasks are listed",
       ['tests/test_fault_sweep.py']),
+    M("N716", 'scripts/smem_chain.py',
+      '        cp.wait_group(KC - 1 - c)',
+      '        cp.wait_group(KC - c)',
+      "smem_chain reads a chunk of its tile while that chunk's copy group may still be in flight",
+      ['tests/test_smem_chain.py']),
+    M("N717", 'scripts/smem_chain.py',
+      '    for c in gl.static_range(KC):  # every weight in flight before the wait, none in a register',
+      '    _gdc_wait()\n    for c in gl.static_range(KC):  # every weight in flight before the wait, none in a register',
+      "smem_chain asks for its weights only after the PDL wait (no stream under the previous kernel)",
+      ['tests/test_smem_chain.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

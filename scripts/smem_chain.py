@@ -232,9 +232,14 @@ def resources(kernel) -> dict:
         cubin.write_bytes(kernel.asm["cubin"])
         usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True, check=True)
         sass = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    # the copy groups a thread lets stay in flight at each of its waits, in program order: a chunk is read only
+    # once its own group has landed when these count down to 0
+    group_waits = [int(n, 16) for n in re.findall(r"\bDEPBAR\.LE SB0, (0x[0-9a-f]+)", sass)]
     return {"registers": int(re.search(r"REG:(\d+)", usage.stdout).group(1)), "shared": kernel.metadata.shared,
             "spill_loads": len(re.findall(r"\bLDL\b", sass)), "async_copies": len(re.findall(r"\bLDGSTS\b", sass)),
-            "pdl_waits": len(re.findall(r"\bACQBULK\b", sass))}
+            "pdl_waits": len(re.findall(r"\bACQBULK\b", sass)), "group_waits": group_waits,
+            # the weights asked for before the PDL wait (all of them: the point of the design)
+            "copies_before_wait": len(re.findall(r"\bLDGSTS\b", sass.split("ACQBULK")[0]))}
 
 
 def compile_report() -> dict:

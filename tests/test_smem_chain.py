@@ -1,0 +1,74 @@
+"""scripts/smem_chain.py: batch 1's four GEMVs with their weight tiles copied into shared memory (Gluon) before the
+PDL wait. Its arithmetic is checked on the device against persistent_chain's float32 reference; here, what makes
+the design: every weight asked for before the wait and none through a register, each chunk read only after its
+copy group landed, and few enough registers that a successor's programs fit beside."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .helpers import load_script, needs_sm90_tools
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _load():
+    return load_script("smem_chain")
+
+
+def test_each_phase_covers_its_rows_and_columns_with_the_engines_grids():
+    sc = _load()
+    for phase, (n, k, programs) in sc.SHAPES.items():
+        m = sc.launch_args(phase)
+        assert m["programs"] == programs and m["R"] * programs == n and m["KC"] * sc.CHUNK == k
+        assert sc.PHASES[m["PHASE"]] == phase
+    assert sc.launch_args("qkv")["programs"] == 256 and sc.launch_args("gu")["programs"] == 192
+
+
+def test_a_shape_that_does_not_divide_is_refused(monkeypatch):
+    sc = _load()
+    monkeypatch.setitem(sc.SHAPES, "o", (1000, 2048, 128))
+    with pytest.raises(ValueError, match="1000 rows over 128 programs"):
+        sc.launch_args("o")
+    monkeypatch.setitem(sc.SHAPES, "o", (1024, 2000, 128))
+    with pytest.raises(ValueError, match="K 2000 in chunks of 256"):
+        sc.launch_args("o")
+
+
+def test_bad_arguments_and_no_gpu_exit_2(capsys, tmp_path):
+    sc = _load()
+    assert sc.main(["--rounds", "0", "--out", str(tmp_path / "x.json")]) == 2
+    assert "--rounds must be at least 1" in capsys.readouterr().err
+    assert sc.main([]) == 2
+    assert "--out is required" in capsys.readouterr().err
+    assert sc.main(["--out", str(tmp_path / "x.json")]) == 2  # (this machine has no GPU)
+    assert "no CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_every_weight_is_in_flight_before_the_wait_and_read_after_it_landed():
+    needs_sm90_tools()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # (compiled, not interpreted)
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "smem_chain.py"), "--compile-only", "--json"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads(res.stdout)
+    sc = _load()
+    assert list(report) == list(sc.PHASES)
+    for phase, r in report.items():
+        m = sc.launch_args(phase)
+        tiles = 2 if phase == "gu" else 1
+        # 16 bytes a copy a thread (4 warps): the whole tile, and all of it asked for before the PDL wait
+        copies = tiles * m["R"] * m["K"] // (4 * 32 * 8)
+        assert r["async_copies"] == copies and r["copies_before_wait"] == copies, (phase, r)
+        assert r["pdl_waits"] == 1 and r["spill_loads"] == 0, (phase, r)
+        # chunk c read once at most KC-1-c groups are still in flight: its own has landed
+        assert r["group_waits"] == list(range(m["KC"] - 1, -1, -1)), (phase, r)
+        # the tile lives in shared memory, not registers: a successor's programs fit beside
+        assert tiles * m["R"] * m["K"] * 2 <= r["shared"] < tiles * m["R"] * m["K"] * 2 + 1024, (phase, r)
+        assert r["registers"] <= 160, (phase, r)
