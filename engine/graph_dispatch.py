@@ -12,26 +12,27 @@
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from .env_knobs import int_knob
 
 # Decode contexts up to this many tokens run in the one-split graph of a small batch (0: no such graph; the
 # variable exists to measure the split path against it, docs/perf.md session 13).
-SHORT_CONTEXT = int(os.environ.get("LABKIT_DECODE_SHORT_CONTEXT", "512"))
+SHORT_CONTEXT = int_knob("LABKIT_DECODE_SHORT_CONTEXT", 512)
 if SHORT_CONTEXT < 0:
     raise ValueError(f"LABKIT_DECODE_SHORT_CONTEXT: must be >= 0, got {SHORT_CONTEXT}")
 # The splits of that short-context graph at batch 1, fewer as rows add programs (short_splits; 1: one program a KV
 # head walks the context). On an H100 (docs/perf.md, session 24, three rounds) 4 took batch 1 to 0.877x the
 # one-split time with o_proj merging the parts (LABKIT_DECODE_MERGE_IN_GEMV), and batch 2 (two splits, the merge
 # kernel in the PDL chain) to 0.957x; 2 splits 0.950x at one row, 8 0.915x and 16 0.980x (64- and 32-key tiles).
-SHORT_SPLITS = int(os.environ.get("LABKIT_DECODE_SHORT_SPLITS", "4"))
+SHORT_SPLITS = int_knob("LABKIT_DECODE_SHORT_SPLITS", 4)
 if SHORT_SPLITS not in (1, 2, 4, 8, 16, 32):
     raise ValueError(f"LABKIT_DECODE_SHORT_SPLITS: 1, 2, 4, 8, 16 or 32, got {SHORT_SPLITS}")
 # Decode graphs of at most this many rows also run the LM head and draw the tokens (the Gumbel kernel), so a small
 # batch's step launches one graph instead of the graph, the LM head and two sampling kernels from Python (0: none).
 # Off: on one H200 (docs/perf.md, session 15) 16 drew the same ids and took batch 1 from 0.746 to 0.740 ms a token,
 # batch 4 and 16 within 0.3%: the host's launches are not what holds a small batch back.
-GRAPH_SAMPLE_BS = int(os.environ.get("LABKIT_GRAPH_SAMPLE_BS", "0"))
+GRAPH_SAMPLE_BS = int_knob("LABKIT_GRAPH_SAMPLE_BS", 0)
 if GRAPH_SAMPLE_BS not in (0, 1, 2, 4, 8, 16, 32):
     raise ValueError(f"LABKIT_GRAPH_SAMPLE_BS: 0, 1, 2, 4, 8, 16 or 32, got {GRAPH_SAMPLE_BS}")
 # A mixed graph holds at most this many prefill rows (its cu_seqlens are this long).

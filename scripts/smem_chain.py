@@ -87,7 +87,7 @@ def _smem_gemv(w_ptr, u_ptr, in_ptr, ln_ptr, res_ptr, out_ptr, eps, layer,
     if PHASE == 2:
         ubase = u_ptr + (layer * N + row0) * K
         ubuf = gl.allocate_shared_memory(DT, [KC, R, KB], SH)
-    for c in gl.static_range(KC):  # every weight in flight before the wait, none in a register
+    for c in gl.static_range(KC):  # every weight in flight before the wait
         _copy(wbuf.index(c), wbase + c * KB + offs, cache_modifier=".cg")
         if PHASE == 2:
             _copy(ubuf.index(c), ubase + c * KB + offs, cache_modifier=".cg")

@@ -105,6 +105,13 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
     assert dl._pdl(torch.device("cpu"), "first") == (False, 0, {})
 
 
+INT_KNOBS = ("LABKIT_GUMBEL_PER_SM", "LABKIT_DECODE_BLOCK_N", "LABKIT_DECODE_SPLIT_BLOCK_N", "LABKIT_DECODE_FMA_ROWS",
+             "LABKIT_DECODE_MERGE_ROWS", "LABKIT_DECODE_GATE_UP_WARPS", "LABKIT_DECODE_QKV_WARPS",
+             "LABKIT_DECODE_ATTN_SMEM", "LABKIT_DECODE_ATTN_WARPS", "LABKIT_DECODE_NORM_CHUNK",
+             "LABKIT_DECODE_K_CHUNK", "LABKIT_DECODE_SHORT_CONTEXT", "LABKIT_DECODE_SHORT_SPLITS",
+             "LABKIT_GRAPH_SAMPLE_BS")
+
+
 @pytest.mark.parametrize("var, value", [("LABKIT_DECODE_GEMV", "24,8"), ("LABKIT_DECODE_GEMV", "32"),
                                         ("LABKIT_DECODE_GEMV", "16,8,3"), ("LABKIT_DECODE_GEMV", "16,8,4,4"),
                                         ("LABKIT_DECODE_NORM_CHUNK", "100"),
@@ -124,12 +131,15 @@ def test_each_pdl_mode_launches_with_its_trigger_on_cuda_and_none_elsewhere(monk
                                         ("LABKIT_DECODE_ROW_LAYOUT", "cols"), ("LABKIT_DECODE_QKV_WARPS", "3"),
                                         ("LABKIT_DECODE_ATTN_SMEM", "201"), ("LABKIT_DECODE_ATTN_SMEM", "-1"),
                                         ("LABKIT_DECODE_ATTN_SMEM", "72k"),
-                                        ("LABKIT_DECODE_ATTN_WARPS", "2"), ("LABKIT_DECODE_ATTN_WARPS", "16")])
+                                        ("LABKIT_DECODE_ATTN_WARPS", "2"), ("LABKIT_DECODE_ATTN_WARPS", "16")] + [
+    # a value that is not an integer, for every integer knob
+    (var, "4x") for var in INT_KNOBS])
 def test_a_bad_knob_is_refused_with_its_name(var, value):
     res = _import_with({var: value}, "import engine.kernels.decode_layer, engine.graph_dispatch, "
                                      "engine.kernels.gumbel_sampler, engine.kv_layout, engine.decode_order, "
                                      "engine.kernels.probe")
-    assert res.returncode != 0 and var in res.stderr
+    # the error itself names the variable (what the CLI prints), not only the traceback's source line
+    assert res.returncode != 0 and var in res.stderr.strip().splitlines()[-1], res.stderr[-600:]
 
 
 def test_with_short_context_off_no_step_replays_the_one_split_graph(monkeypatch):

@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..env_knobs import int_knob
 from ..kv_layout import v_transposed
 from . import dot_precision
 from .decode_attention import _decode_merge_kernel
@@ -66,11 +67,11 @@ if O_PROJ_PDL not in ("", *PDL_TRIGGER):
 MERGE_PDL = os.environ.get("LABKIT_DECODE_MERGE_PDL", "1")
 if MERGE_PDL not in ("0", "1"):
     raise ValueError(f"LABKIT_DECODE_MERGE_PDL: must be 0 or 1, got {MERGE_PDL!r}")
-ATTN_BLOCK_N = int(os.environ.get("LABKIT_DECODE_BLOCK_N", "128"))
+ATTN_BLOCK_N = int_knob("LABKIT_DECODE_BLOCK_N", 128)
 if ATTN_BLOCK_N not in (16, 32, 64, 128):
     raise ValueError(f"LABKIT_DECODE_BLOCK_N: must be 16, 32, 64 or 128, got {ATTN_BLOCK_N}")
 # The keys an attention program loads at a time when the context is split (default: LABKIT_DECODE_BLOCK_N's).
-SPLIT_BLOCK_N = int(os.environ.get("LABKIT_DECODE_SPLIT_BLOCK_N", str(ATTN_BLOCK_N)))
+SPLIT_BLOCK_N = int_knob("LABKIT_DECODE_SPLIT_BLOCK_N", ATTN_BLOCK_N)
 if SPLIT_BLOCK_N not in (16, 32, 64, 128):
     raise ValueError(f"LABKIT_DECODE_SPLIT_BLOCK_N: must be 16, 32, 64 or 128, got {SPLIT_BLOCK_N}")
 # Where a split context's parts are merged at one row: "1" inside o_proj's GEMV, as it reads its input (no kernel
@@ -115,13 +116,13 @@ ROW_CHUNK = 256  # a warp's 32 lanes x 8 16-bit values: one 16-byte load a lane
 # wait. Measured on an H100 (docs/perf.md, session 25; three rounds): 4 took batch 2 from 1.085 to 0.509 ms a token
 # (0.47x) and batch 4 from 0.561 to 0.405 (0.72x); 8 and 16 took batch 8 to 1.77x and 16 to 3.25x (each row's pass
 # over the tile, not the weights, is then the cost).
-FMA_ROWS = int(os.environ.get("LABKIT_DECODE_FMA_ROWS", "4"))
+FMA_ROWS = int_knob("LABKIT_DECODE_FMA_ROWS", 4)
 if FMA_ROWS not in (1, 2, 4, 8, 16):
     raise ValueError(f"LABKIT_DECODE_FMA_ROWS: 1, 2, 4, 8 or 16, got {FMA_ROWS}")
 # The most rows whose split attention parts o_proj's GEMV merges (rows taken one at a time, each merged as one row
 # is; more rows, or rows on the tile, get the merge kernel). 2 took batch 2 (two splits at short contexts) from
 # 0.5087 to 0.5015 ms a token against 1 (0.986x, an H100, two calls; docs/perf.md, session 26).
-MERGE_ROWS = int(os.environ.get("LABKIT_DECODE_MERGE_ROWS", "2"))
+MERGE_ROWS = int_knob("LABKIT_DECODE_MERGE_ROWS", 2)
 if MERGE_ROWS not in (1, 2, 4):
     raise ValueError(f"LABKIT_DECODE_MERGE_ROWS: 1, 2 or 4, got {MERGE_ROWS}")
 
@@ -150,7 +151,7 @@ _BLOCK_N, _WARPS, _WARPS_ONE_ROW = _gemv_shape(os.environ.get("LABKIT_DECODE_GEM
 # 4 warps 255 registers a thread (32.8K a program, compiled for sm_90), at 8 warps 108 (28.7K), so one of its
 # programs fits beside two of o_proj's and can load its weights before o_proj ends (scripts/gemv_spills.py). A
 # device sweep's knob: 8 warps made batch 1 5% slower on an H100 (docs/perf.md, session 25).
-GATE_UP_WARPS = int(os.environ.get("LABKIT_DECODE_GATE_UP_WARPS", "0"))
+GATE_UP_WARPS = int_knob("LABKIT_DECODE_GATE_UP_WARPS", 0)
 if GATE_UP_WARPS not in (0, 1, 2, 4, 8, 16):
     raise ValueError(f"LABKIT_DECODE_GATE_UP_WARPS: 0 (as LABKIT_DECODE_GEMV says) or 1-16 (powers of two), "
                      f"got {GATE_UP_WARPS}")
@@ -159,7 +160,7 @@ if GATE_UP_WARPS not in (0, 1, 2, 4, 8, 16):
 # and o_proj's cross-warp sums cost more (batch 1 1.15x on an H100; docs/perf.md, session 30): q/k/v's programs
 # at 64 registers a thread packed four an SM, leaving SMs free. q/k/v alone at 8 warps did the same for attention
 # (5.7 us after q/k/v) but q/k/v, streaming from 92 SMs, ended 2.1 us later: batch 1 1.075x (session 30, call 3).
-QKV_WARPS = int(os.environ.get("LABKIT_DECODE_QKV_WARPS", "0"))
+QKV_WARPS = int_knob("LABKIT_DECODE_QKV_WARPS", 0)
 if QKV_WARPS not in (0, 1, 2, 4, 8, 16):
     raise ValueError(f"LABKIT_DECODE_QKV_WARPS: 0 (as LABKIT_DECODE_GEMV says) or 1-16 (powers of two), "
                      f"got {QKV_WARPS}")
@@ -170,28 +171,28 @@ if QKV_WARPS not in (0, 1, 2, 4, 8, 16):
 # an SM, without changing q/k/v's programs as QKV_WARPS did. Measured on H100s (session 31, 120 KiB): attention
 # on 32 SMs and 1.3 us shorter, but batch 1 and 4 only 0.996x (gate/up's weight stream took up the time) and batch
 # 16 1.023x (its 128 programs wait for 128 SMs): left off, a knob for the lab.
-ATTN_SMEM_KIB = int(os.environ.get("LABKIT_DECODE_ATTN_SMEM", "0"))
+ATTN_SMEM_KIB = int_knob("LABKIT_DECODE_ATTN_SMEM", 0)
 if not 0 <= ATTN_SMEM_KIB <= 200:  # (an H100's or H200's most a program is 227 KiB, less the kernel's static)
     raise ValueError(f"LABKIT_DECODE_ATTN_SMEM: KiB of shared memory a program, 0 (the kernel's own) to 200, "
                      f"got {ATTN_SMEM_KIB}")
 # The fused decode attention's warps (4: measured since session 11). At 8 the tile's two tensor-core products
 # split over twice the warps (116 registers a thread, compiled for sm_90). Measured on an H100 (session 31): batch
 # 1 1.015x, batch 4 0.999x; left at 4, a knob for the lab.
-ATTN_WARPS = int(os.environ.get("LABKIT_DECODE_ATTN_WARPS", "4"))
+ATTN_WARPS = int_knob("LABKIT_DECODE_ATTN_WARPS", 4)
 if ATTN_WARPS not in (4, 8):
     raise ValueError(f"LABKIT_DECODE_ATTN_WARPS: 4 or 8, got {ATTN_WARPS}")
 
 # The norm's statistics NORM_CHUNK columns at a time for a tile of 2-16 rows (0: whole rows at once; one row
 # always takes whole rows, it holds little): the 16 x K float32 rows spill. On one H200 (docs/perf.md, session 15)
 # 128-column chunks took batch 4 from 0.634 to 0.573 ms a token and batch 16 from 0.211 to 0.179; batch 1 equal.
-NORM_CHUNK = int(os.environ.get("LABKIT_DECODE_NORM_CHUNK", "128"))
+NORM_CHUNK = int_knob("LABKIT_DECODE_NORM_CHUNK", 128)
 if NORM_CHUNK not in (0, 64, 128, 256, 512):
     raise ValueError(f"LABKIT_DECODE_NORM_CHUNK: 0, 64, 128, 256 or 512, got {NORM_CHUNK}")
 # A tile of 2-16 rows reads its weights and inputs K_CHUNK columns at a time after the PDL wait, instead of its
 # whole K range before it (0): that range's 16-row tiles spill. On one H200 (docs/perf.md, session 16) 128 took
 # batch 16 from 0.1785 to 0.1574 ms a token and left batch 4 at 0.573; 64 was slower (0.209 and 0.765).
 # One row keeps the whole range (nothing spills there, and its loads overlap the previous kernel's tail).
-K_CHUNK = int(os.environ.get("LABKIT_DECODE_K_CHUNK", "128"))
+K_CHUNK = int_knob("LABKIT_DECODE_K_CHUNK", 128)
 if K_CHUNK not in (0, 32, 64, 128, 256):
     raise ValueError(f"LABKIT_DECODE_K_CHUNK: 0, 32, 64, 128 or 256, got {K_CHUNK}")
 

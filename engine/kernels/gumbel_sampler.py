@@ -16,11 +16,12 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ..device import num_sms
+from ..env_knobs import int_knob
 
 # Programs a row's chunks aim for, per SM (LABKIT_GUMBEL_PER_SM). A draw does not depend on it. On one H200
 # (docs/perf.md, session 17) the hash noise at 256 rows took 71.6 us at 2, 63.4 at 8 and 61.6 at 16; 8 is what
 # nano was measured with.
-PROGRAMS_PER_SM = int(os.environ.get("LABKIT_GUMBEL_PER_SM", "8"))
+PROGRAMS_PER_SM = int_knob("LABKIT_GUMBEL_PER_SM", 8)
 if PROGRAMS_PER_SM not in (1, 2, 4, 8, 16, 32):
     raise ValueError(f"LABKIT_GUMBEL_PER_SM: 1, 2, 4, 8, 16 or 32, got {PROGRAMS_PER_SM}")
 # Where an element's uniform comes from (LABKIT_GUMBEL_NOISE). hash: two rounds of a 32-bit multiply-xorshift
