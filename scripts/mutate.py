@@ -446,8 +446,8 @@ MUTATIONS = [
     M("N79", "engine/kernels/decode_layer.py", "K_CHUNK=0 if one else min(K_CHUNK, block_k),",
       "K_CHUNK=min(K_CHUNK, block_k),", "K in chunks at one row too (loses the loads before the PDL wait)"),
     # (N80-N81 were LABKIT_GUMBEL_RNG's, retired with it in session 16)
-    M("N82", "engine/kernels/decode_layer.py", 'K_CHUNK = int(os.environ.get("LABKIT_DECODE_K_CHUNK", "128"))',
-      'K_CHUNK = int(os.environ.get("LABKIT_DECODE_K_CHUNK", "0"))',
+    M("N82", "engine/kernels/decode_layer.py", 'K_CHUNK = int_knob("LABKIT_DECODE_K_CHUNK", 128)',
+      'K_CHUNK = int_knob("LABKIT_DECODE_K_CHUNK", 0)',
       "the 2-16 row GEMV back to its whole K range by default (the tiles spill: 14x slower on the H200)"),
     M("N83", "engine/kernels/decode_layer.py", "K_CHUNK=0 if one else min(K_CHUNK, block_k),",
       "K_CHUNK=0 if one or M <= 16 else min(K_CHUNK, block_k),", "K in chunks never taken (a tile of rows spills)"),
