@@ -24,6 +24,8 @@ of the 28 layers:
     smem         the tile in shared memory; a program lets its successor launch after its own wait
     smem_first   the same, its successor let go before its wait (the chain may run ahead while shared memory lasts)
     smem_nopdl   the same kernels without PDL (what PDL is worth here)
+    smem_fine    smem with twice the programs, half the rows each (an SM's share of a phase evener)
+    smem_w8      smem at 8 warps
 The check: each variant's final hidden state against the float32 reference (relative L2 within 2e-2). Exit 0:
 every check passed; 1: a check failed; 2: could not run (no GPU, or Gluon missing).
 """
@@ -53,7 +55,9 @@ KB = gl.constexpr(CHUNK)
 PHASES = ("qkv", "o", "gu", "down")
 # the engine's decode grids: (rows, K, programs) a phase
 SHAPES = {"qkv": (4096, 1024, 256), "o": (1024, 2048, 128), "gu": (3072, 1024, 192), "down": (1024, 3072, 128)}
-PDL_MODES = {"smem": 1, "smem_first": 2, "smem_nopdl": 0}
+# the Gluon variants: (PDL mode, programs a phase times the engine's grid, warps)
+SMEM_VARIANTS = {"smem": (1, 1, 4), "smem_first": (2, 1, 4), "smem_nopdl": (0, 1, 4), "smem_fine": (1, 2, 4),
+                 "smem_w8": (1, 1, 8)}
 
 
 @gluon.jit
@@ -123,9 +127,11 @@ def _smem_gemv(w_ptr, u_ptr, in_ptr, ln_ptr, res_ptr, out_ptr, eps, layer,
         gl.store(out_ptr + out_rows, gl.load(res_ptr + out_rows, cache_modifier=".cg") + y)
 
 
-def launch_args(phase: str) -> dict:
-    """The constexprs and grid of a phase's launch."""
+def launch_args(phase: str, scale: int = 1) -> dict:
+    """The constexprs and grid of a phase's launch (scale: programs a phase times the engine's, rows a program
+    divided by it)."""
     n, k, programs = SHAPES[phase]
+    programs *= scale
     if n % programs or k % CHUNK:
         raise ValueError(f"{phase}: {n} rows over {programs} programs, K {k} in chunks of {CHUNK}")
     return {"N": n, "K": k, "R": n // programs, "KC": k // CHUNK, "PHASE": PHASES.index(phase), "programs": programs}
@@ -134,14 +140,14 @@ def launch_args(phase: str) -> dict:
 class SmemChain:
     """persistent_chain.Chain's buffers, run by the Gluon kernels: `run()` computes the chain from h0 into `h`."""
 
-    def __init__(self, torch, geo: dict, data: dict, device: str, pdl: int, warps: int = 4):
+    def __init__(self, torch, geo: dict, data: dict, device: str, pdl: int, scale: int = 1, warps: int = 4):
         self.geo, self.data, self.pdl, self.warps = geo, data, pdl, warps
         dt = data["wqkv"].dtype
         self.h = torch.empty(geo["hidden"], dtype=torch.float32, device=device)
         self.mid = torch.empty_like(self.h)
         self.qkv = torch.empty(geo["qkv"], dtype=dt, device=device)
         self.act = torch.empty(geo["inter"], dtype=dt, device=device)
-        self.meta = {p: launch_args(p) for p in PHASES}
+        self.meta = {p: launch_args(p, scale) for p in PHASES}
 
     def _launch(self, phase: str, layer: int) -> None:
         d = self.data
@@ -172,11 +178,12 @@ def measure(torch, rounds: int) -> dict:
     out = {"device": torch.cuda.get_device_name(), "geometry": geo, "shapes": SHAPES, "variants": []}
     chains = {}
     rows = [{"name": "sep", "kernel": "triton, tile in registers"}] + [
-        {"name": n, "kernel": "gluon, tile in shared memory", "pdl": m} for n, m in PDL_MODES.items()]
+        {"name": n, "kernel": f"gluon, tile in shared memory, {w} warps, {s}x programs", "pdl": m, "scale": s,
+         "warps": w} for n, (m, s, w) in SMEM_VARIANTS.items()]
     for row in rows:
         try:
             c = (pc.Chain(torch, geo, data, "cuda", "sep", 0, 4) if row["name"] == "sep"
-                 else SmemChain(torch, geo, data, "cuda", row["pdl"]))
+                 else SmemChain(torch, geo, data, "cuda", row["pdl"], row["scale"], row["warps"]))
             c.run()
             torch.cuda.synchronize()
             row["rel_err"] = pc.rel_err(torch, c.h, ref)
@@ -202,14 +209,14 @@ def measure(torch, rounds: int) -> dict:
     return out
 
 
-def compiled(phase: str, pdl: int = 1, warps: int = 4):
+def compiled(phase: str, pdl: int = 1, warps: int = 4, scale: int = 1):
     """The phase's kernel compiled for sm_90 by the installed Triton, as the device's JIT specialises the launch
     (pointers 16-byte aligned, `layer` a plain i32)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    m = launch_args(phase)
+    m = launch_args(phase, scale)
     normed = phase in ("qkv", "gu")
     sig = {"w_ptr": "*bf16", "u_ptr": "*bf16", "in_ptr": "*fp32" if normed else "*bf16", "ln_ptr": "*bf16",
            "res_ptr": "*fp32", "out_ptr": "*bf16" if normed else "*fp32", "eps": "fp32", "layer": "i32"}
