@@ -28,7 +28,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -179,17 +178,13 @@ def _gemv_compiled(g: dict):
 def _sass_here(g: dict) -> str:
     """cuobjdump -sass of one launch's sm_90 cubin, compiled in this process."""
     sys.path.insert(0, str(REPO))
-    import triton
 
     compiled, warps, programs = (_attention_compiled if g["name"] == "attention" else _gemv_compiled)(g)
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "k.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-        regs = re.search(r"REG:(\d+)", usage).group(1)
-        return f"// registers {regs} shared {compiled.metadata.shared} warps {warps} programs {programs}\n{sass}"
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from kernel_sass import cubin_sass
+
+    regs, sass = cubin_sass(compiled)
+    return f"// registers {regs} shared {compiled.metadata.shared} warps {warps} programs {programs}\n{sass}"
 
 
 def sass_of(g: dict, env_changes: dict | None = None) -> str:

@@ -100,14 +100,21 @@ def _sass_here(v: dict) -> str:
     src = ASTSource(_decode_split_kernel, sig, constexprs=consts, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": v["warps"], "num_stages": v["stages"]})
+    regs, sass = cubin_sass(compiled)
+    return f"// registers {regs} shared {compiled.metadata.shared}\n{sass}"
+
+
+def cubin_sass(compiled) -> tuple[int, str]:
+    """A compiled kernel's registers a thread and SASS, from its cubin through the cuobjdump Triton ships."""
+    import triton
+
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
         usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
-        regs = re.search(r"REG:(\d+)", usage).group(1)
         sass = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-        return f"// registers {regs} shared {compiled.metadata.shared}\n{sass}"
+    return int(re.search(r"REG:(\d+)", usage).group(1)), sass
 
 
 def main_loop(sass: str) -> list[str]:

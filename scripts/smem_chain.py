@@ -34,9 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -229,20 +227,17 @@ def compiled(phase: str, pdl: int = 1, warps: int = 4, scale: int = 1):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "launch_pdl": True})
 
 
-def resources(kernel) -> dict:
-    """Registers a thread, shared memory a program, spill loads and the cp.async copies in the cubin's SASS."""
-    import triton
+def resources(kernel, warps: int = 4) -> dict:
+    """Registers a thread, shared memory a program, programs an SM, spill loads and the cp.async copies in the
+    cubin's SASS."""
+    from kernel_sass import cubin_sass, programs_per_sm
 
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "k.cubin"
-        cubin.write_bytes(kernel.asm["cubin"])
-        usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True, check=True)
-        sass = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    regs, sass = cubin_sass(kernel)
     # the copy groups a thread lets stay in flight at each of its waits, in program order: a chunk is read only
     # once its own group has landed when these count down to 0
     group_waits = [int(n, 16) for n in re.findall(r"\bDEPBAR\.LE SB0, (0x[0-9a-f]+)", sass)]
-    return {"registers": int(re.search(r"REG:(\d+)", usage.stdout).group(1)), "shared": kernel.metadata.shared,
+    return {"registers": regs, "shared": kernel.metadata.shared,
+            "per_sm": programs_per_sm(regs, kernel.metadata.shared, warps),
             "spill_loads": len(re.findall(r"\bLDL\b", sass)), "async_copies": len(re.findall(r"\bLDGSTS\b", sass)),
             "pdl_waits": len(re.findall(r"\bACQBULK\b", sass)), "group_waits": group_waits,
             # the weights asked for before the PDL wait (all of them: the point of the design)
@@ -288,10 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps(report, indent=1))
         else:
-            print(f"{'phase':6} {'registers':>9} {'shared':>7} {'spills':>6} {'copies':>6} {'waits':>5}")
+            print(f"{'phase':6} {'registers':>9} {'shared':>7} {'an SM':>5} {'spills':>6} {'copies':>6} {'waits':>5}")
             for p, r in report.items():
-                print(f"{p:6} {r['registers']:9d} {r['shared']:7d} {r['spill_loads']:6d} {r['async_copies']:6d} "
-                      f"{r['pdl_waits']:5d}")
+                print(f"{p:6} {r['registers']:9d} {r['shared']:7d} {r['per_sm']:5d} {r['spill_loads']:6d} "
+                      f"{r['async_copies']:6d} {r['pdl_waits']:5d}")
         return 0 if all(r["spill_loads"] == 0 for r in report.values()) else 1
     if not args.out:
         print("smem_chain: --out is required unless --compile-only", file=sys.stderr)
