@@ -3100,9 +3100,10 @@ MUTATIONS = [
       '_WARPS_ONE_ROW) if silu else (',
       "LABKIT_DECODE_GATE_UP_WARPS also sets gate/up's warps for a tile of rows", ['tests/test_decode_knobs.py']),
     M("N663", 'engine/kernels/decode_layer.py',
-      'if GATE_UP_WARPS not in (0, 1, 2, 4, 8, 16):',
-      'if GATE_UP_WARPS not in (0, 1, 2, 3, 4, 8, 16):',
-      'LABKIT_DECODE_GATE_UP_WARPS=3 (not a power of two) accepted', ['tests/test_decode_knobs.py']),
+      '    if warps not in (0, 1, 2, 4, 8, 16):',
+      '    if warps not in (0, 1, 2, 3, 4, 8, 16):',
+      'LABKIT_DECODE_GATE_UP_WARPS=3 and LABKIT_DECODE_QKV_WARPS=3 (not powers of two) accepted',
+      ['tests/test_decode_knobs.py']),
     # --- session 25: rows one at a time through the one-row arithmetic (LABKIT_DECODE_FMA_ROWS) ----
     M("N667", 'engine/kernels/decode_layer.py',
       'per_row = 1 < M <= FMA_ROWS',

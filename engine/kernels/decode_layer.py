@@ -143,6 +143,14 @@ def _gemv_shape(text: str) -> tuple[int, int, int]:
     return rows, warps, one_row
 
 
+def _one_row_warps(name: str) -> int:
+    """One GEMV's warps at batch 1 from the environment: 0 (LABKIT_DECODE_GEMV's) or a power of two up to 16."""
+    warps = int_knob(name, 0)
+    if warps not in (0, 1, 2, 4, 8, 16):
+        raise ValueError(f"{name}: 0 (as LABKIT_DECODE_GEMV says) or 1-16 (powers of two), got {warps}")
+    return warps
+
+
 # Weight rows per program (a few hundred programs keep every SM streaming), its warps for a tile of 2-16 rows, and
 # its warps at batch 1. Measured on the H200 (docs/perf.md, session 14): at batch 1 four warps take 0.743 ms a
 # token against eight's 0.839 (-11%); at batch 16 four warps take 1.43 ms against 0.21 (the tile spills).
@@ -151,19 +159,13 @@ _BLOCK_N, _WARPS, _WARPS_ONE_ROW = _gemv_shape(os.environ.get("LABKIT_DECODE_GEM
 # 4 warps 255 registers a thread (32.8K a program, compiled for sm_90), at 8 warps 108 (28.7K), so one of its
 # programs fits beside two of o_proj's and can load its weights before o_proj ends (scripts/gemv_spills.py). A
 # device sweep's knob: 8 warps made batch 1 5% slower on an H100 (docs/perf.md, session 25).
-GATE_UP_WARPS = int_knob("LABKIT_DECODE_GATE_UP_WARPS", 0)
-if GATE_UP_WARPS not in (0, 1, 2, 4, 8, 16):
-    raise ValueError(f"LABKIT_DECODE_GATE_UP_WARPS: 0 (as LABKIT_DECODE_GEMV says) or 1-16 (powers of two), "
-                     f"got {GATE_UP_WARPS}")
+GATE_UP_WARPS = _one_row_warps("LABKIT_DECODE_GATE_UP_WARPS")
 # q/k/v's warps at batch 1 (0: _WARPS_ONE_ROW's). With every one-row GEMV at 8 warps, attention's 32 programs
 # ran one an SM on 32 SMs, not two an SM on 16, and ended 2.6 us sooner after q/k/v (8.2 -> 5.5), while q/k/v's
 # and o_proj's cross-warp sums cost more (batch 1 1.15x on an H100; docs/perf.md, session 30): q/k/v's programs
 # at 64 registers a thread packed four an SM, leaving SMs free. q/k/v alone at 8 warps did the same for attention
 # (5.7 us after q/k/v) but q/k/v, streaming from 92 SMs, ended 2.1 us later: batch 1 1.075x (session 30, call 3).
-QKV_WARPS = int_knob("LABKIT_DECODE_QKV_WARPS", 0)
-if QKV_WARPS not in (0, 1, 2, 4, 8, 16):
-    raise ValueError(f"LABKIT_DECODE_QKV_WARPS: 0 (as LABKIT_DECODE_GEMV says) or 1-16 (powers of two), "
-                     f"got {QKV_WARPS}")
+QKV_WARPS = _one_row_warps("LABKIT_DECODE_QKV_WARPS")
 # The shared memory each decode attention program reserves at launch, in KiB (0: what the kernel uses, 72 KiB at
 # Qwen3-0.6B's head size). Its programs hold 255 registers a thread (32K of an SM's 64K), so an SM whose q/k/v
 # programs have left takes two of them, and at batch 1 attention's 32 programs ran two an SM on 16 SMs and ended
