@@ -3294,6 +3294,11 @@ MUTATIONS = [
       '    except TypeError:',
       "a knob that is not an integer is refused without the variable's name (int()'s own message)",
       ['tests/test_decode_knobs.py']),
+    M("N719", 'scripts/smem_chain.py',
+      '            prev_end = max(at(prev, p, 3)',
+      '            prev_end = min(at(prev, p, 3)',
+      "smem_chain's probe times a phase from the previous launch's first program's end, not its last",
+      ['tests/test_smem_chain.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -26,6 +26,8 @@ of the 28 layers:
     smem_nopdl   the same kernels without PDL (what PDL is worth here)
     smem_fine    smem with twice the programs, half the rows each (an SM's share of a phase evener)
     smem_w8      smem at 8 warps
+    smem_probe   smem with each program's timer stamped at its start, past its wait, with its last chunk landed and
+                 at its end: a table a phase of when those come after the previous launch's last program ended
 The check: each variant's final hidden state against the float32 reference (relative L2 within 2e-2). Exit 0:
 every check passed; 1: a check failed; 2: could not run (no GPU, or Gluon missing).
 """
@@ -50,6 +52,7 @@ _copy = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
 
 CHUNK = 256  # columns a chunk: one commit group, one wait
 KB = gl.constexpr(CHUNK)
+MAX_PROGRAMS = gl.constexpr(1024)  # a launch's region of the probe buffer
 PHASES = ("qkv", "o", "gu", "down")
 # the engine's decode grids: (rows, K, programs) a phase
 SHAPES = {"qkv": (4096, 1024, 256), "o": (1024, 2048, 128), "gu": (3072, 1024, 192), "down": (1024, 3072, 128)}
@@ -70,17 +73,28 @@ def _gdc_launch_dependents():
 
 
 @gluon.jit
-def _smem_gemv(w_ptr, u_ptr, in_ptr, ln_ptr, res_ptr, out_ptr, eps, layer,
+def _stamp(probe_ptr, idx, PROBE: gl.constexpr):
+    """The global timer (ns) into probe_ptr[idx] when PROBE is 1."""
+    if PROBE:
+        t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+        gl.store(probe_ptr + idx, t)
+
+
+@gluon.jit
+def _smem_gemv(w_ptr, u_ptr, in_ptr, ln_ptr, res_ptr, out_ptr, eps, layer, probe_ptr, slot,
                N: gl.constexpr, K: gl.constexpr, R: gl.constexpr, KC: gl.constexpr, PHASE: gl.constexpr,
-               PDL: gl.constexpr, num_warps: gl.constexpr):
+               PDL: gl.constexpr, PROBE: gl.constexpr, num_warps: gl.constexpr):
     """One phase of `layer` for a program's R rows of an [N, K] weight (u_ptr: gate/up's second weight).
     PHASE 0 qkv: out = W RMSNorm(in) (bf16); 1 o and 3 down: out = res + W in (fp32); 2 gate/up: out =
     SiLU(W x) * (U x), x = RMSNorm(in) (bf16). PDL 1: wait, then let the successor launch; 2: the other way
-    round; 0: neither (launched without PDL)."""
+    round; 0: neither (launched without PDL). PROBE 1: the program's timer stamps at its start, past its wait,
+    with its last chunk landed and at its end, into probe_ptr[((slot * MAX_PROGRAMS) + program) * 4 + k]."""
     BL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])  # 16 bytes a thread a row
     SH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # a warp reads 512 contiguous bytes: no conflicts
     DT: gl.constexpr = w_ptr.dtype.element_ty
     row0 = gl.program_id(0) * R
+    at = (slot * MAX_PROGRAMS + gl.program_id(0)) * 4
+    _stamp(probe_ptr, at, PROBE)
     rows = gl.arange(0, R, layout=gl.SliceLayout(1, BL))
     cols = gl.arange(0, KB, layout=gl.SliceLayout(0, BL))
     offs = rows[:, None] * K + cols[None, :]
@@ -100,6 +114,7 @@ def _smem_gemv(w_ptr, u_ptr, in_ptr, ln_ptr, res_ptr, out_ptr, eps, layer,
     elif PDL == 2:
         _gdc_launch_dependents()
         _gdc_wait()
+    _stamp(probe_ptr, at + 1, PROBE)
     if PHASE == 0 or PHASE == 2:
         V: gl.constexpr = gl.BlockedLayout([4], [32], [num_warps], [0])
         h = gl.load(in_ptr + gl.arange(0, K, layout=V), cache_modifier=".cg")
@@ -111,6 +126,8 @@ def _smem_gemv(w_ptr, u_ptr, in_ptr, ln_ptr, res_ptr, out_ptr, eps, layer,
         if PHASE == 0 or PHASE == 2:
             x = (x * inv * gl.load(ln_ptr + layer * K + c * KB + cols).to(gl.float32)).to(DT).to(gl.float32)
         cp.wait_group(KC - 1 - c)  # (groups land in order: chunk c's is the oldest still counted)
+        if c == KC - 1:
+            _stamp(probe_ptr, at + 2, PROBE)
         acc += wbuf.index(c).load(BL).to(gl.float32) * x[None, :]
         if PHASE == 2:
             acc_u += ubuf.index(c).load(BL).to(gl.float32) * x[None, :]
@@ -123,6 +140,7 @@ def _smem_gemv(w_ptr, u_ptr, in_ptr, ln_ptr, res_ptr, out_ptr, eps, layer,
         gl.store(out_ptr + out_rows, (silu * gl.sum(acc_u, axis=1)).to(DT))
     else:
         gl.store(out_ptr + out_rows, gl.load(res_ptr + out_rows, cache_modifier=".cg") + y)
+    _stamp(probe_ptr, at + 3, PROBE)
 
 
 def launch_args(phase: str, scale: int = 1) -> dict:
@@ -138,8 +156,12 @@ def launch_args(phase: str, scale: int = 1) -> dict:
 class SmemChain:
     """persistent_chain.Chain's buffers, run by the Gluon kernels: `run()` computes the chain from h0 into `h`."""
 
-    def __init__(self, torch, geo: dict, data: dict, device: str, pdl: int, scale: int = 1, warps: int = 4):
+    def __init__(self, torch, geo: dict, data: dict, device: str, pdl: int, scale: int = 1, warps: int = 4,
+                 probe: bool = False):
         self.geo, self.data, self.pdl, self.warps = geo, data, pdl, warps
+        # the probe: 4 stamps a program a launch, a region of MAX_PROGRAMS programs a launch
+        self.probe = (torch.zeros(geo["layers"] * len(PHASES) * MAX_PROGRAMS.value * 4, dtype=torch.int64,
+                                  device=device) if probe else None)
         dt = data["wqkv"].dtype
         self.h = torch.empty(geo["hidden"], dtype=torch.float32, device=device)
         self.mid = torch.empty_like(self.h)
@@ -156,8 +178,10 @@ class SmemChain:
             "down": (d["wd"], d["wd"], self.act, d["ln2"], self.mid, self.h)}[phase]
         m = self.meta[phase]
         kw = {"launch_pdl": True} if self.pdl else {}
-        _smem_gemv[(m["programs"],)](w, u, src, ln, res, out, 1e-6, layer, N=m["N"], K=m["K"], R=m["R"],
-                                    KC=m["KC"], PHASE=m["PHASE"], PDL=self.pdl, num_warps=self.warps, **kw)
+        probe = self.probe if self.probe is not None else self.h
+        _smem_gemv[(m["programs"],)](w, u, src, ln, res, out, 1e-6, layer, probe, layer * len(PHASES) + m["PHASE"],
+                                    N=m["N"], K=m["K"], R=m["R"], KC=m["KC"], PHASE=m["PHASE"], PDL=self.pdl,
+                                    PROBE=int(self.probe is not None), num_warps=self.warps, **kw)
 
     def run(self) -> None:
         self.h.copy_(self.data["h0"])
@@ -177,11 +201,14 @@ def measure(torch, rounds: int) -> dict:
     chains = {}
     rows = [{"name": "sep", "kernel": "triton, tile in registers"}] + [
         {"name": n, "kernel": f"gluon, tile in shared memory, {w} warps, {s}x programs", "pdl": m, "scale": s,
-         "warps": w} for n, (m, s, w) in SMEM_VARIANTS.items()]
+         "warps": w} for n, (m, s, w) in SMEM_VARIANTS.items()] + [
+        # the timer stamped at four points of each program (timed too: what the stamps cost)
+        {"name": "smem_probe", "kernel": "smem with its probe", "pdl": 1, "scale": 1, "warps": 4, "probe": True}]
     for row in rows:
         try:
             c = (pc.Chain(torch, geo, data, "cuda", "sep", 0, 4) if row["name"] == "sep"
-                 else SmemChain(torch, geo, data, "cuda", row["pdl"], row["scale"], row["warps"]))
+                 else SmemChain(torch, geo, data, "cuda", row["pdl"], row["scale"], row["warps"],
+                                row.get("probe", False)))
             c.run()
             torch.cuda.synchronize()
             row["rel_err"] = pc.rel_err(torch, c.h, ref)
@@ -199,6 +226,11 @@ def measure(torch, rounds: int) -> dict:
         if row.get("us_a_layer"):
             row["median_us_a_layer"] = sorted(row["us_a_layer"])[len(row["us_a_layer"]) // 2]
             row["TBps"] = wbytes / geo["layers"] / (row["median_us_a_layer"] * 1e-6) / 1e12
+    for row in out["variants"]:  # (the stamps as the last timed replay left them)
+        c = chains.get(row["name"])
+        if getattr(c, "probe", None) is not None and row["name"] != "sep":
+            row["probe"] = probe_summary(c.probe.tolist(), {p: m["programs"] for p, m in c.meta.items()},
+                                         geo["layers"])
     base = out["variants"][0].get("median_us_a_layer")
     for row in out["variants"]:
         if base and row.get("median_us_a_layer"):
@@ -207,7 +239,33 @@ def measure(torch, rounds: int) -> dict:
     return out
 
 
-def compiled(phase: str, pdl: int = 1, warps: int = 4, scale: int = 1):
+def probe_summary(stamps: list[int], programs: dict, layers: int) -> dict:
+    """Per phase, medians over the middle layers (two at each end left out) of when its programs started, passed
+    their wait, had their last chunk landed and ended, in us after the previous launch's last program ended:
+    (first, last) for the starts, (median, last) for the rest."""
+    import statistics
+
+    def at(launch, p, k):
+        return stamps[(launch * MAX_PROGRAMS.value + p) * 4 + k]
+
+    mids = range(2, layers - 2) if layers > 5 else range(1, layers)
+    out = {}
+    for f, name in enumerate(PHASES):
+        cols = {"started": [], "started_last": [], "past_wait": [], "past_wait_last": [], "landed": [],
+                "landed_last": [], "ended": [], "ended_last": []}
+        for lay in mids:
+            launch = lay * len(PHASES) + f
+            prev = launch - 1
+            prev_end = max(at(prev, p, 3) for p in range(programs[PHASES[prev % len(PHASES)]]))
+            for k, key in enumerate(("started", "past_wait", "landed", "ended")):
+                ts = sorted((at(launch, p, k) - prev_end) / 1e3 for p in range(programs[name]))
+                cols[key].append(ts[0] if k == 0 else ts[len(ts) // 2])
+                cols[key + "_last"].append(ts[-1])
+        out[name] = {k: statistics.median(v) for k, v in cols.items() if v}
+    return out
+
+
+def compiled(phase: str, pdl: int = 1, warps: int = 4, scale: int = 1, probe: int = 0):
     """The phase's kernel compiled for sm_90 by the installed Triton, as the device's JIT specialises the launch
     (pointers 16-byte aligned, `layer` a plain i32)."""
     import triton
@@ -217,13 +275,14 @@ def compiled(phase: str, pdl: int = 1, warps: int = 4, scale: int = 1):
     m = launch_args(phase, scale)
     normed = phase in ("qkv", "gu")
     sig = {"w_ptr": "*bf16", "u_ptr": "*bf16", "in_ptr": "*fp32" if normed else "*bf16", "ln_ptr": "*bf16",
-           "res_ptr": "*fp32", "out_ptr": "*bf16" if normed else "*fp32", "eps": "fp32", "layer": "i32"}
+           "res_ptr": "*fp32", "out_ptr": "*bf16" if normed else "*fp32", "eps": "fp32", "layer": "i32",
+           "probe_ptr": "*i64", "slot": "i32"}
     consts = {"N": m["N"], "K": m["K"], "R": m["R"], "KC": m["KC"], "PHASE": m["PHASE"], "PDL": pdl,
-              "num_warps": warps}
+              "PROBE": probe, "num_warps": warps}
     names = list(sig) + list(consts)
     sig.update({k: "constexpr" for k in consts})
     src = GluonASTSource(_smem_gemv, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
-                         attrs={(i,): [["tt.divisibility", 16]] for i in range(6)})
+                         attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 8)})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "launch_pdl": True})
 
 
@@ -260,6 +319,15 @@ def markdown(log: dict) -> str:
         lines.append(f"| {r['name']} | {r['kernel']} | {us} | {r.get('median_us_a_layer', 0):.2f} | "
                      f"{r.get('TBps', 0):.2f} | {r.get('ratio_to_sep', 0):.3f} | {r['rel_err']:.1e} | "
                      f"{'yes' if r['ok'] else 'NO'} |")
+    for r in log["variants"]:
+        if r.get("probe"):
+            lines += ["", f"{r['name']}: us after the previous launch's last program ended (medians over the middle "
+                      "layers): started (first / last), past the PDL wait, last chunk landed, ended (median / last)",
+                      "", "| phase | started | past wait | landed | ended |", "| --- | --- | --- | --- | --- |"]
+            for name, ph in r["probe"].items():
+                lines.append(f"| {name} | {ph['started']:.2f} / {ph['started_last']:.2f} | {ph['past_wait']:.2f} / "
+                             f"{ph['past_wait_last']:.2f} | {ph['landed']:.2f} / {ph['landed_last']:.2f} | "
+                             f"{ph['ended']:.2f} / {ph['ended_last']:.2f} |")
     return "\n".join(lines) + "\n"
 
 

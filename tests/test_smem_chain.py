@@ -72,3 +72,50 @@ def test_every_weight_is_in_flight_before_the_wait_and_read_after_it_landed():
         # the tile lives in shared memory, not registers: a successor's programs fit beside
         assert tiles * m["R"] * m["K"] * 2 <= r["shared"] < tiles * m["R"] * m["K"] * 2 + 1024, (phase, r)
         assert r["registers"] <= 160, (phase, r)
+
+
+def test_the_probe_summary_times_each_phase_from_the_previous_launchs_last_end():
+    sc = _load()
+    programs = {"qkv": 2, "o": 1, "gu": 3, "down": 2}
+    layers, maxp = 6, sc.MAX_PROGRAMS.value
+    stamps = [0] * (layers * 4 * maxp * 4)
+
+    def base(launch):  # ns; every launch 10 us after the one before
+        return launch * 10_000
+
+    def put(launch, p, k, t):
+        stamps[(launch * maxp + p) * 4 + k] = t
+
+    for launch in range(layers * 4):
+        for p in range(programs[sc.PHASES[launch % 4]]):
+            # start p*300 ns apart, the wait passed 2 us in (+p*10), the last chunk 3 us (+p*50), the end 6 us
+            # (+p*1,000): the last program ends last
+            for k, t in enumerate((p * 300, 2_000 + p * 10, 3_000 + p * 50, 6_000 + p * 1_000)):
+                put(launch, p, k, base(launch) + t)
+    out = sc.probe_summary(stamps, programs, layers)
+    assert list(out) == list(sc.PHASES)
+    for f, name in enumerate(sc.PHASES):
+        before = sc.PHASES[(f - 1) % 4]
+        # the previous launch's last program ended 6 us + 1 us a later program into its 10 us
+        prev_end = -10 + 6 + (programs[before] - 1)  # us, relative to this launch's base
+        n = programs[name]
+        mid = n // 2
+        assert out[name]["started"] == pytest.approx(0 - prev_end)
+        assert out[name]["started_last"] == pytest.approx((n - 1) * 0.3 - prev_end)
+        assert out[name]["past_wait"] == pytest.approx(2 + mid * 0.01 - prev_end)
+        assert out[name]["landed_last"] == pytest.approx(3 + (n - 1) * 0.05 - prev_end)
+        assert out[name]["ended"] == pytest.approx(6 + mid * 1 - prev_end)
+        assert out[name]["ended_last"] == pytest.approx(6 + (n - 1) * 1 - prev_end)
+
+
+def test_the_probed_kernels_stamp_four_times_and_still_do_not_spill():
+    needs_sm90_tools()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import sys, re, json; sys.path.insert(0, 'scripts'); import smem_chain as sc; "
+            "from kernel_sass import cubin_sass; "
+            "print(json.dumps({p: [len(re.findall('GLOBALTIMER', s)), len(re.findall(r'\\bLDL\\b', s))] "
+            "for p in sc.PHASES for s in [cubin_sass(sc.compiled(p, probe=1))[1]]}))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == {p: [4, 0] for p in ("qkv", "o", "gu", "down")}
