@@ -175,6 +175,16 @@ def git_head() -> str | None:
     return (_git("rev-parse", "HEAD") if _own_checkout() else None) or archived_commit()
 
 
+def write_result(out: Path, log: dict, markdown: str) -> None:
+    """A device script's result: its log as JSON at `out` (with the commit it ran at), its Markdown table beside it
+    (.md), and the table printed."""
+    log["commit"] = git_head()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(log, indent=1))
+    out.with_suffix(".md").write_text(markdown)
+    print(markdown)
+
+
 # The user's lab notes (labkit notes init/new write them, the user fills them in): text about results, never
 # code that makes them, so a note written or edited leaves a result tied to its commit.
 NOT_CODE = ("notes",)

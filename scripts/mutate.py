@@ -3299,6 +3299,11 @@ MUTATIONS = [
       '            prev_end = min(at(prev, p, 3)',
       "smem_chain's probe times a phase from the previous launch's first program's end, not its last",
       ['tests/test_smem_chain.py']),
+    M("N720", 'labkit/output.py',
+      '    out.with_suffix(".md").write_text(markdown)',
+      '    out.with_suffix(".json").write_text(markdown)',
+      "a device script's Markdown table written over its JSON result",
+      ['tests/test_gemv_bench.py', 'tests/test_persistent_chain.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -39,7 +39,6 @@ runs programs one after another: with one, its barrier opens on its own arrival)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -548,16 +547,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
-    from labkit.output import git_head
+    from labkit.output import write_result
 
     log = measure(torch, device, args.dry_run, args.rounds)
-    log["commit"] = git_head()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(log, indent=1))
-    md = markdown(log)
-    out.with_suffix(".md").write_text(md)
-    print(md)
+    write_result(Path(args.out), log, markdown(log))
     return 0 if log["ok"] else 1
 
 

@@ -364,16 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("smem_chain: no CUDA device (use --compile-only here)", file=sys.stderr)
         return 2
-    from labkit.output import git_head
+    from labkit.output import write_result
 
     log = measure(torch, args.rounds)
-    log["commit"] = git_head()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(log, indent=1))
-    md = markdown(log)
-    out.with_suffix(".md").write_text(md)
-    print(md)
+    write_result(Path(args.out), log, markdown(log))
     return 0 if log["ok"] else 1
 
 
