@@ -117,6 +117,41 @@ def cubin_sass(compiled) -> tuple[int, str]:
     return int(re.search(r"REG:(\d+)", usage).group(1)), sass
 
 
+def gluon_sm90(fn, sig: dict, consts: dict, aligned: tuple[str, ...], warps: int, fp_fusion: bool = False):
+    """A Gluon kernel compiled for sm_90 by the installed Triton as the device's JIT specialises a launch: sig
+    (argument: type, in order), consts (constexpr: value, after them), the pointers in `aligned` 16-byte aligned,
+    PDL on, floating-point fusion as the launch asks (Triton's default: on)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    names = list(sig) + list(consts)
+    full = dict(sig, **{k: "constexpr" for k in consts})
+    src = GluonASTSource(fn, full, constexprs={(names.index(k),): v for k, v in consts.items()},
+                         attrs={(names.index(a),): [["tt.divisibility", 16]] for a in aligned})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "launch_pdl": True, "enable_fp_fusion": fp_fusion})
+
+
+def async_copy_report(kernel, warps: int) -> dict:
+    """Registers a thread, shared memory a program, programs an SM, spill loads, and the cp.async copies in a
+    compiled kernel's SASS: how many, how many before the PDL wait (ACQBULK), how many each commit group holds,
+    and the copy groups a thread lets stay in flight at each of its waits, in program order (a chunk is read only
+    once its own group has landed when these count down to 0)."""
+    regs, sass = cubin_sass(kernel)
+    return {"registers": regs, "shared": kernel.metadata.shared,
+            "per_sm": programs_per_sm(regs, kernel.metadata.shared, warps),
+            "spill_loads": len(re.findall(r"\bLDL\b", sass)), "async_copies": len(re.findall(r"\bLDGSTS\b", sass)),
+            "pdl_waits": len(re.findall(r"\bACQBULK\b", sass)),
+            "group_waits": [int(n, 16) for n in re.findall(r"\bDEPBAR\.LE SB0, (0x[0-9a-f]+)", sass)],
+            "copies_before_wait": len(re.findall(r"\bLDGSTS\b", sass.split("ACQBULK")[0])),
+            # shared-memory reads before the first group wait (nothing copied may be read there)
+            # (not counting `@!PT LDS RZ, [RZ]`: never executed, the compiler's padding)
+            "reads_before_first_wait": len(re.findall(r"(?<!@!PT )\bLDS\b", sass.split("DEPBAR.LE")[0])),
+            # the copies each commit group (LDGDEPBAR) closes, in program order
+            "group_sizes": [len(re.findall(r"\bLDGSTS\b", part)) for part in sass.split("LDGDEPBAR")[:-1]]}
+
+
 def main_loop(sass: str) -> list[str]:
     """The instructions of the longest loop (a branch back to an earlier address), predicates stripped."""
     ins = [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+([^;]*);", sass)]

@@ -3304,6 +3304,28 @@ MUTATIONS = [
       '    out.with_suffix(".json").write_text(markdown)',
       "a device script's Markdown table written over its JSON result",
       ['tests/test_gemv_bench.py', 'tests/test_persistent_chain.py']),
+    M("N721", 'engine/kernels/smem_gemv.py',
+      '        cp.wait_group(KC - 1 - c)  # chunk c',
+      '        cp.wait_group(KC - c)  # chunk c',
+      "the engine's shared-memory GEMV reads a chunk of its tile while that chunk's copy group may be in flight",
+      ['tests/test_smem_gemv.py']),
+    M("N722", 'engine/kernels/smem_gemv.py',
+      "        cp.wait_group(KC - 1 - c)  # chunk c's group is the oldest still counted: landed at KC - 1 - c left\n"
+      "        if NORM:\n            xc = _rnd(_rnd(xc * rstd, DT) * nbuf.index(c).load(XL).to(gl.float32), DT)",
+      "        if NORM:\n            xc = _rnd(_rnd(xc * rstd, DT) * nbuf.index(c).load(XL).to(gl.float32), DT)\n"
+      "        cp.wait_group(KC - 1 - c)  # chunk c's group is the oldest still counted: landed at KC - 1 - c left",
+      "the engine's shared-memory GEMV reads the norm weights before their copy group has landed",
+      ['tests/test_smem_gemv.py']),
+    M("N723", 'engine/kernels/decode_layer.py',
+      '                         K, eps, block_n=_BLOCK_N, ks=ks, s_in=0 if partials is None else partials.shape[0],',
+      '                         K, eps, block_n=_BLOCK_N, ks=ks, s_in=0 if partials is None else partials.shape[1],',
+      "gemv hands the shared-memory GEMV the partials' row count as their number of splits",
+      ['tests/test_smem_gemv.py']),
+    M("N724", 'engine/kernels/smem_gemv.py',
+      '    return (M == 1 and elem_bytes == 2 and N % block_n == 0',
+      '    return (M <= 2 and elem_bytes == 2 and N % block_n == 0',
+      "the one-row shared-memory GEMV is taken for two rows (it computes only the first)",
+      ['tests/test_smem_gemv.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

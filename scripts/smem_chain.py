@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -268,9 +267,7 @@ def probe_summary(stamps: list[int], programs: dict, layers: int) -> dict:
 def compiled(phase: str, pdl: int = 1, warps: int = 4, scale: int = 1, probe: int = 0):
     """The phase's kernel compiled for sm_90 by the installed Triton, as the device's JIT specialises the launch
     (pointers 16-byte aligned, `layer` a plain i32)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from kernel_sass import gluon_sm90
 
     m = launch_args(phase, scale)
     normed = phase in ("qkv", "gu")
@@ -279,28 +276,14 @@ def compiled(phase: str, pdl: int = 1, warps: int = 4, scale: int = 1, probe: in
            "probe_ptr": "*i64", "slot": "i32"}
     consts = {"N": m["N"], "K": m["K"], "R": m["R"], "KC": m["KC"], "PHASE": m["PHASE"], "PDL": pdl,
               "PROBE": probe, "num_warps": warps}
-    names = list(sig) + list(consts)
-    sig.update({k: "constexpr" for k in consts})
-    src = GluonASTSource(_smem_gemv, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
-                         attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 8)})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "launch_pdl": True})
+    return gluon_sm90(_smem_gemv, sig, consts, ("w_ptr", "u_ptr", "in_ptr", "ln_ptr", "res_ptr", "out_ptr",
+                                                "probe_ptr"), warps, fp_fusion=True)
 
 
 def resources(kernel, warps: int = 4) -> dict:
-    """Registers a thread, shared memory a program, programs an SM, spill loads and the cp.async copies in the
-    cubin's SASS."""
-    from kernel_sass import cubin_sass, programs_per_sm
+    from kernel_sass import async_copy_report
 
-    regs, sass = cubin_sass(kernel)
-    # the copy groups a thread lets stay in flight at each of its waits, in program order: a chunk is read only
-    # once its own group has landed when these count down to 0
-    group_waits = [int(n, 16) for n in re.findall(r"\bDEPBAR\.LE SB0, (0x[0-9a-f]+)", sass)]
-    return {"registers": regs, "shared": kernel.metadata.shared,
-            "per_sm": programs_per_sm(regs, kernel.metadata.shared, warps),
-            "spill_loads": len(re.findall(r"\bLDL\b", sass)), "async_copies": len(re.findall(r"\bLDGSTS\b", sass)),
-            "pdl_waits": len(re.findall(r"\bACQBULK\b", sass)), "group_waits": group_waits,
-            # the weights asked for before the PDL wait (all of them: the point of the design)
-            "copies_before_wait": len(re.findall(r"\bLDGSTS\b", sass.split("ACQBULK")[0]))}
+    return async_copy_report(kernel, warps)
 
 
 def compile_report() -> dict:

@@ -1,0 +1,182 @@
+"""The fused decode GEMV at one row with its weight tile in shared memory (Gluon, cp.async), for
+LABKIT_DECODE_SMEM_GEMV=1: the same launches, grids and arithmetic as decode_layer.gemv's one-row programs.
+
+Why: decode_layer's one-row programs hold their whole weight tile in registers while they wait for the previous
+kernel (PDL), up to 255 registers a thread (gate/up: two programs fill an SM), so a kernel's programs cannot start
+on an SM before its predecessor's leave, and each kernel's weight stream starts at a boundary (docs/perf.md,
+sessions 28-32). Here each program issues its tile as 16-byte cp.async copies into shared memory (LDGSTS: no
+register holds a weight in flight), one commit group a 256-column chunk, all before its PDL wait; then it makes
+its input and sums chunk by chunk as the groups land. scripts/smem_chain.py measures the same design on the four
+GEMVs alone.
+
+Inputs as gemv's: x [1, K] in the model dtype, or float32 partials [S, 1, K] summed in split order and rounded,
+plus the residual (rounded sum, written once as the new residual stream), RMSNorm (whole rows: one split), SiLU
+(gate rows then up rows, N rows apart). Output: model-dtype y [1, N], or float32 partials [split, 1, N]. Not
+served here (decode_layer's kernels take them): two or more rows, attention's split parts as the input, the probe.
+The float32 sums run in another order than the Triton program's (each thread's 8 columns a chunk, chunk after
+chunk, then across the lanes): a last-bit matter, as between any two GEMV tilings.
+
+Gluon has no interpreter: on a CPU the kernels are only compiled (tests/test_smem_gemv.py reads their sm_90 SASS);
+their numbers are checked against decode_layer's on the device (scripts/smem_gemv_check.py).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+
+# Triton 3.6 (the device's) names the copy async_copy_global_to_shared; later versions async_load
+_copy = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
+
+CHUNK = 256  # columns a chunk: a warp's 32 lanes x 8 16-bit values (16-byte copies); one commit group, one wait
+_CW = gl.constexpr(CHUNK)
+
+
+@gluon.jit
+def _gdc_wait():
+    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _gdc_launch_dependents():
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _rnd(x, DT: gl.constexpr):
+    return x.to(DT).to(gl.float32)
+
+
+@gluon.jit
+def _input_chunk(x_ptr, part_ptr, res_ptr, cols, K, S_IN: gl.constexpr, RESIDUAL: gl.constexpr,
+                 DT: gl.constexpr):
+    """The input at `cols` as decode_layer._x_rows makes it for one row: x, or S_IN partials summed in order and
+    rounded, plus the residual (rounded)."""
+    if S_IN == 0:
+        x = gl.load(x_ptr + cols).to(gl.float32)
+    else:
+        x = gl.load(part_ptr + cols)  # (0 + the first partial: the reduce kernel's first sum, exactly)
+        for s in gl.static_range(1, S_IN):
+            x += gl.load(part_ptr + s * K + cols)
+        x = _rnd(x, DT)
+    if RESIDUAL:
+        x = _rnd(x + gl.load(res_ptr + cols).to(gl.float32), DT)
+    return x
+
+
+@gluon.jit
+def _smem_gemv_kernel(w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_ptr, eps,
+                      N: gl.constexpr, K: gl.constexpr, R: gl.constexpr, KC: gl.constexpr, S_IN: gl.constexpr,
+                      RESIDUAL: gl.constexpr,
+                      NORM: gl.constexpr, SILU: gl.constexpr, PARTIALS: gl.constexpr, USE_PDL: gl.constexpr,
+                      TRIGGER: gl.constexpr, num_warps: gl.constexpr):
+    """Program (pid_n, pid_k): rows [pid_n R, +R) of W over columns [pid_k KC 256, +KC 256); the up rows (SILU)
+    N rows after the gate rows. N and K are compile-time: every row's start is then known 16-byte aligned, which
+    the 16-byte copies need. TRIGGER as decode_layer's (0: let the successor launch at the end, 1: after the
+    wait, 2: at the start)."""
+    BL: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])  # 16 bytes a thread a row
+    XL: gl.constexpr = gl.SliceLayout(0, BL)  # a chunk of the input: every warp holds it whole
+    SH: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # a warp reads 512 contiguous bytes: no conflicts
+    SH1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # chunks of a row (norm weights, the input)
+    DT: gl.constexpr = w_ptr.dtype.element_ty
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    if USE_PDL:
+        if TRIGGER == 2:
+            _gdc_launch_dependents()
+    k0 = pid_k * (KC * _CW)
+    rows = gl.arange(0, R, layout=gl.SliceLayout(1, BL))
+    cols = gl.arange(0, _CW, layout=XL)
+    out_rows = pid_n * R + rows
+    offs = out_rows.to(gl.int64)[:, None] * K + (k0 + cols)[None, :]
+    # Nothing copied here depends on the previous kernel: these copies stream under its tail with PDL.
+    wbuf = gl.allocate_shared_memory(DT, [KC, R, _CW], SH)
+    if SILU:
+        ubuf = gl.allocate_shared_memory(DT, [KC, R, _CW], SH)
+    if NORM:
+        # the norm weights first, a group of their own: landed whenever any chunk's group has (groups land in order)
+        nbuf = gl.allocate_shared_memory(nw_ptr.dtype.element_ty, [KC, _CW], SH1)
+        for c in gl.static_range(KC):
+            _copy(nbuf.index(c), nw_ptr + k0 + c * _CW + cols)
+        cp.commit_group()
+    for c in gl.static_range(KC):
+        _copy(wbuf.index(c), w_ptr + offs + c * _CW, cache_modifier=".cg")
+        if SILU:
+            _copy(ubuf.index(c), w_ptr + N * K + offs + c * _CW, cache_modifier=".cg")
+        cp.commit_group()
+    if USE_PDL:
+        _gdc_wait()
+        if TRIGGER == 1:
+            _gdc_launch_dependents()
+    if NORM:
+        # the whole row (one split: k0 is 0) made once, kept in shared memory, and its statistics
+        xbuf = gl.allocate_shared_memory(gl.float32, [KC, _CW], SH1)
+        ss = gl.zeros([_CW], gl.float32, XL)
+        for c in gl.static_range(KC):
+            xc = _input_chunk(x_ptr, part_ptr, res_ptr, c * _CW + cols, K, S_IN, RESIDUAL, DT)
+            if RESIDUAL:
+                if (pid_n == 0) & (pid_k == 0):  # the new residual stream, written once
+                    gl.store(res_out_ptr + c * _CW + cols, xc.to(DT))
+            ss += xc * xc
+            xbuf.index(c).store(xc)
+        rstd = gl.rsqrt(gl.sum(ss, axis=0) / K + eps)
+    acc = gl.zeros([R, _CW], gl.float32, BL)
+    if SILU:
+        acc_u = gl.zeros([R, _CW], gl.float32, BL)
+    for c in gl.static_range(KC):
+        if NORM:
+            xc = xbuf.index(c).load(XL)
+        else:
+            xc = _input_chunk(x_ptr, part_ptr, res_ptr, k0 + c * _CW + cols, K, S_IN, RESIDUAL, DT)
+        cp.wait_group(KC - 1 - c)  # chunk c's group is the oldest still counted: landed at KC - 1 - c left
+        if NORM:
+            xc = _rnd(_rnd(xc * rstd, DT) * nbuf.index(c).load(XL).to(gl.float32), DT)
+        acc += wbuf.index(c).load(BL).to(gl.float32) * xc[None, :]
+        if SILU:
+            acc_u += ubuf.index(c).load(BL).to(gl.float32) * xc[None, :]
+    y = gl.sum(acc, axis=1)
+    if USE_PDL:
+        if TRIGGER == 0:
+            _gdc_launch_dependents()
+    if SILU:
+        g = _rnd(y, DT)
+        u = _rnd(gl.sum(acc_u, axis=1), DT)
+        s = _rnd(g / (1.0 + gl.exp(-g)), DT)  # F.silu's result is a model-dtype tensor
+        gl.store(y_ptr + out_rows, (s * u).to(DT))
+    elif PARTIALS:
+        gl.store(y_ptr + pid_k * N + out_rows, y)
+    else:
+        gl.store(y_ptr + out_rows, y.to(DT))
+
+
+def launch(grid: tuple[int, int], w, x, partials, residual, res_out, norm_weight, y, N: int, K: int, eps: float,
+           *, block_n: int, ks: int, s_in: int, silu: bool, partials_out: bool, use_pdl: bool,
+           trigger: int, launch_kwargs: dict) -> None:
+    """One launch on decode_layer.gemv's grid (tiles of block_n rows, K ranges of ks columns)."""
+    _smem_gemv_kernel[grid](
+        w, x if x is not None else w, partials if partials is not None else w,
+        residual if residual is not None else w, res_out, norm_weight if norm_weight is not None else w, y,
+        float(eps), **meta(N, K, block_n, ks, s_in=s_in, residual=residual is not None,
+                           norm=norm_weight is not None, silu=silu, partials_out=partials_out, use_pdl=use_pdl,
+                           trigger=trigger), enable_fp_fusion=False, **launch_kwargs)
+
+
+def meta(N: int, K: int, block_n: int, ks: int, *, s_in: int, residual: bool, norm: bool, silu: bool,
+         partials_out: bool, use_pdl: bool, trigger: int) -> dict:
+    """The kernel's compile-time arguments (what launch passes and the tests compile)."""
+    return dict(N=N, K=K, R=block_n, KC=ks // CHUNK, S_IN=s_in, RESIDUAL=residual, NORM=norm, SILU=silu,
+                PARTIALS=partials_out, USE_PDL=use_pdl, TRIGGER=trigger, num_warps=4)
+
+
+MAX_TILE_BYTES = 128 * 1024  # a program's weights in shared memory (an H100's or H200's SM has 228 KiB)
+
+
+def serves(M: int, N: int, K: int, ks: int, block_n: int, elem_bytes: int, *, dense: bool, norm: bool, silu: bool,
+           attn_parts: bool, probe: bool) -> bool:
+    """Does this launch fit the kernel: one row, 16-bit weights (a lane's 8 columns: one 16-byte copy), whole tiles
+    of rows, whole 256-column chunks, a tile of at most MAX_TILE_BYTES, rows K apart (dense), the norm over one
+    split, no attention parts, no probe?"""
+    tile = block_n * ks * elem_bytes * (2 if silu else 1)
+    return (M == 1 and elem_bytes == 2 and N % block_n == 0 and ks % CHUNK == 0 and K % ks == 0
+            and tile <= MAX_TILE_BYTES and dense and (not norm or ks == K) and not attn_parts and not probe)

@@ -1,0 +1,211 @@
+"""engine/kernels/smem_gemv.py (LABKIT_DECODE_SMEM_GEMV=1): the one-row decode GEMV with its weight tile in shared
+memory. Gluon has no interpreter, so its numbers are checked on the device (scripts/gemv_bench.py under the knob,
+the graph logits suite); here: the five launches a Qwen3-0.6B layer makes, compiled for sm_90 as the engine makes
+them, keep the design (every weight copied before the PDL wait, in one commit group a chunk after the norm
+weights' own, each chunk read only once its group landed, few registers, no spills); the launches it serves; and
+what decode_layer.gemv hands it, run through a torch model of the kernel's arithmetic against the Triton path."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .helpers import needs_sm90_tools
+
+# (N, K, split, partials in, residual, norm, SiLU, partials out): the launches of engine/fused_decode.py at one row
+# for Qwen3-0.6B on 132 SMs (the splits as decode_layer.split_for gives them)
+LAUNCHES = {
+    "qkv, layer 0": (4096, 1024, 1, 0, False, True, False, False),
+    "qkv": (4096, 1024, 1, 3, True, True, False, False),
+    "o_proj": (1024, 2048, 4, 0, False, False, False, True),
+    "gate_up": (3072, 1024, 1, 4, True, True, True, False),
+    "down": (1024, 3072, 3, 0, False, False, False, True),
+}
+SIG = {"w_ptr": "*bf16", "x_ptr": "*bf16", "part_ptr": "*fp32", "res_ptr": "*bf16", "res_out_ptr": "*bf16",
+       "nw_ptr": "*bf16", "y_ptr": "*bf16", "eps": "fp32"}
+
+
+def test_the_launches_are_the_engines():
+    from engine.kernels import decode_layer as dl
+
+    for name, (n, k, split, *_, partials_out) in LAUNCHES.items():
+        if partials_out:
+            assert dl.split_for(n, k, 132) == split, name
+
+
+_COMPILE = """
+import json, sys
+sys.path.insert(0, "scripts")
+from engine.kernels import smem_gemv as sg
+import kernel_sass as ks
+sig = json.loads(sys.argv[1])
+out = {}
+for name, (n, k, split, s_in, residual, norm, silu, partials_out, trigger) in json.loads(sys.argv[2]).items():
+    meta = sg.meta(n, k, 16, k // split, s_in=s_in, residual=residual, norm=norm, silu=silu,
+                   partials_out=partials_out, use_pdl=True, trigger=trigger)
+    s = dict(sig, y_ptr="*fp32" if partials_out else "*bf16")
+    kernel = ks.gluon_sm90(sg._smem_gemv_kernel, s, meta, tuple(list(s)[:7]), meta["num_warps"])
+    out[name] = ks.async_copy_report(kernel, meta["num_warps"])
+    sass = ks.cubin_sass(kernel)[1]
+    # where the successor is let go (PREEXIT: griddepcontrol.launch_dependents) against the first copy
+    out[name]["trigger_before_copies"] = "PREEXIT" in sass.split("LDGSTS")[0]
+    out[name]["triggers"] = sass.count("PREEXIT")
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def reports():
+    """Each launch compiled for sm_90 (TRIGGER 1, the default; "down, first": TRIGGER 2), in a fresh interpreter:
+    Gluon compiles nothing under Triton's interpreter, which the tests run with."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    needs_sm90_tools()
+    cases = {name: (*launch, 1) for name, launch in LAUNCHES.items()}
+    cases["down, first"] = (*LAUNCHES["down"], 2)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(SIG), json.dumps(cases)], env=env,
+                         cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", list(LAUNCHES))
+def test_every_weight_is_copied_before_the_wait_and_read_after_its_group_landed(reports, name):
+    n, k, split, s_in, residual, norm, silu, partials_out = LAUNCHES[name]
+    r = reports[name]
+    chunks = k // split // 256
+    per_chunk = (2 if silu else 1) * 16 * 256 // (4 * 32 * 8)  # 16-byte copies a thread (4 warps) a chunk
+    # the norm weights first, a group of their own (one warp's copies: the others' are the same bytes), then one
+    # group a chunk of the tile; all of it asked for before the one PDL wait
+    assert r["group_sizes"] == [chunks] * norm + [per_chunk] * chunks, r
+    assert r["async_copies"] == r["copies_before_wait"] == sum(r["group_sizes"]), r
+    assert r["pdl_waits"] == 1, r
+    # chunk c read once at most chunks-1-c groups are still in flight: its own (and the norm's) have landed
+    assert r["group_waits"] == list(range(chunks - 1, -1, -1)), r
+    # and nothing copied is read before the first wait: only the first chunk of the row's input, which the
+    # program itself wrote (with the norm: 256 float32 over 32 lanes, two 16-byte reads; else read from memory)
+    assert r["reads_before_first_wait"] == (2 if norm else 0), r
+    tile = (2 if silu else 1) * 16 * (k // split) * 2
+    assert tile <= r["shared"] <= tile + 8 * 1024, r  # (the tile, plus the row's input and norm weights)
+    assert r["spill_loads"] == 0 and r["registers"] <= 160, r
+    # so that a successor's programs fit on an SM beside (the Triton programs: 255 registers, two an SM)
+    assert r["per_sm"] >= 3, r
+
+
+def test_the_successor_is_let_go_where_the_trigger_says(reports):
+    """TRIGGER 1 (the default, LABKIT_DECODE_PDL=early) lets the successor launch after the wait, past every copy;
+    2 (first) before the first copy."""
+    assert reports["down"]["triggers"] == reports["down, first"]["triggers"] == 1
+    assert not reports["down"]["trigger_before_copies"]
+    assert reports["down, first"]["trigger_before_copies"]
+
+
+@pytest.mark.parametrize("M, N, K, ks, elem, kw, want", [
+    (1, 4096, 1024, 1024, 2, {}, True),
+    (1, 3072, 1024, 1024, 2, {"silu": True}, True),
+    (1, 1024, 3072, 1024, 2, {"norm": False}, True),
+    (2, 4096, 1024, 1024, 2, {}, False),                      # two rows: the Triton per-row path
+    (1, 4096, 1024, 512, 2, {}, False),                       # the norm needs whole rows
+    (1, 1024, 2048, 512, 2, {"norm": False, "attn_parts": True}, False),  # attention's parts: merged in Triton
+    (1, 4096, 1024, 1024, 2, {"probe": True}, False),
+    (1, 4096, 1024, 1024, 4, {}, False),                      # float32 weights: 32 bytes a lane's chunk
+    (1, 4096, 1024, 1024, 2, {"dense": False}, False),        # rows not K apart
+    (1, 4100, 1024, 1024, 2, {}, False),                      # a tile of rows past the end
+    (1, 4096, 1000, 1000, 2, {}, False),                      # a part chunk
+    (1, 6144, 4096, 4096, 2, {"silu": True}, False),          # 256 KiB of tile
+    (1, 1024, 4096, 4096, 2, {"norm": False}, True),          # 128 KiB
+])
+def test_it_serves_one_row_launches_it_fits_and_no_other(M, N, K, ks, elem, kw, want):
+    from engine.kernels import smem_gemv as sg
+
+    args = {"dense": True, "norm": True, "silu": False, "attn_parts": False, "probe": False, **kw}
+    assert sg.serves(M, N, K, ks, 16, elem, **args) is want
+
+
+def _kernel_model(w, x, partials, residual, res_out, norm_weight, y, N, K, eps, *, block_n, ks, s_in, silu,
+                  partials_out, **_):
+    """What _smem_gemv_kernel computes from its arguments, in torch (float32 sums, its rounding points)."""
+    dt = w.dtype
+    if s_in == 0:
+        h = x[0].float()
+    else:
+        h = partials[0, 0].clone()
+        for s in range(1, s_in):
+            h += partials[s, 0]
+        h = h.to(dt).float()
+    if residual is not None:
+        h = (h + residual[0].float()).to(dt).float()
+        res_out[0] = h.to(dt)
+    if norm_weight is not None:
+        rstd = torch.rsqrt((h * h).sum() / K + eps)
+        h = ((h * rstd).to(dt).float() * norm_weight.float()).to(dt).float()
+    wf = w.float()
+    if silu:
+        g = (wf[:N] @ h).to(dt).float()
+        u = (wf[N:2 * N] @ h).to(dt).float()
+        y[0] = ((g / (1 + torch.exp(-g))).to(dt).float() * u).to(dt)
+    elif partials_out:
+        for p in range(K // ks):
+            y[p, 0] = wf[:, p * ks:(p + 1) * ks] @ h[p * ks:(p + 1) * ks]
+    else:
+        y[0] = (wf @ h).to(dt)
+
+
+@pytest.mark.parametrize("name", list(LAUNCHES))
+def test_gemv_hands_the_kernel_what_the_triton_path_reads(monkeypatch, name):
+    """With the Gluon program taken (its routing forced on this CPU), gemv's outputs come from what it passed the
+    kernel, run through the torch model of its arithmetic: they must match the Triton path's (interpreted), so a
+    wrong argument (the partials' count, the residual, the split, the up rows) shows."""
+    from engine.kernels import decode_layer as dl, smem_gemv as sg
+
+    n, k, split, s_in, residual, norm, silu, partials_out = LAUNCHES[name]
+    n = n // 16   # (the same launch with fewer rows)
+    g = torch.Generator().manual_seed(7)
+    w = (torch.randn(2 * n if silu else n, k, generator=g) * 0.05).to(torch.bfloat16)
+    kw = {}
+    if s_in:
+        kw["partials"] = torch.randn(s_in, 1, k, generator=g)
+    else:
+        kw["x"] = torch.randn(1, k, generator=g).to(torch.bfloat16)
+    if residual:
+        kw["residual"] = torch.randn(1, k, generator=g).to(torch.bfloat16)
+    if norm:
+        kw["norm_weight"] = (1 + 0.5 * torch.randn(k, generator=g)).to(torch.bfloat16)  # (one left out: ~50%)
+    if partials_out:
+        kw["split"] = split
+    ref = dl.gemv(w, silu=silu, **kw)
+    calls = []
+
+    def fake_launch(*args, **kwargs):
+        calls.append(kwargs)
+        _kernel_model(*args[1:], **kwargs)
+
+    monkeypatch.setattr(dl, "SMEM_GEMV", "1")
+    monkeypatch.setattr(dl, "_smem_serves", lambda dev, *a, **k: sg.serves(*a[:4], 16, 2, dense=True,
+                                                                             norm=k["norm"], silu=k["silu"],
+                                                                             attn_parts=k["attn_parts"], probe=False))
+    monkeypatch.setattr(sg, "launch", fake_launch)
+    got = dl.gemv(w, silu=silu, **kw)
+    assert len(calls) == 1 and calls[0]["ks"] == k // split
+    for a, b in zip(got if residual else (got,), ref if residual else (ref,)):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        # float32 sums in another order; bf16 values roundings apart (Triton's interpreter rounds to bfloat16 its
+        # own way, ~1 ulp from round-to-nearest at each of gate/up's five rounding points: up to 3% here)
+        tol = 1e-5 if a.dtype == torch.float32 else 5e-2
+        assert ((a.float() - b.float()).norm() / b.float().norm()).item() < tol
+
+
+def test_the_knob_defaults_off():
+    import os
+
+    from engine.kernels import decode_layer as dl
+
+    if "LABKIT_DECODE_SMEM_GEMV" in os.environ:
+        pytest.skip("the knob is set in this environment")
+    assert dl.SMEM_GEMV == "0"  # (unmeasured: a device experiment's knob)
+    assert not dl._smem_serves(torch.device("cuda"), 1, 4096, 1024, 1024, torch.empty(4096, 1024,
+                               dtype=torch.bfloat16), norm=True, silu=False, attn_parts=False, one_dtype=True)
