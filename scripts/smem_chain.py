@@ -46,8 +46,8 @@ from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp  # noqa: E402
 
-# Triton 3.6 (the device's) names the copy async_copy_global_to_shared; 3.9 (here) async_load
-_copy = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
+# (the copy under its name in this Triton, and PDL's two instructions: the engine's Gluon GEMV's)
+from engine.kernels.smem_gemv import _copy, _gdc_launch_dependents, _gdc_wait  # noqa: E402
 
 CHUNK = 256  # columns a chunk: one commit group, one wait
 KB = gl.constexpr(CHUNK)
@@ -58,17 +58,6 @@ SHAPES = {"qkv": (4096, 1024, 256), "o": (1024, 2048, 128), "gu": (3072, 1024, 1
 # the Gluon variants: (PDL mode, programs a phase times the engine's grid, warps)
 SMEM_VARIANTS = {"smem": (1, 1, 4), "smem_first": (2, 1, 4), "smem_nopdl": (0, 1, 4), "smem_fine": (1, 2, 4),
                  "smem_w8": (1, 1, 8)}
-
-
-@gluon.jit
-def _gdc_wait():
-    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _gdc_launch_dependents():
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
 
 
 @gluon.jit
