@@ -3326,6 +3326,17 @@ MUTATIONS = [
       '    return (M <= 2 and elem_bytes == 2 and N % block_n == 0',
       "the one-row shared-memory GEMV is taken for two rows (it computes only the first)",
       ['tests/test_smem_gemv.py']),
+    M("N725", 'engine/kernels/smem_gemv.py',
+      '        x = _rnd(x, DT)\n',
+      '        x = x\n',
+      "the shared-memory GEMV sums the split partials without rounding them to the model dtype (the reduce "
+      "kernel's rounding point)",
+      ['tests/test_smem_gemv.py']),
+    M("N726", 'engine/kernels/smem_gemv.py',
+      '    if USE_PDL:\n        _gdc_wait()',
+      '    if False:\n        _gdc_wait()',
+      "the shared-memory GEMV reads its input without waiting for the previous kernel (PDL)",
+      ['tests/test_smem_gemv.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -126,42 +126,38 @@ def test_it_serves_one_row_launches_it_fits_and_no_other(M, N, K, ks, elem, kw, 
     assert sg.serves(M, N, K, ks, 16, elem, **args) is want
 
 
-def _kernel_model(w, x, partials, residual, res_out, norm_weight, y, N, K, eps, *, block_n, ks, s_in, silu,
-                  partials_out, **_):
-    """What _smem_gemv_kernel computes from its arguments, in torch (float32 sums, its rounding points)."""
+def _model(w, *, x=None, partials=None, residual=None, norm_weight=None, silu=False, split=None, eps=1e-6):
+    """The launch's arithmetic in torch, from the unfused path's definition (engine/layers: the split partials
+    summed in order and rounded, the residual added and rounded, RMSNorm's rounding points, float32 products
+    rounded once, SiLU rounded before the product): (y, new residual or None)."""
     dt = w.dtype
-    if s_in == 0:
-        h = x[0].float()
-    else:
+    h = x[0].float() if x is not None else None
+    if partials is not None:  # (in order: a float32 sum's order matters to its last bit)
         h = partials[0, 0].clone()
-        for s in range(1, s_in):
+        for s in range(1, partials.shape[0]):
             h += partials[s, 0]
         h = h.to(dt).float()
+    res = None
     if residual is not None:
         h = (h + residual[0].float()).to(dt).float()
-        res_out[0] = h.to(dt)
+        res = h.to(dt)[None]
     if norm_weight is not None:
-        rstd = torch.rsqrt((h * h).sum() / K + eps)
+        rstd = torch.rsqrt((h * h).mean() + eps)
         h = ((h * rstd).to(dt).float() * norm_weight.float()).to(dt).float()
-    wf = w.float()
+    wf = w.double()
     if silu:
-        g = (wf[:N] @ h).to(dt).float()
-        u = (wf[N:2 * N] @ h).to(dt).float()
-        y[0] = ((g / (1 + torch.exp(-g))).to(dt).float() * u).to(dt)
-    elif partials_out:
-        for p in range(K // ks):
-            y[p, 0] = wf[:, p * ks:(p + 1) * ks] @ h[p * ks:(p + 1) * ks]
-    else:
-        y[0] = (wf @ h).to(dt)
+        n = w.shape[0] // 2
+        g = (wf[:n] @ h.double()).float().to(dt).float()
+        u = (wf[n:] @ h.double()).float().to(dt).float()
+        return ((g / (1 + torch.exp(-g))).to(dt).float() * u).to(dt)[None], res
+    if split:
+        ks = w.shape[1] // split
+        return torch.stack([(wf[:, p * ks:(p + 1) * ks] @ h[p * ks:(p + 1) * ks].double()).float()
+                            for p in range(split)])[:, None], res
+    return (wf @ h.double()).float().to(dt)[None], res
 
 
-@pytest.mark.parametrize("name", list(LAUNCHES))
-def test_gemv_hands_the_kernel_what_the_triton_path_reads(monkeypatch, name):
-    """With the Gluon program taken (its routing forced on this CPU), gemv's outputs come from what it passed the
-    kernel, run through the torch model of its arithmetic: they must match the Triton path's (interpreted), so a
-    wrong argument (the partials' count, the residual, the split, the up rows) shows."""
-    from engine.kernels import decode_layer as dl, smem_gemv as sg
-
+def _inputs(name: str):
     n, k, split, s_in, residual, norm, silu, partials_out = LAUNCHES[name]
     n = n // 16   # (the same launch with fewer rows)
     g = torch.Generator().manual_seed(7)
@@ -177,26 +173,66 @@ def test_gemv_hands_the_kernel_what_the_triton_path_reads(monkeypatch, name):
         kw["norm_weight"] = (1 + 0.5 * torch.randn(k, generator=g)).to(torch.bfloat16)  # (one left out: ~50%)
     if partials_out:
         kw["split"] = split
-    ref = dl.gemv(w, silu=silu, **kw)
-    calls = []
+    return w, dict(kw, silu=silu)
 
-    def fake_launch(*args, **kwargs):
-        calls.append(kwargs)
-        _kernel_model(*args[1:], **kwargs)
 
+def _emulated(monkeypatch, trigger: int = 1):
+    """gemv's Gluon route forced on this CPU, with PDL (its trigger point), the kernel run by the emulator."""
+    from engine.kernels import decode_layer as dl, smem_gemv as sg
+
+    from .gluon_emulator import emulate
+
+    em = emulate(sg._smem_gemv_kernel, dependent=("x_ptr", "part_ptr", "res_ptr"))
+    monkeypatch.setattr(sg, "_smem_gemv_kernel", em)
     monkeypatch.setattr(dl, "SMEM_GEMV", "1")
-    monkeypatch.setattr(dl, "_smem_serves", lambda dev, *a, **k: sg.serves(*a[:4], 16, 2, dense=True,
-                                                                             norm=k["norm"], silu=k["silu"],
-                                                                             attn_parts=k["attn_parts"], probe=False))
-    monkeypatch.setattr(sg, "launch", fake_launch)
-    got = dl.gemv(w, silu=silu, **kw)
-    assert len(calls) == 1 and calls[0]["ks"] == k // split
-    for a, b in zip(got if residual else (got,), ref if residual else (ref,)):
-        assert a.shape == b.shape and a.dtype == b.dtype
-        # float32 sums in another order; bf16 values roundings apart (Triton's interpreter rounds to bfloat16 its
-        # own way, ~1 ulp from round-to-nearest at each of gate/up's five rounding points: up to 3% here)
-        tol = 1e-5 if a.dtype == torch.float32 else 5e-2
-        assert ((a.float() - b.float()).norm() / b.float().norm()).item() < tol
+    monkeypatch.setattr(dl, "_smem_serves", lambda dev, *a, **k: sg.serves(
+        *a[:4], 16, 2, dense=True, norm=k["norm"], silu=k["silu"], attn_parts=k["attn_parts"], probe=False))
+    monkeypatch.setattr(dl, "_pdl", lambda dev, mode="": (True, trigger, {"launch_pdl": True}))
+    return em
+
+
+def _bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """bf16 values equal but for float32 sums' order: at most 1% of them one rounding apart."""
+    diff = (got.float() - want.float()).abs()
+    ulp = want.float().abs().clamp_min(1e-30) * 2.0 ** -7
+    assert (diff <= ulp).all(), diff.max()
+    assert (diff > 0).float().mean() <= 0.01, (diff > 0).float().mean()
+
+
+@pytest.mark.parametrize("name", list(LAUNCHES))
+def test_the_kernel_computes_the_launch_and_waits_before_its_input(monkeypatch, name):
+    """_smem_gemv_kernel's own source run on this CPU (tests/gluon_emulator.py) through gemv: its outputs against
+    the launch's arithmetic in torch (tight) and against the Triton path (interpreted: its bfloat16 rounding is
+    its own, so loose); every program passes its PDL wait once, before it reads its input, and lets its successor
+    launch after it; no chunk read before its copy group landed (the emulator raises)."""
+    from engine.kernels import decode_layer as dl
+
+    w, kw = _inputs(name)
+    triton_path = dl.gemv(w, **kw)
+    em = _emulated(monkeypatch)
+    got = dl.gemv(w, **kw)
+    want, res = _model(w, **kw)
+    if res is not None:
+        got, new_res = got
+        triton_path = triton_path[0]
+        assert torch.equal(new_res, res)  # (the residual stream, written once: exact)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if got.dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:
+        _bf16_close(got, want)
+    rel = ((got.float() - triton_path.float()).norm() / triton_path.float().norm()).item()
+    assert rel < (1e-5 if got.dtype == torch.float32 else 5e-2), rel
+    assert em.programs and all(p.events == ["wait", "trigger"] for p in em.programs)
+
+
+def test_the_first_trigger_lets_the_successor_go_before_the_copies(monkeypatch):
+    from engine.kernels import decode_layer as dl
+
+    w, kw = _inputs("down")
+    em = _emulated(monkeypatch, trigger=2)
+    dl.gemv(w, **kw)
+    assert all(p.events == ["trigger", "wait"] for p in em.programs)
 
 
 def test_the_knob_defaults_off():
