@@ -42,13 +42,17 @@ class Ptr:
 
     __radd__ = __add__
 
-    def read(self, what: str) -> torch.Tensor:
+    def read(self, what: str, mask=None, other=None) -> torch.Tensor:
+        """The values at the offsets (where mask holds; `other` elsewhere, its offsets never touched)."""
         self.program.check_read(self, what)
         offs = torch.as_tensor(self.offs, dtype=torch.int64)
-        if offs.numel() and (offs.min() < 0 or offs.max() >= self.base.numel()):
-            raise EmulationError(f"{what} of {self.name} out of bounds: offsets {offs.min()}..{offs.max()} of "
+        live = torch.ones_like(offs, dtype=torch.bool) if mask is None else torch.as_tensor(mask).expand(offs.shape)
+        used = offs[live]
+        if used.numel() and (used.min() < 0 or used.max() >= self.base.numel()):
+            raise EmulationError(f"{what} of {self.name} out of bounds: offsets {used.min()}..{used.max()} of "
                                  f"{self.base.numel()}")
-        return self.base[offs]
+        vals = self.base[torch.where(live, offs, 0)]
+        return vals if mask is None else torch.where(live, vals, torch.as_tensor(other, dtype=vals.dtype))
 
 
 class _Shared:
@@ -103,7 +107,7 @@ def _namespaces(program_ref: list):
         return program_ref[0]
 
     def load(ptr: Ptr, mask=None, other=None, cache_modifier="", **_):
-        return ptr.read("a load")
+        return ptr.read("a load", mask, 0 if other is None else other)
 
     def store(ptr: Ptr, value, mask=None, **_):
         p = prog()
@@ -146,7 +150,9 @@ def _namespaces(program_ref: list):
         zeros=lambda shape, dtype, layout=None: torch.zeros([int(s) for s in shape], dtype=dtype),
         allocate_shared_memory=lambda dtype, shape, layout: _Shared(prog(), dtype, [int(s) for s in shape]),
         static_range=lambda *a: range(*[int(x) for x in a]), load=load, store=store,
-        sum=lambda x, axis: torch.sum(x, dim=axis), rsqrt=torch.rsqrt, exp=torch.exp, sqrt=torch.sqrt)
+        sum=lambda x, axis: torch.sum(x, dim=axis), rsqrt=torch.rsqrt, exp=torch.exp, sqrt=torch.sqrt,
+        exp2=torch.exp2, maximum=torch.maximum, cdiv=lambda a, b: (a + b - 1) // b,
+        where=torch.where)
     cp = types.SimpleNamespace(commit_group=commit_group, wait_group=wait_group)
     return gl, cp, copy, gdc_wait, gdc_launch_dependents
 

@@ -98,10 +98,11 @@ NEW_KV = os.environ.get("LABKIT_DECODE_NEW_KV", "first")
 if NEW_KV not in ("first", "last"):
     raise ValueError(f"LABKIT_DECODE_NEW_KV: first or last, got {NEW_KV!r}")
 
-# "1": a one-row GEMV (not merging attention's parts) runs engine/kernels/smem_gemv.py's Gluon program, its weight
-# tile copied into shared memory before the PDL wait (44-128 registers a thread, 3-10 programs an SM, against 255
-# and two), so a kernel's programs can load beside their predecessor's. "0": the Triton programs below. A device
-# experiment's knob (scripts/smem_chain.py measured the design on the GEMVs alone); off until measured.
+# "1": every one-row GEMV (o_proj merging attention's parts too) runs engine/kernels/smem_gemv.py's Gluon program,
+# its weight tile copied into shared memory before the PDL wait (55-115 registers a thread, 3-9 programs an SM,
+# against 255 and two), so a kernel's programs can load beside their predecessor's. "0": the Triton programs
+# below. A device experiment's knob (scripts/smem_chain.py measures the design on the GEMVs alone); off until
+# measured.
 SMEM_GEMV = os.environ.get("LABKIT_DECODE_SMEM_GEMV", "0")
 if SMEM_GEMV not in ("0", "1"):
     raise ValueError(f"LABKIT_DECODE_SMEM_GEMV: 0 or 1, got {SMEM_GEMV!r}")
@@ -637,14 +638,14 @@ def merges_in_gemv(rows: int, num_splits: int) -> bool:
 
 
 def _smem_serves(dev: torch.device, M: int, N: int, K: int, ks: int, w: torch.Tensor, *, norm: bool, silu: bool,
-                 attn_parts: bool, one_dtype: bool) -> bool:
+                 one_dtype: bool) -> bool:
     """Does this launch go to smem_gemv's Gluon program (LABKIT_DECODE_SMEM_GEMV=1, CUDA, a launch it fits, its
     input and output in the weights' dtype: one_dtype)?"""
     if SMEM_GEMV != "1" or dev.type != "cuda" or not one_dtype:
         return False
     from . import smem_gemv
     return smem_gemv.serves(M, N, K, ks, _BLOCK_N, w.element_size(), dense=w.stride(0) == K, norm=norm, silu=silu,
-                            attn_parts=attn_parts, probe=PROBE_ENABLED == "1")
+                            probe=PROBE_ENABLED == "1")
 
 
 def gemv(w: torch.Tensor, *, x: torch.Tensor | AttnParts | None = None, partials: torch.Tensor | None = None,
@@ -682,13 +683,13 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | AttnParts | None = None, partials
         torch.empty(split, M, N, dtype=torch.float32, device=dev)
     res_out = torch.empty(M, K, dtype=dtype, device=dev) if residual is not None else y
     use_pdl, trigger, launch = _pdl(dev, pdl)
-    if _smem_serves(dev, M, N, K, ks, w, norm=norm_weight is not None, silu=silu, attn_parts=parts is not None,
+    if _smem_serves(dev, M, N, K, ks, w, norm=norm_weight is not None, silu=silu,
                     one_dtype=dtype == w.dtype and (x is None or x.dtype == w.dtype)):
         from . import smem_gemv
         smem_gemv.launch((triton.cdiv(N, _BLOCK_N), split), w, x, partials, residual, res_out, norm_weight, y, N,
-                         K, eps, block_n=_BLOCK_N, ks=ks, s_in=0 if partials is None else partials.shape[0],
+                         K, eps, block_n=_BLOCK_N, ks=ks, s_in=0 if partials is None or parts else partials.shape[0],
                          silu=silu, partials_out=partials_out, use_pdl=use_pdl, trigger=trigger,
-                         launch_kwargs=launch)
+                         launch_kwargs=launch, attn=parts)
         return (y, res_out) if residual is not None else y
     grid, meta = gemv_meta(M, N, K, split, s_in=0 if partials is None or parts else partials.shape[0],
                            residual=residual is not None, norm=norm_weight is not None, silu=silu,

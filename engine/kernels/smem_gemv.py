@@ -12,7 +12,8 @@ GEMVs alone.
 Inputs as gemv's: x [1, K] in the model dtype, or float32 partials [S, 1, K] summed in split order and rounded,
 plus the residual (rounded sum, written once as the new residual stream), RMSNorm (whole rows: one split), SiLU
 (gate rows then up rows, N rows apart). Output: model-dtype y [1, N], or float32 partials [split, 1, N]. Not
-served here (decode_layer's kernels take them): two or more rows, attention's split parts as the input, the probe.
+served here (decode_layer's kernels take them): two or more rows, the probe. Attention's split parts as the input
+(o_proj at one row) are merged as decode_layer's o_proj merges them, the context length read before the wait.
 The float32 sums run in another order than the Triton program's (each thread's 8 columns a chunk, chunk after
 chunk, then across the lanes): a last-bit matter, as between any two GEMV tilings.
 
@@ -49,11 +50,37 @@ def _rnd(x, DT: gl.constexpr):
 
 
 @gluon.jit
-def _input_chunk(x_ptr, part_ptr, res_ptr, cols, K, S_IN: gl.constexpr, RESIDUAL: gl.constexpr,
-                 DT: gl.constexpr):
+def _merged_chunk(acc_ptr, ml_ptr, ctx, cols, S: gl.constexpr, D: gl.constexpr, BN: gl.constexpr,
+                  DT: gl.constexpr):
+    """Attention's output at `cols` merged from its S split parts, acc [1, H, S, D] and (max, sum) pairs
+    ml [1, H, S, 2]: decode_layer._merged_rows' arithmetic for one row (a part read only where its split holds
+    keys, known from the context length ctx; the parts weighed and summed in split order)."""
+    span = gl.cdiv(gl.cdiv(ctx, BN), S) * BN  # keys a split covers
+    first = (cols // D) * S                   # the column's head's first part
+    col = cols % D
+    none = cols * 0
+    m_max = none.to(gl.float32) - float("inf")
+    for s in gl.static_range(S):
+        m_max = gl.maximum(m_max, gl.load(ml_ptr + (first + s) * 2, mask=none + s * span < ctx, other=float("-inf")))
+    num = none.to(gl.float32)
+    den = none.to(gl.float32)
+    for s in gl.static_range(S):
+        live = none + s * span < ctx
+        m = gl.load(ml_ptr + (first + s) * 2, mask=live, other=float("-inf"))
+        w = gl.where(m > float("-inf"), gl.exp2(m - m_max), 0.0)
+        num += gl.load(acc_ptr + (first + s) * D + col, mask=live, other=0.0) * w
+        den += gl.load(ml_ptr + (first + s) * 2 + 1, mask=live, other=0.0) * w
+    return _rnd(num / gl.where(den > 0, den, 1.0), DT)  # (the merge kernel stores the model dtype)
+
+
+@gluon.jit
+def _input_chunk(x_ptr, part_ptr, res_ptr, ml_ptr, ctx, cols, K, S_IN: gl.constexpr, RESIDUAL: gl.constexpr,
+                 ATTN_S: gl.constexpr, ATTN_D: gl.constexpr, ATTN_BN: gl.constexpr, DT: gl.constexpr):
     """The input at `cols` as decode_layer._x_rows makes it for one row: x, or S_IN partials summed in order and
-    rounded, plus the residual (rounded)."""
-    if S_IN == 0:
+    rounded, or attention's ATTN_S split parts merged (part_ptr: their acc), plus the residual (rounded)."""
+    if ATTN_S > 0:
+        x = _merged_chunk(part_ptr, ml_ptr, ctx, cols, ATTN_S, ATTN_D, ATTN_BN, DT)
+    elif S_IN == 0:
         x = gl.load(x_ptr + cols).to(gl.float32)
     else:
         x = gl.load(part_ptr + cols)  # (0 + the first partial: the reduce kernel's first sum, exactly)
@@ -66,10 +93,10 @@ def _input_chunk(x_ptr, part_ptr, res_ptr, cols, K, S_IN: gl.constexpr, RESIDUAL
 
 
 @gluon.jit
-def _smem_gemv_kernel(w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_ptr, eps,
+def _smem_gemv_kernel(w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_ptr, ml_ptr, ctx_ptr, eps,
                       N: gl.constexpr, K: gl.constexpr, R: gl.constexpr, KC: gl.constexpr, S_IN: gl.constexpr,
-                      RESIDUAL: gl.constexpr,
-                      NORM: gl.constexpr, SILU: gl.constexpr, PARTIALS: gl.constexpr, USE_PDL: gl.constexpr,
+                      RESIDUAL: gl.constexpr, NORM: gl.constexpr, SILU: gl.constexpr, PARTIALS: gl.constexpr,
+                      ATTN_S: gl.constexpr, ATTN_D: gl.constexpr, ATTN_BN: gl.constexpr, USE_PDL: gl.constexpr,
                       TRIGGER: gl.constexpr, num_warps: gl.constexpr):
     """Program (pid_n, pid_k): rows [pid_n R, +R) of W over columns [pid_k KC 256, +KC 256); the up rows (SILU)
     N rows after the gate rows. N and K are compile-time: every row's start is then known 16-byte aligned, which
@@ -105,6 +132,9 @@ def _smem_gemv_kernel(w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_pt
         if SILU:
             _copy(ubuf.index(c), w_ptr + N * K + offs + c * _CW, cache_modifier=".cg")
         cp.commit_group()
+    ctx = 0
+    if ATTN_S > 0:
+        ctx = gl.load(ctx_ptr)  # (the row's context length: the step's input, written before the chain began)
     if USE_PDL:
         _gdc_wait()
         if TRIGGER == 1:
@@ -114,7 +144,8 @@ def _smem_gemv_kernel(w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_pt
         xbuf = gl.allocate_shared_memory(gl.float32, [KC, _CW], SH1)
         ss = gl.zeros([_CW], gl.float32, XL)
         for c in gl.static_range(KC):
-            xc = _input_chunk(x_ptr, part_ptr, res_ptr, c * _CW + cols, K, S_IN, RESIDUAL, DT)
+            xc = _input_chunk(x_ptr, part_ptr, res_ptr, ml_ptr, ctx, c * _CW + cols, K, S_IN, RESIDUAL, ATTN_S,
+                              ATTN_D, ATTN_BN, DT)
             if RESIDUAL:
                 if (pid_n == 0) & (pid_k == 0):  # the new residual stream, written once
                     gl.store(res_out_ptr + c * _CW + cols, xc.to(DT))
@@ -128,7 +159,8 @@ def _smem_gemv_kernel(w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_pt
         if NORM:
             xc = xbuf.index(c).load(XL)
         else:
-            xc = _input_chunk(x_ptr, part_ptr, res_ptr, k0 + c * _CW + cols, K, S_IN, RESIDUAL, DT)
+            xc = _input_chunk(x_ptr, part_ptr, res_ptr, ml_ptr, ctx, k0 + c * _CW + cols, K, S_IN, RESIDUAL, ATTN_S,
+                              ATTN_D, ATTN_BN, DT)
         cp.wait_group(KC - 1 - c)  # chunk c's group is the oldest still counted: landed at KC - 1 - c left
         if NORM:
             xc = _rnd(_rnd(xc * rstd, DT) * nbuf.index(c).load(XL).to(gl.float32), DT)
@@ -151,32 +183,38 @@ def _smem_gemv_kernel(w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_pt
 
 
 def launch(grid: tuple[int, int], w, x, partials, residual, res_out, norm_weight, y, N: int, K: int, eps: float,
-           *, block_n: int, ks: int, s_in: int, silu: bool, partials_out: bool, use_pdl: bool,
-           trigger: int, launch_kwargs: dict) -> None:
-    """One launch on decode_layer.gemv's grid (tiles of block_n rows, K ranges of ks columns)."""
+           *, block_n: int, ks: int, s_in: int, silu: bool, partials_out: bool, use_pdl: bool, trigger: int,
+           launch_kwargs: dict, attn=None) -> None:
+    """One launch on decode_layer.gemv's grid (tiles of block_n rows, K ranges of ks columns). attn: attention's
+    split parts (decode_layer.AttnParts) as the input, merged as they are read (partials: their acc)."""
     _smem_gemv_kernel[grid](
         w, x if x is not None else w, partials if partials is not None else w,
         residual if residual is not None else w, res_out, norm_weight if norm_weight is not None else w, y,
+        attn.ml if attn is not None else w, attn.context_lens if attn is not None else w,
         float(eps), **meta(N, K, block_n, ks, s_in=s_in, residual=residual is not None,
                            norm=norm_weight is not None, silu=silu, partials_out=partials_out, use_pdl=use_pdl,
-                           trigger=trigger), enable_fp_fusion=False, **launch_kwargs)
+                           trigger=trigger, attn=(attn.acc.shape[2], attn.acc.shape[3], attn.block_n)
+                           if attn is not None else (0, 0, 0)),
+        enable_fp_fusion=False, **launch_kwargs)
 
 
 def meta(N: int, K: int, block_n: int, ks: int, *, s_in: int, residual: bool, norm: bool, silu: bool,
-         partials_out: bool, use_pdl: bool, trigger: int) -> dict:
-    """The kernel's compile-time arguments (what launch passes and the tests compile)."""
+         partials_out: bool, use_pdl: bool, trigger: int, attn: tuple = (0, 0, 0)) -> dict:
+    """The kernel's compile-time arguments (what launch passes and the tests compile); attn: (splits, head_dim,
+    keys a tile) of attention's parts as the input, 0s for none."""
     return dict(N=N, K=K, R=block_n, KC=ks // CHUNK, S_IN=s_in, RESIDUAL=residual, NORM=norm, SILU=silu,
-                PARTIALS=partials_out, USE_PDL=use_pdl, TRIGGER=trigger, num_warps=4)
+                PARTIALS=partials_out, ATTN_S=attn[0], ATTN_D=attn[1], ATTN_BN=attn[2], USE_PDL=use_pdl,
+                TRIGGER=trigger, num_warps=4)
 
 
 MAX_TILE_BYTES = 128 * 1024  # a program's weights in shared memory (an H100's or H200's SM has 228 KiB)
 
 
 def serves(M: int, N: int, K: int, ks: int, block_n: int, elem_bytes: int, *, dense: bool, norm: bool, silu: bool,
-           attn_parts: bool, probe: bool) -> bool:
+           probe: bool) -> bool:
     """Does this launch fit the kernel: one row, 16-bit weights (a lane's 8 columns: one 16-byte copy), whole tiles
     of rows, whole 256-column chunks, a tile of at most MAX_TILE_BYTES, rows K apart (dense), the norm over one
-    split, no attention parts, no probe?"""
+    split, no probe?"""
     tile = block_n * ks * elem_bytes * (2 if silu else 1)
     return (M == 1 and elem_bytes == 2 and N % block_n == 0 and ks % CHUNK == 0 and K % ks == 0
-            and tile <= MAX_TILE_BYTES and dense and (not norm or ks == K) and not attn_parts and not probe)
+            and tile <= MAX_TILE_BYTES and dense and (not norm or ks == K) and not probe)
