@@ -269,7 +269,8 @@ def test_kernel_families_by_name(name, family):
 ENGINE_KERNELS = {
     "_decode_split_kernel": "attention_decode", "_decode_merge_kernel": "attention_decode",
     "_qkv_attention_kernel": "attention_decode", "_prefill_kernel": "attention_prefill",
-    "_gemv_kernel": "gemm", "_small_gemm_kernel": "gemm", "_split_k_reduce_kernel": "gemm",
+    "_gemv_kernel": "gemm", "_smem_gemv_kernel": "gemm", "_small_gemm_kernel": "gemm",
+    "_split_k_reduce_kernel": "gemm",
     "_partials_norm_kernel": "norm_rope_act", "_qk_norm_rope_kernel": "norm_rope_act",
     "_rms_norm_kernel": "norm_rope_act", "_silu_and_mul_kernel": "norm_rope_act",
     "_store_kv_kernel": "kv_write", "_gumbel_chunk_kernel": "sampler", "_pick_chunk_kernel": "sampler",
