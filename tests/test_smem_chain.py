@@ -1,7 +1,8 @@
 """scripts/smem_chain.py: batch 1's four GEMVs with their weight tiles copied into shared memory (Gluon) before the
-PDL wait. Its arithmetic is checked on the device against persistent_chain's float32 reference; here, what makes
-the design: every weight asked for before the wait and none through a register, each chunk read only after its
-copy group landed, and few enough registers that a successor's programs fit beside."""
+PDL wait. Its arithmetic is checked here by running the kernel's own source in tests/gluon_emulator.py (and on the
+device) against persistent_chain's float32 reference; and from its compiled SASS, what makes the design: every
+weight asked for before the wait and none through a register, each chunk read only after its copy group landed,
+and few enough registers that a successor's programs fit beside."""
 from __future__ import annotations
 
 import json
@@ -119,3 +120,24 @@ def test_the_probed_kernels_stamp_four_times_and_still_do_not_spill():
                          timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads(res.stdout.strip().splitlines()[-1]) == {p: [4, 0] for p in ("qkv", "o", "gu", "down")}
+
+
+@pytest.mark.parametrize("pdl, scale", [(1, 1), (2, 2), (0, 1)])
+def test_the_chain_run_by_the_emulator_matches_the_float32_reference(monkeypatch, pdl, scale):
+    """The Gluon kernel's own source run on the CPU (tests/gluon_emulator.py): two layers at Qwen3-0.6B's shapes
+    against persistent_chain's float32 chain with the kernels' rounding points, each program waiting (PDL) before
+    it reads what the previous phase wrote, no chunk read before its copy group landed."""
+    import torch
+
+    from .gluon_emulator import emulate
+
+    sc = _load()
+    pc = load_script("persistent_chain")
+    geo = dict(pc.geometry(False), layers=2)
+    data = pc.make_data(torch, geo, torch.bfloat16, "cpu")
+    em = emulate(sc._smem_gemv, dependent=("in_ptr", "res_ptr"))
+    monkeypatch.setattr(sc, "_smem_gemv", em)
+    chain = sc.SmemChain(torch, geo, data, "cpu", pdl, scale)
+    chain.run()
+    assert pc.rel_err(torch, chain.h, pc.reference(torch, geo, data)) < 2e-2
+    assert all(p.events == {1: ["wait", "trigger"], 2: ["trigger", "wait"], 0: []}[pdl] for p in em.programs)
