@@ -3,12 +3,13 @@
 # engine (LABKIT_DECODE_SMEM_GEMV=1: engine/kernels/smem_gemv.py at one row) first, as the bar measures it: batch 1
 # base against smem interleaved (3 rounds) and the graph logits suite under smem; then the four GEMVs alone
 # (scripts/smem_chain.py, session 32's prepared experiment); then gemv_bench's streams and layer chain under each
-# kernel (checked against its float32 reference). ~5-8 min; a step that would pass BUDGET is cut short.
+# kernel (checked against its float32 reference). ~5-8 min; a step that would pass BUDGET is cut short. With little
+# device time left (session 34), BUDGET=300 SHARE=3/4 still gives the batch-1 sweep its three rounds.
 set -u
 cd "$(dirname "$0")/../../.."
 BUDGET=${BUDGET:-540}
 source scripts/call_preamble.sh
-sweep batch1 "base: smem:LABKIT_DECODE_SMEM_GEMV=1" "1" 3 1/2
+sweep batch1 "base: smem:LABKIT_DECODE_SMEM_GEMV=1" "1" 3 ${SHARE:-1/2}
 graph_logits LABKIT_DECODE_SMEM_GEMV=1 smem
 left() { echo $(( BUDGET - SECONDS > 10 ? BUDGET - SECONDS : 10 )); }
 timeout $(( $(left) < 150 ? $(left) : 150 )) python3 scripts/smem_chain.py --out $W/smem.json --rounds 5 \
