@@ -274,13 +274,45 @@ def test_the_first_trigger_lets_the_successor_go_before_the_copies(monkeypatch):
     assert all(p.events == ["trigger", "wait"] for p in em.programs)
 
 
-def test_the_knob_defaults_off():
+# Qwen3-0.6B's one-row launches as fused_decode makes them: (N, K, ks, norm, silu, attn); o_proj split 4, down 3.
+QWEN3_LAUNCHES = {"qkv": (4096, 1024, 1024, True, False, False), "o_proj": (1024, 2048, 512, False, False, True),
+                  "gate_up": (3072, 1024, 1024, True, True, False), "down": (1024, 3072, 1024, False, False, False)}
+
+
+@pytest.mark.parametrize("knob, served", [("0", set()), ("1", set(QWEN3_LAUNCHES)), ("split", {"o_proj", "down"}),
+                                          ("o_proj", {"o_proj"}), ("down", {"down"})])
+def test_the_knob_routes_its_launches(monkeypatch, knob, served):
+    from engine.kernels import decode_layer as dl
+
+    monkeypatch.setattr(dl, "SMEM_GEMV", knob)
+    got = set()
+    for name, (N, K, ks, norm, silu, attn) in QWEN3_LAUNCHES.items():
+        w = torch.empty(2 * N if silu else N, K, dtype=torch.bfloat16)
+        cuda = dl._smem_serves(torch.device("cuda"), 1, N, K, ks, w, norm=norm, silu=silu, one_dtype=True, attn=attn)
+        assert not dl._smem_serves(torch.device("cpu"), 1, N, K, ks, w, norm=norm, silu=silu, one_dtype=True,
+                                   attn=attn)
+        assert not dl._smem_serves(torch.device("cuda"), 2, N, K, ks, w, norm=norm, silu=silu, one_dtype=True,
+                                   attn=attn)
+        if cuda:
+            got.add(name)
+    assert got == served
+
+
+def test_the_knob_defaults_to_down_the_one_measured_win():
     import os
 
     from engine.kernels import decode_layer as dl
 
     if "LABKIT_DECODE_SMEM_GEMV" in os.environ:
         pytest.skip("the knob is set in this environment")
-    assert dl.SMEM_GEMV == "0"  # (unmeasured: a device experiment's knob)
-    assert not dl._smem_serves(torch.device("cuda"), 1, 4096, 1024, 1024, torch.empty(4096, 1024,
-                               dtype=torch.bfloat16), norm=True, silu=False, one_dtype=True)
+    assert dl.SMEM_GEMV == "down"  # (0.994x batch 1 on an H100, two calls; docs/perf.md session 35)
+
+
+def test_a_bad_knob_is_refused_by_name():
+    import subprocess
+    import sys
+
+    env = dict(__import__("os").environ, LABKIT_DECODE_SMEM_GEMV="2")
+    r = subprocess.run([sys.executable, "-c", "import engine.kernels.decode_layer"], env=env, capture_output=True,
+                       text=True)
+    assert r.returncode != 0 and "LABKIT_DECODE_SMEM_GEMV: one of 0, 1, split, o_proj, down, got '2'" in r.stderr

@@ -98,14 +98,17 @@ NEW_KV = os.environ.get("LABKIT_DECODE_NEW_KV", "first")
 if NEW_KV not in ("first", "last"):
     raise ValueError(f"LABKIT_DECODE_NEW_KV: first or last, got {NEW_KV!r}")
 
-# "1": every one-row GEMV (o_proj merging attention's parts too) runs engine/kernels/smem_gemv.py's Gluon program,
-# its weight tile copied into shared memory before the PDL wait (55-115 registers a thread, 3-9 programs an SM,
-# against 255 and two), so a kernel's programs can load beside their predecessor's. "0": the Triton programs
-# below. A device experiment's knob (scripts/smem_chain.py measures the design on the GEMVs alone); off until
-# measured.
-SMEM_GEMV = os.environ.get("LABKIT_DECODE_SMEM_GEMV", "0")
-if SMEM_GEMV not in ("0", "1"):
-    raise ValueError(f"LABKIT_DECODE_SMEM_GEMV: 0 or 1, got {SMEM_GEMV!r}")
+# Which one-row GEMVs run engine/kernels/smem_gemv.py's Gluon program, its weight tile copied into shared memory
+# before the PDL wait (55-115 registers a thread, 3-9 programs an SM, against 255 and two), instead of the Triton
+# programs below: "down" (the default) the down projection alone; "1" all four (o_proj merging attention's parts
+# too); "split" o_proj and down, the launches that write split partials; "o_proj" that one; "0" none. Measured on
+# an H100 (docs/perf.md, session 35; batch 1 against "0", interleaved): "1" 1.152x, "split" 1.076x, "o_proj" 1.068x,
+# "down" 0.994x in two calls. Alone (scripts/gemv_bench.py) o_proj and down gain and qkv and gate_up lose; beside
+# attention o_proj's early-launched programs lose too.
+SMEM_GEMV = os.environ.get("LABKIT_DECODE_SMEM_GEMV", "down")
+SMEM_GEMV_CHOICES = ("0", "1", "split", "o_proj", "down")
+if SMEM_GEMV not in SMEM_GEMV_CHOICES:
+    raise ValueError(f"LABKIT_DECODE_SMEM_GEMV: one of {', '.join(SMEM_GEMV_CHOICES)}, got {SMEM_GEMV!r}")
 
 MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core tile of rows)
 # How a one-row GEMV program holds its weight tile: "k" as Triton lays out [rows, K range] (the warps split K, so
@@ -638,10 +641,14 @@ def merges_in_gemv(rows: int, num_splits: int) -> bool:
 
 
 def _smem_serves(dev: torch.device, M: int, N: int, K: int, ks: int, w: torch.Tensor, *, norm: bool, silu: bool,
-                 one_dtype: bool) -> bool:
-    """Does this launch go to smem_gemv's Gluon program (LABKIT_DECODE_SMEM_GEMV=1, CUDA, a launch it fits, its
-    input and output in the weights' dtype: one_dtype)?"""
-    if SMEM_GEMV != "1" or dev.type != "cuda" or not one_dtype:
+                 one_dtype: bool, attn: bool = False) -> bool:
+    """Does this launch go to smem_gemv's Gluon program (LABKIT_DECODE_SMEM_GEMV names it, CUDA, a launch it fits,
+    its input and output in the weights' dtype: one_dtype)? attn: its input is attention's parts (o_proj); a split
+    K (ks < K) without them: down."""
+    if dev.type != "cuda" or not one_dtype:
+        return False
+    splits = ks < K
+    if not {"0": False, "1": True, "split": splits, "o_proj": attn, "down": splits and not attn}[SMEM_GEMV]:
         return False
     from . import smem_gemv
     return smem_gemv.serves(M, N, K, ks, _BLOCK_N, w.element_size(), dense=w.stride(0) == K, norm=norm, silu=silu,
@@ -684,7 +691,7 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | AttnParts | None = None, partials
     res_out = torch.empty(M, K, dtype=dtype, device=dev) if residual is not None else y
     use_pdl, trigger, launch = _pdl(dev, pdl)
     if _smem_serves(dev, M, N, K, ks, w, norm=norm_weight is not None, silu=silu,
-                    one_dtype=dtype == w.dtype and (x is None or x.dtype == w.dtype)):
+                    one_dtype=dtype == w.dtype and (x is None or x.dtype == w.dtype), attn=parts is not None):
         from . import smem_gemv
         smem_gemv.launch((triton.cdiv(N, _BLOCK_N), split), w, x, partials, residual, res_out, norm_weight, y, N,
                          K, eps, block_n=_BLOCK_N, ks=ks, s_in=0 if partials is None or parts else partials.shape[0],
