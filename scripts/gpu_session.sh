@@ -59,6 +59,9 @@ log() { echo "$*" | tr -c 'a-zA-Z0-9\n' _ | cut -c1-90; }
 # step SECONDS CMD...: run, log to $OUT/logs (the name's hash keeps commands with the same start apart), print the exit code.
 step() { local t=$1; shift; local f; f=$OUT/logs/$(log "$*")-$(echo "$*" | md5sum | cut -c1-6).log; timeout "$t" "$@" > "$f" 2>&1; echo "rc=$? $*" | cut -c1-200; }
 LC="python3 -m labkit logits-check"
+# At most EVIDENCE_JOBS steps at once: session 35's H100 (80 GB) ran out of memory loading the 21st of 21
+# concurrent trace processes (2.4-4.2 GB each), which an H200's 141 GB had held.
+throttle() { while [ "$(jobs -rp | wc -l)" -ge "${EVIDENCE_JOBS:-12}" ]; do wait -n; done; }
 BF="--device cuda --dtype bfloat16 --model $M"
 
 [ -f $M/config.json ] || python3 -m labkit model fake --preset qwen3-0.6b --out $M > /dev/null
@@ -78,8 +81,10 @@ if [ "$what" = evidence ] || [ "$what" = all ]; then
   step 120 python3 -m labkit doctor --device cuda --model $M &
   step 120 python3 -m labkit smoke --device cuda &
   for c in $(ls workloads/cases/*.yaml | xargs -n1 basename | sed 's/[.]yaml$//'); do  # every shipped case
+    throttle
     step 180 python3 -m labkit trace --case $c --model $M --device cuda -q --out $R/trace-$c &
   done
+  throttle
   step 180 python3 -m labkit trace --case lifecycle --model $M --device cuda -q --shapes --out $R/trace-shapes &
   wait
   # Judged by the float32-anchored gate (docs/logits-check.md): each run also collects Transformers in
