@@ -1,9 +1,10 @@
-"""engine/kernels/smem_gemv.py (LABKIT_DECODE_SMEM_GEMV=1): the one-row decode GEMV with its weight tile in shared
-memory. Gluon has no interpreter, so its numbers are checked on the device (scripts/gemv_bench.py under the knob,
-the graph logits suite); here: the five launches a Qwen3-0.6B layer makes, compiled for sm_90 as the engine makes
-them, keep the design (every weight copied before the PDL wait, in one commit group a chunk after the norm
-weights' own, each chunk read only once its group landed, few registers, no spills); the launches it serves; and
-what decode_layer.gemv hands it, run through a torch model of the kernel's arithmetic against the Triton path."""
+"""engine/kernels/smem_gemv.py (the launches LABKIT_DECODE_SMEM_GEMV names; down by default): the one-row decode
+GEMV with its weight tile in shared memory. Triton's interpreter does not run Gluon: its numbers are checked on the
+device (scripts/gemv_bench.py under the knob, the graph logits suite) and in tests/gluon_emulator.py; here: the
+five launches a Qwen3-0.6B layer makes, compiled for sm_90 as the engine makes them, keep the design (every weight
+copied before the PDL wait, in one commit group a chunk after the norm weights' own, each chunk read only once its
+group landed, few registers, no spills); the launches each choice routes to it; and what decode_layer.gemv hands
+it, run through a torch model of the kernel's arithmetic against the Triton path."""
 from __future__ import annotations
 
 import math
