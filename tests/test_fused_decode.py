@@ -357,28 +357,6 @@ def test_only_o_proj_takes_its_own_pdl_point(tiny_model, monkeypatch):
     llm.exit()
 
 
-def test_only_attention_takes_its_own_pdl_point(tiny_model, monkeypatch):
-    """LABKIT_DECODE_ATTN_PDL reaches the attention launch of every layer and no other launch."""
-    llm, dec, _ = _prefilled(tiny_model, "float32")
-    model = llm.model_runner.model.model
-    modes = []
-    real = decode_layer._pdl
-
-    def spy(device, mode=""):
-        modes.append(mode)
-        return real(device, mode)
-    monkeypatch.setattr(decode_layer, "_pdl", spy)
-    monkeypatch.setattr(decode_layer, "ATTN_PDL", "late")
-    with torch.inference_mode():
-        set_context(Context(dec["slots"], DecodeMeta(3, dec["ctx"], dec["tables"], num_splits=1)))
-        fused_decode.forward(model, dec["ids"], dec["pos"])
-        reset_context()
-    assert modes.count("late") == len(model.layers) and len(modes) > 2 * len(model.layers)
-    layer_modes = modes[:5]  # (q/k/v, attention, o_proj, gate/up, down)
-    assert layer_modes == ["", "late", "", "", ""], layer_modes
-    llm.exit()
-
-
 @pytest.mark.parametrize("M, fma_rows", [(2, 2), (3, 4), (5, 8), (16, 16)])
 @pytest.mark.parametrize("kind", ["qkv", "qkv_whole", "o_proj", "o_merge", "o_merge_early", "gate_up", "down"])
 def test_rows_taken_one_at_a_time_equal_one_row_launches_bit_for_bit(M, fma_rows, kind, monkeypatch):

@@ -60,12 +60,6 @@ if PDL_MODE not in (*PDL_TRIGGER, "off"):
 O_PROJ_PDL = os.environ.get("LABKIT_DECODE_O_PROJ_PDL", "")
 if O_PROJ_PDL not in ("", *PDL_TRIGGER):
     raise ValueError(f"LABKIT_DECODE_O_PROJ_PDL: must be first, early, late or empty, got {O_PROJ_PDL!r}")
-# Where the fused attention kernel lets o_proj launch ("": as LABKIT_DECODE_PDL says). "late" keeps o_proj's
-# programs off the SMs until attention's have ended: o_proj in shared memory (LABKIT_DECODE_SMEM_GEMV) fits beside
-# attention's programs and lost 1.8 us a layer there (docs/perf.md, session 35).
-ATTN_PDL = os.environ.get("LABKIT_DECODE_ATTN_PDL", "")
-if ATTN_PDL not in ("", *PDL_TRIGGER):
-    raise ValueError(f"LABKIT_DECODE_ATTN_PDL: must be first, early, late or empty, got {ATTN_PDL!r}")
 
 # The merge kernel of a split context's parts (between attention and o_proj, where o_proj does not merge them) in
 # the PDL chain ("1") or launched plainly ("0"); and the keys an attention program loads at a time. The chain
@@ -964,7 +958,7 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
     else:
         acc = ml = out
     fp8 = k_cache.dtype == torch.float8_e4m3fn
-    use_pdl, trigger, launch = _pdl(qkv.device, ATTN_PDL)
+    use_pdl, trigger, launch = _pdl(qkv.device)
     probe_ptr, probe_on = launch_args(label, batch * num_kv_heads * num_splits, qkv.device, qkv)
     compiled = _qkv_attention_kernel[(batch, num_kv_heads, num_splits)](
         qkv, qkv.stride(0), positions, cos_sin, cos_sin.stride(0), q_norm, k_norm, float(eps), slots,
