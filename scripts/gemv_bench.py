@@ -18,6 +18,10 @@ split-K partials) with the engine's PDL:
   layer       the four GEMVs of every layer in order (112 launches): us a layer, beside the sum of the streams'
               (what chaining different kernels costs) and the engine's 26.5 us a layer with attention
   copy        a device copy of 256 MB: the bandwidth a kernel can reach here ((read + written) / time)
+--prologue adds q/k/v's and gate/up's streams with their input as one bf16 row: ":x" (no partials, residual or
+norm: the weights' stream and the products alone) and ":xn" (that row through RMSNorm): against the engine's
+launch (partials summed, residual added, norm), what the prologue costs in each kernel (docs/perf.md, session 35:
+both lost 1.4x in shared memory, the two GEMVs without that prologue gained).
 --sweep adds, for each stream, rows a program (16, 32, 64) x warps (2, 4, 8) x PDL (early, off) around the
 engine's default (16 rows, 4 warps, early), the launch knobs LABKIT_DECODE_GEMV and LABKIT_DECODE_PDL set; and
 the layer's chain under each other PDL mode (first, early, late, off: where a kernel lets its successor launch).
@@ -39,6 +43,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
+PROLOGUE_STREAMS = ("qkv:x", "qkv:xn", "gate_up:x", "gate_up:xn")  # (--prologue: projection:input)
+
+
+def base(proj: str) -> str:
+    """The projection a stream launches ("qkv:x" -> "qkv")."""
+    return proj.split(":")[0]
 ENGINE_LAYER_US = 26.5          # the engine's layer with attention, batch 1 (docs/perf.md, session 15)
 
 
@@ -75,6 +85,7 @@ def make_layers(torch, geo: dict, dtype, device: str) -> dict:
         "residual": rnd(1, h),
         "attn": rnd(1, q),
         "act": rnd(1, inter),
+        "x": rnd(1, h),  # (--prologue's one-row input)
     }
 
 
@@ -82,7 +93,7 @@ def split_of(proj: str, geo: dict, sms: int, rows: int) -> int | None:
     """The K splits the engine gives o_proj and down_proj (their partials feed the next kernel); None: whole sums."""
     from engine.kernels.decode_layer import split_for
 
-    n, k = shapes(geo)[proj]
+    n, k = shapes(geo)[base(proj)]
     return split_for(n, k, sms, block_n=rows) if proj in ("o_proj", "down") else None
 
 
@@ -90,7 +101,10 @@ def launch(torch, proj: str, layer: int, data: dict, ins: dict, split: int | Non
     """One GEMV launch as engine/fused_decode.py makes it for `proj`."""
     from engine.kernels.decode_layer import gemv
 
-    w = data["w"][proj][layer]
+    w = data["w"][base(proj)][layer]
+    if ":" in proj:
+        norm = data["norm"][layer] if proj.endswith(":xn") else None
+        return gemv(w, x=data["x"], norm_weight=norm, eps=1e-6, silu=base(proj) == "gate_up")
     if proj == "qkv":
         return gemv(w, partials=ins["down_partials"], residual=data["residual"], norm_weight=data["norm"][layer],
                     eps=1e-6)
@@ -112,13 +126,17 @@ def inputs(torch, geo: dict, sms: int, rows: int, device: str) -> dict:
 def reference(torch, proj: str, data: dict, ins: dict):
     """Layer 0's output of `proj` in float32: partials summed, + residual, RMSNorm (x the norm weight), x @ W^T;
     gate_up ends in SiLU(gate) * up; o_proj and down give the whole sum (what their partials add up to)."""
-    w = data["w"][proj][0].float()
-    if proj in ("qkv", "gate_up"):
-        p = ins["down_partials" if proj == "qkv" else "o_partials"].float().sum(0)
-        x = p + data["residual"].float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * data["norm"][0].float()
+    w = data["w"][base(proj)][0].float()
+    if base(proj) in ("qkv", "gate_up"):
+        if ":" in proj:
+            x = data["x"].float()
+        else:
+            p = ins["down_partials" if proj == "qkv" else "o_partials"].float().sum(0)
+            x = p + data["residual"].float()
+        if not proj.endswith(":x"):
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * data["norm"][0].float()
         y = x @ w.T
-        if proj == "gate_up":
+        if base(proj) == "gate_up":
             g, u = y.chunk(2, -1)
             y = torch.nn.functional.silu(g) * u
         return y
@@ -156,7 +174,7 @@ class Knobs:
 
 
 def weight_bytes(data: dict, projs) -> int:
-    return sum(w.numel() * w.element_size() for p in projs for w in data["w"][p])
+    return sum(w.numel() * w.element_size() for p in projs for w in data["w"][base(p)])
 
 
 def run_variant(torch, timed, geo: dict, data: dict, sms: int, device: str, projs: tuple, rows: int, warps: int,
@@ -214,7 +232,7 @@ def layer_pdl_modes(geo: dict, default_pdl: str) -> list[str]:
     return [p for p in geo["sweep"]["layer_pdl"] if p != default_pdl]
 
 
-def measure(torch, device: str, dry: bool, sweep: bool) -> dict:
+def measure(torch, device: str, dry: bool, sweep: bool, prologue: bool = False) -> dict:
     from engine.device import num_sms
     from engine.kernels import decode_layer as dl
 
@@ -232,10 +250,10 @@ def measure(torch, device: str, dry: bool, sweep: bool) -> dict:
            "weight_MB": {p: weight_bytes(data, [p]) / geo["layers"] / 1e6 for p in PROJECTIONS},
            "copy_TBps": copy_TBps(torch, timed, device, (256 << 20) if cuda else (1 << 20)),
            "streams": [], "layer": None, "sweep": []}
-    for p in PROJECTIONS:
+    for p in PROJECTIONS + (PROLOGUE_STREAMS if prologue else ()):
         out["streams"].append(run_variant(torch, timed, geo, data, sms, device, (p,), *default, tol))
     out["layer"] = run_variant(torch, timed, geo, data, sms, device, PROJECTIONS, *default, tol)
-    out["layer"]["sum_of_streams_us"] = sum(s["us_per_launch"] for s in out["streams"])
+    out["layer"]["sum_of_streams_us"] = sum(s["us_per_launch"] for s in out["streams"][:len(PROJECTIONS)])
     out["layer"]["engine_layer_us"] = ENGINE_LAYER_US
     if sweep:
         for rows, warps, pdl in sweep_points(geo, default):
@@ -282,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="result JSON (a Markdown table is written beside it)")
     ap.add_argument("--sweep", action="store_true", help="also rows a program x warps x PDL for each stream")
+    ap.add_argument("--prologue", action="store_true",
+                    help="also q/k/v and gate/up from one bf16 row, with and without RMSNorm (PROLOGUE_STREAMS)")
     ap.add_argument("--dry-run", action="store_true", help="tiny float32 shapes on the CPU (Triton's interpreter)")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -297,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from labkit.output import write_result
 
-    log = measure(torch, device, args.dry_run, args.sweep)
+    log = measure(torch, device, args.dry_run, args.sweep, args.prologue)
     write_result(out, log, markdown(log))
     return 0 if log["ok"] else 1
 

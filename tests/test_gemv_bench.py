@@ -58,3 +58,37 @@ def test_a_wrong_launch_fails_the_check(tmp_path, monkeypatch, planted):
     log = json.loads(out.read_text())
     bad = {p for r in log["streams"] if not r["ok"] for p in r["projections"]}
     assert bad == ({"gate_up"} if planted == "silu" else {"qkv", "gate_up"})
+
+
+def test_prologue_streams_are_checked_and_left_out_of_the_layer_sum(tmp_path):
+    """--prologue: q/k/v and gate/up from one row, with and without the norm, each checked against its own
+    float32 arithmetic; the layer's sum of streams stays the engine's four."""
+    out = tmp_path / "g.json"
+    assert _load().main(["--dry-run", "--prologue", "--out", str(out)]) == 0
+    log = json.loads(out.read_text())
+    names = [s["projections"][0] for s in log["streams"]]
+    assert names == ["qkv", "o_proj", "gate_up", "down", "qkv:x", "qkv:xn", "gate_up:x", "gate_up:xn"]
+    assert all(s["ok"] and s["rel_err"][s["projections"][0]] < 1e-4 for s in log["streams"])
+    four = sum(s["us_per_launch"] for s in log["streams"][:4])
+    assert log["layer"]["sum_of_streams_us"] == pytest.approx(four)
+
+
+def test_a_prologue_stream_that_keeps_the_norm_fails_its_check(tmp_path, monkeypatch):
+    """":x" means no norm: a launch given the norm anyway is a failed check (the reference is not the launch's)."""
+    from engine.kernels import decode_layer
+
+    real = decode_layer.gemv
+    nw = {}
+
+    def wrong(w, **kw):
+        if kw.get("norm_weight") is not None:
+            nw[w.shape[1]] = kw["norm_weight"]
+        elif kw.get("x") is not None and kw.get("split") is None and w.shape[1] in nw:
+            kw["norm_weight"] = nw[w.shape[1]]
+        return real(w, **kw)
+
+    monkeypatch.setattr(decode_layer, "gemv", wrong)
+    out = tmp_path / "g.json"
+    assert _load().main(["--dry-run", "--prologue", "--out", str(out)]) == 1
+    log = json.loads(out.read_text())
+    assert {s["projections"][0] for s in log["streams"] if not s["ok"]} == {"qkv:x", "gate_up:x"}

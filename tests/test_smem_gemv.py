@@ -266,6 +266,26 @@ def test_the_kernel_computes_the_launch_and_waits_before_its_input(monkeypatch, 
     assert em.programs and all(p.events == ["wait", "trigger"] for p in em.programs)
 
 
+@pytest.mark.parametrize("silu", [False, True], ids=["qkv", "gate_up"])
+@pytest.mark.parametrize("norm", [False, True], ids=["x", "xn"])
+def test_gemv_bench_prologue_launches_compute_their_arithmetic(monkeypatch, silu, norm):
+    """scripts/gemv_bench.py --prologue's launches (one bf16 row in, with or without RMSNorm: not the engine's, so
+    not in LAUNCHES) through the Gluon route as the device takes them under LABKIT_DECODE_SMEM_GEMV=1."""
+    from engine.kernels import decode_layer as dl
+
+    g = torch.Generator().manual_seed(11)
+    n, k = 64, 1024
+    w = (torch.randn(2 * n if silu else n, k, generator=g) * 0.05).to(torch.bfloat16)
+    kw = {"x": torch.randn(1, k, generator=g).to(torch.bfloat16), "silu": silu}
+    if norm:
+        kw["norm_weight"] = (1 + 0.5 * torch.randn(k, generator=g)).to(torch.bfloat16)
+    em = _emulated(monkeypatch)
+    got = dl.gemv(w, **kw)
+    want, _ = _model(w, **kw)
+    _bf16_close(got, want)
+    assert em.programs and all(p.events == ["wait", "trigger"] for p in em.programs)
+
+
 def test_the_first_trigger_lets_the_successor_go_before_the_copies(monkeypatch):
     from engine.kernels import decode_layer as dl
 
