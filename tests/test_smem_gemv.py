@@ -8,6 +8,7 @@ it, run through a torch model of the kernel's arithmetic against the Triton path
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -317,6 +318,21 @@ def test_the_knob_routes_its_launches(monkeypatch, knob, served):
         if cuda:
             got.add(name)
     assert got == served
+
+
+def test_a_triton_without_gluon_leaves_every_launch_to_triton(monkeypatch):
+    """The default routes down to Gluon on CUDA; where the installed Triton has no Gluon, down stays on the Triton
+    program instead of failing the step."""
+    import engine.kernels
+    from engine.kernels import decode_layer as dl
+
+    # (None in sys.modules: importing the module raises ImportError, as smem_gemv's Gluon import would)
+    monkeypatch.delattr(engine.kernels, "smem_gemv", raising=False)
+    monkeypatch.setitem(sys.modules, "engine.kernels.smem_gemv", None)
+    monkeypatch.setattr(dl, "SMEM_GEMV", "down")
+    N, K, ks, norm, silu, attn = QWEN3_LAUNCHES["down"]
+    assert not dl._smem_serves(torch.device("cuda"), 1, N, K, ks, torch.empty(N, K, dtype=torch.bfloat16),
+                               norm=norm, silu=silu, one_dtype=True, attn=attn)
 
 
 def test_the_knob_defaults_to_down_the_one_measured_win():

@@ -650,7 +650,10 @@ def _smem_serves(dev: torch.device, M: int, N: int, K: int, ks: int, w: torch.Te
     splits = ks < K
     if not {"0": False, "1": True, "split": splits, "o_proj": attn, "down": splits and not attn}[SMEM_GEMV]:
         return False
-    from . import smem_gemv
+    try:
+        from . import smem_gemv
+    except ImportError:  # (a Triton without Gluon, which the default's route needs: its Triton program serves)
+        return False
     return smem_gemv.serves(M, N, K, ks, _BLOCK_N, w.element_size(), dense=w.stride(0) == K, norm=norm, silu=silu,
                             probe=PROBE_ENABLED == "1")
 

@@ -18,8 +18,9 @@ served here (decode_layer's kernels take them): two or more rows, the probe. Att
 The float32 sums run in another order than the Triton program's (each thread's 8 columns a chunk, chunk after
 chunk, then across the lanes): a last-bit matter, as between any two GEMV tilings.
 
-Gluon has no interpreter: on a CPU the kernels are only compiled (tests/test_smem_gemv.py reads their sm_90 SASS);
-their numbers are checked against decode_layer's on the device (scripts/smem_gemv_check.py).
+Triton's interpreter does not run Gluon: on a CPU tests/test_smem_gemv.py compiles the kernel for sm_90 (reading
+its SASS) and runs its source in tests/gluon_emulator.py against the launch's arithmetic; on the device
+scripts/gemv_bench.py checks it under the knob against a float32 reference.
 """
 from __future__ import annotations
 
