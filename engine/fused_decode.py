@@ -41,10 +41,11 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Te
         attn, ffn = layer.self_attn, layer.mlp
         ln = layer.input_layernorm
         if partials is None:  # the first layer: its input is the embedding, which is also the residual
-            qkv = gemv(attn.qkv_proj.weight, x=hidden, norm_weight=ln.weight, eps=ln.eps, label=f"L{i} qkv")
+            qkv = gemv(attn.qkv_proj.weight, x=hidden, norm_weight=ln.weight, eps=ln.eps, label=f"L{i} qkv",
+                       proj="qkv")
         else:
             qkv, residual = gemv(attn.qkv_proj.weight, partials=partials, residual=residual, norm_weight=ln.weight,
-                                 eps=ln.eps, label=f"L{i} qkv")
+                                 eps=ln.eps, label=f"L{i} qkv", proj="qkv")
         a = attn.attn
         o = qkv_attention(qkv, positions, attn.rotary_emb.cos_sin_cache, attn.q_norm.weight, attn.k_norm.weight,
                           attn.q_norm.eps, ctx.slot_mapping, a.k_cache, a.v_cache, dec.block_tables,
@@ -53,11 +54,11 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Te
                           label=f"L{i} attention")
         w_o = attn.o_proj.weight
         partials = gemv(w_o, x=o, split=split_for(w_o.shape[0], w_o.shape[1], sms), pdl=O_PROJ_PDL,
-                        label=f"L{i} o_proj")
+                        label=f"L{i} o_proj", proj="o_proj")
         ln = layer.post_attention_layernorm
         w_gu, w_d = ffn.gate_up_proj.weight, ffn.down_proj.weight
         split = split_for(w_d.shape[0], w_d.shape[1], sms)
         h, residual = gemv(w_gu, partials=partials, residual=residual, norm_weight=ln.weight, eps=ln.eps, silu=True,
-                           label=f"L{i} gate_up")
-        partials = gemv(w_d, x=h, split=split, label=f"L{i} down")
+                           label=f"L{i} gate_up", proj="gate_up")
+        partials = gemv(w_d, x=h, split=split, label=f"L{i} down", proj="down")
     return partials_norm(partials, residual, model.norm.weight, model.norm.eps)

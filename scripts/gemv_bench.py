@@ -43,13 +43,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
+ENGINE_LAYER_US = 26.5          # the engine's layer with attention, batch 1 (docs/perf.md, session 15)
 PROLOGUE_STREAMS = ("qkv:x", "qkv:xn", "gate_up:x", "gate_up:xn")  # (--prologue: projection:input)
 
 
 def base(proj: str) -> str:
     """The projection a stream launches ("qkv:x" -> "qkv")."""
     return proj.split(":")[0]
-ENGINE_LAYER_US = 26.5          # the engine's layer with attention, batch 1 (docs/perf.md, session 15)
 
 
 def geometry(dry: bool) -> dict:
@@ -104,14 +104,14 @@ def launch(torch, proj: str, layer: int, data: dict, ins: dict, split: int | Non
     w = data["w"][base(proj)][layer]
     if ":" in proj:
         norm = data["norm"][layer] if proj.endswith(":xn") else None
-        return gemv(w, x=data["x"], norm_weight=norm, eps=1e-6, silu=base(proj) == "gate_up")
+        return gemv(w, x=data["x"], norm_weight=norm, eps=1e-6, silu=base(proj) == "gate_up", proj=base(proj))
     if proj == "qkv":
         return gemv(w, partials=ins["down_partials"], residual=data["residual"], norm_weight=data["norm"][layer],
-                    eps=1e-6)
+                    eps=1e-6, proj=proj)
     if proj == "gate_up":
         return gemv(w, partials=ins["o_partials"], residual=data["residual"], norm_weight=data["norm"][layer],
-                    eps=1e-6, silu=True)
-    return gemv(w, x=data["attn"] if proj == "o_proj" else data["act"], split=split)
+                    eps=1e-6, silu=True, proj=proj)
+    return gemv(w, x=data["attn"] if proj == "o_proj" else data["act"], split=split, proj=proj)
 
 
 def inputs(torch, geo: dict, sms: int, rows: int, device: str) -> dict:

@@ -357,6 +357,28 @@ def test_only_o_proj_takes_its_own_pdl_point(tiny_model, monkeypatch):
     llm.exit()
 
 
+def test_every_gemv_names_its_projection(tiny_model, monkeypatch):
+    """Each layer's four GEMVs tell gemv which projection they are (LABKIT_DECODE_SMEM_GEMV routes by that name,
+    not by the launch's shape: o_proj's input is a plain row whenever the merge kernel runs)."""
+    llm, dec, _ = _prefilled(tiny_model, "float32")
+    model = llm.model_runner.model.model
+    seen = []
+
+    def spy(w, **kw):
+        seen.append((w.data_ptr(), kw.get("proj", "")))
+        return gemv(w, **kw)
+    monkeypatch.setattr(fused_decode, "gemv", spy)
+    with torch.inference_mode():
+        set_context(Context(dec["slots"], DecodeMeta(3, dec["ctx"], dec["tables"], num_splits=1)))
+        fused_decode.forward(model, dec["ids"], dec["pos"])
+        reset_context()
+    want = [(m.weight.data_ptr(), name) for layer in model.layers
+            for m, name in ((layer.self_attn.qkv_proj, "qkv"), (layer.self_attn.o_proj, "o_proj"),
+                            (layer.mlp.gate_up_proj, "gate_up"), (layer.mlp.down_proj, "down"))]
+    assert seen == want
+    llm.exit()
+
+
 @pytest.mark.parametrize("M, fma_rows", [(2, 2), (3, 4), (5, 8), (16, 16)])
 @pytest.mark.parametrize("kind", ["qkv", "qkv_whole", "o_proj", "o_merge", "o_merge_early", "gate_up", "down"])
 def test_rows_taken_one_at_a_time_equal_one_row_launches_bit_for_bit(M, fma_rows, kind, monkeypatch):

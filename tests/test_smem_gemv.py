@@ -296,27 +296,27 @@ def test_the_first_trigger_lets_the_successor_go_before_the_copies(monkeypatch):
     assert all(p.events == ["trigger", "wait"] for p in em.programs)
 
 
-# Qwen3-0.6B's one-row launches as fused_decode makes them: (N, K, ks, norm, silu, attn); o_proj split 4, down 3.
-QWEN3_LAUNCHES = {"qkv": (4096, 1024, 1024, True, False, False), "o_proj": (1024, 2048, 512, False, False, True),
-                  "gate_up": (3072, 1024, 1024, True, True, False), "down": (1024, 3072, 1024, False, False, False)}
+# Qwen3-0.6B's one-row launches by projection (LAUNCHES' entries as fused_decode makes them at batch 1).
+PROJECTION_LAUNCHES = {"qkv": "qkv", "o_proj": "o_proj, merging", "gate_up": "gate_up", "down": "down"}
 
 
-@pytest.mark.parametrize("knob, served", [("0", set()), ("1", set(QWEN3_LAUNCHES)), ("split", {"o_proj", "down"}),
-                                          ("o_proj", {"o_proj"}), ("down", {"down"})])
+@pytest.mark.parametrize("knob, served", [("0", set()), ("1", set(PROJECTION_LAUNCHES)),
+                                          ("split", {"o_proj", "down"}), ("o_proj", {"o_proj"}), ("down", {"down"})])
 def test_the_knob_routes_its_launches(monkeypatch, knob, served):
     from engine.kernels import decode_layer as dl
 
     monkeypatch.setattr(dl, "SMEM_GEMV", knob)
     got = set()
-    for name, (N, K, ks, norm, silu, attn) in QWEN3_LAUNCHES.items():
+    for proj, name in PROJECTION_LAUNCHES.items():
+        N, K, split, _, _, norm, silu, *_ = LAUNCHES[name]
         w = torch.empty(2 * N if silu else N, K, dtype=torch.bfloat16)
-        cuda = dl._smem_serves(torch.device("cuda"), 1, N, K, ks, w, norm=norm, silu=silu, one_dtype=True, attn=attn)
-        assert not dl._smem_serves(torch.device("cpu"), 1, N, K, ks, w, norm=norm, silu=silu, one_dtype=True,
-                                   attn=attn)
-        assert not dl._smem_serves(torch.device("cuda"), 2, N, K, ks, w, norm=norm, silu=silu, one_dtype=True,
-                                   attn=attn)
-        if cuda:
-            got.add(name)
+
+        def serves(dev, M, proj=proj):
+            return dl._smem_serves(torch.device(dev), M, N, K, K // split, w, norm=norm, silu=silu, one_dtype=True,
+                                   proj=proj)
+        assert not serves("cpu", 1) and not serves("cuda", 2) and not serves("cuda", 1, proj="")
+        if serves("cuda", 1):
+            got.add(proj)
     assert got == served
 
 
@@ -330,9 +330,9 @@ def test_a_triton_without_gluon_leaves_every_launch_to_triton(monkeypatch):
     monkeypatch.delattr(engine.kernels, "smem_gemv", raising=False)
     monkeypatch.setitem(sys.modules, "engine.kernels.smem_gemv", None)
     monkeypatch.setattr(dl, "SMEM_GEMV", "down")
-    N, K, ks, norm, silu, attn = QWEN3_LAUNCHES["down"]
-    assert not dl._smem_serves(torch.device("cuda"), 1, N, K, ks, torch.empty(N, K, dtype=torch.bfloat16),
-                               norm=norm, silu=silu, one_dtype=True, attn=attn)
+    N, K, split, _, _, norm, silu, *_ = LAUNCHES["down"]
+    assert not dl._smem_serves(torch.device("cuda"), 1, N, K, K // split, torch.empty(N, K, dtype=torch.bfloat16),
+                               norm=norm, silu=silu, one_dtype=True, proj="down")
 
 
 def test_the_knob_defaults_to_down_the_one_measured_win():

@@ -106,9 +106,10 @@ if NEW_KV not in ("first", "last"):
 # "down" 0.994x in two calls. Alone (scripts/gemv_bench.py) o_proj and down gain and qkv and gate_up lose; beside
 # attention o_proj's early-launched programs lose too.
 SMEM_GEMV = os.environ.get("LABKIT_DECODE_SMEM_GEMV", "down")
-SMEM_GEMV_CHOICES = ("0", "1", "split", "o_proj", "down")
-if SMEM_GEMV not in SMEM_GEMV_CHOICES:
-    raise ValueError(f"LABKIT_DECODE_SMEM_GEMV: one of {', '.join(SMEM_GEMV_CHOICES)}, got {SMEM_GEMV!r}")
+SMEM_GEMV_ROUTES = {"0": (), "1": ("qkv", "o_proj", "gate_up", "down"), "split": ("o_proj", "down"),
+                    "o_proj": ("o_proj",), "down": ("down",)}  # (the projections each choice sends to Gluon)
+if SMEM_GEMV not in SMEM_GEMV_ROUTES:
+    raise ValueError(f"LABKIT_DECODE_SMEM_GEMV: one of {', '.join(SMEM_GEMV_ROUTES)}, got {SMEM_GEMV!r}")
 
 MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core tile of rows)
 # How a one-row GEMV program holds its weight tile: "k" as Triton lays out [rows, K range] (the warps split K, so
@@ -641,14 +642,10 @@ def merges_in_gemv(rows: int, num_splits: int) -> bool:
 
 
 def _smem_serves(dev: torch.device, M: int, N: int, K: int, ks: int, w: torch.Tensor, *, norm: bool, silu: bool,
-                 one_dtype: bool, attn: bool = False) -> bool:
-    """Does this launch go to smem_gemv's Gluon program (LABKIT_DECODE_SMEM_GEMV names it, CUDA, a launch it fits,
-    its input and output in the weights' dtype: one_dtype)? attn: its input is attention's parts (o_proj); a split
-    K (ks < K) without them: down."""
-    if dev.type != "cuda" or not one_dtype:
-        return False
-    splits = ks < K
-    if not {"0": False, "1": True, "split": splits, "o_proj": attn, "down": splits and not attn}[SMEM_GEMV]:
+                 one_dtype: bool, proj: str) -> bool:
+    """Does this launch go to smem_gemv's Gluon program (its projection `proj` routed there by
+    LABKIT_DECODE_SMEM_GEMV, CUDA, a launch it fits, its input and output in the weights' dtype: one_dtype)?"""
+    if dev.type != "cuda" or not one_dtype or proj not in SMEM_GEMV_ROUTES[SMEM_GEMV]:
         return False
     try:
         from . import smem_gemv
@@ -661,14 +658,15 @@ def _smem_serves(dev: torch.device, M: int, N: int, K: int, ks: int, w: torch.Te
 def gemv(w: torch.Tensor, *, x: torch.Tensor | AttnParts | None = None, partials: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
          silu: bool = False, split: int | None = None, dtype: torch.dtype | None = None, pdl: str = "",
-         label: str = "gemv"):
+         label: str = "gemv", proj: str = ""):
     """The fused decode GEMV. Input: x [M, K] in the model dtype, or attention's split parts (AttnParts, merged
     as decode_attention's merge kernel merges them and rounded to the model dtype), or partials [S, M, K]
     float32 (summed, rounded to `dtype`); plus residual [M, K] (then returns (y, new residual)); RMSNorm with
     norm_weight [K] first. w [N', K] (SILU: [2N, K], gate then up). Returns y [M, N] in the model dtype; with
     `split` given, float32 partials [split, M, N] for the next kernel to sum (one split included). pdl: where
     this launch lets its successor launch (first, early, late; "": LABKIT_DECODE_PDL's point); label: the
-    launch's name in the in-kernel probe's timeline (LABKIT_DECODE_PROBE)."""
+    launch's name in the in-kernel probe's timeline (LABKIT_DECODE_PROBE); proj: which of the layer's projections
+    this is (qkv, o_proj, gate_up, down; "": none), for LABKIT_DECODE_SMEM_GEMV's route."""
     assert (x is None) != (partials is None)
     parts = x if isinstance(x, AttnParts) else None
     if parts is not None:
@@ -694,7 +692,7 @@ def gemv(w: torch.Tensor, *, x: torch.Tensor | AttnParts | None = None, partials
     res_out = torch.empty(M, K, dtype=dtype, device=dev) if residual is not None else y
     use_pdl, trigger, launch = _pdl(dev, pdl)
     if _smem_serves(dev, M, N, K, ks, w, norm=norm_weight is not None, silu=silu,
-                    one_dtype=dtype == w.dtype and (x is None or x.dtype == w.dtype), attn=parts is not None):
+                    one_dtype=dtype == w.dtype and (x is None or x.dtype == w.dtype), proj=proj):
         from . import smem_gemv
         smem_gemv.launch((triton.cdiv(N, _BLOCK_N), split), w, x, partials, residual, res_out, norm_weight, y, N,
                          K, eps, block_n=_BLOCK_N, ks=ks, s_in=0 if partials is None or parts else partials.shape[0],
