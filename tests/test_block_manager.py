@@ -111,6 +111,10 @@ def test_prefix_lookup_skips_the_last_block(tiny_model):
     assert bm.can_allocate(again) == 1  # the second (last) block is never looked up
     longer = Sequence(list(range(100, 110)), sp, 2, 4)
     assert bm.can_allocate(longer) == 2
+    bm.allocate(longer, 2)
+    # the prefix cache's books (vLLM's prefix_cache_queries / _hits): every allocated token looked up, the two
+    # revived blocks' 8 tokens hit
+    assert (longer.num_cached_tokens, bm.prefix_queries, bm.prefix_hits) == (8, 8 + 10, 8)
 
 
 def test_reused_block_drops_its_old_hash():
