@@ -147,18 +147,34 @@ class DeviceSampling:
     def __call__(self, plan, logits: torch.Tensor) -> torch.Tensor:
         params = plan.sampling
         temps, seeds, top_k, top_p = self.rows(plan)
+        # The Gumbel kernel cannot filter, and its noise is not the torch sampler's: under it, only the rows that
+        # filter go through the torch sampler, so a row's draw never depends on whether another row of its batch
+        # filters (before, one top-k row sent the whole batch to the torch sampler, redrawing every other row).
+        rows = [i for i, p in enumerate(params) if p.top_k > 0 or p.top_p < 1.0] if self.gumbel_kernel else None
+        by_torch = [params[i] for i in rows] if rows is not None else params
         # Copied while the forward pass may still run: the step's only wait is fetching the sampled ids.
         dev = self.staging.upload(temperatures=(temps, torch.float32), seeds=(seeds, torch.int64),
-                                  top_ks=([p.top_k for p in params] if top_k else None, torch.int64),
-                                  top_ps=([p.top_p for p in params] if top_p else None, torch.float32))
-        if self.gumbel_kernel and not (top_k or top_p):
+                                  rows=(rows or None, torch.int64),
+                                  top_ks=([p.top_k for p in by_torch] if top_k else None, torch.int64),
+                                  top_ps=([p.top_p for p in by_torch] if top_p else None, torch.float32))
+        temperatures, row_seeds_ = dev["temperatures"], dev["seeds"]
+        if self.gumbel_kernel:
             from .kernels.gumbel_sampler import gumbel_argmax
 
-            return gumbel_argmax(logits, dev["temperatures"], dev["seeds"])
+            ids = gumbel_argmax(logits, temperatures, row_seeds_)
+            if not rows:
+                return ids
+            torch_rows = dev["rows"]
+            logits, temperatures, row_seeds_ = logits[torch_rows], temperatures[torch_rows], row_seeds_[torch_rows]
+            temps = [temps[i] for i in rows]
         greedy = sum(t <= 0 for t in temps)
         greedy_rows = "all" if greedy == len(temps) else ("none" if greedy == 0 else "some")
-        return self.torch_sampler(logits, dev["temperatures"], dev.get("top_ks"), dev.get("top_ps"), greedy_rows,
-                                  dev["seeds"])
+        drawn = self.torch_sampler(logits, temperatures, dev.get("top_ks"), dev.get("top_ps"), greedy_rows,
+                                   row_seeds_)
+        if not self.gumbel_kernel:
+            return drawn
+        ids[torch_rows] = drawn
+        return ids
 
 
 class TeacherForcing:

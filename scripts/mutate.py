@@ -62,6 +62,8 @@ FAST_TESTS = [
     "tests/test_fp8_v_transposed.py",
     # (session 19)
     "tests/test_kernel_bounds.py", "tests/test_decode_order.py",
+    # (session 36)
+    "tests/test_sampling_filters.py",
 ]
 CASES_TIMEOUT_S = 900
 TESTS_TIMEOUT_S = 1500
@@ -3357,6 +3359,31 @@ MUTATIONS = [
       '    except OSError:  # (a Triton without Gluon',
       "a Triton without Gluon fails the decode step instead of leaving down on the Triton program",
       ['tests/test_smem_gemv.py']),
+    # (session 36: found by a random one-line mutant hunt over block_manager.py and sampler.py)
+    M("N731", 'engine/block_manager.py',
+      '        self.prefix_hits += seq.num_cached_tokens',
+      '        self.prefix_hits -= seq.num_cached_tokens',
+      "the prefix cache's hit count goes down on a hit (what serve's prefix_cache_hits and the snapshot report)"),
+    M("N732", 'engine/sampler.py',
+      'if p.top_k > 0 or p.top_p < 1.0] if self.gumbel_kernel else None',
+      'if p.top_k > 0 or p.top_p < 0.0] if self.gumbel_kernel else None',
+      "under the Gumbel kernel a top-p row is drawn over the whole vocabulary (its filter never applied)",
+      ['tests/test_sampling_filters.py']),
+    M("N733", 'engine/sampler.py',
+      'if p.top_k > 0 or p.top_p < 1.0] if self.gumbel_kernel else None',
+      'if p.top_k >= 0 or p.top_p < 1.0] if self.gumbel_kernel else None',
+      "a top_k=0 row (no filter) leaves the Gumbel kernel for the torch sampler: its draw changes",
+      ['tests/test_sampling_filters.py']),
+    M("N734", 'engine/sampler.py',
+      'greedy_rows = "all" if greedy == len(temps) else ("none" if greedy == 0 else "some")',
+      'greedy_rows = "all" if greedy == len(temps) else ("none" if greedy == 1 else "some")',
+      "one greedy row among filtering sampled rows is drawn at random instead of its argmax",
+      ['tests/test_sampling_filters.py']),
+    M("N735", 'engine/sampler.py',
+      '        return temps, seeds, any(p.top_k > 0 for p in params), any(p.top_p < 1.0 for p in params)',
+      '        return temps, seeds, any(p.top_k > 1 for p in params), any(p.top_p < 1.0 for p in params)',
+      "a top_k=1 row counts as not filtering: drawn over the whole vocabulary",
+      ['tests/test_sampling_filters.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).
