@@ -3384,6 +3384,16 @@ MUTATIONS = [
       '        return temps, seeds, any(p.top_k > 1 for p in params), any(p.top_p < 1.0 for p in params)',
       "a top_k=1 row counts as not filtering: drawn over the whole vocabulary",
       ['tests/test_sampling_filters.py']),
+    M("N736", 'engine/scheduler.py',
+      '        if in_order or seq.num_known_tokens < seq.num_cached_tokens:',
+      '        if in_order and seq.num_known_tokens < seq.num_cached_tokens:',
+      "a sequence finishing by length as it is scheduled frees its blocks ahead of one before it whose token is "
+      "still in flight (async scheduling): the free list's order, and later block tables, differ from sync"),
+    M("N737", 'engine/scheduler.py',
+      '        out = [s for s in seqs if not s.is_finished or s.finish_reason == "length"]',
+      '        out = [s for s in seqs if not s.is_finished or s.finish_reason != "length"]',
+      "a failed step leaves out of its report a sequence that reached its length as the step was scheduled "
+      "(it is aborted all the same, but its request is never told)"),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

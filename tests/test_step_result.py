@@ -91,12 +91,15 @@ def test_a_failed_step_aborts_its_sequences_and_the_engine_carries_on(llm, monke
     monkeypatch.setattr(runner, "execute", fails_once)
     free = llm.scheduler.block_manager.num_free_blocks
     bad = llm.add_request(list(range(100, 120)), SamplingParams(max_tokens=3, ignore_eos=True), "bad")
-    with pytest.raises(StepFailed, match=r"OverflowError: planted.*aborted") as info:
+    # one token: it reaches its length as the failing step is scheduled, and is still that step's to take out
+    one = llm.add_request(list(range(200, 210)), SamplingParams(max_tokens=1, ignore_eos=True), "one")
+    with pytest.raises(StepFailed, match=r"OverflowError: planted.*2 sequence\(s\) were aborted") as info:
         llm.step()
-    assert info.value.request_ids == ["bad"] and not info.value.fatal
+    assert info.value.request_ids == ["bad", "one"] and not info.value.fatal
     assert llm.is_finished() and llm.scheduler.block_manager.num_free_blocks == free
-    assert llm.get_sequence(bad).finish_reason == "error"
+    assert [llm.get_sequence(s).finish_reason for s in (bad, one)] == ["error", "error"]
     llm.forget(bad)
+    llm.forget(one)
     good = llm.add_request(list(range(100, 120)), SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     assert sum(r.num_new_tokens for r in _run(llm)) == 3
     llm.forget(good)
