@@ -127,54 +127,50 @@ class DeviceSampling:
         self.staging = staging
         self.gumbel_kernel = gumbel_kernel
 
-    def rows(self, plan) -> tuple[list[float], list[int], bool, bool]:
-        """Each sampling row's temperature and noise seed, and whether any row filters by top-k / top-p."""
+    def rows(self, plan) -> tuple[list[float], list[int], list[int]]:
+        """Each sampling row's temperature and noise seed, and the rows that filter by top-k / top-p."""
         params = plan.sampling
         rows = plan.sample_rows
         temps = [effective_temperature(p.temperature) for p in params]
         seeds = row_seeds(self.seed, [plan.seq_ids[i] for i in rows], [plan.num_tokens[i] for i in rows], params)
-        return temps, seeds, any(p.top_k > 0 for p in params), any(p.top_p < 1.0 for p in params)
+        return temps, seeds, [i for i, p in enumerate(params) if p.top_k > 0 or p.top_p < 1.0]
 
     def in_graph(self, plan) -> tuple[list[float], list[int]] | None:
         """(temperatures, seeds) when a decode graph that ends in the Gumbel kernel may draw this plan's tokens
         (the kernel is on and no row filters); else None: __call__ draws them after the replay."""
         if not self.gumbel_kernel:
             return None
-        temps, seeds, top_k, top_p = self.rows(plan)
-        return None if top_k or top_p else (temps, seeds)
+        temps, seeds, filtering = self.rows(plan)
+        return None if filtering else (temps, seeds)
 
     @phase("engine::sample")
     def __call__(self, plan, logits: torch.Tensor) -> torch.Tensor:
-        params = plan.sampling
-        temps, seeds, top_k, top_p = self.rows(plan)
+        temps, seeds, filtering = self.rows(plan)
         # The Gumbel kernel cannot filter, and its noise is not the torch sampler's: under it, only the rows that
         # filter go through the torch sampler, so a row's draw never depends on whether another row of its batch
         # filters (before, one top-k row sent the whole batch to the torch sampler, redrawing every other row).
-        rows = [i for i, p in enumerate(params) if p.top_k > 0 or p.top_p < 1.0] if self.gumbel_kernel else None
-        by_torch = [params[i] for i in rows] if rows is not None else params
+        by_torch = [plan.sampling[i] for i in filtering] if self.gumbel_kernel else plan.sampling
+        top_ks = [p.top_k for p in by_torch] if any(p.top_k > 0 for p in by_torch) else None
+        top_ps = [p.top_p for p in by_torch] if any(p.top_p < 1.0 for p in by_torch) else None
         # Copied while the forward pass may still run: the step's only wait is fetching the sampled ids.
         dev = self.staging.upload(temperatures=(temps, torch.float32), seeds=(seeds, torch.int64),
-                                  rows=(rows or None, torch.int64),
-                                  top_ks=([p.top_k for p in by_torch] if top_k else None, torch.int64),
-                                  top_ps=([p.top_p for p in by_torch] if top_p else None, torch.float32))
-        temperatures, row_seeds_ = dev["temperatures"], dev["seeds"]
-        if self.gumbel_kernel:
-            from .kernels.gumbel_sampler import gumbel_argmax
+                                  rows=((filtering if self.gumbel_kernel else None) or None, torch.int64),
+                                  top_ks=(top_ks, torch.int64), top_ps=(top_ps, torch.float32))
+        if not self.gumbel_kernel:
+            return self._torch_draw(logits, dev["temperatures"], dev["seeds"], temps, dev)
+        from .kernels.gumbel_sampler import gumbel_argmax
 
-            ids = gumbel_argmax(logits, temperatures, row_seeds_)
-            if not rows:
-                return ids
-            torch_rows = dev["rows"]
-            logits, temperatures, row_seeds_ = logits[torch_rows], temperatures[torch_rows], row_seeds_[torch_rows]
-            temps = [temps[i] for i in rows]
+        ids = gumbel_argmax(logits, dev["temperatures"], dev["seeds"])
+        if filtering:
+            r = dev["rows"]
+            ids[r] = self._torch_draw(logits[r], dev["temperatures"][r], dev["seeds"][r],
+                                      [temps[i] for i in filtering], dev)
+        return ids
+
+    def _torch_draw(self, logits, temperatures, seeds, temps: list[float], dev) -> torch.Tensor:
         greedy = sum(t <= 0 for t in temps)
         greedy_rows = "all" if greedy == len(temps) else ("none" if greedy == 0 else "some")
-        drawn = self.torch_sampler(logits, temperatures, dev.get("top_ks"), dev.get("top_ps"), greedy_rows,
-                                   row_seeds_)
-        if not self.gumbel_kernel:
-            return drawn
-        ids[torch_rows] = drawn
-        return ids
+        return self.torch_sampler(logits, temperatures, dev.get("top_ks"), dev.get("top_ps"), greedy_rows, seeds)
 
 
 class TeacherForcing:

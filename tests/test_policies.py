@@ -145,3 +145,18 @@ def test_the_scan_sees_name_comparisons_but_not_the_mixed_phase():
            'x = {"scheduling_policy": "mixed"}\n')
     assert policy_name_comparisons(src) == ['<src>:1: config.scheduling_policy == \'mixed\'',
                                             "<src>:3: name in ('prefill_first', 'balanced')"]
+
+
+@pytest.mark.parametrize("attrs, fault", [
+    ({"name": ""}, "no name"),
+    ({"name": "p", "chunked_row": "middle"}, "a chunked row neither first nor last"),
+    ({"name": "", "chunked_row": "middle"}, "both"),
+])
+def test_a_policy_without_a_name_or_a_chunked_row_is_refused_at_registration(attrs, fault):
+    """A nameless policy would sit in the registry under "" (no Config could choose it, yet every validator loop
+    over POLICIES would meet it); a chunked row outside first/last has no meaning for the batch plan."""
+    cls = type("Faulty", (PrefillFirst,), attrs)
+    before = dict(POLICIES)
+    with pytest.raises(ValueError, match="needs a name and chunked_row"):
+        register(cls)
+    assert POLICIES == before, fault

@@ -62,8 +62,8 @@ def _sampling(gumbel: bool, seed: int = 5) -> DeviceSampling:
 ])
 def test_a_decode_graph_draws_only_rows_that_filter_nothing(params, drawn_in_graph):
     plan = _decode_plan(len(params), params)
-    temps, seeds, top_k, top_p = _sampling(True).rows(plan)
-    assert (top_k or top_p) == (not drawn_in_graph)
+    temps, seeds, filtering = _sampling(True).rows(plan)
+    assert (filtering == []) == drawn_in_graph
     assert (_sampling(True).in_graph(plan) is not None) == drawn_in_graph
     assert _sampling(False).in_graph(plan) is None  # (without the Gumbel kernel nothing is drawn in the graph)
 
@@ -121,8 +121,10 @@ def test_under_the_gumbel_kernel_only_the_rows_that_filter_are_drawn_by_the_torc
     assert ids == want and seen["kernel"] == len(params)
     if by_torch:
         n, top_ks, top_ps, seeds = seen["torch"]
-        _, all_seeds, any_k, any_p = sampling.rows(plan)
-        assert n == len(by_torch) and seeds == [all_seeds[i] for i in by_torch]
+        _, all_seeds, filtering = sampling.rows(plan)
+        any_k = any(params[i].top_k > 0 for i in by_torch)
+        any_p = any(params[i].top_p < 1.0 for i in by_torch)
+        assert filtering == by_torch and n == len(by_torch) and seeds == [all_seeds[i] for i in by_torch]
         assert top_ks == ([params[i].top_k for i in by_torch] if any_k else None)
         assert top_ps == (pytest.approx([params[i].top_p for i in by_torch]) if any_p else None)
     else:
