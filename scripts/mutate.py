@@ -3399,6 +3399,11 @@ MUTATIONS = [
       '    if not cls.name and cls.chunked_row not in ("first", "last"):',
       "a policy class without a name (or with a chunked row neither first nor last) is registered",
       ['tests/test_policies.py']),
+    M("N739", 'engine/kv_layout.py',
+      'if _V_KNOB not in ("0", "1"):',
+      'if _V_KNOB not in ("1", "1"):',
+      "LABKIT_FP8_V_TRANSPOSED=0 (the documented way back to the head_dim-contiguous V) is refused at import",
+      ['tests/test_fp8_v_transposed.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -246,11 +246,14 @@ def test_an_engine_over_keys_contiguous_v_generates_the_same_tokens(tiny_model, 
     assert runs[0] == runs[1]
 
 
-def test_the_knob_switches_the_layout_and_is_recorded(tiny_model, tmp_path):
-    """LABKIT_FP8_V_TRANSPOSED=1 is read at import: a process started with it has a keys-contiguous V (an FP8
-    pool only), and its bench JSON records the knob."""
+@pytest.mark.parametrize("knob", [None, "1", "0"], ids=["default", "on", "off"])
+def test_the_knob_switches_the_layout_and_is_recorded(tiny_model, tmp_path, knob):
+    """LABKIT_FP8_V_TRANSPOSED is read at import: a process started without it or with 1 has a keys-contiguous V
+    (an FP8 pool only), one started with 0 the head_dim-contiguous V of before session 19; and the knob is
+    recorded."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LABKIT_")}
-    env["LABKIT_FP8_V_TRANSPOSED"] = "1"
+    if knob is not None:
+        env["LABKIT_FP8_V_TRANSPOSED"] = knob
     code = ("import sys; from engine import LLM\n"
             "for kv in ('fp8', 'auto'):\n"
             "    llm = LLM(sys.argv[1], device='cpu', enforce_eager=True, kv_cache_dtype=kv, num_kvcache_blocks=4,\n"
@@ -261,7 +264,10 @@ def test_the_knob_switches_the_layout_and_is_recorded(tiny_model, tmp_path):
     res = subprocess.run([sys.executable, "-c", code, tiny_model], capture_output=True, text=True, env=env,
                          timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "fp8 True (1, 16)" in res.stdout
+    if knob == "0":
+        assert "fp8 False (" in res.stdout and "fp8 False (1, 16)" not in res.stdout
+    else:
+        assert "fp8 True (1, 16)" in res.stdout
     assert "auto False (" in res.stdout and "auto False (1, 16)" not in res.stdout
     from labkit.output import engine_knobs
 
