@@ -45,13 +45,13 @@ class StepResult:
     num_free_blocks: int
     num_blocks: int
     # Prefix cache over this step's first-time block allocations, in tokens (vLLM's queries / hits).
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
+    prefix_cache_queries: int
+    prefix_cache_hits: int
     # Rows [0, num_decodes) are decodes (one token each), the rest prefill rows (a chunk or a whole prompt);
     # starts: each row's first position computed now, i.e. the KV tokens it read that earlier steps (or the
     # prefix cache) wrote. What a per-step record (ForwardPassMetrics) reports of the batch.
-    num_decodes: int = 0
-    starts: list[int] = dataclasses.field(default_factory=list)
+    num_decodes: int
+    starts: list[int]
 
     @classmethod
     def of(cls, n: int, plan, inputs, tokens: list, reasons: list, after, prefix: tuple[int, int]) -> "StepResult":
