@@ -3404,6 +3404,21 @@ MUTATIONS = [
       'if _V_KNOB not in ("1", "1"):',
       "LABKIT_FP8_V_TRANSPOSED=0 (the documented way back to the head_dim-contiguous V) is refused at import",
       ['tests/test_fp8_v_transposed.py']),
+    M("N740", 'labkit/bench/load_metrics.py',
+      'return all((values[k] is None and k == "tpot") or',
+      'return all((values[k] is None or k == "tpot") or',
+      "a tpot SLO is never applied: goodput counts a request whatever its time per output token",
+      ['tests/test_load_edges.py']),
+    M("N741", 'labkit/bench/load_metrics.py',
+      '        if not ms > 0:',
+      '        if not ms > 1:',
+      "--slo refuses a bound under one millisecond (ttft:0.5)",
+      ['tests/test_load_edges.py']),
+    M("N742", 'labkit/bench/load_metrics.py',
+      'in_tokens = sum(o.prompt_tokens or 0 for o in done)',
+      'in_tokens = sum(o.prompt_tokens or 1 for o in done)',
+      "a request whose prompt length the server did not report counts one input token",
+      ['tests/test_load_edges.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -85,6 +85,35 @@ def test_slo_of_zero_ms_is_refused():
         M.parse_slo("ttft:0")
 
 
+def test_an_slo_below_one_millisecond_is_kept():
+    assert M.parse_slo("ttft:0.5, tpot:0.25") == {"ttft": 0.5, "tpot": 0.25}
+
+
+@pytest.mark.parametrize("slo, good", [
+    ({"tpot": 10.0}, ["one-token"]),                      # the 20 ms tpot misses; a one-token request has none
+    ({"tpot": 20.0}, ["slow-tpot", "one-token"]),          # a bound met exactly counts
+    ({"ttft": 15.0}, ["slow-tpot"]),                       # the one-token request's 30 ms ttft misses
+    ({"e2el": 90.0, "tpot": 25.0}, ["slow-tpot", "one-token"]),
+    ({"e2el": 80.0}, ["one-token"]),
+    ({"ttft": 15.0, "tpot": 10.0}, []),
+])
+def test_goodput_counts_the_requests_that_meet_every_bound(slo, good):
+    outs = [L.Outcome(**{**_outcome(0, 10.0, 90.0, 5, itl=[20.0] * 4).__dict__, "id": "slow-tpot"}),
+            L.Outcome(**{**_outcome(1, 30.0, 30.0, 1).__dict__, "id": "one-token"}),
+            _outcome(2, None, None, 0, error="HTTP 503: overloaded")]
+    assert outs[0].tpot_ms == pytest.approx(20.0) and outs[1].tpot_ms is None  # (90 - 10) / 4
+    assert [o.id for o in outs if M.meets_slo(o, slo)] == good
+    assert M.summarize(outs, slo)["good_requests"] == len(good)
+
+
+def test_a_request_whose_prompt_length_is_unknown_adds_no_input_tokens():
+    """(A server that sends no usage leaves prompt_tokens unknown: it is not counted, never guessed.)"""
+    known, unknown = _outcome(0, 10.0, 50.0, 3, itl=[20.0] * 2), _outcome(1, 10.0, 50.0, 3, itl=[20.0] * 2)
+    unknown = L.Outcome(**{**unknown.__dict__, "prompt_tokens": None})
+    s = M.summarize([known, unknown], {})
+    assert s["input_tokens"] == 10 and s["output_tokens"] == 6
+
+
 def test_a_failed_request_sent_first_starts_the_run():
     failed = _outcome(0, None, None, 0, error="HTTP 503: overloaded", t0=0)
     ok = _outcome(1, 10.0, 100.0, 5, itl=[20.0] * 4, t0=100_000_000)
