@@ -3419,6 +3419,21 @@ MUTATIONS = [
       'in_tokens = sum(o.prompt_tokens or 1 for o in done)',
       "a request whose prompt length the server did not report counts one input token",
       ['tests/test_load_edges.py']),
+    M("N743", 'labkit/logits/gates.py',
+      'xs = np.moveaxis(x, 1, 0).reshape(layers, -1)',
+      'xs = np.moveaxis(x, 1, 1).reshape(layers, -1)',
+      "new K/V judged over rows that mix tokens and layers instead of one row a layer",
+      ['tests/test_judges_at_edges.py']),
+    M("N744", 'labkit/logits/gates.py',
+      'num / np.where(den > 0, den, 1)',
+      'num / np.where(den > 1, den, 1)',
+      "a row's rel-L2 against a truth of norm under one is not divided by that norm",
+      ['tests/test_judges_at_edges.py']),
+    M("N745", 'labkit/logits/gates.py',
+      'return num / den if den > 0 else',
+      'return num / den if den > 1 else',
+      "the pooled rel-L2 against a truth of norm under one is inf (or 0) instead of the ratio",
+      ['tests/test_judges_at_edges.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -352,3 +352,38 @@ def test_request_limits_token_ids_at_the_ends_of_the_vocabulary(ids, ok):
     else:
         with pytest.raises(ValueError, match="^prompt: token id"):
             _limits().check_token_ids(ids)
+
+
+# ------------------------------------------------------------------------------------------ the distances' edges
+
+def test_rel_l2_against_a_truth_row_of_norm_under_one_and_of_norm_zero():
+    """rel-L2 divides by the truth's norm whatever it is (0.5 here), and a zero truth row gives 0 where the row
+    matches it and inf where it does not; the same for the pooled distance."""
+    from labkit.logits.gates import pooled_rel, row_distances
+
+    t = np.array([[0.3, 0.4, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    x = np.array([[0.3, 0.4, 0.125, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.25, 0.0, 0.0]])
+    d = row_distances(x, t)
+    assert d["rel_l2"].tolist() == [0.25, 0.0, np.inf]  # 0.125 / 0.5
+    assert d["max_abs"].tolist() == [0.125, 0.0, 0.25]
+    assert pooled_rel(x[:1], t[:1]) == 0.25
+    assert pooled_rel(x[1:2], t[1:2]) == 0.0 and pooled_rel(x[1:], t[1:]) == np.inf
+
+
+def test_new_kv_is_judged_layer_by_layer():
+    """judge_kv_group's rows are layers ([tokens, layers, heads, dim] in): an error in one layer of every token
+    shows in that layer alone, and a reference's error in a layer raises that layer's noise alone."""
+    from labkit.logits.gates import judge_kv_group
+
+    rng = np.random.default_rng(0)
+    t = rng.standard_normal((3, 4, 2, 8))
+    x = t.copy()
+    x[:, 2] *= 1.5            # layer 2 off by half its norm
+    x[:, 1] *= 1.25           # layer 1 off by a quarter, but the reference is off there by as much
+    ref = t.copy()
+    ref[:, 1] *= 1.25
+    got = judge_kv_group(x, t, ref, "bfloat16")
+    assert got["rel_l2"] == pytest.approx([0.0, 0.25, 0.5, 0.0])
+    assert got["noise_rel_l2"] == pytest.approx([2e-3, 0.25, 2e-3, 2e-3])  # the floor, but where the ref is off
+    assert got["worst_layer"] == 2 and got["worst_ratio"] == pytest.approx(0.5 / 2e-3)
+    assert got["ratio"][1] == pytest.approx(max(1.0, got["max_abs"][1] / got["noise_max_abs"][1]))
