@@ -387,3 +387,40 @@ def test_new_kv_is_judged_layer_by_layer():
     assert got["noise_rel_l2"] == pytest.approx([2e-3, 0.25, 2e-3, 2e-3])  # the floor, but where the ref is off
     assert got["worst_layer"] == 2 and got["worst_ratio"] == pytest.approx(0.5 / 2e-3)
     assert got["ratio"][1] == pytest.approx(max(1.0, got["max_abs"][1] / got["noise_max_abs"][1]))
+
+
+def _kv_side(k_offsets, v_offsets, col=None) -> Collection:
+    """A bf16 engine side whose new K in step i is k_offsets[i] off the truth [4, 0, 0, 0], V v_offsets[i]."""
+    k, v = np.tile([4.0, 0, 0, 0], (4, 1)), np.tile([4.0, 0, 0, 0], (4, 1))
+    k[:, 1], v[:, 1] = k_offsets, v_offsets
+    side = _with_kv(_col(TRUTH) if col is None else col, k, [1, 2, 3, 4])
+    side.arrays["kv_v"] = v.astype(np.float32).reshape(side.arrays["kv_k"].shape)
+    return side
+
+
+def test_new_kv_summary_takes_each_steps_worse_of_k_and_v_and_each_sides_worst():
+    """A step's ratio is the worse of its K and V (2 x offset against the 0.5-off reference); a side's worst ratio
+    and max|diff| are over its steps, the comparison's over both sides, all below 1 included."""
+    truth = _with_kv(_col(TRUTH, "float32", "hf"), np.tile([4.0, 0, 0, 0], (4, 1)), [-1] * 4)
+    ref = _with_kv(_col(TRUTH, backend="hf"), np.tile([4.0, 0.5, 0, 0], (4, 1)), [-1] * 4)
+    lhs = _kv_side([0.25, 0.5, 0.125, 0.0], [0.125, 0.0, 0.25, 0.0])
+    rhs = _kv_side([0.0625] * 4, [0.0] * 4)
+    kv = cmp.compare(lhs, rhs, truth=truth, reference=ref)["kv"]
+    left, right = kv["sides"]["lhs"], kv["sides"]["rhs"]
+    assert [e["ratio"] for e in left["steps"]] == [0.5, 1.0, 0.5, 0.0]
+    assert [e["ratio"] for e in right["steps"]] == [0.125] * 4
+    assert (left["worst_ratio"], left["worst_max_abs"]) == (1.0, 0.5)
+    assert (right["worst_ratio"], right["worst_max_abs"]) == (0.125, 0.0625)
+    assert (kv["worst_ratio"], kv["worst_max_abs"]) == (1.0, 0.5)
+    assert kv["status"] == "PASS" and kv["failed_steps"] == kv["review_steps"] == 0
+
+
+def test_a_step_with_non_finite_new_k_fails_and_still_reports_its_v():
+    truth = _with_kv(_col(TRUTH, "float32", "hf"), np.tile([4.0, 0, 0, 0], (4, 1)), [-1] * 4)
+    ref = _with_kv(_col(TRUTH, backend="hf"), np.tile([4.0, 0.5, 0, 0], (4, 1)), [-1] * 4)
+    lhs = _kv_side([0.0, np.nan, 0.0, 0.0], [0.0, 0.25, 0.0, 0.0])
+    kv = cmp.compare(lhs, truth, reference=ref)["kv"]
+    step = kv["sides"]["lhs"]["steps"][1]
+    assert step["status"] == "FAIL" and step["ratio"] == np.inf and "layer 0 K" in step["reason"]
+    assert step["v"]["max_abs"] == [0.25]
+    assert kv["status"] == "FAIL" and kv["failed_steps"] == 1 and "step 2" in kv["first_failure"]

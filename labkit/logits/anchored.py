@@ -188,14 +188,13 @@ def compare_kv(sides: dict[str, Collection], truth: Collection, reference: Colle
                                          dtype_of(col))
                 entry[kind] = g
                 r = g["worst_ratio"]
-                if not math.isfinite(r) or r > worst_ratio:
+                # Both K and V are judged (the step's summary reads each); a non-finite K stays the cause.
+                if math.isfinite(worst_ratio) and (not math.isfinite(r) or r > worst_ratio):
                     L = g["worst_layer"]
                     worst_ratio = r
                     worst_text = (f"layer {L} {kind.upper()}: distance to the truth {r:.2g}x the noise (rel-L2 "
                                   f"{g['rel_l2'][L]:.3g} vs {g['noise_rel_l2'][L]:.3g}, max|diff| "
                                   f"{g['max_abs'][L]:.3g} vs {g['noise_max_abs'][L]:.3g})")
-                    if not math.isfinite(r):
-                        break
             entry["ratio"] = worst_ratio
             entry["status"] = gates.grade(worst_ratio, gates.ROW_PASS, gates.ROW_FAIL)
             entry["reason"] = "" if entry["status"] == "PASS" else worst_text
