@@ -63,8 +63,10 @@ def test_balanced_takes_the_other_phase_when_prefill_cannot_allocate(tiny_model)
 
 
 def test_mixed_decodes_share_the_token_budget(tiny_model):
-    """Under `mixed` the token budget holds for the whole step, decodes included: with more running sequences
-    than the budget has tokens, a step takes as many decodes as it has tokens (the rest wait their turn)."""
+    """Under `mixed` the token budget holds for the whole step, decodes included: six requests behind a budget of
+    four tokens are served four at a time at most, and every one of them decodes. (`running` never holds more
+    sequences than the budget has tokens: a prompt enters only through a step's budget, one token at least, after
+    that step's decodes. So take_decodes' cap at the budget never binds under mixed; it is a guard.)"""
     sched = _sched(tiny_model, "mixed", max_num_seqs=8, max_num_batched_tokens=4)
     for i in range(6):
         sched.add(_seq(i, 2, max_tokens=6))
