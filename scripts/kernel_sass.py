@@ -148,6 +148,9 @@ def async_copy_report(kernel, warps: int) -> dict:
             # shared-memory reads before the first group wait (nothing copied may be read there)
             # (not counting `@!PT LDS RZ, [RZ]`: never executed, the compiler's padding)
             "reads_before_first_wait": len(re.findall(r"(?<!@!PT )\bLDS\b", sass.split("DEPBAR.LE")[0])),
+            # global loads issued after the program's first global store: a store the compiler cannot tell from
+            # the loads' memory (the new residual stream) keeps every later load behind it, a round trip each
+            "loads_after_a_store": len(re.findall(r"\bLDG\b", sass.split("STG", 1)[1])) if "STG" in sass else 0,
             # the copies each commit group (LDGDEPBAR) closes, in program order
             "group_sizes": [len(re.findall(r"\bLDGSTS\b", part)) for part in sass.split("LDGDEPBAR")[:-1]]}
 

@@ -58,12 +58,25 @@ class Ptr:
 class _Shared:
     """A shared-memory allocation [n, ...]; .index(c) is a chunk whose copies land by commit group."""
 
-    def __init__(self, program, dtype, shape):
+    def __init__(self, program, dtype, shape, value=None):
         self.program, self.data = program, torch.zeros(shape, dtype=dtype)
+        if value is not None:  # (allocated holding a value: stored whole)
+            if list(value.shape) != list(shape):
+                raise EmulationError(f"a {list(value.shape)} value stored in a {list(shape)} allocation")
+            self.data.copy_(value.to(dtype))
         self.group = [None] * shape[0]  # a chunk's commit group while its copies are in flight
 
     def index(self, c):
         return _Chunk(self, int(c))
+
+    def reinterpret(self, dtype, shape, layout=None):
+        """The same bytes seen in another layout (only the layout may differ here: a value is the whole tensor)."""
+        if dtype != self.data.dtype or [int(s) for s in shape] != list(self.data.shape):
+            raise EmulationError(f"a reinterpret to {dtype} {list(shape)} of a {self.data.dtype} "
+                                 f"{list(self.data.shape)} buffer")
+        return self
+
+    _reinterpret = reinterpret  # (Triton 3.6's name)
 
 
 class _Chunk:
@@ -148,7 +161,8 @@ def _namespaces(program_ref: list):
         program_id=lambda axis: prog().pid[axis],
         arange=lambda start, end, layout=None: torch.arange(int(start), int(end)),
         zeros=lambda shape, dtype, layout=None: torch.zeros([int(s) for s in shape], dtype=dtype),
-        allocate_shared_memory=lambda dtype, shape, layout: _Shared(prog(), dtype, [int(s) for s in shape]),
+        allocate_shared_memory=lambda dtype, shape, layout, value=None: _Shared(prog(), dtype,
+                                                                                [int(s) for s in shape], value),
         static_range=lambda *a: range(*[int(x) for x in a]), load=load, store=store,
         sum=lambda x, axis: torch.sum(x, dim=axis), rsqrt=torch.rsqrt, exp=torch.exp, sqrt=torch.sqrt,
         exp2=torch.exp2, maximum=torch.maximum, cdiv=lambda a, b: (a + b - 1) // b,

@@ -101,15 +101,29 @@ if NEW_KV not in ("first", "last"):
 # Which one-row GEMVs run engine/kernels/smem_gemv.py's Gluon program, its weight tile copied into shared memory
 # before the PDL wait (55-115 registers a thread, 3-9 programs an SM, against 255 and two), instead of the Triton
 # programs below: "down" (the default) the down projection alone; "1" all four (o_proj merging attention's parts
-# too); "split" o_proj and down, the launches that write split partials; "o_proj" that one; "0" none. Measured on
+# too); "split" o_proj and down, the launches that write split partials; "o_proj" that one; "0" none; or the
+# projections joined by commas ("qkv,gate_up,down"). Measured on
 # an H100 (docs/perf.md, session 35; batch 1 against "0", interleaved): "1" 1.152x, "split" 1.076x, "o_proj" 1.068x,
 # "down" 0.994x in two calls. Alone (scripts/gemv_bench.py) o_proj and down gain and qkv and gate_up lose; beside
 # attention o_proj's early-launched programs lose too.
 SMEM_GEMV = os.environ.get("LABKIT_DECODE_SMEM_GEMV", "down")
 SMEM_GEMV_ROUTES = {"0": (), "1": ("qkv", "o_proj", "gate_up", "down"), "split": ("o_proj", "down"),
                     "o_proj": ("o_proj",), "down": ("down",)}  # (the projections each choice sends to Gluon)
-if SMEM_GEMV not in SMEM_GEMV_ROUTES:
-    raise ValueError(f"LABKIT_DECODE_SMEM_GEMV: one of {', '.join(SMEM_GEMV_ROUTES)}, got {SMEM_GEMV!r}")
+
+
+def smem_route(knob: str) -> tuple[str, ...]:
+    """The projections a LABKIT_DECODE_SMEM_GEMV value sends to Gluon: a named route, or projections joined by
+    commas (qkv,gate_up,down: each once)."""
+    if knob in SMEM_GEMV_ROUTES:
+        return SMEM_GEMV_ROUTES[knob]
+    names = knob.split(",")
+    if set(names) <= set(SMEM_GEMV_ROUTES["1"]) and len(set(names)) == len(names):
+        return tuple(names)
+    raise ValueError(f"LABKIT_DECODE_SMEM_GEMV: one of {', '.join(SMEM_GEMV_ROUTES)}, or projections joined by "
+                     f"commas, each once ({','.join(SMEM_GEMV_ROUTES['1'])}), got {knob!r}")
+
+
+smem_route(SMEM_GEMV)  # (a bad value refused at import, by name)
 
 MAX_ROWS = 16        # the largest batch the fused path serves (one tensor-core tile of rows)
 # How a one-row GEMV program holds its weight tile: "k" as Triton lays out [rows, K range] (the warps split K, so
@@ -645,7 +659,7 @@ def _smem_serves(dev: torch.device, M: int, N: int, K: int, ks: int, w: torch.Te
                  one_dtype: bool, proj: str) -> bool:
     """Does this launch go to smem_gemv's Gluon program (its projection `proj` routed there by
     LABKIT_DECODE_SMEM_GEMV, CUDA, a launch it fits, its input and output in the weights' dtype: one_dtype)?"""
-    if dev.type != "cuda" or not one_dtype or proj not in SMEM_GEMV_ROUTES[SMEM_GEMV]:
+    if dev.type != "cuda" or not one_dtype or proj not in smem_route(SMEM_GEMV):
         return False
     try:
         from . import smem_gemv

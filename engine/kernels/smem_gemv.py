@@ -47,6 +47,21 @@ def _gdc_launch_dependents():
 
 
 @gluon.jit
+def _as_chunks_36(buf, KC: gl.constexpr, L: gl.constexpr):
+    return buf._reinterpret(gl.float32, [KC, _CW], L)
+
+
+@gluon.jit
+def _as_chunks_39(buf, KC: gl.constexpr, L: gl.constexpr):
+    return buf.reinterpret(gl.float32, [KC, _CW], L)
+
+
+# A float32 [KC, 256] buffer stored whole (a rank-2 layout) seen as KC chunks (rank 1, same bytes: no swizzle), for
+# .index(c); Triton 3.6 (the device's) names it _reinterpret, later versions reinterpret
+_as_chunks = _as_chunks_39 if hasattr(gl.shared_memory_descriptor, "reinterpret") else _as_chunks_36
+
+
+@gluon.jit
 def _rnd(x, DT: gl.constexpr):
     return x.to(DT).to(gl.float32)
 
@@ -142,18 +157,18 @@ def _smem_gemv_kernel(w_ptr, x_ptr, part_ptr, res_ptr, res_out_ptr, nw_ptr, y_pt
         if TRIGGER == 1:
             _gdc_launch_dependents()
     if NORM:
-        # the whole row (one split: k0 is 0) made once, kept in shared memory, and its statistics
-        xbuf = gl.allocate_shared_memory(gl.float32, [KC, _CW], SH1)
-        ss = gl.zeros([_CW], gl.float32, XL)
-        for c in gl.static_range(KC):
-            xc = _input_chunk(x_ptr, part_ptr, res_ptr, ml_ptr, ctx, c * _CW + cols, K, S_IN, RESIDUAL, ATTN_S,
-                              ATTN_D, ATTN_BN, DT)
-            if RESIDUAL:
-                if (pid_n == 0) & (pid_k == 0):  # the new residual stream, written once
-                    gl.store(res_out_ptr + c * _CW + cols, xc.to(DT))
-            ss += xc * xc
-            xbuf.index(c).store(xc)
-        rstd = gl.rsqrt(gl.sum(ss, axis=0) / K + eps)
+        # The whole row (one split: k0 is 0) made at once, a warp a chunk, kept in shared memory, and its
+        # statistics. Made chunk by chunk (every warp the whole chunk), the new residual's store sat between the
+        # chunks and the compiler kept each chunk's loads behind it: KC round trips to the L2, ~2 us of q/k/v's
+        # 5.7 (docs/perf.md, session 38).
+        chunk = gl.arange(0, KC, layout=gl.SliceLayout(1, BL))
+        at = chunk[:, None] * _CW + cols[None, :]
+        xr = _input_chunk(x_ptr, part_ptr, res_ptr, ml_ptr, ctx, at, K, S_IN, RESIDUAL, ATTN_S, ATTN_D, ATTN_BN, DT)
+        if RESIDUAL:
+            if (pid_n == 0) & (pid_k == 0):  # the new residual stream, written once
+                gl.store(res_out_ptr + at, xr.to(DT))
+        rstd = gl.rsqrt(gl.sum(gl.sum(xr * xr, axis=1), axis=0) / K + eps)
+        xbuf = _as_chunks(gl.allocate_shared_memory(gl.float32, [KC, _CW], SH, xr), KC, SH1)
     acc = gl.zeros([R, _CW], gl.float32, BL)
     if SILU:
         acc_u = gl.zeros([R, _CW], gl.float32, BL)
@@ -216,7 +231,9 @@ def serves(M: int, N: int, K: int, ks: int, block_n: int, elem_bytes: int, *, de
            probe: bool) -> bool:
     """Does this launch fit the kernel: one row, 16-bit weights (a lane's 8 columns: one 16-byte copy), whole tiles
     of rows, whole 256-column chunks, a tile of at most MAX_TILE_BYTES, rows K apart (dense), the norm over one
-    split, no probe?"""
+    split of a power-of-two count of chunks (the row is made whole at once, a tensor [chunks, 256]), no probe?"""
     tile = block_n * ks * elem_bytes * (2 if silu else 1)
+    chunks = ks // CHUNK
     return (M == 1 and elem_bytes == 2 and N % block_n == 0 and ks % CHUNK == 0 and K % ks == 0
-            and tile <= MAX_TILE_BYTES and dense and (not norm or ks == K) and not probe)
+            and tile <= MAX_TILE_BYTES and dense and (not norm or (ks == K and chunks & (chunks - 1) == 0))
+            and not probe)
