@@ -3451,6 +3451,16 @@ MUTATIONS = [
       '            worst_ratio, worst_text = 1.0, ""',
       "a step whose K and V are both well inside the noise reports a ratio of 1",
       ['tests/test_judges_at_edges.py']),
+    M("N749", 'labkit/logits/gates.py',
+      '    return t.argmax(1), top2[:, 1] - top2[:, 0]',
+      '    return t.argmax(0), top2[:, 1] - top2[:, 0]',
+      "the truth's top-1 taken across the rows, not along each row's logits",
+      ['tests/test_judges_at_edges.py']),
+    M("N750", 'engine/kernels/smem_gemv.py',
+      '        at = chunk[:, None] * _CW + cols[None, :]',
+      '        at = chunk[:, None] * (_CW - 8) + cols[None, :]',
+      "the normed row's chunks read overlapping: the last columns never read",
+      ['tests/test_smem_gemv.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

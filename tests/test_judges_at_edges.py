@@ -107,6 +107,17 @@ def test_a_top1_flip_on_a_margin_just_over_twice_the_noise_fails():
 
 
 
+def test_each_rows_top1_is_its_own_truths():
+    """Rows whose truths peak in different logits, the path on each truth exactly: every row agrees on its own
+    top-1 and passes (a top-1 taken across the rows instead of along each row's logits failed the second row on a
+    wide margin it does not have)."""
+    t = np.array([[4.0, 3.0, 0, 0], [0, 0, 5.0, 1.0], [0, 2.0, 0, 7.0]], dtype=np.float32)
+    result = cmp.compare(_col(t), _col(t, "float32", "hf"), reference=_col(t + 0.5, backend="hf"))
+    assert [r["truth_top1"] for r in result["rows"]] == [0, 2, 3]
+    assert [r["truth_top2_margin"] for r in result["rows"]] == [1.0, 4.0, 5.0]
+    assert all(r["top1_agree"] for r in result["rows"]) and result["verdict"] == "PASS", _statuses(result)
+
+
 def test_rel_l2_is_measured_against_the_truths_norm():
     """rel-L2 = ||x - t|| / ||t||: a path 1.25 off in one logit of [4, 0, 0, 0] is 1.25 / 4 away (not over its own
     norm, sqrt(16 + 1.25**2)); the rows and the pooled figure both say so."""
