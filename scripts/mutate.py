@@ -3461,6 +3461,16 @@ MUTATIONS = [
       '        at = chunk[:, None] * (_CW - 8) + cols[None, :]',
       "the normed row's chunks read overlapping: the last columns never read",
       ['tests/test_smem_gemv.py']),
+    M("N751", 'engine/policies.py',
+      '        return not self._decode_turn(s) and s.head_can_prefill()',
+      '        return not self._decode_turn(s) or s.head_can_prefill()',
+      "balanced's hint says prefill-only before a decode turn while a prompt could prefill",
+      ['tests/test_policies.py']),
+    M("N752", 'engine/policies.py',
+      '        return not self.mixes_phases and s.head_can_prefill()',
+      '        return not self.mixes_phases or s.head_can_prefill()',
+      "the hint says prefill-only before every step of a policy that does not mix",
+      ['tests/test_policies.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).
