@@ -3465,12 +3465,17 @@ MUTATIONS = [
       '        return not self._decode_turn(s) and s.head_can_prefill()',
       '        return not self._decode_turn(s) or s.head_can_prefill()',
       "balanced's hint says prefill-only before a decode turn while a prompt could prefill",
-      ['tests/test_policies.py']),
+      ['tests/test_async_scheduling.py']),
     M("N752", 'engine/policies.py',
       '        return not self.mixes_phases and s.head_can_prefill()',
       '        return not self.mixes_phases or s.head_can_prefill()',
       "the hint says prefill-only before every step of a policy that does not mix",
-      ['tests/test_policies.py']),
+      ['tests/test_async_scheduling.py']),
+    M("N753", 'engine/scheduler.py',
+      '        if seq.is_finished and seq.finish_reason != "length":',
+      '        if seq.is_finished and seq.finish_reason == "length":',
+      "a failed step leaves a sequence that reached its length as it was scheduled finished on an unsampled token",
+      ['tests/test_async_scheduling.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

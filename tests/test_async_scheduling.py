@@ -177,8 +177,12 @@ def test_a_request_arriving_while_a_step_runs_joins_the_step_after_the_launched_
     llm.exit()
 
 
+@pytest.mark.parametrize("first_max_tokens", [8, 3])
 def test_a_queued_launch_that_raises_fails_its_step_at_the_next_call_and_the_engine_carries_on(tiny_model,
-                                                                                                monkeypatch):
+                                                                                                monkeypatch,
+                                                                                                first_max_tokens):
+    """(first_max_tokens 3: the first request reaches its length as the failing step is scheduled; it is taken
+    back and fails with the rest, not left finished on a token that was never sampled.)"""
     from engine.step_result import StepFailed
 
     llm = LLM(tiny_model, device="cpu", kvcache_block_size=4)
@@ -193,7 +197,8 @@ def test_a_queued_launch_that_raises_fails_its_step_at_the_next_call_and_the_eng
         return execute(*args, **kwargs)
 
     monkeypatch.setattr(runner, "execute", fails_third)
-    ids = [llm.add_request([5 + i, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True)) for i in range(2)]
+    ids = [llm.add_request([5 + i, 6, 7], SamplingParams(max_tokens=first_max_tokens if i == 0 else 8,
+                                                         ignore_eos=True)) for i in range(2)]
     results, failed = [], None
     while not llm.is_finished():
         try:

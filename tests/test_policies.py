@@ -161,36 +161,3 @@ def test_a_policy_without_a_name_or_a_chunked_row_is_refused_at_registration(att
         register(cls)
     assert POLICIES == before, fault
 
-
-@pytest.mark.parametrize("policy", sorted(POLICIES))
-def test_the_prefill_alone_hint_says_what_the_next_step_is(tiny_model, policy):
-    """prefill_alone_next, read before each step, against the step the policy then makes. A policy that never mixes
-    phases answers exactly (True before a prefill-only step, False before any other); one that mixes always
-    answers False (its decodes ride with a prompt: there is no prefill-only step worth holding back for late
-    arrivals). The run has decode turns with a prompt waiting that could prefill (two seats, six requests), where
-    balanced's alternation must answer False."""
-    llm = LLM(tiny_model, device="cpu", max_num_seqs=2, scheduling_policy=policy, kvcache_block_size=4)
-    try:
-        sched, seen = llm.scheduler, []
-        schedule = sched.schedule
-
-        def told(*args, **kwargs):
-            hint, could = sched.next_is_eager_prefill(), sched.head_can_prefill()
-            plan = schedule(*args, **kwargs)
-            seen.append((hint, plan.phase, could))
-            return plan
-
-        sched.schedule = told
-        for i in range(6):
-            llm.add_request([100 + i] * (5 + 3 * i), SamplingParams(max_tokens=4, ignore_eos=True))
-        while not llm.is_finished():
-            llm.step()
-    finally:
-        llm.exit()
-    if POLICIES[policy].mixes_phases:
-        assert not any(hint for hint, *_ in seen), seen
-    else:
-        assert all(hint == (phase == "prefill") for hint, phase, _ in seen), seen
-        assert any(phase == "prefill" for _, phase, _ in seen) and any(phase == "decode" for _, phase, _ in seen)
-    # (a step that is not prefill-only while a waiting prompt could prefill: where a wrong hint would show)
-    assert any(phase != "prefill" and waiting for _, phase, waiting in seen) or policy == "prefill_first", seen
