@@ -100,13 +100,13 @@ if NEW_KV not in ("first", "last"):
 
 # Which one-row GEMVs run engine/kernels/smem_gemv.py's Gluon program, its weight tile copied into shared memory
 # before the PDL wait (55-115 registers a thread, 3-9 programs an SM, against 255 and two), instead of the Triton
-# programs below: "down" (the default) the down projection alone; "1" all four (o_proj merging attention's parts
-# too); "split" o_proj and down, the launches that write split partials; "o_proj" that one; "0" none; or the
-# projections joined by commas ("qkv,gate_up,down"). Measured on
-# an H100 (docs/perf.md, session 35; batch 1 against "0", interleaved): "1" 1.152x, "split" 1.076x, "o_proj" 1.068x,
-# "down" 0.994x in two calls. Alone (scripts/gemv_bench.py) o_proj and down gain and qkv and gate_up lose; beside
-# attention o_proj's early-launched programs lose too.
-SMEM_GEMV = os.environ.get("LABKIT_DECODE_SMEM_GEMV", "down")
+# programs below: the projections joined by commas, "qkv,gate_up,down" the default (all but o_proj); or a named
+# route: "1" all four (o_proj merging attention's parts too); "split" o_proj and down, the launches that write split
+# partials; "o_proj" or "down" that one; "0" none. Measured on an H100, batch 1, three rounds interleaved: session 38
+# (the norm's row made at once) "qkv,gate_up,down" 0.965x "down" (0.6890 against 0.7143 ms), "1" 1.001x; session
+# 35 (the row made chunk by chunk) against "0": "1" 1.152x, "split" 1.076x, "o_proj" 1.068x, "down" 0.994x. Beside
+# attention o_proj's early-launched programs lose (docs/perf.md).
+SMEM_GEMV = os.environ.get("LABKIT_DECODE_SMEM_GEMV", "qkv,gate_up,down")
 SMEM_GEMV_ROUTES = {"0": (), "1": ("qkv", "o_proj", "gate_up", "down"), "split": ("o_proj", "down"),
                     "o_proj": ("o_proj",), "down": ("down",)}  # (the projections each choice sends to Gluon)
 

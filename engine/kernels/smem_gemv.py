@@ -1,5 +1,5 @@
 """The fused decode GEMV at one row with its weight tile in shared memory (Gluon, cp.async), for the launches
-LABKIT_DECODE_SMEM_GEMV names (default: down alone, the one that won on the device; docs/perf.md, session 35): the
+LABKIT_DECODE_SMEM_GEMV names (default: all but o_proj, measured on the device; docs/perf.md, session 38): the
 same launches, grids and arithmetic as decode_layer.gemv's one-row programs.
 
 Why: decode_layer's one-row programs hold their whole weight tile in registers while they wait for the previous

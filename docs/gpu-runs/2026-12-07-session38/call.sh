@@ -10,13 +10,13 @@ cd "$(dirname "$0")/../../.."
 BUDGET=${BUDGET:-400}
 source scripts/call_preamble.sh
 left() { echo $(( BUDGET - SECONDS > 10 ? BUDGET - SECONDS : 10 )); }
-for k in 1 0 qkv,gate_up,down; do
+for k in ${GEMV_KNOBS:-1 0 qkv,gate_up,down}; do
   LABKIT_DECODE_SMEM_GEMV=$k timeout $(( $(left) < 100 ? $(left) : 100 )) python3 scripts/gemv_bench.py --prologue \
     --out $W/gemv-$k.json > $W/logs/gemv-$k.log 2>&1
   echo "rc=$? @$SECONDS gemv_bench --prologue, LABKIT_DECODE_SMEM_GEMV=$k:" >> $S
   cat $W/gemv-$k.md >> $S 2>/dev/null || tail -5 $W/logs/gemv-$k.log >> $S
 done
-sweep batch1 "base: norms:LABKIT_DECODE_SMEM_GEMV=qkv,gate_up,down gu:LABKIT_DECODE_SMEM_GEMV=gate_up,down all:LABKIT_DECODE_SMEM_GEMV=1" \
+sweep batch1 "${VARIANTS:-base: norms:LABKIT_DECODE_SMEM_GEMV=qkv,gate_up,down gu:LABKIT_DECODE_SMEM_GEMV=gate_up,down all:LABKIT_DECODE_SMEM_GEMV=1}" \
   "1" ${ROUNDS:-4} ${SHARE:-2/3}
 graph_logits LABKIT_DECODE_SMEM_GEMV=qkv,gate_up,down qkv,gate_up,down
 LABKIT_DECODE_SMEM_GEMV=qkv,gate_up,down timeout $(( $(left) < 120 ? $(left) : 120 )) python3 -m pytest -q \
