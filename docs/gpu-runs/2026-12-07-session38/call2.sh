@@ -7,7 +7,7 @@ cd "$(dirname "$0")/../../.."
 BUDGET=${BUDGET:-200}
 source scripts/call_preamble.sh
 sweep confirm "base: down:LABKIT_DECODE_SMEM_GEMV=down" "1" 3 1/3
-OUT=$W/final SECTIONS=batch bash scripts/final_evidence_call.sh; cat $W/final/summary.txt >> $S
+mkdir -p $W/final; OUT=$W/final SECTIONS=batch bash scripts/final_evidence_call.sh; cat $W/final/summary.txt >> $S
 [ $SECONDS -lt $(( BUDGET - 70 )) ] && { timeout $(( BUDGET - SECONDS )) python3 -m labkit logits-check run \
   --suite fp8-kv --attention-backend triton --execution graph --device $D --dtype bfloat16 --model $M \
   --out $W/lc-fp8-kv > $W/logs/lc-fp8-kv.log 2>&1
