@@ -3476,6 +3476,11 @@ MUTATIONS = [
       '        if seq.is_finished and seq.finish_reason == "length":',
       "a failed step leaves a sequence that reached its length as it was scheduled finished on an unsampled token",
       ['tests/test_async_scheduling.py']),
+    M("N754", 'engine/kernels/decode_layer.py',
+      '    if set(names) <= set(SMEM_GEMV_ROUTES["1"]) and len(set(names)) == len(names):',
+      '    if set(names) < set(SMEM_GEMV_ROUTES["1"]) and len(set(names)) == len(names):',
+      "LABKIT_DECODE_SMEM_GEMV refuses all four projections named by commas",
+      ['tests/test_smem_gemv.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

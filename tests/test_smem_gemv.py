@@ -315,7 +315,8 @@ PROJECTION_LAUNCHES = {"qkv": "qkv", "o_proj": "o_proj, merging", "gate_up": "ga
 
 @pytest.mark.parametrize("knob, served", [("0", set()), ("1", set(PROJECTION_LAUNCHES)),
                                           ("split", {"o_proj", "down"}), ("o_proj", {"o_proj"}), ("down", {"down"}),
-                                          ("qkv,gate_up,down", {"qkv", "gate_up", "down"}), ("gate_up", {"gate_up"})])
+                                          ("qkv,gate_up,down", {"qkv", "gate_up", "down"}), ("gate_up", {"gate_up"}),
+                                          ("down,gate_up,o_proj,qkv", set(PROJECTION_LAUNCHES))])
 def test_the_knob_routes_its_launches(monkeypatch, knob, served):
     from engine.kernels import decode_layer as dl
 
