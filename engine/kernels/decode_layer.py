@@ -29,6 +29,7 @@ float32 accumulations of the same products, a last-bit matter that logits-check 
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import NamedTuple
 
@@ -111,6 +112,7 @@ SMEM_GEMV_ROUTES = {"0": (), "1": ("qkv", "o_proj", "gate_up", "down"), "split":
                     "o_proj": ("o_proj",), "down": ("down",)}  # (the projections each choice sends to Gluon)
 
 
+@functools.cache  # (read at every one-row launch an eager step makes)
 def smem_route(knob: str) -> tuple[str, ...]:
     """The projections a LABKIT_DECODE_SMEM_GEMV value sends to Gluon: a named route, or projections joined by
     commas (qkv,gate_up,down: each once)."""
