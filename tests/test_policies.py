@@ -160,4 +160,3 @@ def test_a_policy_without_a_name_or_a_chunked_row_is_refused_at_registration(att
     with pytest.raises(ValueError, match="needs a name and chunked_row"):
         register(cls)
     assert POLICIES == before, fault
-
