@@ -3481,6 +3481,11 @@ MUTATIONS = [
       '    if set(names) < set(SMEM_GEMV_ROUTES["1"]) and len(set(names)) == len(names):',
       "LABKIT_DECODE_SMEM_GEMV refuses all four projections named by commas",
       ['tests/test_smem_gemv.py']),
+    M("N755", 'engine/scheduler.py',
+      "        held = [self.waiting.popleft()] if self.waiting and self.waiting[0].block_table else []",
+      "        held = [self.waiting.popleft()] if self.waiting and self.waiting[-1].block_table else []",
+      "a policy's reorder of `waiting` sorts a prompt mid-chunk behind a shorter one that arrived later",
+      ['tests/test_policies.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -160,3 +160,20 @@ def test_a_policy_without_a_name_or_a_chunked_row_is_refused_at_registration(att
     with pytest.raises(ValueError, match="needs a name and chunked_row"):
         register(cls)
     assert POLICIES == before, fault
+
+
+def test_a_shorter_prompt_arriving_mid_chunk_waits_behind_the_chunk(toy_policy, tiny_model):
+    """order_waiting sorts everything behind a prompt mid-chunk: it holds blocks, so a shorter prompt arriving
+    while it chunks is prefilled after the chunk's rest, in the same step when the budget allows."""
+    llm = LLM(tiny_model, device="cpu", scheduling_policy=toy_policy, max_num_batched_tokens=16,
+              kvcache_block_size=4, num_kvcache_blocks=24, enforce_eager=True)
+    llm.add_request(list(range(100, 130)), SamplingParams(max_tokens=2, ignore_eos=True))  # 30 tokens: 16 + 14
+    first = llm.step()
+    assert first.seq_ids == [0] and llm.get_sequence(0).block_table  # mid-chunk, holding blocks
+    llm.add_request([7, 8], SamplingParams(max_tokens=2, ignore_eos=True))
+    second = llm.step()
+    assert second.seq_ids == [0, 1]  # the chunk's last 14 tokens first, then the 2-token prompt
+    while not llm.is_finished():
+        llm.step()
+    assert all(len(llm.get_sequence(i).completion_token_ids) == 2 for i in (0, 1))
+    llm.exit()
