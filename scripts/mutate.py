@@ -3486,6 +3486,16 @@ MUTATIONS = [
       "        held = [self.waiting.popleft()] if self.waiting and self.waiting[-1].block_table else []",
       "a policy's reorder of `waiting` sorts a prompt mid-chunk behind a shorter one that arrived later",
       ['tests/test_policies.py']),
+    M("N756", 'labkit/bench/load_metrics.py',
+      "                                                   per_endpoint=False)} for u in urls]",
+      "                                                   per_endpoint=True)} for u in urls]",
+      "each endpoint's entry in a load's metrics is split again by class",
+      ['tests/test_load_edges.py']),
+    M("N757", 'labkit/bench/load_metrics.py',
+      '            raise LabkitError(f"--percentiles: expected numbers from 0 to 100 separated by commas, "',
+      '            raise LabkitError(f"--percentiles: expected numbers from 1 to 100 separated by commas, "',
+      "--percentiles' error misstates its range (0 is accepted)",
+      ['tests/test_bench_load.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -77,7 +77,7 @@ def test_slo_and_percentile_parsing():
     assert [M.percentile_key(p) for p in (50.0, 99.0, 99.9, 0.5)] == ["p50", "p99", "p99.9", "p0.5"]
     for bad in ("", "50,,90", "101", "-1", "p99", "nan"):
         if bad:
-            with pytest.raises(LabkitError, match="--percentiles"):
+            with pytest.raises(LabkitError, match="--percentiles: expected numbers from 0 to 100"):
                 M.parse_percentiles(bad)
 
 

@@ -190,3 +190,14 @@ def test_knobs_are_recorded_only_when_every_endpoint_agrees():
     assert differ["knobs"] is None
     one_silent = L.server_provenance([("http://a", _health(knobs=k)), ("http://b", _health(knobs=None))])
     assert one_silent["knobs"] is None
+
+
+def test_each_endpoints_split_is_flat_and_the_classes_split_is_over_all_endpoints():
+    outs = [_outcome(0, 10.0, 100.0, 4, itl=[30.0] * 3, cls="short", endpoint="http://a"),
+            _outcome(1, 10.0, 50.0, 2, itl=[40.0], t0=350_000_000, cls="long", endpoint="http://b")]
+    s = M.summarize(outs, {})
+    assert [e["url"] for e in s["endpoints"]] == ["http://a", "http://b"]
+    assert set(s["classes"]) == {"short", "long"}
+    # One level deep: an endpoint's entry is not split again by class (nor a class's by endpoint).
+    assert all("classes" not in e and "endpoints" not in e for e in s["endpoints"])
+    assert all("classes" not in c and "endpoints" not in c for c in s["classes"].values())

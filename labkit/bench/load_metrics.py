@@ -125,8 +125,6 @@ def max_output_tokens_per_s(done: list) -> float | None:
         t, n = token_arrivals_s(o)
         times += t
         tokens += n
-    if not times:
-        return 0.0
     buckets = np.floor(np.asarray(times) - start).astype(np.int64)
     return float(np.bincount(np.maximum(buckets, 0), weights=np.asarray(tokens, dtype=float)).max())
 
