@@ -30,9 +30,10 @@ if SHORT_SPLITS not in (1, 2, 4, 8, 16, 32):
     raise ValueError(f"LABKIT_DECODE_SHORT_SPLITS: 1, 2, 4, 8, 16 or 32, got {SHORT_SPLITS}")
 # Decode graphs of at most this many rows also run the LM head and draw the tokens (the Gumbel kernel), so a small
 # batch's step launches one graph instead of the graph, the LM head and two sampling kernels from Python (0: none).
-# Off: on one H200 (docs/perf.md, session 15) 16 drew the same ids and took batch 1 from 0.746 to 0.740 ms a token,
-# batch 4 and 16 within 0.3%: the host's launches are not what holds a small batch back.
-GRAPH_SAMPLE_BS = int_knob("LABKIT_GRAPH_SAMPLE_BS", 0)
+# On one H200 (docs/perf.md, session 15) 16 drew the same ids and took batch 1 from 0.746 to 0.740 ms a token, batch
+# 4 and 16 within 0.3%; on an H100 at session 38's GEMV route (session 39, four rounds) 1 took batch 1 to 0.9918x
+# (every round below base's fastest), with every evidence step and logits suite passing under it: the default.
+GRAPH_SAMPLE_BS = int_knob("LABKIT_GRAPH_SAMPLE_BS", 1)
 if GRAPH_SAMPLE_BS not in (0, 1, 2, 4, 8, 16, 32):
     raise ValueError(f"LABKIT_GRAPH_SAMPLE_BS: 0, 1, 2, 4, 8, 16 or 32, got {GRAPH_SAMPLE_BS}")
 # A mixed graph holds at most this many prefill rows (its cu_seqlens are this long).

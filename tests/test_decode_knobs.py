@@ -34,7 +34,7 @@ def test_the_defaults_are_the_measured_ones():
             decode_layer.MERGE_IN_GEMV, decode_layer.SPLIT_BLOCK_N, decode_layer.O_PROJ_PDL, GRAPH_SAMPLE_BS,
             gumbel_sampler.PROGRAMS_PER_SM, gumbel_sampler.NOISE, decode_layer.GATE_UP_WARPS,
             decode_layer.FMA_ROWS, decode_layer.MERGE_ROWS, decode_layer.NEW_KV, decode_layer.MERGE_CTX) == (
-        16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 0, 8, "hash", 0, 4, 2, "first", "early")
+        16, 8, 4, 128, "1", 128, 128, 512, 4, "1", 128, "", 1, 8, "hash", 0, 4, 2, "first", "early")
     assert decode_layer.ATTN_WARPS == 4
     assert decode_layer.ATTN_SMEM_KIB == 0  # (a device sweep's knob: docs/perf.md, session 31)
     assert decode_layer.ROW_LAYOUT == "k"  # (the rows layout: a device sweep's knob, docs/perf.md, session 29)
