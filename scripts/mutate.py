@@ -3496,6 +3496,12 @@ MUTATIONS = [
       '            raise LabkitError(f"--percentiles: expected numbers from 1 to 100 separated by commas, "',
       "--percentiles' error misstates its range (0 is accepted)",
       ['tests/test_bench_load.py']),
+    M("N758", 'engine/in_flight.py',
+      "        self.rows += 1",
+      "        self.rows += 0",
+      "a row in flight is not counted: a sequence stopped by EOS takes back its own last step (its last block "
+      "leaves the prefix cache)",
+      ['tests/test_async_scheduling.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

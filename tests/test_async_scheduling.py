@@ -398,3 +398,38 @@ def test_sequences_that_finish_as_they_are_scheduled_free_their_blocks_in_row_or
     overlapped = _run(tiny_model, True, requests, **config)
     assert [_rows(r) for r in overlapped[0]] == [_rows(r) for r in sync[0]]
     assert overlapped[1] == sync[1]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_sequence_stopped_by_eos_leaves_the_blocks_its_steps_filled_in_the_prefix_cache(tiny_model,
+                                                                                           async_scheduling):
+    """An EOS takes back only the rows of steps launched after the one that sampled it (none, synchronously):
+    the KV of every token before the EOS was written, so a block those tokens fill stays in the prefix cache.
+    The EOS is chosen to fall right after a block's last token: the step that samples it is the one that
+    completes that block."""
+    bs = 4
+    found = None
+    for seed in range(20):
+        prompt = [random.Random(seed).randrange(1, 250) for _ in range(6)]
+        _, outputs, _, _ = _run(tiny_model, False, [(prompt, SamplingParams(temperature=0.0, max_tokens=24,
+                                                                           ignore_eos=True))], kvcache_block_size=bs)
+        tokens = prompt + outputs[0][0]
+        # k: the EOS's index; the greedy run first samples it there, and tokens [0, k) fill k // bs blocks.
+        ks = [k for k in range(len(prompt) + 1, len(tokens)) if k % bs == 0 and tokens[k] not in tokens[len(prompt):k]]
+        if ks:
+            found = prompt, tokens, ks[0]
+            break
+    assert found, "no greedy completion puts a new token right after a block's end"
+    prompt, tokens, k = found
+    llm = LLM(tiny_model, device="cpu", async_scheduling=async_scheduling, kvcache_block_size=bs,
+              num_kvcache_blocks=64)
+    llm.scheduler.eos = tokens[k]
+    a = llm.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=24))
+    while not llm.is_finished():
+        llm.step()
+    seq = llm.get_sequence(a)
+    assert (seq.finish_reason, seq.num_tokens) == ("stop", k + 1)
+    llm.add_request(tokens[:k] + [7], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+    first = llm.step()
+    assert first.prefix_cache_hits == k  # every block before the EOS, the one its last step completed included
+    llm.exit()
