@@ -3502,6 +3502,16 @@ MUTATIONS = [
       "a row in flight is not counted: a sequence stopped by EOS takes back its own last step (its last block "
       "leaves the prefix cache)",
       ['tests/test_async_scheduling.py']),
+    M("N759", 'engine/step_loop.py',
+      "        self.step_count = 0    # steps committed (the number of the last one)",
+      "        self.step_count = 1    # steps committed (the number of the last one)",
+      "a run that never steps ends claiming one step",
+      ['tests/test_run_start_and_exit.py']),
+    M("N760", 'labkit/trace/run.py',
+      "                tracer.step = llm.step_count + 1  # the step that failed: the one after the last committed",
+      "                tracer.step = llm.step_count  # the step that failed: the one after the last committed",
+      "an engine failure is logged at the last committed step instead of the one that failed",
+      ['tests/test_run_start_and_exit.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -58,3 +58,28 @@ def test_exit_commits_the_step_planned_ahead_so_no_placeholder_is_left(tiny_mode
     tokens = llm.get_sequence(seq_id).completion_token_ids
     end = [e for e in tracer.events if e["event"] == "run_end"]
     assert -1 not in tokens and len(tokens) == llm.step_count == 3 and end[0]["steps"] == 3, (tokens, end)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_run_that_never_steps_ends_with_no_steps(tiny_model, async_scheduling):
+    tracer = ListTracer()
+    llm = LLM(tiny_model, device="cpu", async_scheduling=async_scheduling, max_model_len=128, num_kvcache_blocks=8,
+              kvcache_block_size=16, tracer=tracer)
+    assert llm.step_count == 0
+    llm.exit()
+    end = [e for e in tracer.events if e["event"] == "run_end"]
+    assert len(end) == 1 and end[0]["steps"] == 0 and llm.step_count == 0, end
+
+
+def test_an_engine_failing_its_first_step_is_logged_at_step_1(tiny_model, tmp_path, monkeypatch):
+    from engine.runner import ModelRunner
+    from labkit.trace.cases import load_case
+    from labkit.trace.run import run_case
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("planted: the first step's forward")
+
+    monkeypatch.setattr(ModelRunner, "execute", fails)
+    events = run_case(load_case("chunk"), Path(tiny_model), tmp_path / "events.jsonl", device="cpu").events
+    errors = [e for e in events if e["event"] == "engine_error"]
+    assert len(errors) == 1 and errors[0]["step"] == 1 and "planted" in errors[0]["message"], errors
