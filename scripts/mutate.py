@@ -3512,6 +3512,16 @@ MUTATIONS = [
       "                tracer.step = llm.step_count  # the step that failed: the one after the last committed",
       "an engine failure is logged at the last committed step instead of the one that failed",
       ['tests/test_run_start_and_exit.py']),
+    M("N761", 'labkit/serve/metrics.py',
+      "LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,",
+      "LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.1, 7.5,",
+      "a request-latency histogram's boundary is not vLLM's",
+      ['tests/test_serve_books.py']),
+    M("N762", 'labkit/serve/metrics.py',
+      "               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)",
+      "               2.5, 5.0, 7.5, 10.1, 20.0, 40.0, 80.0)",
+      "an inter-token histogram's boundary is not vLLM's",
+      ['tests/test_serve_books.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -170,3 +170,27 @@ def test_latency_histograms_add_up_request_by_request(tiny_model, policy, monkey
         assert ttft + itl == pytest.approx(e2el) and itl >= n_itl  # each gap spans at least one clock reading
     finally:
         llm.exit()
+
+
+def test_the_latency_histograms_have_vllms_buckets():
+    """A dashboard built on vLLM's histograms reads ours: TTFT (and the other request latencies) on vLLM's TTFT
+    boundaries; inter-token latency on vLLM's, with four finer ones below 10 ms (a decode step takes a few ms)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from labkit.serve.metrics import ServerMetrics
+
+    vllm_ttft = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                 40.0, 80.0, 160.0, 640.0, 2560.0]
+    vllm_itl = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0]
+    m = ServerMetrics("m")
+    bounds = {}
+    for family in text_string_to_metric_families(generate_latest(m.registry).decode()):
+        les = [float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")]
+        if les:
+            bounds[family.name] = les
+    inf = [float("inf")]
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"):
+        assert bounds[f"labkit:{name}"] == vllm_ttft + inf, name
+    assert bounds["labkit:inter_token_latency_seconds"] == [0.001, 0.0025, 0.005, 0.0075] + vllm_itl + inf
