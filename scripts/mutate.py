@@ -3522,6 +3522,11 @@ MUTATIONS = [
       "               2.5, 5.0, 7.5, 10.1, 20.0, 40.0, 80.0)",
       "an inter-token histogram's boundary is not vLLM's",
       ['tests/test_serve_books.py']),
+    M("N763", 'engine/sampling_params.py',
+      "        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))",
+      "        if isinstance(self.top_p, bool) and not isinstance(self.top_p, (int, float))",
+      "top_p=True is taken as 1 (and a string top_p raises a TypeError)",
+      ['tests/test_hostile_inputs.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).
