@@ -3527,6 +3527,11 @@ MUTATIONS = [
       "        if isinstance(self.top_p, bool) and not isinstance(self.top_p, (int, float))",
       "top_p=True is taken as 1 (and a string top_p raises a TypeError)",
       ['tests/test_hostile_inputs.py']),
+    M("N764", 'engine/sampling_params.py',
+      "    temperature: float = 1.0  # 0 means greedy",
+      "    temperature: float = 0.0  # 0 means greedy",
+      "a request that names no temperature decodes greedily (nano-vLLM's default samples at 1.0)",
+      ['tests/test_hostile_inputs.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

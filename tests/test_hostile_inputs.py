@@ -337,3 +337,10 @@ def test_a_bad_sampling_field_is_refused_with_its_whole_message(field, value, me
     with pytest.raises(ValueError) as err:
         SamplingParams(**{field: value})
     assert str(err.value) == message
+
+
+def test_sampling_defaults_are_nano_vllms_with_the_filters_off():
+    """nano-vLLM's SamplingParams(): temperature 1.0, max_tokens 64, ignore_eos False; top-k, top-p and the
+    request's own seed (vLLM's) off."""
+    p = SamplingParams()
+    assert (p.temperature, p.max_tokens, p.ignore_eos, p.top_k, p.top_p, p.seed) == (1.0, 64, False, -1, 1.0, None)
