@@ -3532,6 +3532,16 @@ MUTATIONS = [
       "    temperature: float = 0.0  # 0 means greedy",
       "a request that names no temperature decodes greedily (nano-vLLM's default samples at 1.0)",
       ['tests/test_hostile_inputs.py']),
+    M("N765", 'engine/sampling_params.py',
+      "                or not math.isfinite(self.temperature) or self.temperature < 0:",
+      "                and not math.isfinite(self.temperature) or self.temperature < 0:",
+      "a temperature of nan or inf is taken",
+      ['tests/test_hostile_inputs.py']),
+    M("N766", 'engine/sampling_params.py',
+      "or not 0.0 < self.top_p <= 1.0:",
+      "or not 0.0 < self.top_p <= 1.1:",
+      "a top_p above 1 is taken",
+      ['tests/test_hostile_inputs.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

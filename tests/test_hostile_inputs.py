@@ -327,11 +327,14 @@ def test_an_arrivals_file_drawing_past_the_workload_limit_is_refused_before_draw
     ("top_p", True, "top_p: must be in (0, 1], got True"),       # a bool is not a probability, though True == 1
     ("top_p", "0.5", "top_p: must be in (0, 1], got '0.5'"),
     ("top_p", 0.0, "top_p: must be in (0, 1], got 0.0"),
+    ("top_p", 1.05, "top_p: must be in (0, 1], got 1.05"),
     ("top_k", True, "top_k: must be an integer >= 1, or -1/0 for off, got True"),
     ("top_k", -2, "top_k: must be an integer >= 1, or -1/0 for off, got -2"),
     ("seed", -1, "seed: must be an integer in [0, 2**63) or None, got -1"),
     ("max_tokens", True, "max_tokens: must be an integer >= 1, got True"),
     ("temperature", False, "temperature: must be a finite number >= 0 (0 = greedy), got False"),
+    ("temperature", float("nan"), "temperature: must be a finite number >= 0 (0 = greedy), got nan"),
+    ("temperature", float("inf"), "temperature: must be a finite number >= 0 (0 = greedy), got inf"),
 ])
 def test_a_bad_sampling_field_is_refused_with_its_whole_message(field, value, message):
     with pytest.raises(ValueError) as err:
