@@ -3542,6 +3542,11 @@ MUTATIONS = [
       "or not 0.0 < self.top_p <= 1.1:",
       "a top_p above 1 is taken",
       ['tests/test_hostile_inputs.py']),
+    M("N767", 'labkit/trace/validate.py',
+      '    nb = num_kvcache_blocks or (rs.get("num_kvcache_blocks")',
+      '    nb = num_kvcache_blocks and (rs.get("num_kvcache_blocks")',
+      "the validator judges the pool by the config's requested block count, not the one run_start reports",
+      ['tests/test_validate_edges.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -444,3 +444,20 @@ def test_a_tracer_field_cannot_overwrite_the_stamps_the_validator_trusts():
             t.emit("kv_alloc", **{field: 9})
     t.emit("kv_alloc", seq_id=1)
     assert len(t.events) == 1 and t.events[0]["step"] == 3 and t.events[0]["run"] == "r" and t.events[0]["v"] == 1
+
+
+@pytest.mark.parametrize("asked", [-1, 7, 999])
+def test_the_pool_is_judged_by_the_blocks_the_engine_allocated_not_the_config_asked(asked):
+    """config.num_kvcache_blocks is what was asked (-1: as many as fit, on a GPU); run_start.num_kvcache_blocks is
+    what the pool has. A correct log whose config asked for another count still passes."""
+    log = chunk_log()
+    for e in log:
+        if e["event"] == "run_start":
+            assert e["num_kvcache_blocks"] == 64
+            e["config"] = {**e["config"], "num_kvcache_blocks": asked}
+    report = validate(log, load_case("chunk"))
+    assert report.verdict == "PASS", [c.message for c in report.failures]
+    for e in log:  # (and the count it reports is the one judged: one block short fails)
+        if e["event"] == "run_start":
+            e["num_kvcache_blocks"] = 63
+    assert validate(log, load_case("chunk")).verdict == "FAIL"
