@@ -3547,6 +3547,16 @@ MUTATIONS = [
       '    nb = num_kvcache_blocks and (rs.get("num_kvcache_blocks")',
       "the validator judges the pool by the config's requested block count, not the one run_start reports",
       ['tests/test_validate_edges.py']),
+    M("N768", 'labkit/trace/validate.py',
+      '        for name, least in (("scheduled", 1), ("gpu_inputs", 1)',
+      '        for name, least in (("scheduled", 0), ("gpu_inputs", 1)',
+      "a step without its scheduled event passes step.events",
+      ['tests/test_invariants_fire.py']),
+    M("N769", 'labkit/trace/validate.py',
+      '            yield need(False, "run: t_ns goes backwards (more times)")',
+      '            yield need(True, "run: t_ns goes backwards (more times)")',
+      "time reversals past the listed ones pass",
+      ['tests/test_invariants_fire.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

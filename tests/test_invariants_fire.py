@@ -220,3 +220,23 @@ def test_a_request_stopped_at_max_model_len_has_its_outputs_and_one_stopped_shor
     short = copy.deepcopy(events)
     short[0]["config"]["max_model_len"] = 17
     assert "requests.outputs" in {c.name for c in validate(short, case).failures}
+
+
+def test_a_step_without_its_scheduled_event_fails_step_events(logs):
+    events = [e for e in copy.deepcopy(logs["chunk"]) if not (e.get("event") == "scheduled" and e.get("step") == 2)]
+    report, fired, _ = _judged(events, "chunk")
+    assert "step.events" in fired and any("0 scheduled events" in c.message for c in report.failures), sorted(fired)
+
+
+def test_every_time_reversal_fails_past_the_ones_listed(logs, monkeypatch):
+    """The log keeps the first MAX_KEPT reversals with their events and counts the rest: each one still fails."""
+    from labkit.trace import events as trace_events
+
+    monkeypatch.setattr(trace_events, "MAX_KEPT", 2)
+    events = copy.deepcopy(logs["chunk"])
+    timed = [e for e in events if isinstance(e.get("t_ns"), int)]
+    for e in timed[2:12:2]:  # five events, each earlier than the one before it
+        e["t_ns"] = 0
+    report = validate(events, load_case("chunk"))
+    assert sum(c.name == "time.monotonic" for c in report.failures) == 5
+    assert sum("(more times)" in c.message for c in report.failures) == 3
