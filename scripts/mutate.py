@@ -3557,6 +3557,16 @@ MUTATIONS = [
       '            yield need(True, "run: t_ns goes backwards (more times)")',
       "time reversals past the listed ones pass",
       ['tests/test_invariants_fire.py']),
+    M("N770", 'labkit/bench/compare.py',
+      "mb = np.median(xb[rng.integers(0, xb.size",
+      "mb = np.median(xb[rng.integers(1, xb.size",
+      "the bootstrap never resamples B's first run",
+      ['tests/test_bench_compare.py']),
+    M("N771", 'labkit/bench/compare.py',
+      'if command == "bench load" and isinstance(data.get("config"), dict) and isinstance',
+      'if command == "bench load" and isinstance(data.get("config"), dict) or isinstance',
+      "any result carrying a metrics dict is read as a load result",
+      ['tests/test_bench_compare.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -286,3 +286,22 @@ def test_a_metric_with_no_ratio_says_why():
     assert m["ratio"] is None and m["text"] == "no ratio: A's median is 0 (B's 2)"
     assert cmp.sampled_metric([], [1.0, 2.0], "x", True)["text"] == "no ratio: A has no samples"
     assert cmp.sampled_metric([1.0, 2.0], [], "x", True)["text"] == "no ratio: B has no samples"
+
+
+def test_the_bootstrap_resamples_every_run_of_each_side():
+    """Two runs a side: a resample of b = [3, 1] draws (3, 3), (3, 1), (1, 3) or (1, 1), medians 3, 2, 2, 1,
+    each of the outer two a quarter of the time: the 95% interval spans both. A resampler that never drew the
+    first run would give b's median 1 every time."""
+    assert cmp.ratio_interval([1.0, 1.0], [3.0, 1.0]) == pytest.approx((1.0, 3.0))
+    assert cmp.ratio_interval([3.0, 1.0], [1.0, 1.0]) == pytest.approx((1 / 3, 1.0))
+
+
+def test_an_offline_result_that_carries_a_metrics_dict_stays_offline(tmp_path):
+    data = _synthetic(1000.0)
+    data["metrics"] = {"note": "a field an offline result may carry"}
+    loaded = cmp.load_bench(_write(tmp_path, "offline.json", data))
+    assert cmp.kind_of(loaded) == "offline" and "_records" not in loaded
+
+
+def test_a_float_of_a_thousand_or_more_is_shown_whole():
+    assert (cmp._short(999.5), cmp._short(1000.0), cmp._short(12345.678)) == ("999.500", "1,000", "12,346")
