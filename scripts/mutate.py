@@ -3567,6 +3567,11 @@ MUTATIONS = [
       'if command == "bench load" and isinstance(data.get("config"), dict) or isinstance',
       "any result carrying a metrics dict is read as a load result",
       ['tests/test_bench_compare.py']),
+    M("N772", 'labkit/bench/compare.py',
+      'return f"{r:.3f}x ({pct} interval {iv[0]:.3f}x',
+      'return f"{r:.3f}x ({pct} interval {iv[-1]:.3f}x',
+      "a ratio outside the noise is said with its interval's upper end twice",
+      ['tests/test_bench_compare.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -305,3 +305,12 @@ def test_an_offline_result_that_carries_a_metrics_dict_stays_offline(tmp_path):
 
 def test_a_float_of_a_thousand_or_more_is_shown_whole():
     assert (cmp._short(999.5), cmp._short(1000.0), cmp._short(12345.678)) == ("999.500", "1,000", "12,346")
+
+
+def test_a_ratio_is_said_with_both_ends_of_its_interval():
+    assert cmp.ratio_text(1.2, (1.1, 1.3), 3, 3) == "1.200x (95% interval 1.100x to 1.300x)"
+    assert cmp.ratio_text(1.01, (0.97, 1.04), 3, 3) == "within noise (95% interval of the ratio 0.970x to 1.040x " \
+                                                       "holds 1.0)"
+    assert cmp.ratio_text(0.8, (0.7, 1.0), 3, 3).startswith("within noise")  # (an end at 1.0 holds it)
+    assert cmp.ratio_text(1.5, None, 1, 3) == "1.500x with no interval (1 vs 3 samples: a single sample shows no " \
+                                              "spread)"
