@@ -3572,6 +3572,16 @@ MUTATIONS = [
       'return f"{r:.3f}x ({pct} interval {iv[-1]:.3f}x',
       "a ratio outside the noise is said with its interval's upper end twice",
       ['tests/test_bench_compare.py']),
+    M("N773", 'labkit/bench/compare.py',
+      '    if iv[0] <= 1.0 <= iv[1]:',
+      '    if iv[0] < 1.0 <= iv[1]:',
+      "an interval that starts at 1.0 is said to be outside the noise",
+      ['tests/test_bench_compare.py']),
+    M("N774", 'labkit/bench/compare.py',
+      '    return EVIDENCE_KINDS[max(ranks)]',
+      '    return EVIDENCE_KINDS[min(ranks)]',
+      "a comparison of a GPU run with a CPU run is called gpu-measured",
+      ['tests/test_bench_compare.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

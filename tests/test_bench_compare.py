@@ -312,5 +312,19 @@ def test_a_ratio_is_said_with_both_ends_of_its_interval():
     assert cmp.ratio_text(1.01, (0.97, 1.04), 3, 3) == "within noise (95% interval of the ratio 0.970x to 1.040x " \
                                                        "holds 1.0)"
     assert cmp.ratio_text(0.8, (0.7, 1.0), 3, 3).startswith("within noise")  # (an end at 1.0 holds it)
+    assert cmp.ratio_text(1.2, (1.0, 1.3), 3, 3).startswith("within noise")
     assert cmp.ratio_text(1.5, None, 1, 3) == "1.500x with no interval (1 vs 3 samples: a single sample shows no " \
                                               "spread)"
+
+
+def test_a_rate_is_better_higher_and_a_time_better_lower():
+    for kind, metrics in cmp.SAMPLED.items():
+        for name, (_, label, higher_is_better) in metrics.items():
+            assert higher_is_better == label.endswith("/s"), (kind, name, label)
+
+
+def test_a_comparison_is_only_as_strong_as_its_weaker_run():
+    gpu, cpu = {"evidence": "gpu-measured"}, {"evidence": "cpu-executed"}
+    assert cmp.weakest_evidence(gpu, gpu) == "gpu-measured"
+    assert cmp.weakest_evidence(gpu, cpu) == cmp.weakest_evidence(cpu, gpu) == "cpu-executed"
+    assert cmp.weakest_evidence(gpu, {"evidence": "rumour"}) == "simulated"  # (unknown: the weakest there is)
