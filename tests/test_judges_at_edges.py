@@ -435,3 +435,43 @@ def test_a_step_with_non_finite_new_k_fails_and_still_reports_its_v():
     assert step["status"] == "FAIL" and step["ratio"] == np.inf and "layer 0 K" in step["reason"]
     assert step["v"]["max_abs"] == [0.25]
     assert kv["status"] == "FAIL" and kv["failed_steps"] == 1 and "step 2" in kv["first_failure"]
+
+
+def test_new_kv_equal_to_the_truth_is_at_ratio_zero_in_every_step():
+    result = _anchored_kv([0, 0, 0, 0])
+    side = result["kv"]["sides"]["lhs"]
+    assert [e["ratio"] for e in side["steps"]] == [0.0] * 4 and side["worst_ratio"] == 0.0
+    assert result["verdict"] == "PASS"
+
+
+def test_a_truth_that_is_not_transformers_is_judged_with_a_note():
+    x = TRUTH.copy()
+    result = cmp.compare(_col(x), _col(TRUTH, "float32", "engine"), reference=_col(REFERENCE, backend="hf"))
+    assert any("not Transformers" in n for n in result["notes"]), result["notes"]
+    hf = cmp.compare(_col(x), _col(TRUTH, "float32", "hf"), reference=_col(REFERENCE, backend="hf"))
+    assert not any("not Transformers" in n for n in hf["notes"])
+
+
+def test_kv_on_one_judged_side_only_is_not_compared_and_says_which_side_lacks_it():
+    """Both sides judged against one truth (--truth): K/V are compared only when both sides recorded them."""
+    truth_kv = np.tile([4.0, 0, 0, 0], (4, 1))
+    lhs = _with_kv(_col(TRUTH), truth_kv, [1, 2, 3, 4])
+    truth = _with_kv(_col(TRUTH, "float32", "hf"), truth_kv, [-1] * 4)
+    ref = _with_kv(_col(REFERENCE, backend="hf"), truth_kv + [0, 0.5, 0, 0], [-1] * 4)
+    result = cmp.compare(lhs, _col(TRUTH), truth=truth, reference=ref)
+    assert result["kv"]["compared"] is False and result["kv"]["reason"] == "rhs holds no K/V", result["kv"]
+    both = cmp.compare(lhs, lhs, truth=truth, reference=ref)
+    assert both["kv"]["compared"] is True
+
+
+def test_a_truth_without_kv_is_refused_and_a_reference_without_kv_only_where_a_side_needs_it():
+    """A float32 side is judged against the truth alone: the truth must hold K/V, a reference need not."""
+    from labkit.errors import LabkitError
+
+    truth_kv = np.tile([4.0, 0, 0, 0], (4, 1))
+    lhs32 = _with_kv(_col(TRUTH, "float32"), truth_kv, [1, 2, 3, 4])
+    truth = _with_kv(_col(TRUTH, "float32", "hf"), truth_kv, [-1] * 4)
+    with pytest.raises(LabkitError, match="the truth holds no K/V"):
+        cmp.compare(lhs32, _col(TRUTH, "float32", "hf"))
+    result = cmp.compare(lhs32, truth, reference=_col(REFERENCE, "float32", backend="hf"))
+    assert result["kv"]["compared"] is True and result["verdict"] == "PASS"
