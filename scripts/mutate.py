@@ -3602,6 +3602,11 @@ MUTATIONS = [
       "        return {\"compared\": True, \"reason\": f\"{' and '.join(missing)} holds no K/V\"}",
       "K/V said compared when one judged side recorded none",
       ['tests/test_judges_at_edges.py']),
+    M("N779", 'engine/block_manager.py',
+      "        if num_blocks < 1:",
+      "        if num_blocks < 0:",
+      "a KV pool of no blocks is taken",
+      ['tests/test_block_manager.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

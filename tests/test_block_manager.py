@@ -150,3 +150,11 @@ def test_preemption_loses_no_request_and_no_token(tiny_model):
     got = [o["token_ids"] for o in tight.generate(prompts, sp, use_tqdm=False)]
     assert any(e["event"] == "preempted" for e in tracer.events), "the small pool should force preemption"
     assert got == expected
+
+
+@pytest.mark.parametrize("num_blocks", [0, -1])
+def test_a_pool_of_no_blocks_is_refused(num_blocks):
+    with pytest.raises(ValueError, match=f"^num_kvcache_blocks: the KV pool has {num_blocks} blocks; it needs at "
+                                         "least 1$"):
+        BlockManager(num_blocks, 16)
+    assert len(BlockManager(1, 16).free_block_ids) == 1
