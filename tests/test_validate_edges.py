@@ -461,3 +461,17 @@ def test_the_pool_is_judged_by_the_blocks_the_engine_allocated_not_the_config_as
         if e["event"] == "run_start":
             e["num_kvcache_blocks"] = 63
     assert validate(log, load_case("chunk")).verdict == "FAIL"
+
+
+@pytest.mark.parametrize("kind", ["scheduled", "after_postprocess"])
+@pytest.mark.parametrize("bad", ["x", 5, [5], None, {"seq_id": 0}, True])
+def test_a_step_events_seqs_that_is_not_a_list_of_objects_fails_the_schema_not_the_validator(kind, bad):
+    """validate() as a library (the CLI's reader refuses such a line first): a malformed seqs is a schema failure
+    and the rest of the log is still judged, never an exception."""
+    log = chunk_log()
+    for e in log:
+        if e["event"] == kind and e["step"] == 2:
+            e["seqs"] = bad
+    report = validate(log, load_case("chunk"))
+    assert report.verdict == "FAIL"
+    assert any(c.kind == "schema" and f"{kind}.seqs" in c.message for c in report.failures)

@@ -50,6 +50,13 @@ def is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def seq_entries(e: dict | None, key: str = "seqs") -> list[dict]:
+    """The dict entries of e[key] when it is a list; else none (a malformed log's schema checks say what is
+    wrong with it, and every other check reads it as empty instead of crashing)."""
+    v = (e or {}).get(key)
+    return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
+
+
 def event_problems(e) -> list[str]:
     """Schema problems of one event (empty list when it is fine)."""
     if not isinstance(e, dict):
@@ -321,8 +328,8 @@ class EventLog:
         elif ev == "live_state":
             self.live_states.append((i, e))
         elif ev == "after_postprocess":
-            for a in e.get("seqs") or []:
-                if isinstance(a, dict) and a.get("status") == "FINISHED":
+            for a in seq_entries(e):
+                if a.get("status") == "FINISHED":
                     self.finished_at.setdefault(self.rid(a), i)
         if ev in STEP_EVENTS and is_int(e.get("step")):
             self.first_index.setdefault(e["step"], i)

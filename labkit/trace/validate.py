@@ -29,7 +29,7 @@ from typing import Any
 
 from engine.policies import POLICIES, PrefillFirst
 from labkit.trace.cases import Case, format_positions
-from labkit.trace.events import MAX_KEPT, PHASES, STATUSES, EventLog, event_problems, is_int
+from labkit.trace.events import MAX_KEPT, PHASES, STATUSES, EventLog, event_problems, is_int, seq_entries
 
 # Every invariant validate() checks, name -> what it asserts, in the order the report lists them (filled
 # by @invariant below). Each one that never fails gets one passing Check.
@@ -312,7 +312,7 @@ class _Step:
 
     @cached_property
     def seqs(self) -> list[dict]:
-        return [e for e in (self.scheduled.get("seqs") or []) if isinstance(e, dict)]
+        return seq_entries(self.scheduled)
 
     @cached_property
     def kinds(self) -> list[str]:
@@ -485,7 +485,7 @@ class _Replay:
         cached positions, for later prefix hits) and the free blocks. Blocks written before the window and
         freed are unknown: a prefix hit on one is not checked (prefix.content)."""
         bs = self.bs
-        for x in e.get("seqs") or []:
+        for x in seq_entries(e):
             q = self.seqs.get(x.get("seq_id"))
             if q is None:
                 continue
@@ -503,7 +503,7 @@ class _Replay:
     @invariant("window.end", "at a live window's end the live sequences, their states and blocks, and the free "
                              "blocks are what the window's steps left (no request lost or duplicated)")
     def window_end(self, e: dict):
-        want = {x.get("seq_id"): x for x in e.get("seqs") or [] if isinstance(x, dict)}
+        want = {x.get("seq_id"): x for x in seq_entries(e)}
         live = {sid: q for sid, q in self.seqs.items() if q.status != "FINISHED"}
         names = {sid: q.request_id for sid, q in self.seqs.items()}
         lost, extra = sorted(set(want) - set(live), key=str), sorted(set(live) - set(want), key=str)
@@ -916,7 +916,7 @@ class _Replay:
 
     # --- after_postprocess
     def after_postprocess(self, s: _Step):
-        reported = [a for a in (s.after.get("seqs") or []) if isinstance(a, dict)]
+        reported = seq_entries(s.after)
         sched = {e.get("seq_id"): e for e in s.seqs}
         self.run(self.after_complete, s, {a.get("seq_id") for a in reported})
         for a in reported:
@@ -1094,7 +1094,7 @@ class _Replay:
         else:
             self.run(self.run_ended)
             self.skip("window.end", "not a live window")
-        still = {x.get("seq_id") for x in (self.log.window_close or {}).get("seqs") or [] if isinstance(x, dict)}
+        still = {x.get("seq_id") for x in seq_entries(self.log.window_close)}
         for sid, q in self.seqs.items():
             if window and sid in still:
                 continue      # live at the window's end: window.end accounts for it
@@ -1204,7 +1204,7 @@ class _Replay:
         i, x = entries[0]
         log = self.log
         sched = log.one(st, "scheduled") or {}
-        sseqs = [e for e in sched.get("seqs") or [] if isinstance(e, dict)]
+        sseqs = seq_entries(sched)
         if "phase" in x:
             self.compare(i, st, None, "phase", x["phase"], sched.get("phase"))
         if "scheduled" in x:
@@ -1225,7 +1225,7 @@ class _Replay:
             self.missing(i, st, None, "inputs", "no gpu_inputs event")
         for f, v in (x.get("inputs") or {}).items() if gi is not None else ():
             self.compare(i, st, None, f, v, gi.get(f))
-        a_by_rid = {log.rid(a): a for a in ((ap or {}).get("seqs") or []) if isinstance(a, dict)}
+        a_by_rid = {log.rid(a): a for a in seq_entries(ap)}
         for rid, fields in (x.get("after") or {}).items():
             if rid not in a_by_rid:
                 self.missing(i, st, rid, "after", "missing from after_postprocess")
