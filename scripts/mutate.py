@@ -3607,6 +3607,11 @@ MUTATIONS = [
       "        if num_blocks < 0:",
       "a KV pool of no blocks is taken",
       ['tests/test_block_manager.py']),
+    M("N780", 'labkit/trace/validate.py',
+      '            self.record("step.events", need(False, f"step {n}: could not check this step',
+      '            self.record("step.events", need(True, f"step {n}: could not check this step',
+      "a step whose checks raise passes step.events",
+      ['tests/test_validate_edges.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -475,3 +475,14 @@ def test_a_step_events_seqs_that_is_not_a_list_of_objects_fails_the_schema_not_t
     report = validate(log, load_case("chunk"))
     assert report.verdict == "FAIL"
     assert any(c.kind == "schema" and f"{kind}.seqs" in c.message for c in report.failures)
+
+
+def test_a_step_whose_checks_cannot_run_fails_step_events_and_the_next_steps_are_judged():
+    log = chunk_log()
+    for e in log:
+        if e["event"] == "gpu_inputs" and e["step"] == 2:
+            e["positions"] = 5
+    report = validate(log, load_case("chunk"))
+    failed = [c for c in report.failures if c.name == "step.events"]
+    assert failed and "step 2: could not check this step (TypeError" in failed[0].message
+    assert any(c.step == 3 and c.ok for c in report.checks)  # (step 3 is still judged)
