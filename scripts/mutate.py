@@ -3612,6 +3612,11 @@ MUTATIONS = [
       '            self.record("step.events", need(True, f"step {n}: could not check this step',
       "a step whose checks raise passes step.events",
       ['tests/test_validate_edges.py']),
+    M("N781", 'labkit/trace/validate.py',
+      '        if how != "reported" or e.get("seq_id") not in self.seqs:',
+      '        if how != "reported" or e.get("seq_id") in self.seqs:',
+      "after_postprocess may report a sequence no request added",
+      ['tests/test_validate_edges.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -486,3 +486,13 @@ def test_a_step_whose_checks_cannot_run_fails_step_events_and_the_next_steps_are
     failed = [c for c in report.failures if c.name == "step.events"]
     assert failed and "step 2: could not check this step (TypeError" in failed[0].message
     assert any(c.step == 3 and c.ok for c in report.checks)  # (step 3 is still judged)
+
+
+def test_after_postprocess_reporting_an_unknown_sequence_fails_seq_known():
+    log = chunk_log()
+    for e in log:
+        if e["event"] == "after_postprocess" and e["step"] == 2:
+            e["seqs"].append({**e["seqs"][0], "seq_id": 99, "request_id": "Z"})
+    report = validate(log, load_case("chunk"))
+    assert any(c.name == "seq.known" and "after_postprocess reports unknown seq 99" in c.message
+               for c in report.failures), [c.message for c in report.failures]
