@@ -65,6 +65,21 @@ def test_a_discarded_prefill_chunk_is_pale_and_one_without_an_accepted_field_is_
                                 1: {figures.PHASE_COLORS["prefill"]}}
 
 
+def test_a_malformed_seqs_draws_its_well_formed_entries_only():
+    # The report draws logs it did not validate: a `seqs` that is not a list, or holds a non-object, draws what is
+    # well formed (here a's chunk, pale because after_postprocess discarded it) instead of raising.
+    for bad in ("ab", 3, [7]):
+        events = added("a", "b") + [
+            scheduled(0, "prefill", a=16),
+            {"event": "scheduled", "step": 1, "phase": "prefill", "seqs": bad},
+            {"event": "after_postprocess", "step": 0, "free_blocks": 60,
+             "seqs": [{"request_id": "a", "accepted": False}] + (bad if isinstance(bad, list) else [])},
+            {"event": "after_postprocess", "step": 1, "free_blocks": 60, "seqs": bad},
+        ]
+        ax = figures.trace_timeline_figure(events, "case bad").axes[0]
+        assert cells_by_row(ax) == {0: {figures.PHASE_COLORS["prefill chunk (no output)"]}}, bad
+
+
 def test_chunk_token_counts_are_written_only_while_the_run_is_short_enough_to_read_them():
     short = added("a") + [scheduled(s, "prefill", a=8) for s in range(figures.MAX_LABELLED_STEPS)]
     ax = figures.trace_timeline_figure(short, "case short").axes[0]

@@ -112,3 +112,27 @@ def test_case_mismatch_counts_the_requests_it_does_not_list():
     # Four requests are named; of six, two are left: "and 2 more".
     assert "R0 (8 prompt tokens, 4 out)" in text and "R3 " in text and "R4 " not in text
     assert text.endswith("B none") and " and 2 more;" in text
+
+
+# ----------------------------------------------------------------------------- a malformed log
+
+
+def test_every_view_reads_a_malformed_seqs_as_its_well_formed_entries(tmp_path):
+    # A step whose `seqs` holds a non-object beside a good entry, or is not a list at all: the CLI's reader
+    # refuses such a line, but these views are library calls too (the report and the live recorder call them on
+    # what they read), so they show what is well formed instead of raising.
+    good = [added(1, "A", 4), *step(1, "prefill", [sched(1, "A", 4, 0, 4)], [after(1, "A", 5, 4, 1)])]
+    for bad in ([5, sched(1, "A", 5, 4, 1)], "seqs", 7, {"seq_id": 1}):
+        afters = [after(1, "A", 6, 5, 2)] + (bad[:1] if isinstance(bad, list) else [])
+        events = good + [{"event": "scheduled", "step": 2, "phase": "decode", "seqs": bad},
+                         {"event": "after_postprocess", "step": 2, "seqs": afters, "free_blocks": 9}]
+        steps = {s["step"]: s for s in compact_steps(events)}
+        listed = isinstance(bad, list)
+        assert steps[2]["tokens"] == (1 if listed else 0), bad
+        # Its after_postprocess entry still shows, as a row the step did not schedule when none is readable.
+        assert [(r["id"], r["kind"]) for r in steps[2]["rows"]] == [("A", "decode" if listed else "not scheduled")], bad
+        with write_tsv(events, tmp_path / "steps.tsv").open(encoding="utf-8") as f:
+            rows = [r for r in csv.DictReader(f, delimiter="\t") if r["step"] == "2"]
+        assert [(r["scheduled"], r["note"]) for r in rows] == [("1", "") if listed else ("0", "not scheduled")], bad
+        rows, first = diff_rows(events, good)
+        assert first == 2 and {r["step"]: r for r in rows}[2]["differs"] == ["only in A"], bad

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from labkit.trace.events import seq_entries
+
 PHASE_COLORS = {"prefill": "#4c72b0", "prefill chunk (no output)": "#a1b7da", "decode": "#55a868"}
 STATUS_COLORS = {"PASS": "#55a868", "REVIEW": "#dd8452", "FAIL": "#c44e52"}
 
@@ -143,13 +145,13 @@ def _trace_facts(events: list[dict]) -> dict:
         elif kind == "request_added" and str(e.get("request_id")) not in facts["requests"]:
             facts["requests"].append(str(e.get("request_id")))
         elif kind == "scheduled":
-            for s in e.get("seqs") or []:
+            for s in seq_entries(e):
                 facts["cells"].append((str(s.get("request_id")), int(step), str(e.get("phase")),
                                        int(s.get("num_scheduled_tokens") or 0)))
         elif kind == "preempted":
             facts["preempted"].append((str(e.get("request_id")), int(step)))
         elif kind == "after_postprocess":
-            for s in e.get("seqs") or []:
+            for s in seq_entries(e):
                 if not s.get("accepted", True):
                     facts["discarded"].add((str(s.get("request_id")), int(step)))
             if isinstance(e.get("free_blocks"), int):

@@ -70,7 +70,7 @@ from labkit.output import (
     write_json,
 )
 from labkit.trace.cases import Case, list_cases, load_case
-from labkit.trace.events import EventLog, read_jsonl
+from labkit.trace.events import EventLog, read_jsonl, seq_entries
 from labkit.trace.run import engine_changes
 from labkit.trace.tables import case_mismatch, compact_steps, config_differences, diff_rows, steps_table, write_tsv
 from labkit.trace.validate import Report, change_text, validate, validate_log
@@ -402,7 +402,7 @@ def _trace_url(url: str, seconds: float, out: Path | None, console: Console, as_
     steps = sorted({e["step"] for e in events if e.get("event") == "after_postprocess"})
     extra = {"live": True, "url": url, "seconds": seconds, "steps": len(steps),
              "first_step": steps[0] if steps else None, "last_step": steps[-1] if steps else None,
-             "live_at_open": len(opened.get("seqs") or []),
+             "live_at_open": len(seq_entries(opened)),
              "policy": (start.get("config") or {}).get("scheduling_policy"),
              "tp": start.get("tp_size"), "case": None}
     if perfetto is not None:

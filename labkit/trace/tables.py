@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 
 from labkit.trace.cases import format_positions
-from labkit.trace.events import EventLog, is_int
+from labkit.trace.events import EventLog, is_int, seq_entries
 
 
 def _fmt_sched(log: EventLog, s: dict) -> str:
@@ -45,11 +45,11 @@ def steps_table(events: list[dict]) -> list[dict]:
     rows = []
     for st in sorted(log.steps):
         sched = log.one(st, "scheduled") or {}
-        sseqs = [s for s in sched.get("seqs") or [] if isinstance(s, dict)]
+        sseqs = seq_entries(sched)
         phase = sched.get("phase")
         gi = log.one(st, "gpu_inputs")
         ap = log.one(st, "after_postprocess") or {}
-        aseqs = [a for a in ap.get("seqs") or [] if isinstance(a, dict)]
+        aseqs = seq_entries(ap)
         b = log.one(st, "before_schedule")
         pre = [log.rid(p) for p in log.all(st, "preempted")]
         rows.append({
@@ -106,11 +106,9 @@ def compact_steps(events: list[dict]) -> list[dict]:
         gi = log.one(st, "gpu_inputs") or {}
         ap = log.one(st, "after_postprocess") or {}
         b = log.one(st, "before_schedule") or {}
-        after = {a.get("seq_id"): a for a in ap.get("seqs") or [] if isinstance(a, dict)}
+        after = {a.get("seq_id"): a for a in seq_entries(ap)}
         rows, seen = [], set()
-        for s in sched.get("seqs") or []:
-            if not isinstance(s, dict):
-                continue
+        for s in seq_entries(sched):
             seen.add(s.get("seq_id"))
             a = after.get(s.get("seq_id"), {})
             cached, new = s.get("num_cached_tokens"), s.get("num_scheduled_tokens")
@@ -127,8 +125,7 @@ def compact_steps(events: list[dict]) -> list[dict]:
                          "total": None, "outputs": None, "token": None, "accepted": None, "status": "WAITING",
                          "blocks": 0})
         steps.append({"step": st, "phase": phase, "budget": budget, "rows": rows,
-                      "tokens": sum(s.get("num_scheduled_tokens") or 0 for s in sched.get("seqs") or []
-                                    if isinstance(s, dict)),
+                      "tokens": sum(s.get("num_scheduled_tokens") or 0 for s in seq_entries(sched)),
                       "execution": gi.get("execution"), "graph_batch": gi.get("graph_batch"),
                       "free_before": b.get("free_blocks"), "free_after": ap.get("free_blocks"),
                       "waiting": log.rids(b.get("waiting"))})
@@ -153,11 +150,9 @@ def tsv_rows(events: list[dict]) -> list[dict]:
         phase = sched.get("phase")
         ap = log.one(st, "after_postprocess") or {}
         free = ap.get("free_blocks")
-        after = {a.get("seq_id"): a for a in ap.get("seqs") or [] if isinstance(a, dict)}
+        after = {a.get("seq_id"): a for a in seq_entries(ap)}
         seen = set()
-        for s in sched.get("seqs") or []:
-            if not isinstance(s, dict):
-                continue
+        for s in seq_entries(sched):
             sid = s.get("seq_id")
             seen.add(sid)
             a = after.get(sid, {})
@@ -217,15 +212,14 @@ def diff_view(events: list[dict]) -> dict[int, dict]:
         sched = log.one(st, "scheduled") or {}
         ap = log.one(st, "after_postprocess") or {}
         outs = []
-        for a in ap.get("seqs") or []:
-            if isinstance(a, dict):
-                tok = f"={a.get('token_id')}" if a.get("accepted") else ""
-                outs.append(f"{log.rid(a)}:{a.get('num_completion_tokens')}{tok}"
-                            + (" done" if a.get("status") == "FINISHED" else ""))
+        for a in seq_entries(ap):
+            tok = f"={a.get('token_id')}" if a.get("accepted") else ""
+            outs.append(f"{log.rid(a)}:{a.get('num_completion_tokens')}{tok}"
+                        + (" done" if a.get("status") == "FINISHED" else ""))
         view[st] = {
             "phase": sched.get("phase"),
             "scheduled": " ".join(f"{log.rid(s)}:{s.get('num_scheduled_tokens')}"
-                                  for s in sched.get("seqs") or [] if isinstance(s, dict)) or "-",
+                                  for s in seq_entries(sched)) or "-",
             "preempted": " ".join(log.rid(p) for p in log.all(st, "preempted")),
             "outputs": " ".join(outs) or "-",
             "free": ap.get("free_blocks"),

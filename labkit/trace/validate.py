@@ -543,12 +543,10 @@ class _Replay:
         """A step too malformed to check fails step.events; the model keeps what its events before that set. The
         case's expectations for the step are compared with its events whatever the invariants found."""
         s = _Step(self.log, n)
-        seqs = s.after.get("seqs") if isinstance(s.after, dict) else None
-        for a in seqs if isinstance(seqs, list) else ():
-            if isinstance(a, dict):
-                rid = self.log.rid(a)
-                if rid not in self.last_after or self.last_after[rid][0] <= n:
-                    self.last_after[rid] = (n, a)
+        for a in seq_entries(s.after if isinstance(s.after, dict) else None):
+            rid = self.log.rid(a)
+            if rid not in self.last_after or self.last_after[rid][0] <= n:
+                self.last_after[rid] = (n, a)
         try:
             self.run(self.step_events, s)
             if s.scheduled is not None:
