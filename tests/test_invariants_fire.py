@@ -240,3 +240,19 @@ def test_every_time_reversal_fails_past_the_ones_listed(logs, monkeypatch):
     report = validate(events, load_case("chunk"))
     assert sum(c.name == "time.monotonic" for c in report.failures) == 5
     assert sum("(more times)" in c.message for c in report.failures) == 3
+
+
+def test_every_engine_error_fails_past_the_ones_listed(logs, monkeypatch):
+    """As time reversals: the log keeps the first MAX_KEPT engine_error events and counts the rest; each fails
+    engine.raised (a server's live window can hold thousands)."""
+    from labkit.trace import events as trace_events
+
+    monkeypatch.setattr(trace_events, "MAX_KEPT", 2)
+    events = copy.deepcopy(logs["chunk"])
+    for i in range(5):
+        events.insert(-1, {**events[-1], "event": "engine_error", "step": 4, "error": "RuntimeError",
+                           "message": f"boom {i}"})
+    report = validate(events, load_case("chunk"))
+    raised = [c for c in report.failures if c.name == "engine.raised"]
+    assert len(raised) == 5 and sum("(more times)" in c.message for c in raised) == 3
+    assert "boom 0" in raised[0].message

@@ -188,26 +188,14 @@ class EventFile:
 
 
 def read_jsonl(path) -> list[dict]:
-    """Read an event log; LabkitError (naming the line) on bad JSON or a schema problem."""
+    """Read an event log; LabkitError (naming the line) on bad JSON, text that is not UTF-8 or a schema problem."""
     p = Path(path)
     try:
-        f = p.open(encoding="utf-8")
+        f = p.open("rb")
     except OSError as e:
         raise LabkitError(f"cannot read event log {p}: {e}") from None
-    events: list[dict] = []
     with f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                e = json.loads(line)
-            except json.JSONDecodeError as ex:
-                raise LabkitError(f"{p}:{lineno}: not valid JSON ({ex.msg})") from None
-            probs = event_problems(e)
-            if probs:
-                raise LabkitError(f"{p}:{lineno}: {'; '.join(probs)}")
-            events.append(e)
-    return events
+        return [_parse_line(p, lineno, line) for lineno, line in enumerate(f, 1) if line.strip()]
 
 
 def write_jsonl(events, path) -> Path:
