@@ -3674,6 +3674,11 @@ MUTATIONS = [
       '        for _ in range(0):',
       'engine errors past the ones listed pass engine.raised',
       ['tests/test_invariants_fire.py']),
+    M('N793', 'labkit/trace/events.py',
+      '            if e.get("seq_id") is not None and e.get("request_id") is not None:',
+      '            if e.get("seq_id") is not None or e.get("request_id") is not None:',
+      'a request added without an id names its sequence "None"',
+      ['tests/test_trace_events_edges.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

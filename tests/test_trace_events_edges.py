@@ -59,6 +59,9 @@ def test_a_request_whose_id_is_zero_keeps_it():
     log = EventLog([_ev("request_added", seq_id=7, request_id="R7", prompt_len=1, max_tokens=1)])
     assert log.rid({"seq_id": 7, "request_id": 0}) == "0"
     assert log.rid({"seq_id": 7}) == "R7" and log.rid({"seq_id": 8}) == "seq8"
+    # an added request without an id names nothing: its sequence keeps its seq name, not "None"
+    log = EventLog([_ev("request_added", seq_id=9, request_id=None, prompt_len=1, max_tokens=1)])
+    assert log.rid({"seq_id": 9}) == "seq9"
 
 
 def test_blank_lines_in_a_log_are_skipped(tmp_path):
