@@ -8,5 +8,4 @@ set -u
 cd "$(dirname "$0")/../../.."
 pip install -q --no-deps --no-index --target /tmp/site .whl/*.whl > /dev/null 2>&1
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader >> $OUT/summary.txt 2>&1
-echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >> $OUT/summary.txt
 SECTIONS="${SECTIONS:-batch nano hf serve}" HF_TIMEOUT=${HF_TIMEOUT:-100} bash scripts/final_evidence_call.sh
