@@ -170,3 +170,33 @@ def test_a_bare_ipv6_address_is_refused_not_split_at_its_last_colon(addr):
         split_host_port(addr)
     assert split_host_port("[::1]:1234") == ("::1", 1234)
     assert split_host_port("[fe80::1]:80") == ("fe80::1", 80)
+
+
+def test_without_an_address_the_store_listens_on_loopback_at_a_port_the_kernel_picks():
+    stores = [serve_store(None, 2, 10) for _ in range(2)]
+    try:
+        (h1, p1), (h2, p2) = (split_host_port(where) for _, where in stores)
+        assert h1 == h2 == "127.0.0.1"
+        assert 1024 <= p1 != p2 >= 1024  # two stores, two free ports: none fixed, none privileged
+    finally:
+        del stores
+
+
+def test_an_address_already_listened_on_is_refused_by_name():
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    addr = f"127.0.0.1:{taken.getsockname()[1]}"
+    try:
+        with pytest.raises(ValueError, match=rf"dist_init_addr: {addr} is already in use \(another engine\?\)"):
+            serve_store(addr, 2, 10)
+    finally:
+        taken.close()
+
+
+def test_the_group_timeout_without_a_group_is_left_alone():
+    from engine.rendezvous import set_group_timeout
+
+    assert not dist.is_initialized()
+    set_group_timeout(5)  # (before a group is made, or after it is gone: nothing to set, no error)
+    assert not dist.is_initialized()
