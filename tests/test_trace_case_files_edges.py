@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from labkit.errors import LabkitError
-from labkit.trace.cases import build_prompt_ids, expand_positions, parse_case
+from labkit.trace.cases import build_prompt_ids, expand_positions, format_positions, parse_case
 
 
 def _case(*requests, **top):
@@ -66,3 +66,41 @@ def test_an_expectation_for_step_0_is_refused():
     assert _case(expect=[{"step": 1, "free": 3}]).expect[0]["step"] == 1
     with pytest.raises(LabkitError, match="step: must be >= 1, got 0"):
         _case(expect=[{"step": 0, "free": 3}])
+
+
+@pytest.mark.parametrize("requests, message", [
+    ([], "requests: must be a non-empty list"),
+    ([{"id": "A", "prompt": {"tokens": []}}], "tokens: must be a non-empty list of token ids"),
+    ([{"id": "A", "prompt": {"text": ""}}], "text: must be a non-empty string"),
+    ([{"id": "A", "prompt": {"range": 5}}], r"range: must be \[start, stop\] integers, got 5"),
+    ([{"id": "A", "prompt": {"range": [1, 2, 3]}}], r"range: must be \[start, stop\] integers, got \[1, 2, 3\]"),
+    # a prefix longer than the prompt that shares it (its own length known before any tokenizer runs)
+    ([{"id": "A", "prompt": {"range": [100, 104]}},
+      {"id": "B", "prompt": {"range": [200, 202], "share_prefix": {"with": "A", "tokens": 3}}}],
+     "share_prefix.tokens: asks 3 tokens but this prompt has only 2"),
+])
+def test_an_empty_or_malformed_prompt_is_refused_by_name(requests, message):
+    with pytest.raises(LabkitError, match=message):
+        parse_case({"name": "x", "requests": requests})
+
+
+def test_a_step_expectation_names_eager_or_graph_and_an_empty_queue_may_be_null():
+    case = _case(expect=[{"step": 1, "inputs": {"execution": "graph"}, "before": {"waiting": None, "free": 3}}])
+    assert case.expect[0]["inputs"] == {"execution": "graph"}
+    assert case.expect[0]["before"] == {"waiting": [], "free": 3}
+    with pytest.raises(LabkitError, match="execution: must be eager or graph, got 'cuda'"):
+        _case(expect=[{"step": 1, "inputs": {"execution": "cuda"}}])
+
+
+def test_positions_in_brackets_and_a_list_cut_into_parts_with_a_remainder():
+    assert expand_positions("[0..2 + 5]") == [0, 1, 2, 5]
+    # cut at the sequences' lengths; what is left past them is one more part, not dropped
+    assert format_positions([0, 1, 7, 8, 9], parts=[2]) == "0..1 + 7..9"
+
+
+def test_a_prompt_may_be_a_shared_prefix_whole_and_errors_name_the_case():
+    case = _case({"id": "A", "prompt": {"range": [100, 106]}},
+                 {"id": "B", "prompt": {"range": [200, 203], "share_prefix": {"with": "A", "tokens": 3}}})
+    assert build_prompt_ids(case, 1000)["B"] == [100, 101, 102]
+    with pytest.raises(LabkitError, match=r"^x: vocab_size must be a positive integer, got 0"):
+        build_prompt_ids(case, 0)

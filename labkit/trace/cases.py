@@ -217,10 +217,6 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def _int(ctx: _Ctx, where: str, v, *, minimum: int | None = 0) -> int:
     if not _is_int(v):
         ctx.fail(where, f"must be an integer, got {v!r}")
