@@ -53,6 +53,28 @@ def test_a_tensor_parallel_workers_peak_is_its_higher_of_whole_run_and_timed_par
     assert rec["max_bytes"] == 900
 
 
+def test_a_worker_without_a_report_is_null_with_a_note_and_rank_0_names_its_device():
+    overall, timed = {"allocated": 500, "reserved": 600}, {"allocated": 400, "reserved": 450}
+    for workers in (None, []):   # no report at all, or none for rank 1
+        rec = peak_memory_record("cuda", overall, timed, tp=2, workers=workers)
+        rank0, rank1 = rec["per_rank"]
+        assert rank0["device"] == "cuda:0" and rank0["peak_bytes"] == 500
+        assert rank1 == {"rank": 1, "device": "cuda:1", "peak_bytes": None, "peak_reserved_bytes": None,
+                         "timed_peak_bytes": None, "note": "worker process: not measurable from rank 0"}
+        assert rec["max_bytes"] == 500   # the unmeasured rank is left out, not read as 0
+
+
+def test_measure_engine_runs_without_a_stepper_and_marks_the_repeats_the_prefix_cache_can_serve(tiny_model):
+    # A library call (no progress display). Repeats of one seed send the same prompts again, so from repeat 1
+    # on the prefix cache can serve them; with vary_seed each repeat draws fresh prompts.
+    for vary, possible in ((False, [False, True, True]), (True, [False, False, False])):
+        w = parse_workload({"requests": 2, "prompt_len": 8, "output_len": 2, "repeats": 3, "vary_seed": vary,
+                            "warmup": {"rounds": 0}})
+        rec = offline.measure_engine(w, tiny_model, "cpu", EngineArgs())
+        assert [r["prefix_cache_possible"] for r in rec["runs"]] == possible, vary
+        assert rec["engine"]["num_kvcache_blocks"] == -1   # not asked: the engine sized its pool itself
+
+
 def test_a_workloads_enforce_eager_is_kept_and_the_device_default_fills_the_gap():
     w = parse_workload({"requests": 1, "prompt_len": 4, "output_len": 2, "engine": {"enforce_eager": False}})
     assert engine_kwargs(w, EngineArgs(), "cpu")["enforce_eager"] is False   # asked: not overridden on the CPU
