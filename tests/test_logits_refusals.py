@@ -1,15 +1,18 @@
 """Why two logits collections cannot be compared (labkit/logits/compare.refusal_reasons), one reason at a time
 on collections made here: a weight file on one side only, one whose hash differs, the model config, a request
 or a token that differs in the token path, the row sets, the vocabulary. Each reason must name what differs
-and where; two collections that differ in nothing have none."""
+and where; two collections that differ in nothing have none. Then the fixed gate's K/V judgement
+(compare_kv) on K/V made here: per layer, at the gate, against a zero layer, a position written twice."""
 from __future__ import annotations
 
 import copy
 
 import numpy as np
+import pytest
 
+from labkit.errors import LabkitError
 from labkit.logits.collect import Collection
-from labkit.logits.compare import refusal_reasons
+from labkit.logits.compare import compare_kv, refusal_reasons
 
 
 def _col(**meta) -> Collection:
@@ -78,3 +81,57 @@ def test_the_rows_and_the_vocabulary_are_compared_when_nothing_else_differs():
     wider = _other(a)
     wider.arrays = {"logits": np.zeros((2, 17), np.float32)}
     assert refusal_reasons(a, wider) == ["vocabularies differ: 16 vs 17"]
+
+
+# ----------------------------------------------------------------------------- the fixed gate's K/V
+
+
+def _kv(k: np.ndarray, v: np.ndarray, positions=(0, 1)) -> Collection:
+    """K/V of one request at `positions` in one prefill step: arrays [token, layer, kv_head, head_dim]."""
+    n = len(positions)
+    meta = {"suite": {"name": "kv"}, "kv": {"requests": ["A"], "cases": ["c"]},
+            "steps": [{"case": "c", "step": 1, "phase": "prefill"}]}
+    arrays = {"kv_k": k.astype(np.float32), "kv_v": v.astype(np.float32),
+              "kv_case": np.zeros(n, np.int64), "kv_request": np.zeros(n, np.int64),
+              "kv_position": np.asarray(positions, np.int64), "kv_step": np.ones(n, np.int64)}
+    return Collection(meta=meta, arrays=arrays)
+
+
+def _th(kv_max_abs=0.5, rel_l2=10.0):
+    return {"kv_max_abs": kv_max_abs, "rel_l2": rel_l2, "given": {"kv_max_abs": True}}
+
+
+def test_kv_is_judged_layer_by_layer_and_a_step_takes_its_worst_layer():
+    ones = np.ones((2, 3, 1, 4))                  # 2 tokens, 3 layers
+    k = ones.copy()
+    k[1, 2, 0, 3] += 0.5                          # layer 2: max|diff| 0.5, exactly the gate: passes
+    v = ones.copy()
+    v[0, 1, 0, 0] += 0.25                         # layer 1 of V: 0.25
+    res = compare_kv(_kv(k, v), _kv(ones, ones), _th())
+    (step,) = res["steps"]
+    assert step["k_max_abs_per_layer"] == [0.0, 0.0, 0.5] and step["k_max_abs"] == 0.5
+    assert step["v_max_abs_per_layer"] == [0.0, 0.25, 0.0] and step["v_max_abs"] == 0.25
+    assert step["status"] == "PASS" and res["worst_max_abs"] == 0.5 and res["failed_steps"] == 0
+    k[0, 0, 0, 0] += 0.5001                       # layer 0 past the gate
+    res = compare_kv(_kv(k, v), _kv(ones, ones), _th())
+    assert res["steps"][0]["status"] == "FAIL" and res["steps"][0]["reason"].startswith("layer 0 K: max|diff| 0.5")
+    assert res["first_failure"] == "case c step 1 (prefill): " + res["steps"][0]["reason"]
+
+
+def test_kv_rel_l2_is_per_layer_against_the_rhs_and_a_zero_rhs_layer_is_infinitely_far_unless_equal():
+    a = np.ones((2, 2, 1, 4))
+    b = np.ones((2, 2, 1, 4))
+    b[:, 1] = 0.0                                 # layer 1 of the rhs is zero: any difference there is inf
+    res = compare_kv(_kv(a, b), _kv(b, b), _th(kv_max_abs=5.0, rel_l2=0.1))
+    step = res["steps"][0]
+    assert step["status"] == "FAIL" and "layer 1 K" in step["reason"] and "rel-L2 inf" in step["reason"]
+    same = compare_kv(_kv(b, b), _kv(b, b), _th(kv_max_abs=0.0, rel_l2=0.0))
+    assert same["steps"][0]["status"] == "PASS" and same["worst_rel_l2"] == 0.0 and same["worst_max_abs"] == 0.0
+
+
+def test_kv_written_twice_at_one_position_is_matched_in_order_and_other_sets_are_refused():
+    k = np.stack([np.full((1, 1, 2), 1.0), np.full((1, 1, 2), 2.0)])   # position 0 written twice (a chunk redone)
+    res = compare_kv(_kv(k, k, positions=(0, 0)), _kv(k, k, positions=(0, 0)), _th(kv_max_abs=0.0))
+    assert res["tokens"] == 2 and res["steps"][0]["status"] == "PASS"
+    with pytest.raises(LabkitError, match=r"different \(request, position\) sets \(2 vs 2 tokens\)"):
+        compare_kv(_kv(k, k, positions=(0, 0)), _kv(k, k, positions=(0, 1)), _th())
