@@ -3854,6 +3854,21 @@ MUTATIONS = [
       '        seen[base] = n + 0',
       'a position written twice matched to its last write on both writes',
       ['tests/test_logits_refusals.py']),
+    M('N829', 'labkit/logits/compare.py',
+      '        rel = np.where(den > 0, num / np.where(den > 0, den, 1), np.where(num > 0, np.inf, 0.0))',
+      '        rel = np.where(den > 0, num / np.where(den > 0, den, 1), np.where(num > 1, np.inf, 0.0))',
+      'a small difference from a zero reference row read as no distance',
+      ['tests/test_logits_refusals.py']),
+    M('N830', 'labkit/logits/compare.py',
+      '    top_l, top_r = a.argmax(1), b.argmax(1)',
+      '    top_l, top_r = a.argmax(1), b.argmax(0)',
+      "the reference's top-1 taken per column, not per row",
+      ['tests/test_logits_refusals.py']),
+    M('N831', 'labkit/logits/compare.py',
+      '    first_review = next((r for r in rows if r["status"] == "REVIEW"), None)',
+      '    first_review = next((r for r in rows if r["status"] != "REVIEW"), None)',
+      'the first review named is a passing row',
+      ['tests/test_logits_refusals.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

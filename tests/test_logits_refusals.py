@@ -135,3 +135,38 @@ def test_kv_written_twice_at_one_position_is_matched_in_order_and_other_sets_are
     assert res["tokens"] == 2 and res["steps"][0]["status"] == "PASS"
     with pytest.raises(LabkitError, match=r"different \(request, position\) sets \(2 vs 2 tokens\)"):
         compare_kv(_kv(k, k, positions=(0, 0)), _kv(k, k, positions=(0, 1)), _th())
+
+
+# ----------------------------------------------------------------------------- the fixed gate's rows
+
+
+def _rows_col(logits: np.ndarray, **meta) -> Collection:
+    col = _col(**meta)
+    col.meta["rows"] = [{"index": i, "request_id": rid, "output_index": 0, "case": "c", "context_len": 3,
+                         "step": i + 1, "phase": "decode"} for i, rid in enumerate(("A", "B"))]
+    col.meta.update(dtype="float32", device={"type": "cpu"}, backend="hf")
+    col.arrays = {"logits": np.asarray(logits, np.float32)}
+    return col
+
+
+def test_fixed_rows_take_each_rows_own_top1_and_a_zero_reference_row_is_infinitely_far():
+    from labkit.logits.compare import compare
+
+    ref = [[0.0, 1.0, 5.0, 0.0], [4.0, 0.0, 1.0, 0.0]]    # row A peaks at 2, row B at 0 (no column's peak)
+    res = compare(_rows_col(ref), _rows_col(ref), gate="fixed", max_abs=0.1, rel_l2=0.1)
+    assert res["verdict"] == "PASS" and [r["top1_rhs"] for r in res["rows"]] == [2, 0]
+    zero = [[0.0, 0.0, 0.0, 0.0], [4.0, 0.0, 1.0, 0.0]]
+    near = [[0.5, 0.0, 0.0, 0.0], [4.0, 0.0, 1.0, 0.0]]   # 0.5 off a zero row: rel-L2 has no scale but inf
+    res = compare(_rows_col(near), _rows_col(zero), gate="fixed", max_abs=10.0, rel_l2=0.1)
+    assert res["rows"][0]["rel_l2"] == float("inf") and res["rows"][0]["status"] == "FAIL"
+    assert res["rows"][0]["reason"].startswith("rel-L2 inf > 0.1")
+
+
+def test_the_first_review_named_is_the_first_row_in_review():
+    from labkit.logits.compare import compare
+
+    ref = [[0.0, 5.0, 1.0, 0.0], [4.0, 3.99, 1.0, 0.0]]   # row B's top two 0.01 apart
+    flipped = [[0.0, 5.0, 1.0, 0.0], [3.99, 4.0, 1.0, 0.0]]
+    res = compare(_rows_col(flipped), _rows_col(ref), gate="fixed", max_abs=0.1, rel_l2=0.1)
+    assert [r["status"] for r in res["rows"]] == ["PASS", "REVIEW"] and res["verdict"] == "REVIEW"
+    assert res["summary"]["first_review"].startswith("row 1 (B output 0")
