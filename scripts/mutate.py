@@ -3869,6 +3869,21 @@ MUTATIONS = [
       '    first_review = next((r for r in rows if r["status"] != "REVIEW"), None)',
       'the first review named is a passing row',
       ['tests/test_logits_refusals.py']),
+    M('N832', 'labkit/logits/compare.py',
+      '    s["cost_failure"] = "; ".join(problems["FAIL"]) or None',
+      '    s["cost_failure"] = "; ".join(problems["FAIL"]) and None',
+      "the FP8 cost's failure never named in the summary",
+      ['tests/test_logits_refusals.py']),
+    M('N833', 'labkit/logits/compare.py',
+      '    s["cost_review"] = "; ".join(problems["REVIEW"]) or None',
+      '    s["cost_review"] = "; ".join(problems["REVIEW"]) and None',
+      "the FP8 cost's review never named in the summary",
+      ['tests/test_logits_refusals.py']),
+    M('N834', 'labkit/logits/compare.py',
+      '    if s["first_failure"] is None and s["cost_failure"]:',
+      '    if s["first_failure"] is None or s["cost_failure"]:',
+      "the cost's failure named before the rows' own first failure",
+      ['tests/test_logits_refusals.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

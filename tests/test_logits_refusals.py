@@ -170,3 +170,31 @@ def test_the_first_review_named_is_the_first_row_in_review():
     res = compare(_rows_col(flipped), _rows_col(ref), gate="fixed", max_abs=0.1, rel_l2=0.1)
     assert [r["status"] for r in res["rows"]] == ["PASS", "REVIEW"] and res["verdict"] == "REVIEW"
     assert res["summary"]["first_review"].startswith("row 1 (B output 0")
+
+
+# ----------------------------------------------------------------------------- the FP8 cost in the summary
+
+
+def test_a_verdict_raised_by_the_fp8_cost_says_why_in_the_summary():
+    from labkit.logits.compare import _add_cost
+
+    def body(first_failure=None):
+        return {"verdict": "PASS", "summary": {"first_failure": first_failure, "first_review": None}}
+
+    quantised_ok = {"status": "PASS", "text": "the pool held e4m3"}
+    review = {"status": "REVIEW", "baseline": {"verdict": "REVIEW", "first_problem": "row 3: near tie"},
+              "quantised": quantised_ok}
+    b = body()
+    _add_cost(b, review)
+    why = "the model-dtype baseline (the cost's denominator) is REVIEW: row 3: near tie"
+    assert b["verdict"] == "REVIEW" and b["summary"]["cost_review"] == why == b["summary"]["first_review"]
+    assert b["summary"]["cost_failure"] is None and b["summary"]["first_failure"] is None
+    failed = {"status": "FAIL", "baseline": {"verdict": "PASS", "first_problem": None},
+              "quantised": {"status": "FAIL", "text": "the pool held bfloat16, not e4m3"}}
+    b = body()
+    _add_cost(b, failed)
+    assert b["verdict"] == "FAIL" and b["summary"]["first_failure"] == "the pool held bfloat16, not e4m3"
+    b = body(first_failure="row 0: rel-L2 9 > 1")       # the rows' own first failure stays the first named
+    _add_cost(b, failed)
+    assert b["summary"]["first_failure"] == "row 0: rel-L2 9 > 1"
+    assert b["summary"]["cost_failure"] == "the pool held bfloat16, not e4m3"
