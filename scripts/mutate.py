@@ -3884,6 +3884,16 @@ MUTATIONS = [
       '    if s["first_failure"] is None or s["cost_failure"]:',
       "the cost's failure named before the rows' own first failure",
       ['tests/test_logits_refusals.py']),
+    M('N835', 'labkit/logits/compare.py',
+      '        rel = np.where(den > 0, num / np.where(den > 0, den, 1), np.where(num > 0, np.inf, 0.0))',
+      '        rel = np.where(den > 0, num / np.where(den > 0, den, 1), np.where(num > 0, np.inf, 1.0))',
+      'two equal zero rows read a rel-L2 of 1',
+      ['tests/test_logits_refusals.py']),
+    M('N836', 'labkit/logits/compare.py',
+      '            entry[f"{name}_rel_l2"] = (math.sqrt(float(num2.sum())) / den_all if den_all > 0',
+      '            entry[f"{name}_rel_l2"] = (math.sqrt(float(num2.sum())) / den_all if den_all >= 0',
+      'all-zero K/V on both sides divides by zero',
+      ['tests/test_logits_refusals.py']),
 ]
 
 # Mutations that change no behaviour a check could see, and why (they are not counted as survivors).

@@ -127,6 +127,9 @@ def test_kv_rel_l2_is_per_layer_against_the_rhs_and_a_zero_rhs_layer_is_infinite
     assert step["status"] == "FAIL" and "layer 1 K" in step["reason"] and "rel-L2 inf" in step["reason"]
     same = compare_kv(_kv(b, b), _kv(b, b), _th(kv_max_abs=0.0, rel_l2=0.0))
     assert same["steps"][0]["status"] == "PASS" and same["worst_rel_l2"] == 0.0 and same["worst_max_abs"] == 0.0
+    zeros = np.zeros((2, 2, 1, 4))                # all zero on both sides: equal, at distance 0
+    same = compare_kv(_kv(zeros, zeros), _kv(zeros, zeros), _th(kv_max_abs=0.0, rel_l2=0.0))
+    assert same["steps"][0]["status"] == "PASS" and same["worst_rel_l2"] == 0.0
 
 
 def test_kv_written_twice_at_one_position_is_matched_in_order_and_other_sets_are_refused():
@@ -160,6 +163,8 @@ def test_fixed_rows_take_each_rows_own_top1_and_a_zero_reference_row_is_infinite
     res = compare(_rows_col(near), _rows_col(zero), gate="fixed", max_abs=10.0, rel_l2=0.1)
     assert res["rows"][0]["rel_l2"] == float("inf") and res["rows"][0]["status"] == "FAIL"
     assert res["rows"][0]["reason"].startswith("rel-L2 inf > 0.1")
+    res = compare(_rows_col(zero), _rows_col(zero), gate="fixed", max_abs=0.0, rel_l2=0.0)
+    assert res["rows"][0]["rel_l2"] == 0.0 and res["verdict"] == "PASS"    # equal zero rows: no distance
 
 
 def test_the_first_review_named_is_the_first_row_in_review():
