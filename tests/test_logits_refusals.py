@@ -203,3 +203,33 @@ def test_a_verdict_raised_by_the_fp8_cost_says_why_in_the_summary():
     _add_cost(b, failed)
     assert b["summary"]["first_failure"] == "row 0: rel-L2 9 > 1"
     assert b["summary"]["cost_failure"] == "the pool held bfloat16, not e4m3"
+
+
+# ----------------------------------------------------------------------------- the notes and the thresholds
+
+
+def test_the_notes_say_what_differs_between_the_sides_and_a_graph_that_never_ran():
+    from labkit.logits.compare import compare
+
+    ref = [[0.0, 1.0, 5.0, 0.0], [4.0, 0.0, 1.0, 0.0]]
+    same = compare(_rows_col(ref), _rows_col(ref), gate="fixed")
+    assert same["notes"] == []
+    bf16 = _rows_col(ref)
+    bf16.meta.update(dtype="bfloat16", device={"type": "cuda"}, backend="engine", requested={"execution": "graph"},
+                     steps=[{"execution": "eager"}])
+    notes = compare(bf16, _rows_col(ref), gate="fixed")["notes"]
+    assert notes == ["lhs asked for --execution graph but every step ran eager: no graph replay was exercised",
+                     "dtypes differ: lhs bfloat16, rhs float32",
+                     "the collections ran on different device types: lhs cuda, rhs cpu"]
+    bf16.meta["steps"] = [{"execution": "graph"}]
+    assert not any("asked for --execution graph" in n for n in compare(bf16, _rows_col(ref), gate="fixed")["notes"])
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf"), float("nan"), -float("inf")])
+def test_a_threshold_must_be_a_finite_number_at_least_zero(bad):
+    from labkit.logits.compare import thresholds_for
+
+    col = _col()
+    assert thresholds_for(col, col, 0.0, None, None)["max_abs"] == 0.0
+    with pytest.raises(LabkitError, match="--rel-l2 must be a finite number >= 0"):
+        thresholds_for(col, col, None, bad, None)
