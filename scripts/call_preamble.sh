@@ -32,3 +32,21 @@ graph_logits() {
   echo "rc=$? @$SECONDS logits-check graph under $2: $(grep -m1 -o 'VERDICT: [A-Z]*' $W/logs/lc-graph.log);\
  $(grep -m1 -o 'worst ratio [0-9.]*x' $W/logs/lc-graph.log)" >> $S
 }
+# logits_under_fastest VARIANTS: after `sweep batch1 VARIANTS "1" ...`, the graph logits suite under the variant
+# with the lowest median batch-1 ms a token, unless that is base (the first variant).
+logits_under_fastest() {
+  local best knobs
+  best=$(python3 - "$W/batch1/runs" "$1" <<'PY'
+import glob, json, statistics, sys
+med = {}
+for v in sys.argv[2].split():
+    name = v.split(":")[0]
+    xs = [json.load(open(f))["median"]["decode_ms_per_token"] for f in glob.glob(f"{sys.argv[1]}/b1-{name}-r*.json")]
+    if xs:
+        med[v] = statistics.median(xs)
+print(min(med, key=med.get) if med else "base:")
+PY
+)
+  knobs=${best#*:}; [ "${best%%:*}" != base ] && graph_logits "${knobs//,LABKIT/ LABKIT}" "${best%%:*}"
+  return 0
+}

@@ -18,16 +18,5 @@ echo "rc=$? @$SECONDS warm-up batch1 (untimed)" >> $S
 V="base: down:LABKIT_DECODE_SMEM_GEMV=down s8:LABKIT_DECODE_SHORT_SPLITS=8,LABKIT_DECODE_SPLIT_BLOCK_N=64"
 V="$V a120:LABKIT_DECODE_ATTN_SMEM=120 gs1:LABKIT_GRAPH_SAMPLE_BS=1"
 sweep batch1 "$V" "1" ${ROUNDS:-4} 4/5
-best=$(python3 - "$W/batch1/runs" "$V" <<'PY'
-import glob, json, statistics, sys
-med = {}
-for v in sys.argv[2].split():
-    name = v.split(":")[0]
-    xs = [json.load(open(f))["median"]["decode_ms_per_token"] for f in glob.glob(f"{sys.argv[1]}/b1-{name}-r*.json")]
-    if xs:
-        med[v] = statistics.median(xs)
-print(min(med, key=med.get) if med else "base:")
-PY
-)
-knobs=${best#*:}; [ "${best%%:*}" != base ] && graph_logits "${knobs//,LABKIT/ LABKIT}" "${best%%:*}"
+logits_under_fastest "$V"
 echo "done @$SECONDS" >> $S

@@ -24,16 +24,5 @@ for v in $V; do
   echo "rc=$? @$SECONDS warm-up ${v%%:*} (untimed): $(python3 -c "import json,sys;print(round(json.load(open(sys.argv[1]))['median']['decode_ms_per_token'],4))" $W/warmup-${v%%:*}.json 2>/dev/null)" >> $S
 done
 sweep batch1 "$V" "1" ${ROUNDS:-4} 4/5
-best=$(python3 - "$W/batch1/runs" "$V" <<'PY'
-import glob, json, statistics, sys
-med = {}
-for v in sys.argv[2].split():
-    name = v.split(":")[0]
-    xs = [json.load(open(f))["median"]["decode_ms_per_token"] for f in glob.glob(f"{sys.argv[1]}/b1-{name}-r*.json")]
-    if xs:
-        med[v] = statistics.median(xs)
-print(min(med, key=med.get) if med else "base:")
-PY
-)
-knobs=${best#*:}; [ "${best%%:*}" != base ] && graph_logits "${knobs//,LABKIT/ LABKIT}" "${best%%:*}"
+logits_under_fastest "$V"
 echo "done @$SECONDS" >> $S
