@@ -50,10 +50,10 @@ def is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def seq_entries(e: dict | None, key: str = "seqs") -> list[dict]:
-    """The dict entries of e[key] when it is a list; else none (a malformed log's schema checks say what is
-    wrong with it, and every other check reads it as empty instead of crashing)."""
-    v = (e or {}).get(key)
+def seq_entries(e, key: str = "seqs") -> list[dict]:
+    """The dict entries of e[key] when e is an event (a dict) and that is a list; else none (a malformed log's
+    schema checks say what is wrong with it, and every other check reads it as empty instead of crashing)."""
+    v = e.get(key) if isinstance(e, dict) else None
     return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
 
 

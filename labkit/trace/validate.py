@@ -543,7 +543,7 @@ class _Replay:
         """A step too malformed to check fails step.events; the model keeps what its events before that set. The
         case's expectations for the step are compared with its events whatever the invariants found."""
         s = _Step(self.log, n)
-        for a in seq_entries(s.after if isinstance(s.after, dict) else None):
+        for a in seq_entries(s.after):
             rid = self.log.rid(a)
             if rid not in self.last_after or self.last_after[rid][0] <= n:
                 self.last_after[rid] = (n, a)
